@@ -1,0 +1,78 @@
+"""A small licensed "partner catalog" made locally: simple pictures with captions and licenses.
+
+The demo and the tests need real images with real captions and no download; coloured shapes on
+coloured grounds give a text-to-image model something it can learn in a few CPU minutes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220), "yellow": (240, 210, 40),
+           "white": (245, 245, 245), "black": (20, 20, 20)}
+SHAPES = ("circle", "square", "triangle")
+FORMATS = {"png": "PNG", "jpg": "JPEG", "webp": "WEBP"}
+LICENSE = "CC-BY-4.0"
+
+
+@dataclass(frozen=True)
+class CatalogItem:
+    name: str  # path inside the catalog, e.g. "shapes/0003-red-circle.png"
+    image: bytes
+    sidecar: dict[str, str]
+
+    @property
+    def sidecar_name(self) -> str:
+        return self.name.rsplit(".", 1)[0] + ".json"
+
+
+def picture(shape: str, colour: str, ground: str, size: int = 96, jitter: random.Random | None = None) -> Image.Image:
+    rng = jitter or random.Random(0)
+    image = Image.new("RGB", (size, size), COLOURS[ground])
+    draw = ImageDraw.Draw(image)
+    margin = rng.randint(size // 8, size // 4)
+    box = (margin, margin, size - margin, size - margin)
+    if shape == "circle":
+        draw.ellipse(box, fill=COLOURS[colour])
+    elif shape == "square":
+        draw.rectangle(box, fill=COLOURS[colour])
+    else:
+        draw.polygon([(size // 2, margin), (size - margin, size - margin), (margin, size - margin)], fill=COLOURS[colour])
+    return image
+
+
+def encode(image: Image.Image, extension: str) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=FORMATS[extension], **({"quality": 90} if extension != "png" else {}))
+    return buffer.getvalue()
+
+
+def make_catalog(count: int, seed: int = 0) -> list[CatalogItem]:
+    """`count` distinct pictures, cycling through formats, each with a caption and a license."""
+    rng = random.Random(seed)
+    items = []
+    for index in range(count):
+        shape = SHAPES[index % len(SHAPES)]
+        colour, ground = rng.sample(sorted(COLOURS), 2)
+        extension = list(FORMATS)[index % len(FORMATS)]
+        caption = f"a {colour} {shape} on a {ground} background"
+        data = encode(picture(shape, colour, ground, jitter=rng), extension)
+        items.append(CatalogItem(
+            name=f"shapes/{index:04d} {colour} {shape}.{extension}",  # spaces on purpose: real names have them
+            image=data, sidecar={"caption": caption, "license": LICENSE, "source": "atelier synthetic catalog"},
+        ))
+    return items
+
+
+def write_catalog(items: list[CatalogItem], folder: Path) -> None:
+    for item in items:
+        path = folder / item.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(item.image)
+        (folder / item.sidecar_name).write_text(json.dumps(item.sidecar))

@@ -1,0 +1,175 @@
+"""Deliver queued events to handlers as the Lambda service does.
+
+SQS event source mappings: gather up to BatchSize messages within MaximumBatchingWindow, invoke
+once with a real SQS event, delete what succeeded, leave failures to the queue's visibility
+timeout and redrive policy (so the DLQ works as on AWS). With ReportBatchItemFailures only the
+listed items fail; a handler error, a timeout or an unknown item id fails the whole batch.
+
+EventBridge rules (through their delivery queue, see provision.py): one event per invocation;
+a failure is retried after the visibility timeout and goes to the function's DLQ after its
+retries, as Lambda's asynchronous invocation does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from atelier.local.provision import EventSource, FunctionSpec
+
+log = logging.getLogger("atelier.local.runtime")
+SQS_RECEIVE_MAX = 10
+
+
+class LambdaTimeout(BaseException):
+    """Raised in the handler when its timeout passes; a BaseException so handlers cannot swallow it."""
+
+
+@dataclass
+class LambdaContext:
+    function_name: str
+    memory_limit_in_mb: int
+    invoked_function_arn: str
+    aws_request_id: str
+    deadline: float
+    function_version: str = "$LATEST"
+
+    @property
+    def log_group_name(self) -> str:
+        return f"/aws/lambda/{self.function_name}"
+
+    @property
+    def log_stream_name(self) -> str:
+        return f"local/{self.aws_request_id}"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+def load_handler(spec: FunctionSpec) -> Callable[[dict, Any], Any]:
+    """Import `module.function` from the function's code folder, as the Python runtime does."""
+    if str(spec.code_dir) not in sys.path:
+        sys.path.insert(0, str(spec.code_dir))
+    module_name, function_name = spec.handler.rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def invoke(handler: Callable[[dict, Any], Any], event: dict, spec: FunctionSpec, region: str, account: str) -> Any:
+    """Call the handler with a Lambda-like context; raise LambdaTimeout past the function's timeout."""
+    context = LambdaContext(
+        function_name=spec.name, memory_limit_in_mb=spec.memory_mb,
+        invoked_function_arn=f"arn:aws:lambda:{region}:{account}:function:{spec.name}",
+        aws_request_id=str(uuid.uuid4()), deadline=time.monotonic() + spec.timeout_s,
+    )
+
+    def on_timeout(signum: int, frame: Any) -> None:
+        raise LambdaTimeout(f"Task timed out after {spec.timeout_s:.2f} seconds")
+
+    previous = signal.signal(signal.SIGALRM, on_timeout)
+    signal.setitimer(signal.ITIMER_REAL, spec.timeout_s)
+    try:
+        return handler(event, context)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def sqs_event(messages: list[dict[str, Any]], source: EventSource, region: str) -> dict[str, Any]:
+    """The event Lambda builds from received SQS messages."""
+    return {"Records": [{
+        "messageId": m["MessageId"],
+        "receiptHandle": m["ReceiptHandle"],
+        "body": m["Body"],
+        "attributes": m.get("Attributes", {}),
+        "messageAttributes": {
+            k: {"stringValue": v.get("StringValue"), "binaryValue": v.get("BinaryValue"),
+                "stringListValues": [], "binaryListValues": [], "dataType": v["DataType"]}
+            for k, v in m.get("MessageAttributes", {}).items()
+        },
+        "md5OfBody": m["MD5OfBody"],
+        "eventSource": "aws:sqs",
+        "eventSourceARN": source.queue_arn,
+        "awsRegion": region,
+    } for m in messages]}
+
+
+def failed_ids(response: Any, message_ids: set[str]) -> set[str]:
+    """Which messages failed, read as Lambda reads a partial batch response."""
+    if not isinstance(response, dict) or not response.get("batchItemFailures"):
+        return set()
+    ids = {str(f.get("itemIdentifier", "")) for f in response["batchItemFailures"] if isinstance(f, dict)}
+    return ids if ids <= message_ids else set(message_ids)  # an unknown id fails the whole batch
+
+
+class Poller:
+    """Polls one event source for one function, in the calling (main) thread."""
+
+    def __init__(self, source: EventSource, spec: FunctionSpec, handler: Callable[[dict, Any], Any],
+                 sqs: Any, region: str, account: str, wait_s: int = 1) -> None:
+        self.source, self.spec, self.handler = source, spec, handler
+        self.sqs, self.region, self.account, self.wait_s = sqs, region, account, wait_s
+
+    def poll_once(self) -> int:
+        """Receive and deliver what is there; return how many messages were received."""
+        if self.source.kind == "eventbridge":
+            messages = self._receive(SQS_RECEIVE_MAX, self.wait_s)
+            for message in messages:
+                self._deliver_event(message)
+            return len(messages)
+        messages = self._gather_batch()
+        if messages:
+            self._deliver_batch(messages)
+        return len(messages)
+
+    def _receive(self, count: int, wait_s: int) -> list[dict[str, Any]]:
+        return self.sqs.receive_message(
+            QueueUrl=self.source.queue_url, MaxNumberOfMessages=count, WaitTimeSeconds=wait_s,
+            AttributeNames=["All"], MessageAttributeNames=["All"],
+        ).get("Messages", [])
+
+    def _gather_batch(self) -> list[dict[str, Any]]:
+        """Up to BatchSize messages; keep gathering while the batching window is open."""
+        batch = self._receive(min(SQS_RECEIVE_MAX, self.source.batch_size), self.wait_s)
+        if not batch:
+            return batch
+        window_ends = time.monotonic() + self.source.window_s
+        while len(batch) < self.source.batch_size and time.monotonic() < window_ends:
+            wait = max(0, min(self.wait_s, int(window_ends - time.monotonic())))
+            batch += self._receive(min(SQS_RECEIVE_MAX, self.source.batch_size - len(batch)), wait)
+        return batch
+
+    def _deliver_batch(self, messages: list[dict[str, Any]]) -> None:
+        ids = {m["MessageId"] for m in messages}
+        try:
+            response = invoke(self.handler, sqs_event(messages, self.source, self.region), self.spec,
+                              self.region, self.account)
+            failed = failed_ids(response, ids) if self.source.report_batch_item_failures else set()
+        except (Exception, LambdaTimeout) as exc:
+            log.error("%s failed on a batch of %d: %s", self.spec.logical_id, len(messages), exc)
+            failed = ids
+        done = [m for m in messages if m["MessageId"] not in failed]
+        self._delete(done)
+        if failed:
+            log.warning("%s: %d of %d messages returned to the queue", self.spec.logical_id, len(failed), len(ids))
+
+    def _deliver_event(self, message: dict[str, Any]) -> None:
+        try:
+            invoke(self.handler, json.loads(message["Body"]), self.spec, self.region, self.account)
+        except (Exception, LambdaTimeout) as exc:
+            log.error("%s failed on event %s: %s (retried after the visibility timeout)",
+                      self.spec.logical_id, message["MessageId"], exc)
+            return
+        self._delete([message])
+
+    def _delete(self, messages: list[dict[str, Any]]) -> None:
+        for start in range(0, len(messages), SQS_RECEIVE_MAX):
+            chunk = messages[start:start + SQS_RECEIVE_MAX]
+            self.sqs.delete_message_batch(QueueUrl=self.source.queue_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(chunk)])

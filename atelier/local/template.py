@@ -1,0 +1,211 @@
+"""Read template.yaml as CloudFormation would: SAM transform, parameters, intrinsic functions.
+
+moto's CloudFormation neither expands SAM nor keeps bucket notifications, so the local stack
+expands the template here (with AWS's own samtranslator) and creates each resource through the
+service APIs (`provision.py`). Physical names are deterministic: `<stack>-<LogicalId>` where
+the template names none.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+LOCAL_CODE_BUCKET = "atelier-local-code"
+PSEUDO_PARAMETERS = ("AWS::StackName", "AWS::Region", "AWS::AccountId", "AWS::Partition", "AWS::URLSuffix")
+
+
+class TemplateError(ValueError):
+    """The template uses something the local stack cannot read; the message says what."""
+
+
+@dataclass
+class Expanded:
+    """A SAM template expanded to plain CloudFormation, with the values of its parameters."""
+
+    resources: dict[str, dict[str, Any]]
+    outputs: dict[str, dict[str, Any]]
+    parameters: dict[str, str]
+    conditions: dict[str, Any]
+    code_dirs: dict[str, Path] = field(default_factory=dict)  # placeholder S3 key -> local folder
+
+
+class _NoManagedPolicies:
+    """samtranslator asks IAM for managed policy names; the template uses ARNs and templates only."""
+
+    def load(self) -> dict[str, str]:
+        return {}
+
+
+def load_overrides(samconfig: Path, environment: str) -> dict[str, str]:
+    """`parameter_overrides` of one samconfig.toml environment, e.g. `[local.deploy.parameters]`."""
+    if not samconfig.exists():
+        return {}
+    config = tomllib.loads(samconfig.read_text())
+    raw = config.get(environment, {}).get("deploy", {}).get("parameters", {}).get("parameter_overrides", [])
+    items = raw if isinstance(raw, list) else re.findall(r'(\w+)=("[^"]*"|\S+)', raw)
+    pairs = [tuple(i.split("=", 1)) if isinstance(i, str) else i for i in items]
+    return {k: v.strip('"') for k, v in pairs}
+
+
+def expand(path: Path, overrides: dict[str, str], stack: str, region: str, account: str) -> Expanded:
+    template = yaml_parse(path.read_text())
+    code_dirs = _point_code_at_placeholders(template, path.parent)
+    parameters = _parameter_values(template.get("Parameters", {}), overrides)
+    parameters.update({"AWS::StackName": stack, "AWS::Region": region, "AWS::AccountId": account,
+                       "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com"})
+    cfn = transform(template, {k: v for k, v in parameters.items() if "::" not in k}, _NoManagedPolicies())
+    return Expanded(cfn["Resources"], cfn.get("Outputs", {}), parameters, cfn.get("Conditions", {}), code_dirs)
+
+
+def _point_code_at_placeholders(template: dict[str, Any], root: Path) -> dict[str, Path]:
+    """samtranslator only accepts S3 code locations, as `sam build` would upload them."""
+    code_dirs: dict[str, Path] = {}
+
+    def placeholder(uri: str) -> str:
+        code_dirs[uri] = (root / uri).resolve()
+        return f"s3://{LOCAL_CODE_BUCKET}/{uri}"
+
+    function_globals = template.get("Globals", {}).get("Function", {})
+    if isinstance(function_globals.get("CodeUri"), str):
+        function_globals["CodeUri"] = placeholder(function_globals["CodeUri"])
+    for resource in template.get("Resources", {}).values():
+        props = resource.get("Properties", {})
+        if resource.get("Type") == "AWS::Serverless::Function" and isinstance(props.get("CodeUri"), str):
+            props["CodeUri"] = placeholder(props["CodeUri"])
+    return code_dirs
+
+
+def _parameter_values(declared: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
+    unknown = set(overrides) - set(declared)
+    if unknown:
+        raise TemplateError(f"parameter overrides name unknown parameters: {sorted(unknown)}")
+    values: dict[str, str] = {}
+    for name, spec in declared.items():
+        if name in overrides:
+            values[name] = overrides[name]
+        elif "Default" in spec:
+            values[name] = str(spec["Default"])
+        else:
+            raise TemplateError(f"parameter {name} has no default and no override")
+    return values
+
+
+class Resolver:
+    """Resolves intrinsic functions against parameters and already-created resources."""
+
+    def __init__(self, parameters: dict[str, str], conditions: dict[str, Any],
+                 ref: Callable[[str], str], get_att: Callable[[str, str], Any]) -> None:
+        self.parameters = parameters
+        self.conditions = conditions
+        self._ref = ref
+        self._get_att = get_att
+
+    def resolve(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self.resolve(v) for v in value if v != {"Ref": "AWS::NoValue"}]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            (key, arg), = value.items()
+            handler = self._intrinsics().get(key)
+            if handler is not None:
+                return handler(arg)
+        return {k: self.resolve(v) for k, v in value.items() if v != {"Ref": "AWS::NoValue"}}
+
+    def _intrinsics(self) -> dict[str, Callable[[Any], Any]]:
+        return {
+            "Ref": self.ref, "Fn::GetAtt": self._fn_get_att, "Fn::Sub": self._fn_sub,
+            "Fn::Join": lambda a: str(self.resolve(a[0])).join(str(v) for v in self.resolve(a[1])),
+            "Fn::Select": lambda a: self.resolve(a[1])[int(self.resolve(a[0]))],
+            "Fn::Split": lambda a: str(self.resolve(a[1])).split(self.resolve(a[0])),
+            "Fn::If": lambda a: self.resolve(a[1] if self.condition(a[0]) else a[2]),
+            "Fn::Equals": lambda a: str(self.resolve(a[0])) == str(self.resolve(a[1])),
+            "Fn::Not": lambda a: not self.resolve(a[0]),
+            "Fn::And": lambda a: all(self.resolve(v) for v in a),
+            "Fn::Or": lambda a: any(self.resolve(v) for v in a),
+            "Condition": self.condition,
+        }
+
+    def condition(self, name: str) -> bool:
+        if name not in self.conditions:
+            raise TemplateError(f"unknown condition {name}")
+        return bool(self.resolve(self.conditions[name]))
+
+    def ref(self, name: str) -> str:
+        if name in self.parameters:
+            return self.parameters[name]
+        return self._ref(name)
+
+    def _fn_get_att(self, arg: Any) -> Any:
+        logical, attribute = arg.split(".", 1) if isinstance(arg, str) else arg
+        return self._get_att(logical, self.resolve(attribute))
+
+    def _fn_sub(self, arg: Any) -> str:
+        text, variables = (arg, {}) if isinstance(arg, str) else (arg[0], self.resolve(arg[1]))
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name.startswith("!"):
+                return "${" + name[1:] + "}"
+            if name in variables:
+                return str(variables[name])
+            if "." in name and name not in self.parameters:
+                logical, attribute = name.split(".", 1)
+                return str(self._get_att(logical, attribute))
+            return str(self.ref(name))
+
+        return re.sub(r"\$\{([^}]+)\}", substitute, text)
+
+
+def dependencies(resource: dict[str, Any]) -> set[str]:
+    """Logical ids a resource refers to (Ref, GetAtt, Sub, DependsOn)."""
+    found: set[str] = set()
+    depends = resource.get("DependsOn", [])
+    found.update([depends] if isinstance(depends, str) else depends)
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, arg in value.items():
+                if key == "Ref" and isinstance(arg, str):
+                    found.add(arg)
+                elif key == "Fn::GetAtt":
+                    found.add(arg.split(".", 1)[0] if isinstance(arg, str) else arg[0])
+                elif key == "Fn::Sub":
+                    text = arg if isinstance(arg, str) else arg[0]
+                    found.update(m.split(".", 1)[0] for m in re.findall(r"\$\{([^}!]+)\}", text))
+                walk(arg)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(copy.deepcopy(resource.get("Properties", {})))
+    return found
+
+
+def creation_order(resources: dict[str, dict[str, Any]]) -> list[str]:
+    """Resources in an order where each comes after everything it refers to."""
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            raise TemplateError(f"circular dependency: {' -> '.join(path + (name,))}")
+        state[name] = "visiting"
+        for dep in sorted(dependencies(resources[name]) & resources.keys()):
+            visit(dep, path + (name,))
+        state[name] = "done"
+        order.append(name)
+
+    for name in sorted(resources):
+        visit(name, ())
+    return order

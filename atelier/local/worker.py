@@ -1,0 +1,46 @@
+"""One local "Lambda" process: polls a function's event sources and invokes its handler.
+
+Each function runs in its own process, with exactly the environment template.yaml gives it,
+as on Lambda: `python -m atelier.local.worker STATE_FILE LOGICAL_ID`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import boto3
+
+from atelier.local.provision import Provisioned
+from atelier.local.runtime import Poller, load_handler
+
+
+def run(state_file: Path, logical_id: str) -> None:
+    provisioned = Provisioned.from_json(json.loads(state_file.read_text())["provisioned"])
+    spec = provisioned.functions[logical_id]
+    os.environ.update(spec.environment)
+    os.environ["AWS_LAMBDA_FUNCTION_NAME"] = spec.name
+    handler = load_handler(spec)
+    sqs = boto3.client("sqs")
+    pollers = [Poller(s, spec, handler, sqs, provisioned.region, provisioned.account)
+               for s in provisioned.sources if s.function == logical_id]
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True  # finish the invocation in flight, then leave
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping:
+        for poller in pollers:
+            poller.poll_once()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run(Path(sys.argv[1]), sys.argv[2])

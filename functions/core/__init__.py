@@ -1,0 +1,1 @@
+"""Atelier's pure, typed domain code, shared by every Lambda function."""

@@ -1,0 +1,18 @@
+"""Named domain failures: a handler turns each into a batch item failure or a recorded outcome."""
+
+
+class ConfigError(RuntimeError):
+    """A required setting is missing or malformed in the function's environment."""
+
+
+class BadMessage(ValueError):
+    """A queue message or event does not match its contract; retrying cannot help."""
+
+
+class RejectedUpload(ValueError):
+    """An upload is not a usable training sample; `reason` is a stable, short code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail

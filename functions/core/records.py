@@ -1,0 +1,55 @@
+"""The pipeline table's item layout: one string key `pk`, a sparse GSI `gsi1` for pending shards."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from core.models import Sample, ShardSealed
+
+PENDING_SHARDS = "SHARDS#pending"
+PENDING_INDEX = "gsi1"
+UploadStatus = Literal["accepted", "duplicate", "rejected"]
+
+
+def sample_pk(sha256: str) -> str:
+    return f"SAMPLE#{sha256}"
+
+
+def upload_pk(bucket: str, key: str) -> str:
+    return f"UPLOAD#{bucket}/{key}"
+
+
+def shard_pk(shard_id: str) -> str:
+    return f"SHARD#{shard_id}"
+
+
+def sealed_pk(shard_id: str) -> str:
+    """The pack stage's own record of a shard it sealed (read to re-announce it)."""
+    return f"SEALED#{shard_id}"
+
+
+def job_pk(job_name: str) -> str:
+    return f"JOB#{job_name}"
+
+
+def sample_item(sample: Sample) -> dict[str, Any]:
+    return {"pk": sample_pk(sample.sha256), "kind": "sample", "record": sample.model_dump_json(),
+            "partner": sample.partner}
+
+
+def upload_item(bucket: str, key: str, status: UploadStatus, partner: str, at: str,
+                sha256: str | None = None, reason: str | None = None, detail: str | None = None) -> dict[str, Any]:
+    return {"pk": upload_pk(bucket, key), "kind": "upload", "status": status, "partner": partner,
+            "at": at, "sha256": sha256, "reason": reason, "detail": (detail or "")[:500] or None}
+
+
+def shard_item(shard: ShardSealed) -> dict[str, Any]:
+    """A new shard waits in the sparse `gsi1` partition until a job claims it."""
+    return {"pk": shard_pk(shard.shard_id), "kind": "shard", "status": "pending",
+            "gsi1pk": PENDING_SHARDS, "gsi1sk": f"{shard.sealed_at}#{shard.shard_id}",
+            "record": shard.model_dump_json()}
+
+
+def job_item(job_name: str, manifest_key: str, shard_ids: list[str], at: str) -> dict[str, Any]:
+    return {"pk": job_pk(job_name), "kind": "job", "status": "Requested", "manifest": manifest_key,
+            "shards": shard_ids, "at": at}

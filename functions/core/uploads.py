@@ -1,0 +1,61 @@
+"""Reading S3 event notifications, from real S3 and from moto alike."""
+
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import unquote_plus
+
+from core.errors import BadMessage, RejectedUpload
+from core.models import UploadRef
+
+PARTNER_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+SIDECAR_SUFFIX = ".json"
+
+
+def parse_notification(body: str) -> list[UploadRef]:
+    """Return the created objects named by an S3 notification; `s3:TestEvent` names none."""
+    try:
+        message = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise BadMessage(f"not JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise BadMessage("an S3 notification is a JSON object")
+    if message.get("Event") == "s3:TestEvent":
+        return []
+    records = message.get("Records")
+    if not isinstance(records, list):
+        raise BadMessage("no Records in S3 notification")
+    return [_upload_ref(r) for r in records if str(r.get("eventName", "")).startswith("ObjectCreated")]
+
+
+def _upload_ref(record: dict) -> UploadRef:
+    try:
+        s3 = record["s3"]
+        return UploadRef(
+            bucket=s3["bucket"]["name"],
+            # S3 encodes keys as in a form: '+' is a space, a literal '+' arrives as %2B.
+            key=unquote_plus(s3["object"]["key"]),
+            size=int(s3["object"].get("size", 0)),
+            event_time=record.get("eventTime", ""),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadMessage(f"malformed S3 record: {exc!r}") from exc
+
+
+def partner_of(key: str) -> str:
+    """The partner id is the first key segment; anything else is not a partner upload."""
+    partner = key.split("/", 1)[0]
+    if "/" not in key or not PARTNER_PATTERN.match(partner):
+        raise RejectedUpload("bad-key", f"{key!r} is not <partner>/<path> with a lower-case partner id")
+    return partner
+
+
+def is_sidecar(key: str) -> bool:
+    return key.lower().endswith(SIDECAR_SUFFIX)
+
+
+def sidecar_key(key: str) -> str:
+    """`partner/a/b.jpg` -> `partner/a/b.json`."""
+    stem = key.rsplit(".", 1)[0] if "." in key.rsplit("/", 1)[-1] else key
+    return stem + SIDECAR_SUFFIX

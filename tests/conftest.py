@@ -1,0 +1,74 @@
+"""Shared fixtures: fake credentials, moto, resources from template.yaml, events from events/."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from atelier.local.provision import Provisioned, Provisioner
+from atelier.local.runtime import LambdaContext
+from atelier.local.template import expand
+from core import aws
+
+REPO = Path(__file__).resolve().parents[1]
+EVENTS = REPO / "events"
+ACCOUNT, REGION, STACK = "123456789012", "us-east-1", "atelier"
+TEST_OVERRIDES = {
+    "TrainingQuota": "2",
+    # moto's SageMaker knows an old list of instance types only
+    "TrainingInstanceType": "ml.m5.xlarge",
+    "EndpointInstanceType": "ml.m5.large",
+    "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"}),
+}
+
+
+@pytest.fixture(autouse=True)
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never reach a real account, whatever the developer's shell has set."""
+    for name in list(os.environ):
+        if name.startswith("AWS_ENDPOINT_URL") or name in {"AWS_PROFILE", "AWS_SESSION_TOKEN"}:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "tests")
+    aws.reset_clients()
+
+
+def load_event(name: str) -> dict[str, Any]:
+    """An event from events/, by file name without `.json`."""
+    return json.loads((EVENTS / f"{name}.json").read_text())
+
+
+@pytest.fixture
+def lambda_context() -> LambdaContext:
+    import time
+    return LambdaContext(function_name="test", memory_limit_in_mb=1024,
+                         invoked_function_arn=f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:test",
+                         aws_request_id="00000000-0000-0000-0000-000000000000", deadline=time.monotonic() + 60)
+
+
+@pytest.fixture
+def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
+    """moto with every resource of template.yaml, created by the local stack's own provisioner."""
+    with mock_aws():
+        expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+        yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+
+
+@pytest.fixture
+def function_env(stack: Provisioned, monkeypatch: pytest.MonkeyPatch):
+    """Give the test process one function's environment from the template, as Lambda would."""
+    def apply(logical_id: str) -> dict[str, str]:
+        env = stack.functions[logical_id].environment
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        return env
+    return apply

@@ -1,0 +1,172 @@
+"""Every file in events/ goes through its handler under moto, with resources from template.yaml."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any, Callable
+
+import boto3
+import pytest
+from conftest import EVENTS, load_event
+
+from atelier.catalog import encode, picture
+from atelier.local.provision import Provisioned
+
+HANDLERS = {"ingest": "IngestFunction", "pack": "PackFunction", "start_training": "StartTrainingFunction",
+            "deploy": "DeployFunction"}
+
+
+def event_names() -> list[str]:
+    return sorted(p.stem for p in EVENTS.glob("*.json") if p.stem != "env")
+
+
+def function_for(event_name: str) -> str:
+    prefix = next(p for p in sorted(HANDLERS, key=len, reverse=True) if event_name.startswith(p + "_"))
+    return HANDLERS[prefix]
+
+
+def run_handler(stack: Provisioned, function_env: Callable, logical_id: str, event: dict, context: Any) -> Any:
+    function_env(logical_id)
+    module = importlib.import_module(stack.functions[logical_id].handler.rsplit(".", 1)[0])
+    return module.lambda_handler(event, context)
+
+
+def upload_keys(event: dict) -> list[str]:
+    """The decoded object keys an S3 notification event names."""
+    from core.uploads import parse_notification
+    keys = []
+    for record in event["Records"]:
+        try:
+            keys += [ref.key for ref in parse_notification(record["body"])]
+        except ValueError:
+            pass
+    return keys
+
+
+# --- the arrangement each event needs ------------------------------------------------------------
+
+def arrange(name: str, event: dict, stack: Provisioned) -> None:
+    s3 = boto3.client("s3")
+    uploads = stack.outputs["UploadsBucketName"]
+    if name.startswith("ingest_"):
+        for key in upload_keys(event):
+            body = b"<html>not an image</html>" if "not-really" in key else encode(picture("circle", "red", "blue"), "png")
+            s3.put_object(Bucket=uploads, Key=key, Body=body)
+    elif name.startswith("pack_"):
+        for record in event["Records"]:
+            sample = json.loads(record["body"])
+            s3.put_object(Bucket=sample["bucket"], Key=sample["key"], Body=b"image bytes of " + sample["key"].encode())
+    elif name.startswith("deploy_") and "completed" in name:
+        s3.put_object(Bucket=stack.outputs["ModelsBucketName"],
+                      Key=event["detail"]["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
+
+
+@pytest.mark.parametrize("name", event_names())
+def test_every_event_is_handled(name: str, stack: Provisioned, function_env: Callable, lambda_context: Any) -> None:
+    # GIVEN the objects and records the event refers to
+    event = load_event(name)
+    arrange(name, event, stack)
+    # WHEN its handler runs
+    result = run_handler(stack, function_env, function_for(name), event, lambda_context)
+    # THEN it succeeds, failing exactly the records that cannot succeed
+    assert result == EXPECTED[name](event)
+
+
+EXPECTED: dict[str, Callable[[dict], Any]] = {
+    "ingest_s3_put": lambda e: {"batchItemFailures": []},
+    "ingest_s3_test_event": lambda e: {"batchItemFailures": []},
+    # the malformed message alone goes back to the queue (and on to the DLQ)
+    "ingest_mixed_batch": lambda e: {"batchItemFailures": [{"itemIdentifier": e["Records"][2]["messageId"]}]},
+    "pack_samples": lambda e: {"batchItemFailures": []},
+    "start_training_shard_sealed": lambda e: {"action": "waiting", "job": None},  # quota is 2
+    "deploy_job_completed": lambda e: {"action": "created", "endpoint_config": e["detail"]["TrainingJobName"]},
+    "deploy_job_failed": lambda e: {"action": "recorded", "endpoint_config": None},
+}
+
+
+def test_every_event_file_has_an_expectation() -> None:
+    assert sorted(EXPECTED) == event_names()
+
+
+# --- what each handler did -------------------------------------------------------------------------
+
+def table_items(stack: Provisioned, prefix: str) -> dict[str, dict]:
+    from core import aws
+    return {i["pk"]: i for i in aws.scan_prefix(stack.outputs["PipelineTableName"], prefix)}
+
+
+def test_ingest_decodes_plus_and_space_keys_and_hands_over(stack, function_env, lambda_context) -> None:
+    event = load_event("ingest_s3_put")
+    arrange("ingest_s3_put", event, stack)
+    run_handler(stack, function_env, "IngestFunction", event, lambda_context)
+    uploads = table_items(stack, "UPLOAD#")
+    bucket = stack.outputs["UploadsBucketName"]
+    record = uploads[f"UPLOAD#{bucket}/partner-a/summer catalog/red circle + blue.png"]
+    assert record["status"] == "accepted" and record["partner"] == "partner-a"
+    messages = boto3.client("sqs").receive_message(QueueUrl=stack.outputs["PackQueueUrl"], MaxNumberOfMessages=10)
+    bodies = [json.loads(m["Body"]) for m in messages["Messages"]]
+    assert [(b["key"], b["format"], b["width"], b["height"]) for b in bodies] == [
+        ("partner-a/summer catalog/red circle + blue.png", "png", 96, 96)]
+
+
+def test_ingest_rejects_what_does_not_decode_and_records_why(stack, function_env, lambda_context) -> None:
+    event = load_event("ingest_mixed_batch")
+    arrange("ingest_mixed_batch", event, stack)
+    run_handler(stack, function_env, "IngestFunction", event, lambda_context)
+    uploads = table_items(stack, "UPLOAD#")
+    bucket = stack.outputs["UploadsBucketName"]
+    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/not-really.jpg"]["status"] == "rejected"
+    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/not-really.jpg"]["reason"] == "unsupported-format"
+    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/sunset.jpg"]["status"] == "accepted"
+
+
+def test_ingest_reads_caption_and_license_from_the_sidecar(stack, function_env, lambda_context) -> None:
+    event = load_event("ingest_s3_put")
+    bucket = stack.outputs["UploadsBucketName"]
+    boto3.client("s3").put_object(Bucket=bucket, Key="partner-a/summer catalog/red circle + blue.json",
+                                  Body=json.dumps({"caption": "a red circle", "license": "CC-BY-4.0"}))
+    arrange("ingest_s3_put", event, stack)
+    run_handler(stack, function_env, "IngestFunction", event, lambda_context)
+    sample = json.loads(next(iter(table_items(stack, "SAMPLE#").values()))["record"])
+    assert (sample["caption"], sample["license"]) == ("a red circle", "CC-BY-4.0")
+
+
+def test_pack_writes_a_webdataset_shard_and_announces_it(stack, function_env, lambda_context) -> None:
+    import webdataset as wds
+    event = load_event("pack_samples")
+    arrange("pack_samples", event, stack)
+    run_handler(stack, function_env, "PackFunction", event, lambda_context)
+    data = stack.outputs["DataBucketName"]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=data)["Contents"]]
+    assert len(keys) == 1 and keys[0].startswith("shards/shard-") and keys[0].endswith(".tar")
+    body = boto3.client("s3").get_object(Bucket=data, Key=keys[0])["Body"].read()
+    samples = [json.loads(r["body"]) for r in event["Records"]]
+    # THEN webdataset reads back exactly the two samples, bytes and captions included
+    read = {s["__key__"]: s for s in wds.WebDataset([_as_file(body)], shardshuffle=False)}
+    assert sorted(read) == sorted(s["sha256"] for s in samples)
+    for sample in samples:
+        member = read[sample["sha256"]]
+        ext = {"png": "png", "jpeg": "jpg"}[sample["format"]]
+        assert member[ext] == b"image bytes of " + sample["key"].encode()
+        assert member["txt"].decode() == sample["caption"]
+        assert json.loads(member["json"])["license"] == sample["license"]
+    shard_id = keys[0].removeprefix("shards/").removesuffix(".tar")
+    assert {pk: i["packed_in"] for pk, i in table_items(stack, "SAMPLE#").items()} == {
+        f"SAMPLE#{s['sha256']}": shard_id for s in samples}
+    # AND the "Shard Sealed" event reached the start-training function's delivery queue
+    source = next(s for s in stack.sources if s.function == "StartTrainingFunction")
+    delivered = boto3.client("sqs").receive_message(QueueUrl=source.queue_url)["Messages"]
+    detail = json.loads(delivered[0]["Body"])["detail"]
+    assert (detail["shard_id"], detail["samples"], detail["partners"]) == (shard_id, 2, ["partner-a", "partner-b"])
+
+
+def _as_file(body: bytes) -> str:
+    import tempfile
+    handle = tempfile.NamedTemporaryFile(suffix=".tar", delete=False)
+    handle.write(body)
+    handle.close()
+    return handle.name
