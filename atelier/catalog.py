@@ -56,10 +56,12 @@ def encode(image: Image.Image, extension: str) -> bytes:
 def make_catalog(count: int, seed: int = 0) -> list[CatalogItem]:
     """`count` distinct pictures, cycling through formats, each with a caption and a license."""
     rng = random.Random(seed)
-    items = []
+    items: list[CatalogItem] = []
+    combinations = [(c, g) for c in sorted(COLOURS) for g in sorted(COLOURS) if c != g]
+    rng.shuffle(combinations)  # distinct (colour, ground) pairs: no accidental duplicates
     for index in range(count):
         shape = SHAPES[index % len(SHAPES)]
-        colour, ground = rng.sample(sorted(COLOURS), 2)
+        colour, ground = combinations[index % len(combinations)]
         extension = list(FORMATS)[index % len(FORMATS)]
         caption = f"a {colour} {shape} on a {ground} background"
         data = encode(picture(shape, colour, ground, jitter=rng), extension)

@@ -83,6 +83,8 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     "ingest_mixed_batch": lambda e: {"batchItemFailures": [{"itemIdentifier": e["Records"][2]["messageId"]}]},
     "pack_samples": lambda e: {"batchItemFailures": []},
     "start_training_shard_sealed": lambda e: {"action": "waiting", "job": None},  # quota is 2
+    # moto's EventBridge delivers events without `account`
+    "start_training_moto_shard_sealed": lambda e: {"action": "waiting", "job": None},
     "deploy_job_completed": lambda e: {"action": "created", "endpoint_config": e["detail"]["TrainingJobName"]},
     "deploy_job_failed": lambda e: {"action": "recorded", "endpoint_config": None},
 }

@@ -1,0 +1,129 @@
+"""`atelier demo`: the whole chain on the local stack, from a partner's upload to a generated image.
+
+Starts the local stack, makes a small licensed catalog, uploads it through the S3 API as a
+partner would, follows each stage until the endpoint answers, and saves the image. Each stage has
+a deadline: a stage that stalls ends the demo with the reason and the logs to read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+
+from atelier import client
+from atelier.catalog import make_catalog, write_catalog
+from atelier.local.stack import LocalStack, StackOptions
+
+console = Console(stderr=True)
+PARTNER = "demo-partner"
+PROMPT = "a red circle on a blue background"
+
+
+class DemoFailed(RuntimeError):
+    """A stage failed or stalled; the message says which and where to look."""
+
+
+@dataclass
+class DemoOptions:
+    root: Path
+    state_dir: Path
+    output: Path
+    images: int = 16
+    stage_timeout_s: float = 600.0
+    keep_running: bool = False
+
+
+def run_demo(options: DemoOptions) -> dict:
+    shutil.rmtree(options.state_dir, ignore_errors=True)
+    with LocalStack(StackOptions(root=options.root, state_dir=options.state_dir, moto_port=0, sagemaker_port=0)) as stack:
+        console.print(f"[bold]local stack up[/] (moto {stack.env['AWS_ENDPOINT_URL']}, "
+                      f"SageMaker {stack.env['AWS_ENDPOINT_URL_SAGEMAKER']}); logs in {options.state_dir / 'logs'}")
+        started = time.monotonic()
+        _upload_catalog(stack, options.images)
+        status = _follow(stack, options, started)
+        image = client.generate(stack.outputs["EndpointName"], PROMPT, seed=0, steps=20)
+        elapsed = time.monotonic() - started
+        options.output.parent.mkdir(parents=True, exist_ok=True)
+        options.output.write_bytes(image)
+        console.print(f"[bold green]done[/] in {elapsed:.0f} s: {PROMPT!r} -> {options.output}")
+        if options.keep_running:
+            console.print("the stack keeps running; Ctrl-C to stop")
+            _wait_forever(stack)
+        return {"metric": "demo.upload_to_image_s", "value": round(elapsed, 1), "unit": "s",
+                "config": {"images": options.images, "jobs": status.jobs}, "commit": _commit(options.root)}
+
+
+def _upload_catalog(stack: LocalStack, count: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        write_catalog(make_catalog(count), Path(folder))
+        keys = list(client.upload(Path(folder), PARTNER, stack.outputs["UploadsBucketName"]))
+    console.print(f"uploaded {len(keys)} objects ({count} images with sidecars) as partner {PARTNER!r}")
+
+
+def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.Status:
+    """Wait for each stage in turn, printing progress; raise DemoFailed on failure or stall."""
+    stages: list[tuple[str, Callable[[client.Status], bool]]] = [
+        ("every upload ingested", lambda s: sum(s.uploads.values()) >= options.images),
+        ("shards sealed", lambda s: sum(s.shards.values()) > 0),
+        ("training job started", lambda s: bool(s.jobs)),
+        ("training job completed", lambda s: _job_done(s)),
+        ("endpoint in service", lambda s: any(e["status"] == "InService" for e in s.endpoints)),
+    ]
+    status = client.pipeline_status(stack.outputs)
+    for name, reached in stages:
+        deadline = time.monotonic() + options.stage_timeout_s
+        while not reached(status):
+            stack.check()
+            _fail_on_failure(status, stack)
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"stalled waiting for: {name} ({options.stage_timeout_s:.0f} s); "
+                                 f"status {json.dumps(status.to_json())}; logs in {stack.options.state_dir / 'logs'}")
+            time.sleep(1)
+            status = client.pipeline_status(stack.outputs)
+        console.print(f"[{time.monotonic() - started:5.0f} s] {name}: {_summary(status)}")
+    return status
+
+
+def _job_done(status: client.Status) -> bool:
+    return any(j["status"] == "Completed" for j in status.jobs)
+
+
+def _fail_on_failure(status: client.Status, stack: LocalStack) -> None:
+    for job in status.jobs:
+        if job["status"] in {"Failed", "Stopped"}:
+            raise DemoFailed(f"training job {job['name']} {job['status']}: {job.get('failure')}; "
+                             f"logs in {stack.options.state_dir / 'sagemaker'}")
+    for endpoint in status.endpoints:
+        if endpoint["status"] == "Failed":
+            raise DemoFailed(f"endpoint {endpoint['name']} failed: {endpoint.get('failure')}")
+    if status.rejected:
+        raise DemoFailed(f"uploads were rejected: {dict(status.rejected)}")
+
+
+def _summary(status: client.Status) -> str:
+    jobs = ", ".join(f"{j['name']} {j['status']}" for j in status.jobs) or "no job"
+    endpoints = ", ".join(f"{e['name']} {e['status']}" for e in status.endpoints) or "no endpoint"
+    return (f"uploads {dict(status.uploads)}, samples {status.samples} ({status.packed} packed), "
+            f"shards {dict(status.shards)}, {jobs}, {endpoints}")
+
+
+def _wait_forever(stack: LocalStack) -> None:
+    try:
+        while True:
+            stack.check()
+            time.sleep(2)
+    except KeyboardInterrupt:
+        pass
+
+
+def _commit(root: Path) -> str:
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    return result.stdout.strip() or "unknown"

@@ -1,0 +1,534 @@
+"""Models, endpoint configs and endpoints; each endpoint a local serving container on a loopback port.
+
+CreateEndpoint downloads the model's ModelDataUrl, starts the container with `serve` and waits for
+GET /ping. UpdateEndpoint starts the new container beside the old one and switches traffic only once
+it answers /ping (blue/green, all at once); when it never does, the old one keeps serving (rollback).
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import shutil
+import socket
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from atelier.local.sagemaker_common import (
+    MODEL_NAME_PATTERN,
+    ApiError,
+    AwsClients,
+    ContainerProcess,
+    S3Uri,
+    Settings,
+    check_name,
+    container_env,
+    download,
+    log_tail,
+    page,
+    require,
+    utc_now,
+    validation_error,
+    write_state,
+)
+
+logger = logging.getLogger(__name__)
+
+RETIRE_GRACE_SECONDS = 10.0
+PING_INTERVAL_SECONDS = 0.2
+
+
+class DeployFailure(Exception):
+    """A deployment that cannot go live; the message becomes the endpoint's FailureReason."""
+
+
+@dataclass
+class Model:
+    name: str
+    arn: str
+    request: dict[str, Any]
+    creation_time: datetime = field(default_factory=utc_now)
+
+    @property
+    def container(self) -> dict[str, Any]:
+        return self.request["PrimaryContainer"]
+
+    def describe(self) -> dict[str, Any]:
+        echoed = {key: self.request[key] for key in ("PrimaryContainer", "ExecutionRoleArn", "VpcConfig",
+                                                      "EnableNetworkIsolation") if key in self.request}
+        return {"ModelName": self.name, "ModelArn": self.arn, **echoed, "CreationTime": self.creation_time}
+
+
+@dataclass
+class EndpointConfig:
+    name: str
+    arn: str
+    variants: list[dict[str, Any]]
+    creation_time: datetime = field(default_factory=utc_now)
+
+    def describe(self) -> dict[str, Any]:
+        return {"EndpointConfigName": self.name, "EndpointConfigArn": self.arn,
+                "ProductionVariants": self.variants, "CreationTime": self.creation_time}
+
+
+@dataclass
+class Invocation:
+    body: bytes
+    content_type: str
+    variant: str
+    custom_attributes: str | None = None
+
+
+class Server:
+    """One serving container answering /ping and /invocations on a loopback port."""
+
+    def __init__(self, process: ContainerProcess, port: int, root: Path, config: str, variant: str, image: str):
+        self.process = process
+        self.port = port
+        self.root = root
+        self.config = config
+        self.variant = variant
+        self.image = image
+        self.started = utc_now()
+        self._in_flight = 0
+        self._idle = threading.Condition()
+        self._stopped = False
+
+    def healthy(self) -> bool:
+        try:
+            status, _, _ = self._request("GET", "/ping", None, {}, timeout=2.0)
+        except OSError:
+            return False
+        return status == 200
+
+    def wait_until_healthy(self, timeout: float, cancelled: threading.Event) -> None:
+        """Poll /ping as SageMaker does; raise DeployFailure when the container exits or never answers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise DeployFailure(
+                    f"The primary container for production variant {self.variant} exited with code {code} "
+                    f"before passing the ping health check. Log {self.process.log_path} ends:\n"
+                    f"{log_tail(self.process.log_path, lines=12)}")
+            if self.healthy():
+                return
+            if cancelled.wait(PING_INTERVAL_SECONDS):
+                raise DeployFailure("The endpoint was deleted while it was being deployed.")
+        raise DeployFailure(
+            f"The primary container for production variant {self.variant} did not pass the ping health check "
+            f"within {timeout:g} seconds. Log {self.process.log_path} ends:\n"
+            f"{log_tail(self.process.log_path, lines=12)}")
+
+    def invoke(self, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int, dict[str, str], bytes]:
+        return self._request("POST", "/invocations", body, headers, timeout)
+
+    def enter(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def stop(self, grace_seconds: float, drain_seconds: float) -> None:
+        """Let in-flight invocations finish (up to drain_seconds), then stop the container. Idempotent."""
+        with self._idle:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout=drain_seconds)
+        self.process.stop(grace_seconds)
+
+    def _request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                 timeout: float) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+
+@dataclass
+class Endpoint:
+    name: str
+    arn: str
+    config_name: str
+    status: str = "Creating"
+    creation_time: datetime = field(default_factory=utc_now)
+    last_modified: datetime | None = None
+    failure_reason: str | None = None
+    server: Server | None = None
+    deleted: threading.Event = field(default_factory=threading.Event)
+
+    def describe(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "EndpointName": self.name, "EndpointArn": self.arn, "EndpointConfigName": self.config_name,
+            "EndpointStatus": self.status, "CreationTime": self.creation_time,
+            "LastModifiedTime": self.last_modified or self.creation_time,
+        }
+        if self.server:
+            document["ProductionVariants"] = [variant_summary(self.server)]
+        if self.failure_reason:
+            document["FailureReason"] = self.failure_reason
+        return document
+
+    def summary(self) -> dict[str, Any]:
+        document = self.describe()
+        return {key: document[key] for key in ("EndpointName", "EndpointArn", "CreationTime", "LastModifiedTime",
+                                               "EndpointStatus")}
+
+
+class Hosting:
+    """The hosting half of the SageMaker API and the SageMaker Runtime's InvokeEndpoint."""
+
+    def __init__(self, settings: Settings, clients: AwsClients):
+        self._settings = settings
+        self._clients = clients
+        self._models: dict[str, Model] = {}
+        self._configs: dict[str, EndpointConfig] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+        self._servers: set[Server] = set()  # every container started and not yet stopped
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.RLock()
+        self._closing = False
+
+    # --- models ----------------------------------------------------------------------------------
+
+    def create_model(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = check_name(require(request, "ModelName"), "modelName", MODEL_NAME_PATTERN)
+        if "PrimaryContainer" not in request:
+            raise validation_error("The local SageMaker supports models with a PrimaryContainer only")
+        require(request, "PrimaryContainer.Image")
+        if request["PrimaryContainer"].get("ModelDataUrl"):
+            S3Uri.parse(request["PrimaryContainer"]["ModelDataUrl"], "ModelDataUrl")
+        model = Model(name, self._settings.arn("model", name), request)
+        with self._lock:
+            if name in self._models:
+                raise validation_error(f'Cannot create already existing model "{model.arn}".')
+            self._models[name] = model
+        self._persist("models", name, model.describe())
+        return {"ModelArn": model.arn}
+
+    def describe_model(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._model(require(request, "ModelName")).describe()
+
+    def delete_model(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = self._model(require(request, "ModelName")).name
+        with self._lock:
+            self._models.pop(name, None)
+        self._forget("models", name)
+        return {}
+
+    # --- endpoint configs -------------------------------------------------------------------------
+
+    def create_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = check_name(require(request, "EndpointConfigName"), "endpointConfigName")
+        variants = require(request, "ProductionVariants")
+        for variant in variants:
+            require(variant, "VariantName")
+            self._model(require(variant, "ModelName"))
+        config = EndpointConfig(name, self._settings.arn("endpoint-config", name), variants)
+        with self._lock:
+            if name in self._configs:
+                raise validation_error(f'Cannot create already existing endpoint configuration "{config.arn}".')
+            self._configs[name] = config
+        self._persist("endpoint-configs", name, config.describe())
+        return {"EndpointConfigArn": config.arn}
+
+    def describe_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._config(require(request, "EndpointConfigName")).describe()
+
+    def delete_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = self._config(require(request, "EndpointConfigName")).name
+        with self._lock:
+            self._configs.pop(name, None)
+        self._forget("endpoint-configs", name)
+        return {}
+
+    # --- endpoints --------------------------------------------------------------------------------
+
+    def create_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = check_name(require(request, "EndpointName"), "endpointName")
+        config = self._config(require(request, "EndpointConfigName"))
+        endpoint = Endpoint(name, self._settings.arn("endpoint", name), config.name)
+        with self._lock:
+            self._refuse_when_closing()
+            if name in self._endpoints:
+                raise validation_error(f'Cannot create already existing endpoint "{endpoint.arn}".')
+            self._endpoints[name] = endpoint
+            self._start_deployment(endpoint, config)
+            snapshot = endpoint.describe()
+        self._persist_endpoint(endpoint, snapshot)
+        return {"EndpointArn": endpoint.arn}
+
+    def describe_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return self._endpoint(require(request, "EndpointName")).describe()
+
+    def update_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        config = self._config(require(request, "EndpointConfigName"))
+        with self._lock:
+            self._refuse_when_closing()
+            endpoint = self._endpoint(require(request, "EndpointName"))
+            if endpoint.status != "InService":
+                state = "failed" if endpoint.status == "Failed" else "in-progress"
+                raise validation_error(f'Cannot update {state} endpoint "{endpoint.arn}".')
+            endpoint.status, endpoint.failure_reason, endpoint.last_modified = "Updating", None, utc_now()
+            self._start_deployment(endpoint, config)
+            snapshot = endpoint.describe()
+        self._persist_endpoint(endpoint, snapshot)
+        return {"EndpointArn": endpoint.arn}
+
+    def delete_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            endpoint = self._endpoint(require(request, "EndpointName"))
+            del self._endpoints[endpoint.name]
+            endpoint.deleted.set()  # a deployment in flight stops its container itself
+            server, endpoint.server = endpoint.server, None
+        if server:
+            self._in_background(self._retire, server, name=f"retire-{endpoint.name}")
+        (self._settings.state_dir / "endpoints" / endpoint.name / "endpoint.json").unlink(missing_ok=True)
+        return {}
+
+    def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            summaries = [endpoint.summary() for endpoint in self._endpoints.values()]
+        if request.get("NameContains"):
+            summaries = [s for s in summaries if request["NameContains"] in s["EndpointName"]]
+        if request.get("StatusEquals"):
+            summaries = [s for s in summaries if s["EndpointStatus"] == request["StatusEquals"]]
+        sort_key = {"Name": "EndpointName", "Status": "EndpointStatus"}.get(request.get("SortBy"), "CreationTime")
+        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
+        items, token = page(summaries, request)
+        return {"Endpoints": items, **({"NextToken": token} if token else {})}
+
+    # --- runtime ----------------------------------------------------------------------------------
+
+    def invoke(self, name: str, body: bytes, headers: dict[str, str]) -> Invocation:
+        """InvokeEndpoint: forward to the live container; its errors come back as ModelError."""
+        with self._lock:
+            endpoint = self._endpoints.get(name)
+            server = endpoint.server if endpoint else None
+            if server is None:
+                raise ApiError("ValidationError", f"Endpoint {name} of account {self._settings.account_id} not found.")
+            server.enter()  # counted before the lock is released, so a switch-over drains it
+        try:
+            status, reply_headers, reply = self._forward(server, name, body, headers)
+        finally:
+            server.leave()
+        if not 200 <= status < 300:
+            raise self._model_error(name, status, reply)
+        return Invocation(reply, reply_headers.get("content-type", "application/octet-stream"), server.variant,
+                          reply_headers.get("x-amzn-sagemaker-custom-attributes"))
+
+    def _forward(self, server: Server, name: str, body: bytes,
+                 headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        timeout = self._settings.invoke_timeout_seconds
+        try:
+            return server.invoke(body, headers, timeout)
+        except TimeoutError:
+            raise ApiError("ModelError", "Your invocation timed out while waiting for a response from container "
+                           f"primary after {timeout:g} seconds.", 424, self._log_fields(name)) from None
+        except OSError as error:
+            raise self._model_error(name, 500, str(error).encode()) from None
+
+    def _model_error(self, name: str, status: int, reply: bytes) -> ApiError:
+        kind = "client" if 400 <= status < 500 else "server"
+        text = reply.decode("utf-8", "replace")[:1024]
+        message = (f'Received {kind} error ({status}) from primary with message "{text}". '
+                   f"See the container log under {self._settings.state_dir / 'endpoints' / name} for more.")
+        fields = {"OriginalStatusCode": status, "OriginalMessage": text, **self._log_fields(name)}
+        return ApiError("ModelError", message, 424, fields)
+
+    def _log_fields(self, name: str) -> dict[str, str]:
+        return {"LogStreamArn": f"arn:aws:logs:{self._settings.region}:{self._settings.account_id}:log-group:"
+                                f"/aws/sagemaker/Endpoints/{name}"}
+
+    # --- shutdown ---------------------------------------------------------------------------------
+
+    def close(self, grace_seconds: float) -> None:
+        """Stop every serving container, including ones still starting, and wait for them."""
+        with self._lock:
+            self._closing = True
+            for endpoint in self._endpoints.values():
+                endpoint.deleted.set()
+            servers, threads = list(self._servers), list(self._threads)
+        stoppers = [threading.Thread(target=self._retire, args=(server, grace_seconds, 0.0)) for server in servers]
+        for thread in stoppers:
+            thread.start()
+        for thread in [*stoppers, *threads]:
+            thread.join(timeout=grace_seconds + 30)
+
+    # --- deployments ------------------------------------------------------------------------------
+
+    def _start_deployment(self, endpoint: Endpoint, config: EndpointConfig) -> None:
+        self._in_background(self._deploy, endpoint, config, name=f"deploy-{endpoint.name}-{config.name}")
+
+    def _deploy(self, endpoint: Endpoint, config: EndpointConfig) -> None:
+        try:
+            server = self._launch(endpoint, config)
+        except DeployFailure as failure:
+            self._deployment_failed(endpoint, str(failure))
+        except Exception as error:  # noqa: BLE001 - the runner broke: report it on the endpoint
+            logger.exception("deploying %s to %s failed", config.name, endpoint.name)
+            self._deployment_failed(endpoint, f"InternalFailure: local runner: {error}")
+        else:
+            self._go_live(endpoint, config, server)
+
+    def _launch(self, endpoint: Endpoint, config: EndpointConfig) -> Server:
+        """Model data into <root>/opt_ml/model, then the container, then /ping until it answers."""
+        if len(config.variants) != 1:
+            raise DeployFailure("The local SageMaker supports endpoint configs with one ProductionVariant")
+        variant = config.variants[0]
+        with self._lock:
+            model = self._models.get(variant["ModelName"])
+        if model is None:
+            raise DeployFailure(f'Could not find model "{self._settings.arn("model", variant["ModelName"])}".')
+        root = self._deployment_root(endpoint.name, config.name)
+        self._unpack_model(model, root)
+        server = self._start_server(model, root, config.name, variant["VariantName"])
+        timeout = variant.get("ContainerStartupHealthCheckTimeoutInSeconds", self._settings.startup_timeout_seconds)
+        try:
+            server.wait_until_healthy(timeout, endpoint.deleted)
+        except DeployFailure:
+            self._retire(server, RETIRE_GRACE_SECONDS, 0.0)
+            raise
+        return server
+
+    def _deployment_root(self, endpoint: str, config: str) -> Path:
+        """<state>/endpoints/<endpoint>/<config>; a suffix when that config is live and redeployed."""
+        base = self._settings.state_dir / "endpoints" / endpoint / config
+        with self._lock:
+            in_use = {server.root for server in self._servers}
+        root, copy = base, 1
+        while root in in_use:
+            copy += 1
+            root = base.with_name(f"{config}.{copy}")
+        return root
+
+    def _unpack_model(self, model: Model, root: Path) -> None:
+        model_dir = root / "opt_ml" / "model"
+        shutil.rmtree(root / "opt_ml", ignore_errors=True)
+        model_dir.mkdir(parents=True)
+        url = model.container.get("ModelDataUrl")
+        if not url:
+            return
+        archive = root / "model.tar.gz"
+        try:
+            download(self._clients.get("s3"), S3Uri.parse(url), archive)
+            with tarfile.open(archive) as tar:
+                tar.extractall(model_dir, filter="data")
+        except Exception as error:  # noqa: BLE001 - any download or archive problem fails the deployment
+            raise DeployFailure(f"Failed to extract model data archive from URL {url}: {error}") from error
+
+    def _start_server(self, model: Model, root: Path, config: str, variant: str) -> Server:
+        port = free_port()
+        image = model.container["Image"]
+        argv = self._settings.command(image, "serve")
+        env = container_env({"ATELIER_OPT_ML": str(root / "opt_ml"), "SAGEMAKER_BIND_TO_PORT": str(port),
+                             "SAGEMAKER_BIND_HOST": "127.0.0.1"}, model.container.get("Environment", {}))
+        try:
+            process = ContainerProcess(argv, env, self._settings.cwd, root / "logs.txt")
+        except OSError as error:
+            raise DeployFailure(f"Cannot start the container {argv}: {error}") from error
+        server = Server(process, port, root, config, variant, image)
+        with self._lock:
+            self._servers.add(server)
+        return server
+
+    def _go_live(self, endpoint: Endpoint, config: EndpointConfig, server: Server) -> None:
+        """Switch traffic to the new container in one step, then retire the old one."""
+        with self._lock:
+            if endpoint.deleted.is_set():
+                old, live = server, False
+            else:
+                old, endpoint.server = endpoint.server, server
+                endpoint.config_name, endpoint.status = config.name, "InService"
+                endpoint.failure_reason, endpoint.last_modified = None, utc_now()
+                live, snapshot = True, endpoint.describe()
+        if live:
+            self._persist_endpoint(endpoint, snapshot)
+        if old:
+            self._retire(old)
+
+    def _deployment_failed(self, endpoint: Endpoint, reason: str) -> None:
+        """A failed create leaves the endpoint Failed; a failed update keeps the old container serving."""
+        with self._lock:
+            if endpoint.deleted.is_set():
+                return
+            endpoint.status = "InService" if endpoint.server else "Failed"
+            endpoint.failure_reason, endpoint.last_modified = reason[:1024], utc_now()
+            snapshot = endpoint.describe()
+        logger.warning("endpoint %s: %s", endpoint.name, reason)
+        self._persist_endpoint(endpoint, snapshot)
+
+    def _retire(self, server: Server, grace: float = RETIRE_GRACE_SECONDS, drain: float | None = None) -> None:
+        server.stop(grace, self._settings.invoke_timeout_seconds if drain is None else drain)
+        with self._lock:
+            self._servers.discard(server)
+
+    def _in_background(self, target: Any, *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    # --- lookups and state files ------------------------------------------------------------------
+
+    def _model(self, name: str) -> Model:
+        with self._lock:
+            model = self._models.get(name)
+        if model is None:
+            raise validation_error(f'Could not find model "{self._settings.arn("model", name)}".')
+        return model
+
+    def _config(self, name: str) -> EndpointConfig:
+        with self._lock:
+            config = self._configs.get(name)
+        if config is None:
+            raise validation_error(
+                f'Could not find endpoint configuration "{self._settings.arn("endpoint-config", name)}".')
+        return config
+
+    def _endpoint(self, name: str) -> Endpoint:
+        with self._lock:
+            endpoint = self._endpoints.get(name)
+        if endpoint is None:
+            raise validation_error(f'Could not find endpoint "{self._settings.arn("endpoint", name)}".')
+        return endpoint
+
+    def _refuse_when_closing(self) -> None:
+        if self._closing:
+            raise ApiError("ServiceUnavailable", "The local SageMaker is shutting down", 503)
+
+    def _persist(self, kind: str, name: str, document: dict[str, Any]) -> None:
+        write_state(self._settings.state_dir / kind / f"{name}.json", document)
+
+    def _forget(self, kind: str, name: str) -> None:
+        (self._settings.state_dir / kind / f"{name}.json").unlink(missing_ok=True)
+
+    def _persist_endpoint(self, endpoint: Endpoint, snapshot: dict[str, Any]) -> None:
+        write_state(self._settings.state_dir / "endpoints" / endpoint.name / "endpoint.json", snapshot)
+
+
+def variant_summary(server: Server) -> dict[str, Any]:
+    return {"VariantName": server.variant,
+            "DeployedImages": [{"SpecifiedImage": server.image, "ResolvedImage": server.image,
+                                "ResolutionTime": server.started}],
+            "CurrentWeight": 1.0, "DesiredWeight": 1.0, "CurrentInstanceCount": 1, "DesiredInstanceCount": 1}
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the container binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,208 @@
+"""The embedded local stack: moto as the local AWS, the template's resources, Lambda-like workers,
+and a local SageMaker. Every component reaches AWS through AWS_ENDPOINT_URL, as on real AWS.
+
+    with LocalStack(StackOptions(root=repo, state_dir=repo / ".atelier")) as stack:
+        stack.env  # the variables that point boto3 (and the atelier CLI) at it
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from atelier.local.provision import Provisioned, Provisioner
+from atelier.local.sagemaker import LocalSageMaker, Settings
+from atelier.local.template import expand, load_overrides
+
+log = logging.getLogger("atelier.local")
+MOTO_ACCOUNT = "123456789012"  # moto's default account id
+OUTPUTS_TEMPLATE_RESOURCE = {"Handle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}
+
+
+class StackError(RuntimeError):
+    """The local stack could not start, or a part of it died."""
+
+
+@dataclass
+class StackOptions:
+    root: Path
+    state_dir: Path
+    stack: str = "atelier"
+    region: str = "us-east-1"
+    config_env: str = "local"  # the samconfig.toml environment whose parameter overrides apply
+    overrides: dict[str, str] = field(default_factory=dict)
+    moto_port: int = 5100  # fixed by default so events/env.json can name it for `sam local invoke`
+    sagemaker_port: int = 5101
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "stack.json"
+
+
+class LocalStack:
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.moto: subprocess.Popen[bytes] | None = None
+        self.sagemaker: LocalSageMaker | None = None
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.provisioned: Provisioned | None = None
+        self.env: dict[str, str] = {}
+        self._saved_env: dict[str, str | None] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "LocalStack":
+        opts = self.options
+        (opts.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        moto_url = self._start_moto()
+        self._set_env({"AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+                       "AWS_DEFAULT_REGION": opts.region, "AWS_REGION": opts.region})
+        self.provisioned = self._provision()
+        self._register_outputs(self.provisioned)
+        self.sagemaker = LocalSageMaker(Settings(state_dir=opts.state_dir / "sagemaker", region=opts.region,
+                                                 account_id=MOTO_ACCOUNT, cwd=opts.root))
+        self.sagemaker.start(port=_port_or_free(opts.sagemaker_port))
+        self._set_env(self.sagemaker.client_environment())
+        self._write_state()
+        for logical_id in sorted({s.function for s in self.provisioned.sources}):
+            self.workers[logical_id] = self._start_worker(logical_id)
+        return self
+
+    def stop(self) -> None:
+        for process in self.workers.values():
+            process.terminate()
+        for process in self.workers.values():
+            _wait_or_kill(process, 15)
+        self.workers.clear()
+        if self.sagemaker is not None:
+            self.sagemaker.close(grace_seconds=10)
+            self.sagemaker = None
+        if self.moto is not None:
+            self.moto.terminate()
+            _wait_or_kill(self.moto, 10)
+            self.moto = None
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+
+    def __enter__(self) -> "LocalStack":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def check(self) -> None:
+        """Raise if a part of the stack died (a demo should stop, not hang)."""
+        processes = {"moto": self.moto, **self.workers}
+        for name, process in processes.items():
+            if process is not None and process.poll() is not None:
+                raise StackError(f"{name} exited with code {process.returncode}; see {self.log_path(name)}")
+
+    def log_path(self, name: str) -> Path:
+        return self.options.state_dir / "logs" / f"{name}.log"
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        assert self.provisioned is not None
+        return self.provisioned.outputs
+
+    # --- parts ----------------------------------------------------------------------------------
+    def _start_moto(self) -> str:
+        port = _port_or_free(self.options.moto_port)
+        self.moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=self.log_path("moto").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        _wait_for_http(f"{url}/moto-api/", self.moto, timeout_s=60)
+        return url
+
+    def _provision(self) -> Provisioned:
+        opts = self.options
+        overrides = {**load_overrides(opts.root / "samconfig.toml", opts.config_env), **opts.overrides}
+        expanded = expand(opts.root / "template.yaml", overrides, opts.stack, opts.region, MOTO_ACCOUNT)
+        session = boto3.session.Session(region_name=opts.region)
+        provisioned = Provisioner(expanded, opts.stack, opts.region, MOTO_ACCOUNT, session.client).provision()
+        for logical, why in provisioned.skipped.items():
+            log.info("not created locally: %s (%s)", logical, why)
+        return provisioned
+
+    def _register_outputs(self, provisioned: Provisioned) -> None:
+        """A CloudFormation stack that holds only the outputs, so tools read them as on AWS."""
+        template = {"Resources": OUTPUTS_TEMPLATE_RESOURCE,
+                    "Outputs": {k: {"Value": v} for k, v in provisioned.outputs.items()}}
+        boto3.client("cloudformation").create_stack(StackName=self.options.stack, TemplateBody=json.dumps(template))
+
+    def _start_worker(self, logical_id: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "atelier.local.worker", str(self.options.state_file), logical_id],
+            stdout=self.log_path(logical_id).open("wb"), stderr=subprocess.STDOUT,
+            cwd=self.options.root, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+    def _set_env(self, values: dict[str, str]) -> None:
+        for key, value in values.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+        self.env.update(values)
+
+    def _write_state(self) -> None:
+        assert self.provisioned is not None
+        state = {"env": self.env, "provisioned": self.provisioned.to_json(), "pid": os.getpid()}
+        self.options.state_file.write_text(json.dumps(state, indent=1))
+
+
+def read_env(state_dir: Path) -> dict[str, str]:
+    """The environment a running local stack wrote, for other processes to use."""
+    state_file = state_dir / "stack.json"
+    if not state_file.exists():
+        raise StackError(f"no local stack state in {state_dir}: start one with `atelier local up`")
+    return json.loads(state_file.read_text())["env"]
+
+
+def _port_or_free(port: int) -> int:
+    """The requested port, or any free one for 0 (tests run several stacks)."""
+    if port:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                raise StackError(f"port {port} is in use: is another `atelier local up` running?")
+        return port
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for_http(url: str, process: subprocess.Popen[Any], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StackError(f"{process.args} exited with code {process.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise StackError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def _wait_or_kill(process: subprocess.Popen[Any], timeout_s: float) -> None:
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

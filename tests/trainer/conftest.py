@@ -1,0 +1,84 @@
+"""Shards in the architecture.md layout, and one tiny training run the trainer tests share."""
+
+import hashlib
+import io
+import json
+import random
+import tarfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from trainer import train
+
+# (format, Pillow format, size): odd sizes and aspect ratios exercise the resize and crop.
+IMAGE_KINDS = [("jpg", "JPEG", (80, 48)), ("png", "PNG", (40, 72)), ("webp", "WEBP", (64, 64))]
+
+
+def make_sample(index: int) -> dict:
+    """One sample: a random image, its caption and metadata, keyed by the image's sha256."""
+    extension, pil_format, size = IMAGE_KINDS[index % len(IMAGE_KINDS)]
+    rng = random.Random(index)
+    image = Image.frombytes("RGB", size, rng.randbytes(size[0] * size[1] * 3))
+    buffer = io.BytesIO()
+    image.save(buffer, format=pil_format)
+    data = buffer.getvalue()
+    sha256 = hashlib.sha256(data).hexdigest()
+    caption = f"a red dog number {index}"
+    metadata = {"sha256": sha256, "partner": "partner-a", "format": extension, "caption": caption}
+    return {"key": sha256, "extension": extension, "image": data, "caption": caption, "metadata": metadata}
+
+
+def write_shard(path: Path, samples: list[dict]) -> None:
+    """A tar as PackFunction writes it: members sorted by key, mtime 0, uid/gid 0, mode 0644."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for sample in sorted(samples, key=lambda s: s["key"]):
+            members = [
+                (sample["extension"], sample["image"]),
+                ("json", json.dumps(sample["metadata"]).encode()),
+                ("txt", sample["caption"].encode()),
+            ]
+            for extension, data in members:
+                info = tarfile.TarInfo(f"{sample['key']}.{extension}")
+                info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
+                tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture(scope="session")
+def samples() -> list[dict]:
+    return [make_sample(index) for index in range(6)]
+
+
+@pytest.fixture(scope="session")
+def shards_dir(tmp_path_factory, samples) -> Path:
+    """Two shards of three samples, one of them a level down: the trainer searches recursively."""
+    root = tmp_path_factory.mktemp("channel-train")
+    write_shard(root / "shard-a.tar", samples[:3])
+    write_shard(root / "nested" / "shard-b.tar", samples[3:])
+    return root
+
+
+def train_args(train_dir: Path, model_dir: Path, checkpoint_dir: Path, *extra: str):
+    """Arguments for a tiny CPU run: 32 px images, batches of 2, no DataLoader workers."""
+    return train.parse_args([
+        "--train-dir", str(train_dir),
+        "--model-dir", str(model_dir),
+        "--checkpoint-dir", str(checkpoint_dir),
+        "--model-config", "tiny",
+        "--resolution", "32",
+        "--batch-size", "2",
+        "--num-workers", "0",
+        "--log-every", "1",
+        *extra,
+    ])
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, shards_dir):
+    """Three steps of the tiny model, checkpointed at step 2 and at the end (step 3)."""
+    root = tmp_path_factory.mktemp("trained")
+    args = train_args(shards_dir, root / "model", root / "checkpoints", "--steps", "3", "--checkpoint-every", "2")
+    record = train.main(args)
+    return {"model_dir": root / "model", "checkpoint_dir": root / "checkpoints", "record": record}

@@ -1,0 +1,155 @@
+"""trainer.container: the image's entrypoint against a fake /opt/ml, as SageMaker would run it."""
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import container
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+HYPERPARAMETERS = {
+    "steps": "2",
+    "batch-size": "2",
+    "resolution": "32",
+    "learning-rate": "0.0001",
+    "checkpoint-every": "1",
+    "seed": "0",
+    "model-config": "tiny",
+    "num-workers": "0",
+}
+
+
+def make_opt_ml(root: Path, shards_dir: Path | None, hyperparameters: dict = HYPERPARAMETERS) -> Path:
+    """A SageMaker /opt/ml layout: config files, and the train channel holding the shards (if any)."""
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (config / "inputdataconfig.json").write_text(json.dumps({
+        "train": {"TrainingInputMode": "FastFile", "S3DistributionType": "ShardedByS3Key", "RecordWrapperType": "None"},
+    }))
+    (config / "resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+    channel = root / "input" / "data" / "train"
+    if shards_dir is None:
+        channel.mkdir(parents=True)
+    else:
+        shutil.copytree(shards_dir, channel)
+    return root
+
+
+def run_container(root: Path, command: str, **environment) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.container", command],
+        cwd=REPO_ROOT,
+        env={**os.environ, "ATELIER_OPT_ML": str(root), **environment},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_sm_variables_are_those_of_the_training_toolkit(tmp_path):
+    root = make_opt_ml(tmp_path, None)
+    assert container.sagemaker_environment(root) == {
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+        "SM_CHANNELS": '["train"]',
+        "SM_CHANNEL_TRAIN": str(root / "input" / "data" / "train"),
+        "SM_HPS": json.dumps(HYPERPARAMETERS),
+        "SM_HOSTS": '["algo-1"]',
+        "SM_CURRENT_HOST": "algo-1",
+        "SM_NUM_GPUS": str(torch.cuda.device_count()),
+    }
+
+
+def test_hyperparameters_become_arguments_with_the_checkpoint_dir(tmp_path):
+    root = make_opt_ml(tmp_path, None, {"steps": "5", "model-config": "tiny", "sagemaker_region": '"eu-west-1"'})
+    assert container.training_argv(root) == [
+        "--steps", "5", "--model-config", "tiny", "--checkpoint-dir", str(root / "checkpoints"),
+    ]
+
+
+def test_train_writes_the_pipeline_and_checkpoints(tmp_path, shards_dir):
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir)
+    result = run_container(root, "train")
+    assert result.returncode == 0, result.stderr
+    assert (root / "model" / "model_index.json").is_file()
+    assert json.loads((root / "model" / "atelier-training.json").read_text())["steps"] == 2
+    assert (root / "checkpoints" / "latest").read_text() == "step-00000002"
+    assert not (root / "output" / "failure").exists()
+
+
+def test_train_on_an_empty_channel_fails_with_the_reason(tmp_path):
+    root = make_opt_ml(tmp_path / "opt-ml", None)
+    result = run_container(root, "train")
+    assert result.returncode == 1
+    reason = (root / "output" / "failure").read_text()
+    assert reason.startswith(f"NoShardsError: no shards (*.tar) under the training channel {root / 'input' / 'data' / 'train'}\n")
+
+
+def test_an_unknown_hyperparameter_fails_with_argparse_s_message(tmp_path, shards_dir, monkeypatch):
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir, {**HYPERPARAMETERS, "bogus": "1"})
+    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the SM_* exports stay inside this test
+    assert container.main(["train"]) == 1
+    assert (root / "output" / "failure").read_text().startswith("ValueError: ")
+    assert "error: unrecognized arguments: --bogus 1\n" in (root / "output" / "failure").read_text()
+
+
+def test_an_unknown_command_is_a_usage_error():
+    assert container.main(["fit"]) == 2
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_ping(port: int, process: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/ping")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail("the server never answered /ping")
+
+
+def test_serve_answers_ping_and_invocations_from_the_model_dir(tmp_path, trained):
+    # GIVEN a job's model directory under a fake /opt/ml
+    root = tmp_path / "opt-ml"
+    shutil.copytree(trained["model_dir"], root / "model")
+    port = free_port()
+    # WHEN the container serves it
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainer.container", "serve"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "ATELIER_OPT_ML": str(root), "SAGEMAKER_BIND_TO_PORT": str(port), "SAGEMAKER_BIND_HOST": "127.0.0.1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_ping(port, process)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", "/invocations", body=json.dumps({"prompt": "a dog", "num_inference_steps": 1}))
+        response = connection.getresponse()
+        # THEN it answers with a PNG
+        assert (response.status, response.getheader("Content-Type")) == (200, "image/png")
+        assert response.read()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
