@@ -32,9 +32,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         console.print(f"[bold green]local stack up[/]: {len(stack.outputs)} outputs, "
                       f"{len(stack.workers)} function workers; logs in {args.state_dir / 'logs'}")
         console.print("Point boto3 and atelier at it:\n  eval \"$(atelier local env)\"   (or pass --local)")
-        console.print("Invoke one function in Docker with SAM (events/env.json names this stack's resources):\n"
-                      f"  sam local invoke IngestFunction -e events/ingest_s3_put.json --env-vars events/env.json "
-                      f"--add-host host.docker.internal:host-gateway")
+        console.print("Invoke one function in Docker with SAM (samconfig.toml [local] and events/env.json):\n"
+                      "  sam build && sam local invoke --config-env local IngestFunction -e events/ingest_s3_put.json")
+        if args.port != 5100:
+            console.print("  (events/env.json and samconfig.toml name port 5100: edit them for another port)")
         console.print("Ctrl-C stops it.")
         try:
             while True:

@@ -86,7 +86,7 @@ class SageMakerApp:
             result = handler(body)
         except ApiError as error:
             return json_error(error)
-        except Exception:  # noqa: BLE001 - answer as AWS does, keep serving
+        except Exception:  # answer as AWS does, keep serving
             logger.exception("SageMaker.%s failed", operation)
             return json_error(ApiError("InternalFailure", f"The local SageMaker failed on {operation}", 500))
         return Response(json.dumps(convert_times(result, epoch_seconds)), 200,
@@ -146,7 +146,9 @@ class LocalSageMaker:
         """Serve on host:port (0 = any free port) in a background thread; the base URL."""
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._server = make_server(host, port, self.app, threaded=True, request_handler=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="local-sagemaker", daemon=True)
+        # A short poll interval: shutdown() waits for the serving loop to notice it.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="local-sagemaker", daemon=True)
         self._thread.start()
         # Container processes run in their own sessions: make sure they die with this process.
         atexit.register(self.close)
@@ -156,8 +158,11 @@ class LocalSageMaker:
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError("LocalSageMaker.start() has not been called")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self._server.host}:{self._server.port}"
+
+    def training_log_tail(self, job_name: str, lines: int = 40) -> str:
+        """The end of a training job's container log, for debugging a failed job."""
+        return self.jobs.log_tail(job_name, lines)
 
     def client_environment(self) -> dict[str, str]:
         """The variables that send boto3's sagemaker and sagemaker-runtime clients here."""

@@ -6,6 +6,7 @@ JSON state files. Nothing here knows about jobs or endpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -166,7 +168,7 @@ def write_state(path: Path, document: Mapping[str, Any]) -> None:
     """Write a describe document for humans and `atelier` status commands; atomic so a reader
     never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     temporary.write_text(json.dumps(convert_times(document, datetime.isoformat), indent=2, sort_keys=True))
     os.replace(temporary, path)
 
@@ -278,10 +280,8 @@ class ContainerProcess:
         self._signal_group(signal.SIGKILL)
 
     def _signal_group(self, signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
             os.killpg(self._popen.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def log_tail(path: Path, lines: int = 20, max_bytes: int = 8192) -> str:

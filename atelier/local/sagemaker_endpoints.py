@@ -59,8 +59,8 @@ class Model:
         return self.request["PrimaryContainer"]
 
     def describe(self) -> dict[str, Any]:
-        echoed = {key: self.request[key] for key in ("PrimaryContainer", "ExecutionRoleArn", "VpcConfig",
-                                                      "EnableNetworkIsolation") if key in self.request}
+        echoed: dict[str, Any] = {key: self.request[key] for key in (
+            "PrimaryContainer", "ExecutionRoleArn", "VpcConfig", "EnableNetworkIsolation") if key in self.request}
         return {"ModelName": self.name, "ModelArn": self.arn, **echoed, "CreationTime": self.creation_time}
 
 
@@ -87,7 +87,7 @@ class Invocation:
 class Server:
     """One serving container answering /ping and /invocations on a loopback port."""
 
-    def __init__(self, process: ContainerProcess, port: int, root: Path, config: str, variant: str, image: str):
+    def __init__(self, process: ContainerProcess, *, port: int, root: Path, config: str, variant: str, image: str):
         self.process = process
         self.port = port
         self.root = root
@@ -266,8 +266,7 @@ class Hosting:
                 raise validation_error(f'Cannot create already existing endpoint "{endpoint.arn}".')
             self._endpoints[name] = endpoint
             self._start_deployment(endpoint, config)
-            snapshot = endpoint.describe()
-        self._persist_endpoint(endpoint, snapshot)
+            self._persist_endpoint(endpoint)
         return {"EndpointArn": endpoint.arn}
 
     def describe_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -284,8 +283,7 @@ class Hosting:
                 raise validation_error(f'Cannot update {state} endpoint "{endpoint.arn}".')
             endpoint.status, endpoint.failure_reason, endpoint.last_modified = "Updating", None, utc_now()
             self._start_deployment(endpoint, config)
-            snapshot = endpoint.describe()
-        self._persist_endpoint(endpoint, snapshot)
+            self._persist_endpoint(endpoint)
         return {"EndpointArn": endpoint.arn}
 
     def delete_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -294,9 +292,9 @@ class Hosting:
             del self._endpoints[endpoint.name]
             endpoint.deleted.set()  # a deployment in flight stops its container itself
             server, endpoint.server = endpoint.server, None
+            self._endpoint_file(endpoint.name).unlink(missing_ok=True)
         if server:
             self._in_background(self._retire, server, name=f"retire-{endpoint.name}")
-        (self._settings.state_dir / "endpoints" / endpoint.name / "endpoint.json").unlink(missing_ok=True)
         return {}
 
     def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -306,7 +304,7 @@ class Hosting:
             summaries = [s for s in summaries if request["NameContains"] in s["EndpointName"]]
         if request.get("StatusEquals"):
             summaries = [s for s in summaries if s["EndpointStatus"] == request["StatusEquals"]]
-        sort_key = {"Name": "EndpointName", "Status": "EndpointStatus"}.get(request.get("SortBy"), "CreationTime")
+        sort_key = {"Name": "EndpointName", "Status": "EndpointStatus"}.get(request.get("SortBy", ""), "CreationTime")
         summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
         items, token = page(summaries, request)
         return {"Endpoints": items, **({"NextToken": token} if token else {})}
@@ -378,7 +376,7 @@ class Hosting:
             server = self._launch(endpoint, config)
         except DeployFailure as failure:
             self._deployment_failed(endpoint, str(failure))
-        except Exception as error:  # noqa: BLE001 - the runner broke: report it on the endpoint
+        except Exception as error:  # the runner broke: report it on the endpoint
             logger.exception("deploying %s to %s failed", config.name, endpoint.name)
             self._deployment_failed(endpoint, f"InternalFailure: local runner: {error}")
         else:
@@ -427,7 +425,7 @@ class Hosting:
             download(self._clients.get("s3"), S3Uri.parse(url), archive)
             with tarfile.open(archive) as tar:
                 tar.extractall(model_dir, filter="data")
-        except Exception as error:  # noqa: BLE001 - any download or archive problem fails the deployment
+        except Exception as error:  # any download or archive problem fails the deployment
             raise DeployFailure(f"Failed to extract model data archive from URL {url}: {error}") from error
 
     def _start_server(self, model: Model, root: Path, config: str, variant: str) -> Server:
@@ -440,25 +438,24 @@ class Hosting:
             process = ContainerProcess(argv, env, self._settings.cwd, root / "logs.txt")
         except OSError as error:
             raise DeployFailure(f"Cannot start the container {argv}: {error}") from error
-        server = Server(process, port, root, config, variant, image)
+        server = Server(process, port=port, root=root, config=config, variant=variant, image=image)
         with self._lock:
             self._servers.add(server)
         return server
 
     def _go_live(self, endpoint: Endpoint, config: EndpointConfig, server: Server) -> None:
         """Switch traffic to the new container in one step, then retire the old one."""
+        retired: Server | None
         with self._lock:
             if endpoint.deleted.is_set():
-                old, live = server, False
+                retired = server  # deleted while deploying: nobody will route to it
             else:
-                old, endpoint.server = endpoint.server, server
+                retired, endpoint.server = endpoint.server, server
                 endpoint.config_name, endpoint.status = config.name, "InService"
                 endpoint.failure_reason, endpoint.last_modified = None, utc_now()
-                live, snapshot = True, endpoint.describe()
-        if live:
-            self._persist_endpoint(endpoint, snapshot)
-        if old:
-            self._retire(old)
+                self._persist_endpoint(endpoint)
+        if retired:
+            self._retire(retired)
 
     def _deployment_failed(self, endpoint: Endpoint, reason: str) -> None:
         """A failed create leaves the endpoint Failed; a failed update keeps the old container serving."""
@@ -467,9 +464,8 @@ class Hosting:
                 return
             endpoint.status = "InService" if endpoint.server else "Failed"
             endpoint.failure_reason, endpoint.last_modified = reason[:1024], utc_now()
-            snapshot = endpoint.describe()
+            self._persist_endpoint(endpoint)
         logger.warning("endpoint %s: %s", endpoint.name, reason)
-        self._persist_endpoint(endpoint, snapshot)
 
     def _retire(self, server: Server, grace: float = RETIRE_GRACE_SECONDS, drain: float | None = None) -> None:
         server.stop(grace, self._settings.invoke_timeout_seconds if drain is None else drain)
@@ -516,8 +512,12 @@ class Hosting:
     def _forget(self, kind: str, name: str) -> None:
         (self._settings.state_dir / kind / f"{name}.json").unlink(missing_ok=True)
 
-    def _persist_endpoint(self, endpoint: Endpoint, snapshot: dict[str, Any]) -> None:
-        write_state(self._settings.state_dir / "endpoints" / endpoint.name / "endpoint.json", snapshot)
+    def _persist_endpoint(self, endpoint: Endpoint) -> None:
+        """Called under the lock, so files change in the order the endpoint did."""
+        write_state(self._endpoint_file(endpoint.name), endpoint.describe())
+
+    def _endpoint_file(self, name: str) -> Path:
+        return self._settings.state_dir / "endpoints" / name / "endpoint.json"
 
 
 def variant_summary(server: Server) -> dict[str, Any]:

@@ -151,11 +151,11 @@ class TrainingJobs:
                 raise ApiError("ResourceInUse", "Training job names must be unique within an AWS account and "
                                f"region, and a training job with this name already exists ({arn})")
             root = self._settings.state_dir / "jobs" / name
-            shutil.rmtree(root, ignore_errors=True)  # left over from an earlier run of the stack
             job = TrainingJob(name, arn, normalised, root, tags=tag_map(request.get("Tags")))
             job.transitions.append(transition("Starting", job.creation_time))
             self._jobs[name] = job
             job.thread = threading.Thread(target=JobRun(self, job), name=f"training-job-{name}", daemon=True)
+        shutil.rmtree(root, ignore_errors=True)  # left by an earlier run of the stack; outside the lock: may be big
         self._persist(job.describe(), job)
         job.thread.start()
         return {"TrainingJobArn": arn}
@@ -193,16 +193,20 @@ class TrainingJobs:
         with self._lock:
             self._closing = True
             self._close_grace = min(grace_seconds, self._settings.stop_grace_seconds)
-            running = [job for job in self._jobs.values() if job.thread and job.thread.is_alive()]
-        for job in running:
+            running = [(job, job.thread) for job in self._jobs.values() if job.thread and job.thread.is_alive()]
+        for job, _ in running:
             self.begin_stop(job, "Stopped")
-        for job in running:
-            job.thread.join(timeout=grace_seconds + 60)
+        for _, thread in running:
+            thread.join(timeout=grace_seconds + 60)
 
     # --- what the runner uses ----------------------------------------------------------------------
 
     def stop_grace(self) -> float:
         return self._close_grace
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        """The end of a job's container log (<state>/jobs/<name>/logs.txt)."""
+        return log_tail(self._get(name).log_path, lines)
 
     @property
     def settings(self) -> Settings:
@@ -282,7 +286,7 @@ class TrainingJobs:
             response = self._clients.get("events").put_events(Entries=[entry])
             if response.get("FailedEntryCount"):
                 logger.warning("event for %s not accepted: %s", job.name, response["Entries"])
-        except Exception:  # noqa: BLE001 - a down event bus must not break the job
+        except Exception:  # a down event bus must not break the job
             logger.warning("could not put the %s event for %s", snapshot["TrainingJobStatus"], job.name,
                            exc_info=True)
 
@@ -300,7 +304,7 @@ class JobRun:
             self._run()
         except JobFailure as failure:
             self._fail(str(failure))
-        except Exception as error:  # noqa: BLE001 - the runner broke: SageMaker's own error class
+        except Exception as error:  # the runner broke: SageMaker's own error class
             logger.exception("local runner failed on %s", self._job.name)
             self._fail(f"InternalServerError: local runner: {error}")
 
@@ -356,7 +360,7 @@ class JobRun:
     def _supervise(self, process: ContainerProcess) -> int:
         job = self._job
         max_runtime = job.request["StoppingCondition"].get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
-        deadline = job.start_time.timestamp() + max_runtime
+        deadline = (job.start_time or job.creation_time).timestamp() + max_runtime
         while (code := process.poll()) is None:
             if time.time() >= deadline:
                 self._jobs.begin_stop(job, "MaxRuntimeExceeded")
@@ -383,7 +387,7 @@ class JobRun:
         if (job.opt_ml / "model").is_dir() and any((job.opt_ml / "model").iterdir()):
             try:
                 artifacts = self._upload_outputs()
-            except Exception:  # noqa: BLE001 - stopping must end Stopped even if S3 is gone
+            except Exception:  # stopping must end Stopped even if S3 is gone
                 logger.warning("could not upload the model of stopped job %s", job.name, exc_info=True)
         self._jobs.advance(job, "Stopped", job.stop_cause or "Stopped", model_artifacts=artifacts)
 
@@ -476,7 +480,9 @@ def materialise_channels(s3: Any, channels: list[dict[str, Any]], data_dir: Path
                 count = download_manifest(s3, uri, target)
             else:
                 count = len(download_prefix(s3, uri, target))
-        except Exception as error:  # noqa: BLE001 - any S3 problem is the caller's input problem
+        except JobFailure:
+            raise
+        except Exception as error:  # any S3 problem is the caller's input problem
             raise JobFailure(f"ClientError: cannot download channel {channel['ChannelName']} from {uri}: "
                              f"{error}") from error
         if count == 0:
@@ -556,7 +562,7 @@ class CheckpointSync:
         self._local.mkdir(parents=True, exist_ok=True)
         try:
             paths = download_prefix(self._s3, self._remote, self._local)
-        except Exception as error:  # noqa: BLE001 - an S3 problem is the caller's input problem
+        except Exception as error:  # an S3 problem is the caller's input problem
             raise JobFailure(f"ClientError: cannot restore checkpoints from {self._remote}: {error}") from error
         for path in paths:
             self._uploaded[path.relative_to(self._local).as_posix()] = signature(path)
@@ -573,7 +579,7 @@ class CheckpointSync:
             self._thread.join()
         try:
             self.sync()
-        except Exception:  # noqa: BLE001 - the job's own outcome stands; the log says what is missing
+        except Exception:  # the job's own outcome stands; the log says what is missing
             logger.warning("final checkpoint sync to %s failed", self._remote, exc_info=True)
 
     def sync(self) -> int:
@@ -596,7 +602,7 @@ class CheckpointSync:
         while not self._stopping.wait(self._interval):
             try:
                 self.sync()
-            except Exception:  # noqa: BLE001 - try again next round; the final sync reports
+            except Exception:  # try again next round; the final sync reports
                 logger.warning("checkpoint sync to %s failed", self._remote, exc_info=True)
 
 

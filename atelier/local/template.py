@@ -22,6 +22,9 @@ LOCAL_CODE_BUCKET = "atelier-local-code"
 PSEUDO_PARAMETERS = ("AWS::StackName", "AWS::Region", "AWS::AccountId", "AWS::Partition", "AWS::URLSuffix")
 
 
+NO_VALUE = object()  # what Ref AWS::NoValue resolves to: the property is left out
+
+
 class TemplateError(ValueError):
     """The template uses something the local stack cannot read; the message says what."""
 
@@ -110,7 +113,7 @@ class Resolver:
 
     def resolve(self, value: Any) -> Any:
         if isinstance(value, list):
-            return [self.resolve(v) for v in value if v != {"Ref": "AWS::NoValue"}]
+            return [r for r in (self.resolve(v) for v in value) if r is not NO_VALUE]
         if not isinstance(value, dict):
             return value
         if len(value) == 1:
@@ -118,7 +121,7 @@ class Resolver:
             handler = self._intrinsics().get(key)
             if handler is not None:
                 return handler(arg)
-        return {k: self.resolve(v) for k, v in value.items() if v != {"Ref": "AWS::NoValue"}}
+        return {k: r for k, r in ((k, self.resolve(v)) for k, v in value.items()) if r is not NO_VALUE}
 
     def _intrinsics(self) -> dict[str, Callable[[Any], Any]]:
         return {
@@ -139,7 +142,9 @@ class Resolver:
             raise TemplateError(f"unknown condition {name}")
         return bool(self.resolve(self.conditions[name]))
 
-    def ref(self, name: str) -> str:
+    def ref(self, name: str) -> Any:
+        if name == "AWS::NoValue":
+            return NO_VALUE
         if name in self.parameters:
             return self.parameters[name]
         return self._ref(name)

@@ -1,0 +1,109 @@
+"""The whole chain on the local stack: upload -> ingest -> pack -> training -> deploy -> image.
+
+One stack, one run (training is the slow part); each test reads one stage's outcome from it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from PIL import Image
+
+from atelier import client
+from atelier.catalog import make_catalog
+from atelier.demo import PARTNER, DemoOptions, drive
+from atelier.local.stack import LocalStack, StackOptions
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = 16
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, dict, Path]]:
+    state = tmp_path_factory.mktemp("stack")
+    output = state / "image.png"
+    options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)
+    with LocalStack(options) as stack:
+        result = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES,
+                                          stage_timeout_s=420))
+        yield stack, result, output
+
+
+@pytest.fixture(autouse=True)
+def stack_env(chain: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point boto3 at the local stack again (the shared fixtures clear AWS_ENDPOINT_URL*)."""
+    for key, value in chain[0].env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_every_upload_is_accepted_and_recorded(chain: Any) -> None:
+    stack, _, _ = chain
+    status = client.pipeline_status(stack.outputs)
+    assert dict(status.uploads) == {"accepted": IMAGES}
+    assert status.samples == IMAGES and status.packed == IMAGES
+
+
+def test_shards_hold_exactly_the_uploaded_images_once(chain: Any) -> None:
+    stack, _, _ = chain
+    s3 = boto3.client("s3")
+    bucket = stack.outputs["DataBucketName"]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="shards/")["Contents"]]
+    images: list[bytes] = []
+    for key in keys:
+        with tarfile.open(fileobj=io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read())) as tar:
+            names = tar.getnames()
+            images += [tar.extractfile(n).read() for n in names if n.rsplit(".", 1)[1] in {"png", "jpg", "webp"}]
+            assert len(names) == 3 * (len(names) // 3)
+    assert sorted(images) == sorted(item.image for item in make_catalog(IMAGES))
+
+
+def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(chain: Any) -> None:
+    stack, result, _ = chain
+    sagemaker = boto3.client("sagemaker")
+    jobs = sagemaker.list_training_jobs()["TrainingJobSummaries"]
+    assert [j["TrainingJobStatus"] for j in jobs] == ["Completed"]
+    job = sagemaker.describe_training_job(TrainingJobName=jobs[0]["TrainingJobName"])
+    channel = job["InputDataConfig"][0]
+    assert channel["InputMode"] == "FastFile"
+    assert channel["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
+    manifest_uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+    bucket, key = manifest_uri.removeprefix("s3://").split("/", 1)
+    manifest = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    shards = boto3.client("s3").list_objects_v2(Bucket=stack.outputs["DataBucketName"], Prefix="shards/")["Contents"]
+    assert sorted(manifest[1:]) == sorted(o["Key"].removeprefix("shards/") for o in shards)
+    assert job["ModelArtifacts"]["S3ModelArtifacts"].endswith(f"{job['TrainingJobName']}/output/model.tar.gz")
+    # checkpoints were synced to the job's checkpoint URI
+    ck_bucket, ck_prefix = job["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
+    checkpoints = boto3.client("s3").list_objects_v2(Bucket=ck_bucket, Prefix=ck_prefix).get("Contents", [])
+    assert any(o["Key"].endswith("latest") for o in checkpoints)
+
+
+def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> None:
+    stack, result, output = chain
+    endpoint = boto3.client("sagemaker").describe_endpoint(EndpointName=stack.outputs["EndpointName"])
+    assert endpoint["EndpointStatus"] == "InService"
+    assert endpoint["EndpointConfigName"] == result["config"]["jobs"][0]["name"]
+    image = Image.open(output)
+    assert image.format == "PNG" and image.size[0] > 0 and image.mode == "RGB"
+    again = client.generate(stack.outputs["EndpointName"], "a green square on a white background", seed=1, steps=2)
+    assert Image.open(io.BytesIO(again)).size == image.size
+
+
+def test_the_benchmark_line_has_the_fixed_metric_name(chain: Any) -> None:
+    _, result, _ = chain
+    assert result["metric"] == "demo.upload_to_image_s" and result["unit"] == "s" and result["value"] > 0
+
+
+def test_the_cli_reads_the_same_status_through_aws_apis_only(chain: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from atelier.cli import main
+    assert main(["status", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["uploads"] == {"accepted": IMAGES} and printed["endpoints"][0]["status"] == "InService"
