@@ -14,8 +14,7 @@ processor = BatchProcessor(event_type=EventType.SQS)
 
 def record_handler(record: SQSRecord) -> None:
     for outcome in ingest_notification(record.body, IngestSettings.from_env()):
-        logger.append_keys(upload_key=outcome.key)
-        logger.info("upload handled", extra={"status": outcome.status, "reason": outcome.reason})
+        logger.info("upload handled", extra={"key": outcome.key, "status": outcome.status, "reason": outcome.reason})
 
 
 @logger.inject_lambda_context

@@ -30,7 +30,7 @@ def make_sample(index: int) -> dict:
     return {"key": sha256, "extension": extension, "image": data, "caption": caption, "metadata": metadata}
 
 
-def write_shard(path: Path, samples: list[dict]) -> None:
+def _write_shard(path: Path, samples: list[dict]) -> None:
     """A tar as PackFunction writes it: members sorted by key, mtime 0, uid/gid 0, mode 0644."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -46,6 +46,18 @@ def write_shard(path: Path, samples: list[dict]) -> None:
                 tar.addfile(info, io.BytesIO(data))
 
 
+@pytest.fixture
+def write_shard():
+    """write_shard(path, samples): a shard in the packer's layout."""
+    return _write_shard
+
+
+@pytest.fixture
+def train_args():
+    """train_args(train_dir, model_dir, checkpoint_dir, *extra): parsed arguments for a tiny CPU run."""
+    return _train_args
+
+
 @pytest.fixture(scope="session")
 def samples() -> list[dict]:
     return [make_sample(index) for index in range(6)]
@@ -55,12 +67,12 @@ def samples() -> list[dict]:
 def shards_dir(tmp_path_factory, samples) -> Path:
     """Two shards of three samples, one of them a level down: the trainer searches recursively."""
     root = tmp_path_factory.mktemp("channel-train")
-    write_shard(root / "shard-a.tar", samples[:3])
-    write_shard(root / "nested" / "shard-b.tar", samples[3:])
+    _write_shard(root / "shard-a.tar", samples[:3])
+    _write_shard(root / "nested" / "shard-b.tar", samples[3:])
     return root
 
 
-def train_args(train_dir: Path, model_dir: Path, checkpoint_dir: Path, *extra: str):
+def _train_args(train_dir: Path, model_dir: Path, checkpoint_dir: Path, *extra: str):
     """Arguments for a tiny CPU run: 32 px images, batches of 2, no DataLoader workers."""
     return train.parse_args([
         "--train-dir", str(train_dir),
@@ -79,6 +91,6 @@ def train_args(train_dir: Path, model_dir: Path, checkpoint_dir: Path, *extra: s
 def trained(tmp_path_factory, shards_dir):
     """Three steps of the tiny model, checkpointed at step 2 and at the end (step 3)."""
     root = tmp_path_factory.mktemp("trained")
-    args = train_args(shards_dir, root / "model", root / "checkpoints", "--steps", "3", "--checkpoint-every", "2")
+    args = _train_args(shards_dir, root / "model", root / "checkpoints", "--steps", "3", "--checkpoint-every", "2")
     record = train.main(args)
     return {"model_dir": root / "model", "checkpoint_dir": root / "checkpoints", "record": record}

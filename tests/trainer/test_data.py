@@ -6,7 +6,6 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.trainer.conftest import write_shard
 from trainer.data import NoShardsError, find_shards, make_loader, resize_and_crop, to_tensor
 
 
@@ -70,7 +69,7 @@ def test_fewer_shards_than_local_processes_is_a_clear_error(shards_dir, monkeypa
         make_loader(shards_dir, resolution=16, batch_size=1, seed=0, num_workers=0)
 
 
-def test_a_sample_without_an_image_names_the_sample_and_shard(tmp_path, samples):
+def test_a_sample_without_an_image_names_the_sample_and_shard(tmp_path, samples, write_shard):
     sample = {**samples[0], "extension": "gif"}
     write_shard(tmp_path / "bad.tar", [sample])
     with pytest.raises(ValueError, match=f"sample {sample['key']} in bad.tar needs an image"):

@@ -11,7 +11,6 @@ import torch
 from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 from PIL import Image
 
-from tests.trainer.conftest import train_args
 from trainer import train
 from trainer.models import load_models
 
@@ -41,13 +40,13 @@ def test_a_checkpoint_stores_step_args_and_optimizer(trained):
     assert all(param["step"] == 2 for param in state["optimizer"]["state"].values())
 
 
-def test_only_the_newest_checkpoints_are_kept(tmp_path, shards_dir):
+def test_only_the_newest_checkpoints_are_kept(tmp_path, shards_dir, train_args):
     args = train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "3", "--checkpoint-every", "1")
     train.main(args)
     assert sorted(path.name for path in (tmp_path / "ckpt").iterdir()) == ["latest", "step-00000002", "step-00000003"]
 
 
-def test_a_checkpoint_cut_off_midway_leaves_latest_on_the_previous_one(tmp_path, shards_dir, monkeypatch):
+def test_a_checkpoint_cut_off_midway_leaves_latest_on_the_previous_one(tmp_path, shards_dir, monkeypatch, train_args):
     # GIVEN a run whose second checkpoint dies while being written
     real_save = torch.save
 
@@ -79,7 +78,7 @@ def test_loading_a_checkpoint_restores_its_weights_optimizer_and_rng(trained):
     assert torch.equal(torch.get_rng_state(), torch.load(checkpoint / "rng-rank0.pt")["torch"])
 
 
-def test_resume_latest_continues_at_the_next_step(trained, tmp_path, shards_dir, capsys):
+def test_resume_latest_continues_at_the_next_step(trained, tmp_path, shards_dir, capsys, train_args):
     # GIVEN the run's checkpoints (latest: step 3)
     checkpoint_dir = tmp_path / "checkpoints"
     shutil.copytree(trained["checkpoint_dir"], checkpoint_dir)
@@ -94,7 +93,7 @@ def test_resume_latest_continues_at_the_next_step(trained, tmp_path, shards_dir,
     assert sorted(path.name for path in checkpoint_dir.glob("step-*")) == ["step-00000004", "step-00000005"]
 
 
-def test_a_finished_run_started_again_only_saves_the_pipeline(trained, tmp_path, shards_dir, capsys):
+def test_a_finished_run_started_again_only_saves_the_pipeline(trained, tmp_path, shards_dir, capsys, train_args):
     checkpoint_dir = tmp_path / "checkpoints"
     shutil.copytree(trained["checkpoint_dir"], checkpoint_dir)
     record = train.main(train_args(shards_dir, tmp_path / "model", checkpoint_dir, "--steps", "3"))
@@ -107,7 +106,7 @@ def test_a_finished_run_started_again_only_saves_the_pipeline(trained, tmp_path,
     assert all(torch.equal(value, original[name]) for name, value in saved.items())
 
 
-def test_resume_none_starts_over(trained, tmp_path, shards_dir, capsys):
+def test_resume_none_starts_over(trained, tmp_path, shards_dir, capsys, train_args):
     checkpoint_dir = tmp_path / "checkpoints"
     shutil.copytree(trained["checkpoint_dir"], checkpoint_dir)
     train.main(train_args(shards_dir, tmp_path / "model", checkpoint_dir, "--steps", "1", "--resume", "none"))
@@ -139,20 +138,20 @@ def test_the_saved_pipeline_loads_and_generates_an_image_of_the_model_size(train
     assert image.size == (64, 64)  # tiny: 32x32 latents, VAE downsamples by 2
 
 
-def test_the_same_seed_trains_the_same_weights(tmp_path, shards_dir, trained):
+def test_the_same_seed_trains_the_same_weights(tmp_path, shards_dir, trained, train_args):
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "3", "--checkpoint-every", "2"))
     again = UNet2DConditionModel.from_pretrained(tmp_path / "model" / "unet").state_dict()
     first = UNet2DConditionModel.from_pretrained(trained["model_dir"] / "unet").state_dict()
     assert all(torch.equal(value, first[name]) for name, value in again.items())
 
 
-def test_v_prediction_is_carried_into_the_saved_scheduler(tmp_path, shards_dir):
+def test_v_prediction_is_carried_into_the_saved_scheduler(tmp_path, shards_dir, train_args):
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--prediction-type", "v_prediction"))
     config = json.loads((tmp_path / "model" / "scheduler" / "scheduler_config.json").read_text())
     assert config["prediction_type"] == "v_prediction"
 
 
-def test_v_prediction_targets_the_velocity(monkeypatch):
+def test_v_prediction_targets_the_velocity():
     # GIVEN a UNet stand-in that predicts zeros, the loss is the mean square of the target
     models = load_models("tiny", None, seed=0)
     models.noise_scheduler.register_to_config(prediction_type="v_prediction")
@@ -209,5 +208,7 @@ def test_torchrun_trains_with_one_process_per_shard_and_rank_0_writing(tmp_path,
     assert lines[0]["world_size"] == 2
     checkpoint = tmp_path / "ckpt" / "step-00000002"
     assert sorted(path.name for path in checkpoint.iterdir()) == ["rng-rank0.pt", "rng-rank1.pt", "training_state.pt", "unet"]
+    rng = [torch.load(checkpoint / f"rng-rank{rank}.pt")["torch"] for rank in (0, 1)]
+    assert not torch.equal(*rng)  # each rank draws its own noise
     record = json.loads((tmp_path / "model" / "atelier-training.json").read_text())
     assert record["shards_seen"] == ["shard-a.tar", "shard-b.tar"]

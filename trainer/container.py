@@ -1,0 +1,120 @@
+"""The image's entrypoint: `python -m trainer.container train` or `... serve`, as SageMaker runs it.
+
+`train` reads the job's configuration from <root>/input/config/, exports the SM_* variables the
+SageMaker training toolkit would (a custom image has no toolkit), and runs trainer.train: in this
+process on a CPU or one GPU, under torchrun with one process per GPU otherwise. A failure's reason
+goes to <root>/output/failure (SageMaker's FailureReason is its first 1,024 characters) and the
+exit status is 1. `serve` answers /ping and /invocations with the pipeline in <root>/model.
+
+<root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
+"""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from trainer import serve, train
+
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
+
+
+def opt_ml() -> Path:
+    return Path(os.environ.get("ATELIER_OPT_ML", "/opt/ml"))
+
+
+def read_json(path: Path, default):
+    return json.loads(path.read_text()) if path.is_file() else default
+
+
+def sagemaker_environment(root: Path) -> dict[str, str]:
+    """The SM_* variables for the job configured under `root`, as the training toolkit sets them."""
+    config = root / "input" / "config"
+    hyperparameters = read_json(config / "hyperparameters.json", {})
+    channels = sorted(read_json(config / "inputdataconfig.json", {}))
+    resources = read_json(config / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
+    environment = {
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+        "SM_CHANNELS": json.dumps(channels),
+        "SM_HPS": json.dumps(hyperparameters),
+        "SM_HOSTS": json.dumps(resources["hosts"]),
+        "SM_CURRENT_HOST": resources["current_host"],
+        "SM_NUM_GPUS": str(torch.cuda.device_count()),
+    }
+    for channel in channels:
+        environment[f"SM_CHANNEL_{channel.upper()}"] = str(root / "input" / "data" / channel)
+    return environment
+
+
+def training_argv(root: Path) -> list[str]:
+    """The hyperparameters (all strings) as `--name value`, plus the checkpoint directory."""
+    hyperparameters = read_json(root / "input" / "config" / "hyperparameters.json", {})
+    argv = []
+    for name, value in hyperparameters.items():
+        if not name.startswith("sagemaker_"):  # the SageMaker SDK's own settings, not ours
+            argv += [f"--{name}", str(value)]
+    return argv + ["--checkpoint-dir", str(root / "checkpoints")]
+
+
+def parse_training_args(argv: list[str]):
+    """train.parse_args, with a rejected argument raised as an error that carries argparse's message."""
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            return train.parse_args(argv)
+    except SystemExit:
+        raise ValueError(messages.getvalue().strip().splitlines()[-1]) from None
+
+
+def run_training(root: Path) -> None:
+    os.environ.update(sagemaker_environment(root))
+    (root / "model").mkdir(parents=True, exist_ok=True)
+    argv = training_argv(root)
+    args = parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
+    gpus = torch.cuda.device_count()
+    if gpus <= 1:
+        train.main(args)
+        return
+    python_path = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "PYTHONPATH": python_path}
+    command = ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "trainer.train", *argv]
+    status = subprocess.run(command, env=environment).returncode
+    if status != 0:
+        raise RuntimeError(f"torchrun exited with status {status}; the job log holds each rank's traceback")
+
+
+def write_failure(root: Path, error: BaseException) -> None:
+    """The reason first (SageMaker keeps 1,024 characters), then the traceback for the log reader."""
+    failure = root / "output" / "failure"
+    failure.parent.mkdir(parents=True, exist_ok=True)
+    details = "".join(traceback.format_exception(error))
+    failure.write_text(f"{type(error).__name__}: {error}\n\n{details}")
+
+
+def main(argv: list[str]) -> int:
+    root = opt_ml()
+    command = argv[0] if argv else ""
+    if command == "train":
+        try:
+            run_training(root)
+        except Exception as error:
+            write_failure(root, error)
+            traceback.print_exc()
+            return 1
+        return 0
+    if command == "serve":
+        serve.main(root / "model")
+        return 0
+    print("usage: python -m trainer.container train|serve", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
