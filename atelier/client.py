@@ -49,7 +49,7 @@ def files_to_upload(path: Path) -> list[Path]:
 
 def upload(path: Path, partner: str, bucket: str) -> Iterator[str]:
     """Upload a file or a folder under `<partner>/`, yielding each key as it is written."""
-    if not PARTNER_PATTERN.match(partner):
+    if not PARTNER_PATTERN.fullmatch(partner):
         raise PipelineError(f"partner id {partner!r} must be lower-case letters, digits and '-' (at most 64)")
     s3 = boto3.client("s3")
     root = path if path.is_dir() else path.parent

@@ -175,8 +175,10 @@ class LocalSageMaker:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-        self.jobs.close(grace_seconds)
-        self.hosting.close(grace_seconds)
+        try:
+            self.jobs.close(grace_seconds)
+        finally:  # whatever happened to the jobs, no serving container may outlive the stack
+            self.hosting.close(grace_seconds)
 
     def __enter__(self) -> LocalSageMaker:
         return self

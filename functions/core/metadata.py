@@ -13,6 +13,9 @@ from core.models import Sample, Sidecar, UploadRef
 
 # Only formats the trainer can read from a shard unchanged; the extension is never trusted.
 PILLOW_FORMATS: dict[str, str] = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}
+# What Pillow reports -> our format. MPO is the multi-picture JPEG phones write; Pillow's JPEG
+# plugin opens it as MPO.
+REPORTED_FORMATS: dict[str, str] = {**PILLOW_FORMATS, "MPO": "jpeg"}
 
 
 def describe(data: bytes, upload: UploadRef, partner: str, sidecar: Sidecar, max_pixels: int) -> Sample:
@@ -42,7 +45,7 @@ def decode(data: bytes, max_pixels: int) -> tuple[int, int, str]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=list(PILLOW_FORMATS)) as image:
                 image.load()
-                return image.width, image.height, PILLOW_FORMATS[image.format or ""]
+                return image.width, image.height, REPORTED_FORMATS[image.format or ""]
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise RejectedUpload("too-many-pixels", str(exc)) from exc
     except UnidentifiedImageError as exc:

@@ -119,4 +119,7 @@ def _hyperparameters(raw: str) -> dict[str, str]:
         raise ConfigError(f"TRAINING_HYPERPARAMETERS is not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise ConfigError("TRAINING_HYPERPARAMETERS must be a JSON object")
+    nested = sorted(k for k, v in value.items() if isinstance(v, (dict, list)))
+    if nested:
+        raise ConfigError(f"TRAINING_HYPERPARAMETERS must be flat; {nested} hold objects or lists")
     return {str(k): str(v) for k, v in value.items()}

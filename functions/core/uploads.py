@@ -9,7 +9,7 @@ from urllib.parse import unquote_plus
 from core.errors import BadMessage, RejectedUpload
 from core.models import UploadRef
 
-PARTNER_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+PARTNER_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # always used with fullmatch
 SIDECAR_SUFFIX = ".json"
 
 
@@ -26,6 +26,8 @@ def parse_notification(body: str) -> list[UploadRef]:
     records = message.get("Records")
     if not isinstance(records, list):
         raise BadMessage("no Records in S3 notification")
+    if not all(isinstance(r, dict) for r in records):
+        raise BadMessage("every S3 record is a JSON object")
     return [_upload_ref(r) for r in records if str(r.get("eventName", "")).startswith("ObjectCreated")]
 
 
@@ -46,7 +48,7 @@ def _upload_ref(record: dict) -> UploadRef:
 def partner_of(key: str) -> str:
     """The partner id is the first key segment; anything else is not a partner upload."""
     partner = key.split("/", 1)[0]
-    if "/" not in key or not PARTNER_PATTERN.match(partner):
+    if "/" not in key or not PARTNER_PATTERN.fullmatch(partner):
         raise RejectedUpload("bad-key", f"{key!r} is not <partner>/<path> with a lower-case partner id")
     return partner
 

@@ -389,7 +389,7 @@ def test_stop_training_job_ends_stopped(sm: Any, s3: Any, job_events: Callable, 
     put_shards(s3, "shards/a.tar")
     sm.create_training_job(**training_request("stopped", hyperparameters={"sleep": "30"}))
     model_dir = service.settings.state_dir / "jobs/stopped/opt_ml/model"
-    wait_for(lambda: (model_dir / "sub/weights.bin").exists(), what="the container to save its model")
+    wait_for((model_dir / "sub/weights.bin").exists, what="the container to save its model")
 
     sm.stop_training_job(TrainingJobName="stopped")
 
