@@ -27,7 +27,8 @@ errors = Console(stderr=True)
 
 def cmd_local_up(args: argparse.Namespace) -> int:
     from atelier.local.stack import LocalStack, StackOptions
-    options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port, sagemaker_port=args.port + 1)
+    options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port,
+                           sagemaker_port=args.port + 1 if args.port else 0)
     with LocalStack(options) as stack:
         console.print(f"[bold green]local stack up[/]: {len(stack.outputs)} outputs, "
                       f"{len(stack.workers)} function workers; logs in {args.state_dir / 'logs'}")
@@ -127,7 +128,7 @@ def parser() -> argparse.ArgumentParser:
 
     local = commands.add_parser("local", help="the embedded local stack").add_subparsers(dest="local_command", required=True)
     up = local.add_parser("up", help="start moto, the template's resources, the functions and a local SageMaker")
-    up.add_argument("--port", type=int, default=5100, help="moto's port (SageMaker's is the next one)")
+    up.add_argument("--port", type=int, default=5100, help="moto's port (SageMaker's is the next one; 0: any free)")
     up.set_defaults(func=cmd_local_up)
     local.add_parser("env", help="print the exports that point boto3 at the running local stack").set_defaults(
         func=cmd_local_env)

@@ -16,10 +16,8 @@ from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.runtime import LambdaContext
 from atelier.local.template import expand
 from core import aws
+from tests.support import ACCOUNT, REGION, REPO, STACK
 
-REPO = Path(__file__).resolve().parents[1]
-EVENTS = REPO / "events"
-ACCOUNT, REGION, STACK = "123456789012", "us-east-1", "atelier"
 TEST_OVERRIDES = {
     "TrainingQuota": "2",
     # moto's SageMaker knows an old list of instance types only
@@ -40,11 +38,6 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "tests")
     aws.reset_clients()
-
-
-def load_event(name: str) -> dict[str, Any]:
-    """An event from events/, by file name without `.json`."""
-    return json.loads((EVENTS / f"{name}.json").read_text())
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import boto3
 import pytest
-from conftest import EVENTS, load_event
+from tests.support import EVENTS, load_event
 
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import boto3
 import pytest
-from conftest import load_event
+from tests.support import load_event
 
 from atelier.local.provision import Provisioned
 from core import aws, records

@@ -1,0 +1,79 @@
+"""`atelier local up` in one process, the other commands in others, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from atelier.catalog import make_catalog, write_catalog
+
+pytestmark = pytest.mark.e2e
+
+
+def atelier(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "atelier.cli", "--state-dir", str(state), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def local_up(tmp_path: Path) -> Iterator[Path]:
+    state = tmp_path / "local"
+    process = subprocess.Popen([sys.executable, "-m", "atelier.cli", "--state-dir", str(state), "local", "up",
+                                "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 90
+    while not (state / "stack.json").exists():
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, "atelier local up did not start within 90 s"
+        time.sleep(0.5)
+    time.sleep(2)  # the function workers start after the state file is written
+    yield state
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    assert "sam local invoke --config-env local" in output  # the exact command for SAM users
+
+
+def test_local_env_prints_exports_for_the_running_stack(local_up: Path) -> None:
+    result = atelier("local", "env", state=local_up)
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in result.stdout.splitlines())
+    assert exports["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    assert exports["AWS_ENDPOINT_URL_SAGEMAKER"].startswith("http://127.0.0.1:")
+
+
+def test_upload_then_status_through_the_cli(local_up: Path, tmp_path: Path) -> None:
+    write_catalog(make_catalog(3), tmp_path / "catalog")
+    (tmp_path / "catalog" / "notes.txt").write_text("not an image")
+    uploaded = atelier("--local", "upload", str(tmp_path / "catalog"), "--partner", "acme", state=local_up)
+    assert uploaded.returncode == 0, uploaded.stderr
+    assert "7 objects uploaded for partner acme" in uploaded.stdout
+    deadline = time.monotonic() + 60
+    while True:
+        status = json.loads(atelier("--local", "status", "--json", state=local_up).stdout)
+        if sum(status["uploads"].values()) == 4 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert status["uploads"] == {"accepted": 3, "rejected": 1}
+    assert status["rejected"] == {"unsupported-format": 1}
+    table = atelier("--local", "status", state=local_up)
+    assert "accepted 3" in table.stdout and "unsupported-format 1" in table.stdout
+
+
+def test_a_bad_partner_id_is_a_clear_error(local_up: Path, tmp_path: Path) -> None:
+    (tmp_path / "a.png").write_bytes(make_catalog(1)[0].image)
+    result = atelier("--local", "upload", str(tmp_path / "a.png"), "--partner", "Not A Partner", state=local_up)
+    assert result.returncode == 2
+    assert "partner id 'Not A Partner' must be lower-case" in result.stderr
+
+
+def test_commands_without_a_stack_say_how_to_start_one(tmp_path: Path) -> None:
+    result = atelier("--local", "status", state=tmp_path / "nothing")
+    assert result.returncode == 2
+    assert "atelier local up" in result.stderr
