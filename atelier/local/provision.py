@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -45,6 +46,8 @@ class EventSource:
     batch_size: int = 1
     window_s: int = 0
     report_batch_item_failures: bool = False
+    schedule_s: int = 0  # a scheduled rule: the runtime puts an event on the queue this often
+    rule_arn: str = ""
 
 
 @dataclass
@@ -272,13 +275,14 @@ class Provisioner:
         if "ScheduleExpression" in props:
             rule["ScheduleExpression"] = props["ScheduleExpression"]
         events.put_rule(**rule)
-        targets = [self._target(name, t) for t in props.get("Targets", [])]
+        schedule_s = _rate_seconds(props["ScheduleExpression"]) if "ScheduleExpression" in props else 0
+        targets = [self._target(name, t, schedule_s) for t in props.get("Targets", [])]
         if targets:
             events.put_targets(Rule=name, EventBusName=bus, Targets=targets)
         self.result.physical[logical] = name
         self.attributes[logical] = {"Arn": self._arn("events", f"rule/{name}")}
 
-    def _target(self, rule: str, target: dict[str, Any]) -> dict[str, Any]:
+    def _target(self, rule: str, target: dict[str, Any], schedule_s: int) -> dict[str, Any]:
         if ":lambda:" not in target["Arn"]:
             return {k: v for k, v in target.items() if k in {"Id", "Arn", "Input", "InputPath", "DeadLetterConfig"}}
         spec = self._function_by_ref(target["Arn"])
@@ -289,8 +293,18 @@ class Provisioner:
         queue = f"{rule}-{target['Id']}"[:80]
         url = self.client("sqs").create_queue(QueueName=queue, Attributes=attributes)["QueueUrl"]
         arn = self._arn("sqs", queue)
-        self.result.sources.append(EventSource(function=spec.logical_id, kind="eventbridge", queue_url=url, queue_arn=arn))
+        self.result.sources.append(EventSource(function=spec.logical_id, kind="eventbridge", queue_url=url, queue_arn=arn,
+                                               schedule_s=schedule_s, rule_arn=self._arn("events", f"rule/{rule}")))
         return {"Id": target["Id"], "Arn": arn}
+
+
+def _rate_seconds(expression: str) -> int:
+    """`rate(5 minutes)` -> 300. moto fires no schedules, so the runtime does; cron is not modelled."""
+    match = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", expression.strip())
+    if not match:
+        raise TemplateError(f"only rate(...) schedules run locally, not {expression!r}")
+    unit = {"minute": 60, "hour": 3600, "day": 86400}[match.group(2).rstrip("s")]
+    return int(match.group(1)) * unit
 
 
 def _encryption(config: dict[str, Any]) -> dict[str, Any]:

@@ -112,12 +112,16 @@ class Poller:
     """Polls one event source for one function, in the calling (main) thread."""
 
     def __init__(self, source: EventSource, spec: FunctionSpec, handler: Callable[[dict, Any], Any],
-                 sqs: Any, region: str, account: str, wait_s: int = 1) -> None:
+                 sqs: Any, region: str, account: str, wait_s: int = 1, schedule_scale: float = 1.0) -> None:
         self.source, self.spec, self.handler = source, spec, handler
         self.sqs, self.region, self.account, self.wait_s = sqs, region, account, wait_s
+        self.schedule_every = source.schedule_s * schedule_scale
+        self.next_fire = time.monotonic() + self.schedule_every
 
     def poll_once(self) -> int:
         """Receive and deliver what is there; return how many messages were received."""
+        if self.source.schedule_s and time.monotonic() >= self.next_fire:
+            self._fire_schedule()
         if self.source.kind == "eventbridge":
             messages = self._receive(SQS_RECEIVE_MAX, self.wait_s)
             for message in messages:
@@ -127,6 +131,15 @@ class Poller:
         if messages:
             self._deliver_batch(messages)
         return len(messages)
+
+    def _fire_schedule(self) -> None:
+        """Put the event EventBridge Scheduler would on the rule's delivery queue."""
+        self.next_fire = time.monotonic() + self.schedule_every
+        event = {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event",
+                 "source": "aws.events", "account": self.account, "region": self.region,
+                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "resources": [self.source.rule_arn], "detail": {}}
+        self.sqs.send_message(QueueUrl=self.source.queue_url, MessageBody=json.dumps(event))
 
     def _receive(self, count: int, wait_s: int) -> list[dict[str, Any]]:
         return self.sqs.receive_message(

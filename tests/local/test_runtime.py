@@ -174,3 +174,30 @@ def test_unknown_item_identifier_fails_the_whole_batch() -> None:
 def test_invoke_raises_lambda_timeout_past_the_function_timeout() -> None:
     with pytest.raises(LambdaTimeout, match="Task timed out after 1.00 seconds"):
         invoke(lambda e, c: time.sleep(3), {}, spec(timeout_s=1), REGION, ACCOUNT)
+
+
+def test_a_scheduled_rule_fires_its_function_with_a_scheduled_event(sqs: Any) -> None:
+    url, arn, _ = make_queue(sqs, "schedule-delivery", visibility=5)
+    source = EventSource("Fn", "eventbridge", url, arn, schedule_s=60, rule_arn="arn:aws:events:us-east-1:1:rule/r")
+    calls: list[dict] = []
+    poller = Poller(source, spec(), lambda e, c: calls.append(e), sqs, REGION, ACCOUNT, wait_s=0,
+                    schedule_scale=1 / 120)  # every 0.5 s instead of every minute
+    poller.poll_once()
+    assert calls == []  # not before the first period has passed
+    time.sleep(0.6)
+    poller.poll_once()
+    assert [(c["detail-type"], c["source"], c["resources"]) for c in calls] == [
+        ("Scheduled Event", "aws.events", ["arn:aws:events:us-east-1:1:rule/r"])]
+
+
+@pytest.mark.parametrize("expression, seconds", [("rate(1 minute)", 60), ("rate(5 minutes)", 300), ("rate(2 hours)", 7200)])
+def test_rate_expressions_become_periods(expression: str, seconds: int) -> None:
+    from atelier.local.provision import _rate_seconds
+    assert _rate_seconds(expression) == seconds
+
+
+def test_cron_schedules_are_refused_with_a_reason() -> None:
+    from atelier.local.provision import _rate_seconds
+    from atelier.local.template import TemplateError
+    with pytest.raises(TemplateError, match="only rate"):
+        _rate_seconds("cron(0 12 * * ? *)")
