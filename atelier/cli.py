@@ -78,6 +78,27 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_partner_add(args: argparse.Namespace) -> int:
+    partner = client.add_partner(client.stack_outputs(args.stack), args.partner_id, args.license, args.prefix, args.terms)
+    console.print(f"partner {partner.partner_id}: licenses {', '.join(partner.licenses)}; "
+                  f"prefixes {', '.join(p or '(all)' for p in partner.prefixes)}")
+    return 0
+
+
+def cmd_partner_list(args: argparse.Namespace) -> int:
+    found = client.partners(client.stack_outputs(args.stack))
+    if args.json:
+        print(json.dumps([p.model_dump() for p in found], indent=1))
+        return 0
+    table = Table(title="Partners")
+    for column in ("partner", "licenses", "prefixes", "terms", "added"):
+        table.add_column(column)
+    for p in found:
+        table.add_row(p.partner_id, ", ".join(p.licenses), ", ".join(x or "(all)" for x in p.prefixes), p.terms, p.added_at)
+    console.print(table)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     outputs = client.stack_outputs(args.stack)
     while True:
@@ -97,7 +118,7 @@ def status_table(status: client.Status) -> Table:
     table.add_column("stage")
     table.add_column("state")
     table.add_row("uploads", ", ".join(f"{k} {v}" for k, v in sorted(status.uploads.items())) or "none")
-    table.add_row("rejected", ", ".join(f"{k} {v}" for k, v in sorted(status.rejected.items())) or "none")
+    table.add_row("quarantined", ", ".join(f"{k} {v}" for k, v in sorted(status.quarantined.items())) or "none")
     table.add_row("samples", f"{status.samples} ({status.packed} packed)")
     table.add_row("shards", ", ".join(f"{k} {v}" for k, v in sorted(status.shards.items())) or "none")
     for job in status.jobs:
@@ -144,6 +165,18 @@ def parser() -> argparse.ArgumentParser:
     upload.add_argument("path", type=Path)
     upload.add_argument("--partner", required=True)
     upload.set_defaults(func=cmd_upload)
+
+    partner = commands.add_parser("partner", help="the partner registry: who licenses what").add_subparsers(
+        dest="partner_command", required=True)
+    add = partner.add_parser("add", help="register a partner and the licenses it grants (replaces an existing one)")
+    add.add_argument("partner_id")
+    add.add_argument("--license", action="append", required=True, help="a license id; repeat for several")
+    add.add_argument("--prefix", action="append", default=[], help="key prefix under <partner>/ it may upload to")
+    add.add_argument("--terms", default="", help="free text: contract reference, expiry, ...")
+    add.set_defaults(func=cmd_partner_add)
+    listing = partner.add_parser("list", help="the registered partners")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_partner_list)
 
     status = commands.add_parser("status", help="uploads, rejects, shards, training jobs and endpoints")
     status.add_argument("--json", action="store_true")

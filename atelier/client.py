@@ -10,12 +10,15 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import boto3
 from botocore.exceptions import ClientError
 
 from core.uploads import PARTNER_PATTERN, SIDECAR_SUFFIX
+
+if TYPE_CHECKING:
+    from core.licensing import Partner
 
 
 class PipelineError(RuntimeError):
@@ -59,6 +62,25 @@ def upload(path: Path, partner: str, bucket: str) -> Iterator[str]:
         yield key
 
 
+# --- partners -----------------------------------------------------------------------------------
+
+def add_partner(outputs: dict[str, str], partner_id: str, licenses: list[str], prefixes: list[str],
+                terms: str) -> "Partner":
+    """Register (or replace) a partner and the licenses it grants."""
+    from core.licensing import Partner, put_partner
+    if not PARTNER_PATTERN.fullmatch(partner_id):
+        raise PipelineError(f"partner id {partner_id!r} must be lower-case letters, digits and '-' (at most 64)")
+    if not licenses:
+        raise PipelineError("a partner needs at least one --license")
+    return put_partner(outputs["PipelineTableName"], Partner(
+        partner_id=partner_id, licenses=tuple(licenses), prefixes=tuple(prefixes or [""]), terms=terms))
+
+
+def partners(outputs: dict[str, str]) -> list["Partner"]:
+    from core.licensing import list_partners
+    return list_partners(outputs["PipelineTableName"])
+
+
 # --- generate -----------------------------------------------------------------------------------
 
 def generate(endpoint: str, prompt: str, seed: int, steps: int) -> bytes:
@@ -76,7 +98,7 @@ def generate(endpoint: str, prompt: str, seed: int, steps: int) -> bytes:
 @dataclass
 class Status:
     uploads: Counter[str] = field(default_factory=Counter)
-    rejected: Counter[str] = field(default_factory=Counter)
+    quarantined: Counter[str] = field(default_factory=Counter)
     samples: int = 0
     packed: int = 0
     shards: Counter[str] = field(default_factory=Counter)
@@ -84,7 +106,7 @@ class Status:
     endpoints: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"uploads": dict(self.uploads), "rejected": dict(self.rejected), "samples": self.samples,
+        return {"uploads": dict(self.uploads), "quarantined": dict(self.quarantined), "samples": self.samples,
                 "packed": self.packed, "shards": dict(self.shards), "jobs": self.jobs, "endpoints": self.endpoints}
 
 
@@ -94,8 +116,8 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
         kind = item.get("kind")
         if kind == "upload":
             status.uploads[item["status"]] += 1
-            if item["status"] == "rejected":
-                status.rejected[item.get("reason", "unknown")] += 1
+            if item["status"] == "quarantined":
+                status.quarantined[item.get("reason", "unknown")] += 1
         elif kind == "sample":
             status.samples += 1
             status.packed += bool(item.get("packed_in"))

@@ -19,7 +19,7 @@ from typing import Callable
 from rich.console import Console
 
 from atelier import client
-from atelier.catalog import make_catalog, write_catalog
+from atelier.catalog import LICENSE, make_catalog, write_catalog
 from atelier.local.stack import LocalStack, StackOptions
 
 console = Console(stderr=True)
@@ -69,6 +69,7 @@ def drive(stack: LocalStack, options: DemoOptions) -> dict:
 
 
 def _upload_catalog(stack: LocalStack, count: int) -> None:
+    client.add_partner(stack.outputs, PARTNER, [LICENSE], [], "synthetic demo catalog")
     with tempfile.TemporaryDirectory() as folder:
         write_catalog(make_catalog(count), Path(folder))
         keys = list(client.upload(Path(folder), PARTNER, stack.outputs["UploadsBucketName"]))
@@ -111,8 +112,8 @@ def _fail_on_failure(status: client.Status, stack: LocalStack) -> None:
     for endpoint in status.endpoints:
         if endpoint["status"] == "Failed":
             raise DemoFailed(f"endpoint {endpoint['name']} failed: {endpoint.get('failure')}")
-    if status.rejected:
-        raise DemoFailed(f"uploads were rejected: {dict(status.rejected)}")
+    if status.quarantined:
+        raise DemoFailed(f"uploads were quarantined: {dict(status.quarantined)}")
 
 
 def _summary(status: client.Status) -> str:

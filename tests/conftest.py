@@ -20,6 +20,7 @@ from tests.support import ACCOUNT, REGION, REPO, STACK
 
 TEST_OVERRIDES = {
     "TrainingQuota": "2",
+    "MinShortSide": "64",  # the test pictures are 96 px
     # moto's SageMaker knows an old list of instance types only
     "TrainingInstanceType": "ml.m5.xlarge",
     "EndpointInstanceType": "ml.m5.large",
@@ -54,6 +55,15 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
     with mock_aws():
         expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
         yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+
+
+@pytest.fixture
+def partner(stack: Provisioned) -> str:
+    """partner-a, registered with the licenses the events and pictures use."""
+    from core.licensing import Partner, put_partner
+    put_partner(stack.outputs["PipelineTableName"],
+                Partner(partner_id="partner-a", licenses=("CC-BY-4.0",)))
+    return "partner-a"
 
 
 @pytest.fixture

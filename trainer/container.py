@@ -2,11 +2,15 @@
 
 `train` reads the job's configuration from <root>/input/config/, exports the SM_* variables the
 SageMaker training toolkit would (a custom image has no toolkit), and runs trainer.train: in this
-process on a CPU or one GPU, under torchrun with one process per GPU otherwise. A failure's reason
-goes to <root>/output/failure (SageMaker's FailureReason is its first 1,024 characters) and the
-exit status is 1. `serve` answers /ping and /invocations with the pipeline in <root>/model.
+process on one host with a CPU or one GPU, otherwise under torchrun with one process per GPU (and,
+with several hosts, the first host leading the rendezvous). A failure's reason goes to
+<root>/output/failure (SageMaker's FailureReason is its first 1,024 characters; a reason the
+trainer wrote there itself is kept) and the exit status is 1. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 <root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
+With several hosts, $ATELIER_MASTER_ADDR and $ATELIER_MASTER_PORT, when set, replace the first host's
+name and port 29500 for the rendezvous: the local runner emulates every host on 127.0.0.1, where
+`algo-1` does not resolve, and gives each job its own port.
 """
 
 import contextlib
@@ -23,6 +27,7 @@ import torch
 from trainer import serve, train
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
+MASTER_PORT = 29500
 
 
 def opt_ml() -> Path:
@@ -41,6 +46,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
     resources = read_json(config / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
     environment = {
         "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DIR": str(root / "output"),
         "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
         "SM_CHANNELS": json.dumps(channels),
         "SM_HPS": json.dumps(hyperparameters),
@@ -73,19 +79,34 @@ def parse_training_args(argv: list[str]):
         raise ValueError(messages.getvalue().strip().splitlines()[-1]) from None
 
 
+def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] | None:
+    """torchrun over every GPU of every host, or None when one process does (0 or 1 GPU, one host)."""
+    hosts = resources["hosts"]
+    if gpus <= 1 and len(hosts) <= 1:
+        return None
+    command = ["torchrun", "--nproc_per_node", str(max(gpus, 1))]
+    if len(hosts) == 1:
+        command.append("--standalone")
+    else:  # SageMaker names hosts algo-1..algo-N and resolves them; the first one leads the rendezvous
+        command += ["--nnodes", str(len(hosts)), "--node_rank", str(hosts.index(resources["current_host"])),
+                    "--master_addr", os.environ.get("ATELIER_MASTER_ADDR", hosts[0]),
+                    "--master_port", os.environ.get("ATELIER_MASTER_PORT", str(MASTER_PORT))]
+    return command + ["-m", "trainer.train", *argv]
+
+
 def run_training(root: Path) -> None:
     os.environ.update(sagemaker_environment(root))
     (root / "model").mkdir(parents=True, exist_ok=True)
+    (root / "output" / "failure").unlink(missing_ok=True)  # a reason written now is this run's
     argv = training_argv(root)
-    args = parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
-    gpus = torch.cuda.device_count()
-    if gpus <= 1:
-        train.main(args)
+    parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
+    resources = read_json(root / "input" / "config" / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
+    command = torchrun_command(argv, torch.cuda.device_count(), resources)
+    if command is None:
+        train.main(parse_training_args(argv))
         return
     python_path = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
-    environment = {**os.environ, "PYTHONPATH": python_path}
-    command = ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "trainer.train", *argv]
-    status = subprocess.run(command, env=environment).returncode
+    status = subprocess.run(command, env={**os.environ, "PYTHONPATH": python_path}).returncode
     if status != 0:
         raise RuntimeError(f"torchrun exited with status {status}; the job log holds each rank's traceback")
 
@@ -93,6 +114,8 @@ def run_training(root: Path) -> None:
 def write_failure(root: Path, error: BaseException) -> None:
     """The reason first (SageMaker keeps 1,024 characters), then the traceback for the log reader."""
     failure = root / "output" / "failure"
+    if failure.is_file():  # the trainer wrote the reason itself (e.g. repeated non-finite losses): keep it
+        return
     failure.parent.mkdir(parents=True, exist_ok=True)
     details = "".join(traceback.format_exception(error))
     failure.write_text(f"{type(error).__name__}: {error}\n\n{details}")

@@ -1,27 +1,82 @@
-"""Training samples from the shards in a channel directory: the only code that knows the shard layout.
+"""Training batches from the shards in a channel directory: the only code that knows the shard layout.
 
-A shard is a tar of samples, each three members sharing the key `<sha256>`: the image
-(`.jpg`, `.png` or `.webp`, the uploaded bytes), `.txt` (the caption) and `.json` (the metadata
-record, unused here). See "Shards" in docs/architecture.md.
+A shard is a POSIX tar of samples; a sample is the consecutive members sharing a key (webdataset's
+rule: the name up to the first dot of its basename). Atelier's packer writes `<sha256>.<jpg|png|webp>`
+(the stored image), `<sha256>.json` (the ingest metadata record: width, height, format, partner,
+license, and maybe `aspect_bucket`) and `<sha256>.txt` (the caption); img2dataset writes
+`000000012.jpg`, `.txt` and `.json` (url, caption, width, height) with `.parquet` and `_stats.json`
+files beside the tars. Both read as they are. See "Shards" in docs/architecture.md.
+
+Shards are read with wids, webdataset's indexed (random-access) reader: `IndexedTarSamples` maps a
+shard, walks its tar headers into an index and groups the members into samples. Its
+`ShardListDataset` is not used: for a local path it copies every shard into its cache
+(`/tmp/_wids_cache`) or, told to read shards in place, writes `<shard>.lock` beside them, which a
+FastFile channel (read-only) refuses; nor are its decoders (they unpickle `.pkl` and `.pth` members).
+
+How batches are drawn (BRIA's strategy, with nothing to save for resuming):
+- Index. Each process indexes its shards once with wids and reads the JSON record of every sample
+  (not the image): the aspect ratio from the record (or, without one, the image header).
+  SageMaker's ShardedByS3Key has already given each host its own shards; the processes of a host
+  split them by local rank (or, with fewer shards than processes, split the samples).
+- Plan. Per stage and epoch, a process shuffles its samples with a generator seeded by
+  (seed, rank, stage, epoch), groups them by aspect bucket, cuts each bucket into batches (the
+  last one filled up from the start of its bucket) and shuffles the batches. Optimizer step s and
+  micro-batch m map to a position in that sequence, so a batch is a pure function of
+  (seed, step, rank): a resumed job reads exactly what the uninterrupted job would have, with no
+  loader state, and a job resumed on another number of GPUs simply draws its own sequence.
+- Load. DataLoader workers build whole batches for different steps in parallel (each opens the
+  shards it touches with wids and reads samples by their number in the shard), in step order.
+  A sample that cannot be decoded is replaced by another sample of the same bucket (chosen by a
+  seeded generator, so still deterministic), reported in the batch's `corrupt` list and never
+  stops the job.
 """
 
 import io
-import itertools
-import os
-from functools import partial
+import json
+import re
+import tarfile
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
-import webdataset as wds
-from PIL import Image
-from torch.utils.data import DataLoader
+from PIL import Image, ImageOps
+from torch.utils.data import DataLoader, Dataset
+from wids.wids import IndexedTarSamples, splitname
+from wids.wids_mmtar import MMIndexedTar
 
-IMAGE_MEMBERS = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}  # member extension -> Pillow format
-SHUFFLE_BUFFER = 1000  # samples held (still encoded) to mix neighbours from different shards
+from trainer.buckets import assign_buckets, bucket_sizes, cover_and_crop
+from trainer.stages import RunPlan
+
+IMAGE_MEMBERS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}  # extension -> Pillow format
+MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
 
 
 class NoShardsError(ValueError):
-    """The channel directory holds no shard this process can read."""
+    """The channel directory holds no shard (or no readable sample) this process can read."""
+
+
+class CorruptSample(ValueError):
+    """A sample whose members cannot be read or decoded."""
+
+
+# ---------------------------------------------------------------- index
+
+
+@dataclass
+class ShardIndex:
+    """Which samples of this process's shards it trains on, one row per sample, in numpy columns."""
+
+    shards: list[str]
+    shard: np.ndarray  # int32: position in `shards`
+    sample: np.ndarray  # int64: the sample's number in its shard, as wids counts them
+    key: np.ndarray  # str
+    aspect: np.ndarray  # float64: width / height
+    problems: list[str] = field(default_factory=list)  # samples left out, and why
+
+    def __len__(self) -> int:
+        return len(self.key)
 
 
 def find_shards(channel_dir: str | Path) -> list[str]:
@@ -33,74 +88,280 @@ def find_shards(channel_dir: str | Path) -> list[str]:
     return shards
 
 
-def local_process() -> tuple[int, int]:
-    """(this process's index, process count) on this host, as torchrun sets them."""
-    return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-
-
-def split_by_local_rank(shards):
-    """Each process on this host reads every n-th shard.
-
-    SageMaker's ShardedByS3Key has already given each host its own shards, so the split is between
-    the processes of one host, not by global rank as `wds.split_by_node` would do.
-    """
-    rank, world_size = local_process()
-    yield from itertools.islice(shards, rank, None, world_size)
-
-
-def make_loader(channel_dir: str | Path, resolution: int, batch_size: int, seed: int, num_workers: int) -> DataLoader:
-    """An endless stream of batches {"pixel_values", "caption", "key", "shard"} from the channel."""
+def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size: int = 1) -> ShardIndex:
+    """The samples this process trains on: its share of the host's shards, indexed."""
     shards = find_shards(channel_dir)
-    _, processes = local_process()
-    per_process = len(shards) // processes
-    if per_process == 0:
-        raise NoShardsError(f"{len(shards)} shard(s) under {channel_dir} for {processes} processes: need one each")
-    dataset = (
-        wds.WebDataset(
-            shards,
-            shardshuffle=len(shards),
-            detshuffle=True,  # seeded by (seed, pass over the data): a new shard order every pass
-            seed=seed,
-            nodesplitter=split_by_local_rank,
-            workersplitter=wds.split_by_worker,
-        )
-        .shuffle(SHUFFLE_BUFFER, seed=seed)
-        .map(partial(to_training_sample, resolution=resolution))
-        .repeat()  # training is counted in steps, not epochs
+    split_shards = len(shards) >= local_world_size
+    mine = shards[local_rank::local_world_size] if split_shards else shards
+    rows, problems = [], []
+    for number, path in enumerate(mine):
+        shard_rows, shard_problems = scan_shard(path)
+        rows += [(number, *row) for row in shard_rows]
+        problems += shard_problems
+    if not split_shards:
+        rows = rows[local_rank::local_world_size]
+    if not rows:
+        raise NoShardsError(f"no readable samples in {len(mine)} shard(s) under {channel_dir} for local rank {local_rank}"
+                            + (f"; problems: {problems[:5]}" if problems else ""))
+    columns = list(zip(*rows))
+    return ShardIndex(
+        shards=mine,
+        shard=np.array(columns[0], dtype=np.int32),
+        sample=np.array(columns[1], dtype=np.int64),
+        key=np.array(columns[2], dtype=str),
+        aspect=np.array(columns[3], dtype=np.float64),
+        problems=problems,
     )
-    # A DataLoader worker without a shard would yield nothing; give each at least one.
-    workers = min(num_workers, per_process)
-    return DataLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=torch.cuda.is_available())
 
 
-def to_training_sample(sample: dict, resolution: int) -> dict:
-    """One webdataset sample (encoded members) -> a pixel tensor in [-1, 1] and its caption."""
-    key, shard = sample["__key__"], Path(sample["__url__"]).name
-    present = [ext for ext in IMAGE_MEMBERS if ext in sample]
-    if not present or "txt" not in sample:
-        raise ValueError(f"sample {key} in {shard} needs an image (jpg/png/webp) and a txt member; has {sorted(sample)}")
-    image = decode_image(sample[present[0]], IMAGE_MEMBERS[present[0]])
-    return {
-        "pixel_values": to_tensor(resize_and_crop(image, resolution)),
-        "caption": sample["txt"].decode("utf-8"),
-        "key": key,
-        "shard": shard,
-    }
+def scan_shard(path: str) -> tuple[list[tuple[int, str, float]], list[str]]:
+    """(rows (sample number, key, aspect), problems) from wids' index of one shard.
+
+    wids reads only the tar headers; then only each sample's JSON record is read (and the image
+    header of a sample whose record gives no size).
+    """
+    name = Path(path).name
+    try:
+        shard = IndexedTarSamples(path=path)
+    except Exception as error:  # noqa: BLE001 - wids raises struct.error, ValueError, ... for a tar it cannot walk
+        # e.g. a shard cut off inside a tar header: wids indexes all of a shard or none of it
+        return [], [f"{name}: wids cannot index it ({type(error).__name__}: {error})"]
+    tar = shard.reader  # wids' MMIndexedTar: (name, header offset, size) of each member over the mapped shard
+    try:
+        if len(tar.by_name) != len(tar.by_index):  # wids numbers members by unique name but reads them by position
+            return [], [f"{name}: repeated member names, which wids would pair with the wrong members"]
+        rows, problems = [], []
+        for number, members in enumerate(shard.samples):
+            row = sample_row(tar, members)
+            if isinstance(row, str):
+                problems.append(f"{name}/{row}")
+            else:
+                rows.append((number, *row))
+        return rows, problems
+    finally:
+        shard.close()
+
+
+def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float] | str:
+    """(key, aspect) of one sample from its members in wids' index, or what is wrong with it."""
+    spans = {}
+    for member in members:
+        member_name, offset, size = tar.by_index[member]
+        key, extension = splitname(member_name)
+        if offset + tarfile.BLOCKSIZE + size > len(tar.mmapped_file):  # wids indexes a member the shard ends inside
+            return f"{member_name}: cut off (the shard ends inside it)"
+        spans[extension[1:].lower()] = member
+    image_extension = next((extension for extension in IMAGE_MEMBERS if extension in spans), None)
+    if image_extension is None or "txt" not in spans:
+        return f"{key}: needs an image (jpg/png/webp) and a txt member; has {sorted(spans)}"
+    record = tar.get_at_index(spans["json"])[1] if "json" in spans else None
+    aspect = aspect_from_metadata(record) or aspect_from_header(tar.get_at_index(spans[image_extension])[1], image_extension)
+    if aspect is None:
+        return f"{key}.{image_extension}: not a readable {IMAGE_MEMBERS[image_extension]} image"
+    return key, aspect
+
+
+def aspect_from_metadata(record: bytes | None) -> float | None:
+    """Width / height from the metadata record: its `aspect_bucket` ("WxH" or [W, H]) or width and height."""
+    try:
+        fields = json.loads(record) if record else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(fields, dict):
+        return None
+    bucket = fields.get("aspect_bucket")
+    if isinstance(bucket, str) and re.fullmatch(r"\d+x\d+", bucket):
+        bucket = [int(side) for side in bucket.split("x")]
+    if isinstance(bucket, list | tuple) and len(bucket) == 2:
+        width, height = bucket
+    else:
+        width, height = fields.get("width"), fields.get("height")
+    if isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0:
+        return width / height
+    return None
+
+
+def aspect_from_header(data: bytes, extension: str) -> float | None:
+    """Width / height from the image's header (Pillow reads the size without decoding the pixels)."""
+    try:
+        with Image.open(io.BytesIO(data), formats=[IMAGE_MEMBERS[extension]]) as image:
+            width, height = image.size
+    except Exception:  # noqa: BLE001 - whatever Pillow raises, the sample is unreadable
+        return None
+    return width / height if width and height else None
+
+
+# ---------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one micro-batch sits in its process's stream."""
+
+    stage: int
+    epoch: int
+    index: int  # the batch's position within the epoch
+    bucket: tuple[int, int]  # (width, height)
+    samples: np.ndarray  # row numbers in the ShardIndex
+    bucket_members: np.ndarray  # every row of this bucket (replacements come from here)
+
+
+class BatchPlan:
+    """Which samples make each micro-batch: a pure function of (seed, rank, step, micro-batch)."""
+
+    def __init__(self, aspects: np.ndarray, plan: RunPlan, seed: int, rank: int, accumulation: int,
+                 size_multiple: int, aspect_buckets: bool):
+        self.aspects, self.plan, self.seed, self.rank = aspects, plan, seed, rank
+        self.accumulation, self.size_multiple, self.aspect_buckets = accumulation, size_multiple, aspect_buckets
+
+    @lru_cache(maxsize=8)
+    def stage_buckets(self, stage: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The stage's bucket sizes and each sample's bucket."""
+        resolution = self.plan.stages[stage].resolution
+        if not self.aspect_buckets:
+            if resolution % self.size_multiple:
+                raise ValueError(f"resolution {resolution} is not a multiple of {self.size_multiple}, the model's size multiple")
+            return [(resolution, resolution)], np.zeros(len(self.aspects), dtype=np.int64)
+        sizes = bucket_sizes(resolution, self.size_multiple)
+        return sizes, assign_buckets(self.aspects, sizes)
+
+    @lru_cache(maxsize=4)
+    def epoch_batches(self, stage: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(samples [batches, batch size], bucket of each batch) for one pass over this process's samples."""
+        _, assignment = self.stage_buckets(stage)
+        batch_size = self.plan.stages[stage].batch_size
+        rng = np.random.default_rng([self.seed, self.rank, stage, epoch, 0])
+        order = rng.permutation(len(self.aspects))
+        batches, buckets = [], []
+        for bucket in np.unique(assignment):
+            members = order[assignment[order] == bucket]
+            filled = np.resize(members, -(-len(members) // batch_size) * batch_size)  # repeats from the start
+            batches.append(filled.reshape(-1, batch_size))
+            buckets += [bucket] * (len(filled) // batch_size)
+        batches, buckets = np.concatenate(batches), np.array(buckets)
+        shuffle = rng.permutation(len(batches))
+        return batches[shuffle], buckets[shuffle]
+
+    @lru_cache(maxsize=8)
+    def batches_per_epoch(self, stage: int) -> int:
+        _, assignment = self.stage_buckets(stage)
+        batch_size = self.plan.stages[stage].batch_size
+        return int(sum(-(-count // batch_size) for count in np.bincount(assignment) if count))
+
+    def slot(self, step: int, micro: int) -> Slot:
+        stage = self.plan.stage_index(step)
+        position = (step - self.plan.stages[stage].first_step) * self.accumulation + micro
+        epoch, index = divmod(position, self.batches_per_epoch(stage))
+        batches, buckets = self.epoch_batches(stage, epoch)
+        sizes, assignment = self.stage_buckets(stage)
+        bucket = int(buckets[index])
+        return Slot(stage, epoch, index, sizes[bucket], batches[index], np.flatnonzero(assignment == bucket))
+
+
+# ---------------------------------------------------------------- load
+
+
+class StepBatches(Dataset):
+    """Item i is micro-batch i of the steps from `first_step` to `last_step`: a dict of tensors and lists."""
+
+    def __init__(self, index: ShardIndex, plan: BatchPlan, first_step: int, last_step: int, caption_dropout: float,
+                 random_crop: bool):
+        self.index, self.plan = index, plan
+        self.first_step, self.last_step = first_step, last_step
+        self.caption_dropout, self.random_crop = caption_dropout, random_crop
+        self._shards: dict[int, IndexedTarSamples] = {}  # shard number -> wids' reader, opened per process
+
+    def __len__(self) -> int:
+        return max(0, self.last_step - self.first_step + 1) * self.plan.accumulation
+
+    def __getitem__(self, item: int) -> dict:
+        step, micro = divmod(item, self.plan.accumulation)
+        return self.batch(self.first_step + step, micro)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_shards": {}}  # mapped shards do not cross into spawned workers
+
+    def batch(self, step: int, micro: int) -> dict:
+        slot = self.plan.slot(step, micro)
+        rng = np.random.default_rng([self.plan.seed, self.plan.rank, slot.stage, slot.epoch, 1, slot.index])
+        samples, corrupt = [], []
+        for row in slot.samples:
+            for _ in range(MAX_REPLACEMENTS):
+                try:
+                    samples.append(self.load(int(row), slot.bucket, rng))
+                    break
+                except CorruptSample as error:
+                    corrupt.append(str(error))
+                    row = rng.choice(slot.bucket_members)
+            else:
+                raise CorruptSample(f"{MAX_REPLACEMENTS} unreadable samples in a row in bucket {slot.bucket}: {corrupt[-3:]}")
+        return {
+            "pixel_values": torch.stack([sample["pixel_values"] for sample in samples]),
+            "time_ids": torch.tensor([sample["time_ids"] for sample in samples], dtype=torch.float32),
+            "caption": [sample["caption"] for sample in samples],
+            "key": [sample["key"] for sample in samples],
+            "shard": [sample["shard"] for sample in samples],
+            "corrupt": corrupt,
+            "step": step,
+            "stage": slot.stage,
+            "epoch": slot.epoch,
+        }
+
+    def load(self, row: int, bucket: tuple[int, int], rng: np.random.Generator) -> dict:
+        """One sample, decoded, scaled to cover the bucket and cropped; its SDXL size/crop ids."""
+        index = self.index
+        shard, key = index.shards[index.shard[row]], str(index.key[row])
+        offset = (rng.random(), rng.random()) if self.random_crop else (0.5, 0.5)
+        drop_caption = rng.random() < self.caption_dropout
+        try:
+            members = self.read(row)
+            extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
+            image = decode_image(members[extension], IMAGE_MEMBERS[extension])
+            caption = members["txt"].decode("utf-8")
+        except Exception as error:  # noqa: BLE001 - a bad member of any kind is skipped, never fatal
+            raise CorruptSample(f"{Path(shard).name}/{key}: {type(error).__name__}: {error}") from None
+        width, height = image.size
+        resized, (left, top) = cover_and_crop(width, height, bucket, offset)
+        image = image.resize(resized, Image.Resampling.BICUBIC).crop((left, top, left + bucket[0], top + bucket[1]))
+        return {
+            "pixel_values": to_tensor(image),
+            "time_ids": [height, width, top, left, bucket[1], bucket[0]],  # SDXL: original, crop top-left, target (h, w)
+            "caption": "" if drop_caption else caption,
+            "key": key,
+            "shard": Path(shard).name,
+        }
+
+    def read(self, row: int) -> dict[str, bytes]:
+        """The members of a row's sample, read by wids: lower-case extension -> bytes."""
+        number = int(self.index.shard[row])
+        if number not in self._shards:
+            self._shards[number] = IndexedTarSamples(path=self.index.shards[number])
+        sample = self._shards[number][int(self.index.sample[row])]
+        return {extension[1:].lower(): member.getvalue() for extension, member in sample.items() if extension != "__key__"}
+
+
+def make_loader(batches: StepBatches, num_workers: int) -> DataLoader:
+    """The micro-batches in step order, built by `num_workers` processes (each takes whole batches)."""
+    return DataLoader(
+        batches,
+        batch_size=None,  # items are whole batches
+        shuffle=False,
+        num_workers=num_workers,
+        prefetch_factor=4 if num_workers else None,
+        pin_memory=torch.cuda.is_available(),
+        generator=torch.Generator(),  # never draws from the training process's global RNG
+    )
 
 
 def decode_image(data: bytes, pil_format: str) -> Image.Image:
-    """The member's bytes as an RGB image; Pillow's decompression-bomb guard stays on."""
+    """The member's bytes as an upright RGB image; Pillow's decompression-bomb guard stays on."""
     with Image.open(io.BytesIO(data), formats=[pil_format]) as image:
+        image = ImageOps.exif_transpose(image)
+        if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+            image = image.convert("RGBA")
+            background = Image.new("RGBA", image.size, "white")  # transparent areas become white, not black
+            return Image.alpha_composite(background, image).convert("RGB")
         return image.convert("RGB")
-
-
-def resize_and_crop(image: Image.Image, resolution: int) -> Image.Image:
-    """Shorter side to `resolution`, then the centred square: no stretching."""
-    scale = resolution / min(image.size)
-    width, height = (max(resolution, round(side * scale)) for side in image.size)
-    image = image.resize((width, height), Image.Resampling.BICUBIC)
-    left, top = (width - resolution) // 2, (height - resolution) // 2
-    return image.crop((left, top, left + resolution, top + resolution))
 
 
 def to_tensor(image: Image.Image) -> torch.Tensor:

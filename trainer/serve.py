@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
-from diffusers import StableDiffusionPipeline
+from diffusers import DiffusionPipeline
 
 DEFAULTS = {"num_inference_steps": 20, "seed": 0, "guidance_scale": 5.0, "height": None, "width": None}
 MAX_STEPS = 200  # bounds the time one request can hold the model
@@ -30,9 +30,9 @@ class BadRequest(ValueError):
     """The request cannot be served as sent; the message tells the caller why."""
 
 
-def load_pipeline(model_dir: str | Path) -> StableDiffusionPipeline:
+def load_pipeline(model_dir: str | Path) -> DiffusionPipeline:
     """The saved pipeline on the GPU in bf16 when there is one, else on the CPU in fp32."""
-    pipeline = StableDiffusionPipeline.from_pretrained(model_dir)
+    pipeline = DiffusionPipeline.from_pretrained(model_dir)
     pipeline.set_progress_bar_config(disable=True)
     if torch.cuda.is_available():
         return pipeline.to("cuda", torch.bfloat16)
@@ -74,7 +74,7 @@ def _check_int(settings: dict, name: str, low: int, high: int) -> None:
         raise BadRequest(f'"{name}" must be an integer from {low} to {high}')
 
 
-def generate_png(pipeline: StableDiffusionPipeline, settings: dict) -> bytes:
+def generate_png(pipeline: DiffusionPipeline, settings: dict) -> bytes:
     """One image for the settings, as PNG bytes; the same seed gives the same image."""
     image = pipeline(
         settings["prompt"],
@@ -131,7 +131,7 @@ class InferenceHandler(BaseHTTPRequestHandler):
 class InferenceServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, pipeline: StableDiffusionPipeline, host: str, port: int):
+    def __init__(self, pipeline: DiffusionPipeline, host: str, port: int):
         super().__init__((host, port), InferenceHandler)
         self.pipeline = pipeline
         self.lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""Train a latent-diffusion UNet on Atelier shards; save a diffusers StableDiffusionPipeline.
+"""Train a latent-diffusion UNet (SD-1/2 or SDXL style) on Atelier shards; save a diffusers pipeline.
 
 Runbook
 -------
@@ -7,228 +7,97 @@ One process (CPU, or one GPU when there is one):
     python -m trainer.train --train-dir shards/ --model-dir out/model \\
         --checkpoint-dir out/checkpoints --steps 200 --model-config tiny
 
-One host, N GPUs (DDP; rank 0 alone logs and writes):
+One host, N GPUs (DDP; rank 0 alone logs and writes; add `--strategy fsdp` to shard an SDXL-size
+UNet, its gradients and optimizer state):
 
-    torchrun --nproc_per_node N -m trainer.train <the same arguments>
+    torchrun --standalone --nproc_per_node N -m trainer.train <the same arguments>
 
-SageMaker: the image's entrypoint (`python -m trainer.container train`, trainer/container.py) turns
-the job's hyperparameters into these arguments, passes `--checkpoint-dir /opt/ml/checkpoints`
-(synced to S3 by CheckpointConfig) and uses torchrun when the instance has several GPUs.
-`--train-dir` and `--model-dir` default to $SM_CHANNEL_TRAIN and $SM_MODEL_DIR; $SM_HPS, when set,
-supplies the other defaults.
+Several hosts: `torchrun --nnodes H --node_rank R --master_addr <host 0> --nproc_per_node N ...`
+on each (trainer/container.py does this from SageMaker's resourceconfig.json).
 
-Resuming: `--resume latest` (the default) continues from the checkpoint that
-`<checkpoint-dir>/latest` names, if there is one: a retried job whose checkpoints SageMaker restored
-picks up where it stopped. `--resume none` starts over; `--resume <checkpoint dir>` picks one.
-The data stream restarts (reshuffled with the resumed step) rather than at the exact sample.
+SageMaker: the image's entrypoint (`python -m trainer.container train`) turns the job's
+hyperparameters into these arguments, passes `--checkpoint-dir /opt/ml/checkpoints` (synced to S3
+by CheckpointConfig) and uses torchrun when there are several GPUs or hosts. `--train-dir`,
+`--model-dir` and `--output-data-dir` default to $SM_CHANNEL_TRAIN, $SM_MODEL_DIR and
+$SM_OUTPUT_DATA_DIR; $SM_HPS, when set, supplies the other defaults.
 
-Checkpoints (every --checkpoint-every steps and at the last step, the newest two kept):
+Progressive resolution: `--run-config sd2-progressive` (configs/runs/) lists stages of resolution,
+batch size, learning rate and steps; the run moves through them by itself (trainer/stages.py).
 
-    <checkpoint-dir>/step-00000200/unet/              UNet2DConditionModel.save_pretrained
-    <checkpoint-dir>/step-00000200/training_state.pt  step, args, optimizer, loss, shards seen
-    <checkpoint-dir>/step-00000200/rng-rank<r>.pt     each rank's torch/cuda/python RNG states
-    <checkpoint-dir>/latest                           "step-00000200", written last
+Resuming: `--resume latest` (the default) continues from the checkpoint `<checkpoint-dir>/latest`
+names, if there is one. Every batch and every noise draw is a pure function of (seed, step, rank),
+so the resumed job trains on exactly what the uninterrupted one would have and its loss curve is
+the same; on another number of GPUs it continues with its own draws. `--resume none` starts over;
+`--resume <checkpoint dir>` picks one. Checkpoints: trainer/checkpoints.py.
 
-Output: `<model-dir>` holds the pipeline (`StableDiffusionPipeline.from_pretrained(model_dir)`)
-and `atelier-training.json` (args, steps, final loss, shards seen). Logs: a JSON line per
---log-every steps on stdout.
+Output: `<model-dir>` holds the pipeline (`DiffusionPipeline.from_pretrained(model_dir)`; the EMA
+weights unless `--final-weights trained`) and `atelier-training.json`; `<output-data-dir>` holds
+`loss.png` and `validation/step-N.png` (a grid of fixed prompts x seeds at each checkpoint).
+Logs: JSON lines on stdout (trainer/health.py). Too many non-finite steps in a row end the job
+with the reason in `$SM_OUTPUT_DIR/failure`.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import random
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from torch.nn.parallel import DistributedDataParallel
+from diffusers import UNet2DConditionModel
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.data import make_loader
-from trainer.models import Models, load_models
+from trainer import distributed
+from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
+from trainer.ema import EMA
+from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
+from trainer.models import Models, build_pipeline, load_models
+from trainer.objective import autocast, diffusion_loss, step_generator
+from trainer.stages import RunPlan, plan_from_args
 
-KEEP_CHECKPOINTS = 2  # the newest, and the one before in case the newest was cut off mid-upload
-
-
-# ---------------------------------------------------------------- setup
-
-
-def setup_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world size, device): one process per GPU under torchrun, else a single process."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if world_size > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    return int(os.environ.get("RANK", 0)), world_size, device
+DEFAULT_VALIDATION_PROMPTS = "a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table|a mountain lake at sunrise"
 
 
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+# ---------------------------------------------------------------- helpers
 
 
-def autocast(device: torch.device):
-    """bf16 autocast on GPUs (weights stay fp32); full precision on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> UNet2DConditionModel:
+    """A plain UNet holding the given full weights, for sampling and saving (whatever wraps the trained one)."""
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(models.unet.config)
+    unet.load_state_dict(weights, assign=True)
+    return unet.to(device).eval()
 
 
-def log(rank: int, **fields) -> None:
-    """One JSON line on stdout, from rank 0 only."""
-    if rank == 0:
-        print(json.dumps(fields), flush=True)
+def weights_to_sample(unet, ema: EMA | None, use_ema: bool) -> dict[str, torch.Tensor]:
+    """The EMA weights or the trained ones, whole (a collective under FSDP)."""
+    return ema.full_weights() if ema is not None and use_ema else distributed.full_model_state(unet)
 
 
-# ---------------------------------------------------------------- the loss
+def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
+                 loss_history: list, health_dir: Path) -> None:
+    """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes)."""
+    prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
+    weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
+    if processes.rank == 0:
+        draw_loss_curve(loss_history, health_dir / "loss.png")
+        if prompts:
+            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device))
+            seeds = [int(seed) for seed in args.validation_seeds.split(",")]
+            steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
+            with autocast(processes.device):
+                grid = validation_grid(pipeline, prompts, seeds, plan.stage(step).resolution, steps)
+            (health_dir / "validation").mkdir(parents=True, exist_ok=True)
+            grid.save(health_dir / "validation" / f"step-{step:08d}.png")
+    distributed.barrier()
 
 
-def training_loss(unet, models: Models, batch: dict, device: torch.device) -> torch.Tensor:
-    """The diffusion objective: noise the image latents at random timesteps, predict the target."""
-    scheduler = models.noise_scheduler
-    pixel_values = batch["pixel_values"].to(device, non_blocking=True)
-    input_ids = models.tokenizer(
-        batch["caption"],
-        padding="max_length",
-        max_length=models.tokenizer.model_max_length,
-        truncation=True,
-        return_tensors="pt",
-    ).input_ids.to(device)
-    with torch.no_grad(), autocast(device):
-        latents = models.vae.encode(pixel_values).latent_dist.sample().float()
-        latents = latents * models.vae.config.scaling_factor  # the unit variance the UNet expects
-        encoder_hidden_states = models.text_encoder(input_ids)[0]
-    noise = torch.randn_like(latents)
-    timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
-    noisy_latents = scheduler.add_noise(latents, noise, timesteps)
-    if scheduler.config.prediction_type == "v_prediction":
-        target = scheduler.get_velocity(latents, noise, timesteps)
-    else:
-        target = noise
-    with autocast(device):
-        prediction = unet(noisy_latents, timesteps, encoder_hidden_states).sample
-    return F.mse_loss(prediction.float(), target.float())
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def rng_states() -> dict:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": random.getstate(),
-    }
-
-
-def restore_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    random.setstate(states["python"])
-
-
-def gather_shards(seen: set[str]) -> list[str]:
-    """Names of the shards any rank has read so far."""
-    if not dist.is_initialized():
-        return sorted(seen)
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, seen)
-    return sorted(set().union(*everyone))
-
-
-def save_checkpoint(checkpoint_dir: Path, rank: int, state: dict, unet, optimizer) -> None:
-    """Write step-N/ under a temporary name, rename it, then point `latest` at it.
-
-    A job killed at any moment leaves `latest` naming a complete checkpoint (or no `latest`).
-    """
-    name = f"step-{state['step']:08d}"
-    tmp, final = checkpoint_dir / f".tmp-{name}", checkpoint_dir / name
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    torch.save(rng_states(), tmp / f"rng-rank{rank}.pt")  # every rank draws its own noise
-    if rank == 0:
-        unet.save_pretrained(tmp / "unet")
-        torch.save({**state, "optimizer": optimizer.state_dict()}, tmp / "training_state.pt")
-    barrier()
-    if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        write_atomically(checkpoint_dir / "latest", name)
-        prune_checkpoints(checkpoint_dir)
-    barrier()
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def prune_checkpoints(checkpoint_dir: Path) -> None:
-    """Delete all but the newest KEEP_CHECKPOINTS step directories."""
-    for old in sorted(checkpoint_dir.glob("step-*"))[:-KEEP_CHECKPOINTS]:
-        shutil.rmtree(old)
-
-
-def checkpoint_to_resume(resume: str, checkpoint_dir: Path | None) -> Path | None:
-    """The checkpoint directory `--resume` asks for, or None to start from step 0."""
-    if resume == "none":
-        return None
-    if resume != "latest":
-        return Path(resume)
-    marker = checkpoint_dir / "latest" if checkpoint_dir else None
-    if marker is None or not marker.is_file():
-        return None
-    return checkpoint_dir / marker.read_text().strip()
-
-
-def load_checkpoint(path: Path, rank: int, unet, optimizer) -> dict:
-    """Put the saved UNet weights, optimizer and RNG states back; return the training state."""
-    saved_unet = UNet2DConditionModel.from_pretrained(path / "unet")
-    unet.load_state_dict(saved_unet.state_dict())
-    state = torch.load(path / "training_state.pt", map_location="cpu")
-    optimizer.load_state_dict(state.pop("optimizer"))
-    rng_file = path / f"rng-rank{rank}.pt"
-    if rng_file.is_file():  # absent when resuming with more processes than saved
-        restore_rng_states(torch.load(rng_file))
-    return state
-
-
-# ---------------------------------------------------------------- output
-
-
-def save_pipeline(models: Models, model_dir: Path) -> None:
-    """The trained UNet with the frozen parts as a StableDiffusionPipeline, ready to serve."""
-    pipeline = StableDiffusionPipeline(
-        vae=models.vae,
-        text_encoder=models.text_encoder,
-        tokenizer=models.tokenizer,
-        unet=models.unet,
-        # DDIM samples well in few steps and reads the training noise schedule as it is.
-        scheduler=DDIMScheduler.from_config(models.noise_scheduler.config),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipeline.save_pretrained(model_dir)
-
-
-def default_resolution(models: Models) -> int:
-    """The image size the model was built for: latent sample size times the VAE's downsampling."""
-    return models.unet.config.sample_size * 2 ** (len(models.vae.config.block_out_channels) - 1)
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor (FSDP returns the gradient norm as a replicated DTensor)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 # ---------------------------------------------------------------- main
@@ -237,90 +106,178 @@ def default_resolution(models: Models) -> int:
 def main(args: argparse.Namespace) -> dict:
     """Train, checkpoint, save the pipeline; return what atelier-training.json records."""
     # setup
-    rank, world_size, device = setup_distributed()
+    processes = distributed.setup()
+    rank, device = processes.rank, processes.device
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
-    # models: the same initial weights on every rank, then each rank draws its own noise
+    # models: the same initial weights on every rank
     models = load_models(args.model_config, args.pretrained, args.seed)
-    torch.manual_seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
     if args.prediction_type:
         models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
-    models.vae.to(device)
-    models.text_encoder.to(device)
+    plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
+                          args.lr_warmup_steps, models.default_resolution)
+    models.frozen_to(device)
     unet = models.unet.to(device)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate)
-    step, last_loss, shards_seen = 0, None, set()
+    if args.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    model = distributed.wrap(unet, processes, args.strategy)
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0)  # the schedule sets every step's rate
+    lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
+    ema = EMA(unet.named_parameters(), args.ema_decay) if args.ema_decay > 0 else None
+    progress = {"step": 0, "loss_history": [], "corrupt": [], "shards_seen": [], "skipped_steps": 0}
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
     if resume_from is not None:
-        state = load_checkpoint(resume_from, rank, unet, optimizer)
-        step, last_loss, shards_seen = state["step"], state["loss"], set(state["shards_seen"])
-        log(rank, event="resumed", checkpoint=str(resume_from), step=step)
-    model = unet
-    if world_size > 1:
-        model = DistributedDataParallel(unet, device_ids=[device.index] if device.type == "cuda" else None)
+        progress = load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema)
+        log(rank, event="resumed", checkpoint=str(resume_from), step=progress["step"], stage=progress["stage"])
+    step, loss_history = progress["step"], progress["loss_history"]
 
-    # data: reseeded by the step so a resumed run does not replay the samples it began with
-    resolution = args.resolution or default_resolution(models)
-    batches = iter(make_loader(args.train_dir, resolution, args.batch_size, args.seed + step, args.num_workers))
+    # data: this process's samples, and batches that are a pure function of (seed, step, rank)
+    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size)
+    batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
+                           args.aspect_buckets)
+    dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop)
+    batches = iter(make_loader(dataset, args.num_workers))
+    corrupt, shards_seen = set(progress["corrupt"]) | set(index.problems), set(progress["shards_seen"])
+    log(rank, event="data", samples=len(index), shards=len(index.shards), corrupt=len(index.problems),
+        first_corrupt=index.problems[:5])
 
     # loop
-    log(rank, event="start", step=step, steps=args.steps, world_size=world_size, device=str(device), resolution=resolution)
-    window_start, window_images = time.perf_counter(), 0
-    while step < args.steps:
-        batch = next(batches)
-        loss = training_loss(model, models, batch, device)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
+        backend=processes.backend, strategy=args.strategy, sdxl=models.sdxl, stages=plan.describe())
+    window, skipped_in_a_row, stage = Window(), 0, None
+    while step < plan.total_steps:
         step += 1
-        shards_seen.update(batch["shard"])
-        window_images += len(batch["caption"]) * world_size
-        if step % args.log_every == 0 or step == args.steps:
-            last_loss = loss.item()
-            elapsed = time.perf_counter() - window_start
-            log(rank, step=step, loss=round(last_loss, 6), img_per_s=round(window_images / elapsed, 2))
-            window_start, window_images = time.perf_counter(), 0
-        if checkpoint_dir and (step % args.checkpoint_every == 0 or step == args.steps):
-            state = {"step": step, "args": vars(args), "loss": loss.item(), "shards_seen": gather_shards(shards_seen)}
-            save_checkpoint(checkpoint_dir, rank, state, unet, optimizer)
-            log(rank, event="checkpoint", step=step, dir=str(checkpoint_dir / f"step-{step:08d}"))
+        if plan.stage_index(step) != stage:
+            stage = plan.stage_index(step)
+            log(rank, event="stage", step=step, **plan.describe()[stage], batches_per_epoch=batch_plan.batches_per_epoch(stage))
+        step_loss = torch.zeros((), device=device)
+        for micro in range(args.gradient_accumulation):
+            batch = window.wait_for(batches)
+            with distributed.gradient_sync(model, micro == args.gradient_accumulation - 1):
+                loss = diffusion_loss(model, models, batch, device, step_generator(args.seed, step, rank, micro, device),
+                                      args.noise_offset, args.snr_gamma)
+                (loss / args.gradient_accumulation).backward()
+            step_loss += loss.detach() / args.gradient_accumulation
+            window.images += len(batch["caption"]) * processes.world_size
+            corrupt.update(batch["corrupt"])
+            shards_seen.update(batch["shard"])
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_(unet.parameters(), args.max_grad_norm))
+        learning_rate = optimizer.param_groups[0]["lr"]
+        if distributed.all_finite(step_loss, grad_norm):  # a NaN on any rank skips the step on every rank
+            optimizer.step()
+            if ema is not None:
+                ema.update(unet.named_parameters())
+            window.loss_sum += step_loss.cpu()
+            window.good_steps, window.grad_norm = window.good_steps + 1, grad_norm.item()
+            skipped_in_a_row = 0
+        else:  # the step's data is passed over and the weights stay as they were
+            skipped_in_a_row += 1
+            progress["skipped_steps"] += 1
+            log(rank, event="skipped_step", step=step, reason="non-finite loss or gradient", in_a_row=skipped_in_a_row)
+            if skipped_in_a_row >= args.max_nonfinite_steps:
+                reason = f"NonFiniteLossError: {skipped_in_a_row} steps in a row up to step {step} had a NaN or infinite loss or gradient"
+                if rank == 0:
+                    write_failure(reason)
+                raise NonFiniteLossError(reason)
+        optimizer.zero_grad(set_to_none=True)
+        lr_schedule.step()
+        if step % args.log_every == 0 or step == plan.total_steps:
+            loss_sum, good_steps = distributed.mean(torch.stack([window.loss_sum, torch.tensor(float(window.good_steps))]).to(device)).tolist()
+            mean_loss = loss_sum / good_steps if good_steps else float("nan")
+            if good_steps:
+                loss_history.append((step, mean_loss))
+            log(rank, step=step, stage=stage, lr=learning_rate, **window.figures(mean_loss),
+                skipped_steps=progress["skipped_steps"], corrupt_samples=len(corrupt))
+            window = Window()
+        if checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.total_steps):
+            state = {"step": step, "stage": stage, "args": vars(args), "loss_history": loss_history,
+                     "corrupt": sorted(distributed.union(corrupt)), "shards_seen": sorted(distributed.union(shards_seen)),
+                     "skipped_steps": progress["skipped_steps"]}
+            with window.paused():
+                path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema, state, args.keep_checkpoints)
+                log(rank, event="checkpoint", step=step, dir=str(path))
+                check_health(args, processes, models, unet, ema, plan, step, loss_history, health_dir)
 
-    # save
-    record = {"args": vars(args), "steps": step, "final_loss": last_loss, "shards_seen": gather_shards(shards_seen)}
+    # save: the pipeline with the EMA (or trained) weights, and the run's record
+    weights = weights_to_sample(unet, ema, use_ema=args.final_weights == "ema")
+    record = {"args": vars(args), "steps": step, "final_loss": loss_history[-1][1] if loss_history else None,
+              "stages": plan.describe(), "weights": "ema" if ema is not None and args.final_weights == "ema" else "trained",
+              "skipped_steps": progress["skipped_steps"], "corrupt_samples": sorted(distributed.union(corrupt)),
+              "shards_seen": sorted(distributed.union(shards_seen))}
     if rank == 0:
         model_dir = Path(args.model_dir)
-        save_pipeline(models, model_dir)
+        models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
+        build_pipeline(models, sampling_unet(models, weights, torch.device("cpu"))).save_pretrained(model_dir)
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
-        log(rank, event="saved", model_dir=str(model_dir), steps=step, final_loss=last_loss)
-    barrier()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        draw_loss_curve(loss_history, health_dir / "loss.png")
+        log(rank, event="saved", model_dir=str(model_dir), steps=step, final_loss=record["final_loss"])
+    distributed.barrier()
+    distributed.teardown()
     return record
+
+
+def boolean(text: str) -> bool:
+    """A hyperparameter string as a bool (SageMaker passes every value as a string)."""
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     parser = argparse.ArgumentParser(description="Train a latent-diffusion UNet on Atelier shards.")
-    parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,
-                        help="directory with the *.tar shards, at any depth (default $SM_CHANNEL_TRAIN)")
-    parser.add_argument("--model-dir", default=env.get("SM_MODEL_DIR"), required="SM_MODEL_DIR" not in env,
-                        help="where the pipeline is saved (default $SM_MODEL_DIR)")
-    parser.add_argument("--checkpoint-dir", default=None,
-                        help="checkpoints go here; none are written without it (SageMaker: /opt/ml/checkpoints)")
-    parser.add_argument("--resume", default="latest", help="'latest' (if any), 'none', or a checkpoint directory")
-    parser.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/ (without .json)")
-    parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory to start from")
-    parser.add_argument("--prediction-type", default=None, choices=["epsilon", "v_prediction"],
-                        help="the UNet's target (default: the scheduler's)")
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps in total, counting resumed ones")
-    parser.add_argument("--batch-size", type=int, default=4, help="images per step per process")
-    parser.add_argument("--resolution", type=int, default=None, help="square image size (default: the model's)")
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--checkpoint-every", type=int, default=500)
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader processes per training process")
+    where = parser.add_argument_group("where")
+    where.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,
+                       help="directory with the *.tar shards, at any depth (default $SM_CHANNEL_TRAIN)")
+    where.add_argument("--model-dir", default=env.get("SM_MODEL_DIR"), required="SM_MODEL_DIR" not in env,
+                       help="where the pipeline is saved (default $SM_MODEL_DIR)")
+    where.add_argument("--output-data-dir", default=env.get("SM_OUTPUT_DATA_DIR"),
+                       help="loss curve and validation grids (default $SM_OUTPUT_DATA_DIR, else <model-dir>/health)")
+    where.add_argument("--checkpoint-dir", default=None,
+                       help="checkpoints go here; none are written without it (SageMaker: /opt/ml/checkpoints)")
+    where.add_argument("--resume", default="latest", help="'latest' (if any), 'none', or a checkpoint directory")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/ (without .json)")
+    model.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory, or a channel name, to start from")
+    model.add_argument("--prediction-type", default=None, choices=["epsilon", "v_prediction"],
+                       help="the UNet's target (default: the scheduler's)")
+    model.add_argument("--noise-offset", type=float, default=0.0, help="offset noise strength (0: off; 0.05 is common)")
+    model.add_argument("--snr-gamma", type=float, default=None, help="min-SNR loss weighting with this gamma (5 is common; default off)")
+    model.add_argument("--ema-decay", type=float, default=0.9999, help="EMA of the UNet weights (0: no EMA)")
+    model.add_argument("--final-weights", default="ema", choices=["ema", "trained"], help="what the saved pipeline holds")
+    run = parser.add_argument_group("run (a single stage unless --run-config)")
+    run.add_argument("--run-config", default=None, help="stages preset in trainer/configs/runs/, or a .json path")
+    run.add_argument("--steps", type=int, default=None, help="optimizer steps in total, counting resumed ones (default 1000)")
+    run.add_argument("--batch-size", type=int, default=None, help="images per micro-batch per process (default 4)")
+    run.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
+    run.add_argument("--learning-rate", type=float, default=None, help="AdamW's, after warm-up (default 1e-4)")
+    run.add_argument("--lr-warmup-steps", type=int, default=0, help="linear warm-up of a single-stage run")
+    run.add_argument("--gradient-accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    run.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (inf: measure only)")
+    run.add_argument("--seed", type=int, default=0, help="model init, data order, noise")
+    system = parser.add_argument_group("system")
+    system.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"], help="how several processes share the UNet")
+    system.add_argument("--gradient-checkpointing", type=boolean, default=False, help="recompute activations: less memory, ~30%% more time")
+    system.add_argument("--num-workers", type=int, default=2, help="DataLoader processes per training process")
+    data = parser.add_argument_group("data")
+    data.add_argument("--aspect-buckets", type=boolean, default=True, help="batch by aspect ratio (else centre squares)")
+    data.add_argument("--random-crop", type=boolean, default=False, help="random crops inside the bucket (else centred)")
+    data.add_argument("--caption-dropout", type=float, default=0.1,
+                      help="share of captions replaced by '' so guidance has an unconditional model to contrast with")
+    health = parser.add_argument_group("checkpoints and health")
+    health.add_argument("--checkpoint-every", type=int, default=500, help="also at the last step")
+    health.add_argument("--keep-checkpoints", type=int, default=2, help="the newest K step directories are kept")
+    health.add_argument("--log-every", type=int, default=10, help="also at the last step")
+    health.add_argument("--max-nonfinite-steps", type=int, default=10, help="non-finite steps in a row that end the job")
+    health.add_argument("--validation-prompts", default=DEFAULT_VALIDATION_PROMPTS, help="'|'-separated; '' for none")
+    health.add_argument("--validation-seeds", default="0", help="comma-separated; one grid column each")
+    health.add_argument("--validation-inference-steps", type=int, default=None,
+                        help="DDIM steps per grid (default 20 on a GPU; 4 on a CPU, where the grid is a smoke check)")
     # Inside a SageMaker training-toolkit image the hyperparameters arrive as SM_HPS, all strings;
     # argparse converts string defaults with each argument's type.
     hyperparameters = json.loads(env.get("SM_HPS", "{}"))
@@ -329,7 +286,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for name, value in hyperparameters.items()
         if not name.startswith("sagemaker_")  # the SageMaker SDK's own settings, not ours
     })
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.seed < 0 or args.gradient_accumulation < 1 or args.keep_checkpoints < 1:
+        parser.error("--seed must be >= 0, --gradient-accumulation and --keep-checkpoints >= 1")
+    return args
 
 
 if __name__ == "__main__":

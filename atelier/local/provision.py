@@ -83,7 +83,8 @@ class Provisioner:
         self.client = client
         self.result = Provisioned(stack, region, account)
         self.attributes: dict[str, dict[str, Any]] = {}
-        self.resolver = Resolver(expanded.parameters, expanded.conditions, self._ref, self._get_att)
+        self.resolver = Resolver(expanded.parameters, expanded.conditions, self._ref, self._get_att,
+                                 expanded.list_parameters)
 
     # --- references -----------------------------------------------------------------------------
     def _ref(self, logical: str) -> str:

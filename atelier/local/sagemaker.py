@@ -164,6 +164,11 @@ class LocalSageMaker:
         """The end of a training job's container log, for debugging a failed job."""
         return self.jobs.log_tail(job_name, lines)
 
+    def lose_training_instance(self, job_name: str, host: str = "algo-1") -> None:
+        """Fault injection: kill one instance of a running job as a hardware failure would (the
+        attempt fails as an InternalServerError; RetryStrategy decides whether it starts over)."""
+        self.jobs.lose_instance(job_name, host)
+
     def client_environment(self) -> dict[str, str]:
         """The variables that send boto3's sagemaker and sagemaker-runtime clients here."""
         return {"AWS_ENDPOINT_URL_SAGEMAKER": self.url, "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": self.url}

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -275,6 +276,16 @@ class ContainerProcess:
         self.reap_group()
         return code
 
+    def terminate(self) -> None:
+        """SIGTERM the group without waiting: stop() then waits out what is left of the grace."""
+        if self._popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> int:
+        """SIGKILL the whole group at once: what an instance that goes away does to its container."""
+        self._signal_group(signal.SIGKILL)
+        return self._popen.wait()
+
     def reap_group(self) -> None:
         """Kill anything the container left behind in its group once it has exited."""
         self._signal_group(signal.SIGKILL)
@@ -297,8 +308,21 @@ def log_tail(path: Path, lines: int = 20, max_bytes: int = 8192) -> str:
 
 
 def container_env(*layers: Mapping[str, str]) -> dict[str, str]:
-    """os.environ, then each layer on top; Python output unbuffered so logs can be tailed live."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    """os.environ, then each layer on top; Python output unbuffered so logs can be tailed live.
+
+    This interpreter's scripts directory leads PATH, as an image's own environment would: the
+    container finds `torchrun` of the Python it runs with even when no virtualenv is activated.
+    """
+    scripts = str(Path(sys.executable).parent)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PATH")]))}
     for layer in layers:
         env.update(layer)
     return env
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the container binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

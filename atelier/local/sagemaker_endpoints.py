@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import logging
 import shutil
-import socket
 import tarfile
 import threading
 import time
@@ -29,6 +28,7 @@ from atelier.local.sagemaker_common import (
     check_name,
     container_env,
     download,
+    free_port,
     log_tail,
     page,
     require,
@@ -525,10 +525,3 @@ def variant_summary(server: Server) -> dict[str, Any]:
             "DeployedImages": [{"SpecifiedImage": server.image, "ResolvedImage": server.image,
                                 "ResolutionTime": server.started}],
             "CurrentWeight": 1.0, "DesiredWeight": 1.0, "CurrentInstanceCount": 1, "DesiredInstanceCount": 1}
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (the container binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -1,9 +1,12 @@
-"""Training jobs as SageMaker runs them: one background thread and one container process per job.
+"""Training jobs as SageMaker runs them: one background thread per job, one container per instance.
 
 A job goes InProgress (Starting, Downloading, Training, Uploading) and ends Completed, Failed or
 Stopped; every status change is an EventBridge "SageMaker Training Job State Change" event whose
-detail mirrors DescribeTrainingJob. The container sees the /opt/ml layout under its own directory
-(ATELIER_OPT_ML), with channels materialised from S3 and checkpoints mirrored to S3.
+detail mirrors DescribeTrainingJob. Each of the job's InstanceCount instances (algo-1..algo-N) runs
+the container once per attempt over its own /opt/ml (ATELIER_OPT_ML), with its share of the
+channels and its checkpoint dir mirrored to S3 (sagemaker_instances.py). An attempt that loses an
+instance fails as an InternalServerError and, within RetryStrategy.MaximumRetryAttempts, the job
+starts over on new instances that restore the checkpoints; a container's own failure is not retried.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,10 +30,8 @@ from atelier.local.sagemaker_common import (
     check_name,
     container_env,
     convert_times,
-    download,
-    download_prefix,
     epoch_millis,
-    inside,
+    free_port,
     log_tail,
     page,
     require,
@@ -39,6 +39,17 @@ from atelier.local.sagemaker_common import (
     utc_now,
     validation_error,
     write_state,
+)
+from atelier.local.sagemaker_instances import (
+    CONTAINER_CHECKPOINTS,
+    CheckpointSync,
+    Instance,
+    JobFailure,
+    archive,
+    has_files,
+    job_instances,
+    materialise_channels,
+    write_layout,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,7 +59,10 @@ EVENT_DETAIL_TYPE = "SageMaker Training Job State Change"
 TERMINAL = frozenset({"Completed", "Failed", "Stopped"})
 MAX_FAILURE_REASON = 1024
 DEFAULT_MAX_RUNTIME = 86400  # SageMaker's default: one day
-CONTAINER_CHECKPOINTS = "/opt/ml/checkpoints"
+# What SageMaker reports for a failure of its own (the class RetryStrategy retries).
+INTERNAL_ERROR = "InternalServerError: We encountered an internal error. Please try again."
+# Every emulated instance is this machine: the containers' rendezvous address (trainer/container.py).
+LOOPBACK = "127.0.0.1"
 # Request members echoed by DescribeTrainingJob as given.
 ECHOED = ("HyperParameters", "AlgorithmSpecification", "RoleArn", "InputDataConfig", "OutputDataConfig",
           "ResourceConfig", "VpcConfig", "StoppingCondition", "EnableNetworkIsolation",
@@ -68,8 +82,8 @@ STATUS_MESSAGES = {
 }
 
 
-class JobFailure(Exception):
-    """Ends a job as Failed with this FailureReason."""
+class InstanceLost(Exception):
+    """An attempt lost an instance: SageMaker's own failure, retried under RetryStrategy."""
 
 
 @dataclass
@@ -90,17 +104,14 @@ class TrainingJob:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     stop_cause: str | None = None  # "Stopped" | "MaxRuntimeExceeded"
     stop_requested: threading.Event = field(default_factory=threading.Event)
+    lost_host: str | None = None  # an instance loss asked for by lose_instance(), not yet acted on
     # Held across a change and its event so events leave in the order the changes happened.
     publish_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
 
     @property
-    def opt_ml(self) -> Path:
-        return self.root / "opt_ml"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "logs.txt"
+    def instances(self) -> list[Instance]:
+        return job_instances(self.root, self.request["ResourceConfig"]["InstanceCount"])
 
     def describe(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -204,9 +215,26 @@ class TrainingJobs:
     def stop_grace(self) -> float:
         return self._close_grace
 
+    def lose_instance(self, name: str, host: str = "algo-1") -> None:
+        """Emulate losing one instance of a running job (a hardware fault): its container is killed
+        at once, with no last checkpoint sync, the others are stopped, and the attempt fails as an
+        InternalServerError that RetryStrategy retries. Acts on the attempt's running containers
+        (or on the next ones to start); ValueError when the job is not InProgress."""
+        job = self._get(name)
+        with self._lock:
+            if job.status != "InProgress":
+                raise ValueError(f"training job {name} is {job.status}: it has no instance to lose")
+            if host not in [instance.host for instance in job.instances]:
+                raise ValueError(f"training job {name} has no instance {host}")
+            job.lost_host = host
+
     def log_tail(self, name: str, lines: int = 40) -> str:
-        """The end of a job's container log (<state>/jobs/<name>/logs.txt)."""
-        return log_tail(self._get(name).log_path, lines)
+        """The end of a job's container logs (<state>/jobs/<name>/algo-<k>/logs.txt), each headed by
+        its host when the job has several instances."""
+        instances = self._get(name).instances
+        if len(instances) == 1:
+            return log_tail(instances[0].log_path, lines)
+        return "\n".join(f"==> {i.host} <==\n{log_tail(i.log_path, lines)}" for i in instances)
 
     @property
     def settings(self) -> Settings:
@@ -215,6 +243,11 @@ class TrainingJobs:
     @property
     def clients(self) -> AwsClients:
         return self._clients
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Guards every job's fields against the API threads."""
+        return self._lock
 
     def begin_stop(self, job: TrainingJob, cause: str) -> None:
         """Move an InProgress job to Stopping and tell its runner; a no-op once it is stopping."""
@@ -228,14 +261,15 @@ class TrainingJobs:
             job.stop_requested.set()
             self._publish(job, snapshot)
 
-    def advance(self, job: TrainingJob, status: str, secondary: str, **fields: Any) -> bool:
+    def advance(self, job: TrainingJob, status: str, secondary: str, message: str | None = None,
+                **fields: Any) -> bool:
         """Record a status change and put its event; False when the job has moved past it already
         (a stop request overtook the runner)."""
         with job.publish_lock:
             with self._lock:
                 if job.status in TERMINAL or (job.status == "Stopping" and status == "InProgress"):
                     return False
-                self._change(job, status, secondary)
+                self._change(job, status, secondary, message)
                 for name, value in fields.items():
                     setattr(job, name, value)
                 snapshot = job.describe()
@@ -259,11 +293,11 @@ class TrainingJobs:
             raise validation_error("Requested resource not found.")
         return job
 
-    def _change(self, job: TrainingJob, status: str, secondary: str) -> None:
+    def _change(self, job: TrainingJob, status: str, secondary: str, message: str | None = None) -> None:
         now = utc_now()
         if job.transitions:
             job.transitions[-1]["EndTime"] = now
-        job.transitions.append(transition(secondary, now))
+        job.transitions.append(transition(secondary, now, message))
         if status in TERMINAL:
             job.transitions[-1]["EndTime"] = now
             job.end_time = now
@@ -291,8 +325,16 @@ class TrainingJobs:
                            exc_info=True)
 
 
+@dataclass
+class Exit:
+    """How an attempt's containers ended: all 0, one failed, stopped, or an instance lost."""
+
+    failed: tuple[Instance, int] | None = None
+    lost: Instance | None = None
+
+
 class JobRun:
-    """Runs one job from Starting to its end, in its own thread."""
+    """Runs one job from Starting to its end, attempt after attempt, in its own thread."""
 
     def __init__(self, jobs: TrainingJobs, job: TrainingJob):
         self._jobs = jobs
@@ -304,7 +346,7 @@ class JobRun:
             self._run()
         except JobFailure as failure:
             self._fail(str(failure))
-        except Exception as error:  # the runner broke: SageMaker's own error class
+        except Exception as error:  # the runner broke: SageMaker's own error class (not retried here)
             logger.exception("local runner failed on %s", self._job.name)
             self._fail(f"InternalServerError: local runner: {error}")
 
@@ -313,78 +355,132 @@ class JobRun:
         jobs.announce(job)
         self._s3 = jobs.clients.get("s3")
         check_supported(job.request)
-        layout = write_layout(job)
-        if not jobs.advance(job, "InProgress", "Downloading", start_time=utc_now()):
+        attempts = 1 + (job.request.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0)
+        attempt = 1
+        while True:
+            try:
+                return self._attempt(attempt, attempts)
+            except InstanceLost as lost:
+                if attempt == attempts:
+                    raise JobFailure(f"{INTERNAL_ERROR} (local runner: {lost})") from None
+            attempt += 1
+            # As RetryStrategy documents: a retried job's SecondaryStatus goes back to Starting.
+            if not jobs.advance(job, "InProgress", "Starting", f"Restarting the training job after an internal "
+                                f"error: attempt {attempt} of {attempts} on new instances"):
+                return self._finish_stopped()
+
+    def _attempt(self, attempt: int, attempts: int) -> None:
+        """One run on fresh instances: layout, checkpoints and channels, containers, outputs."""
+        job, jobs = self._job, self._jobs
+        for instance in job.instances:
+            write_layout(instance, job.request)
+        first = {"start_time": utc_now()} if attempt == 1 else {}
+        if not jobs.advance(job, "InProgress", "Downloading", **first):
             return self._finish_stopped()
-        checkpoints = self._checkpoint_sync()
-        if checkpoints:
-            checkpoints.restore()
-        materialise_channels(self._s3, job.request.get("InputDataConfig", []), layout / "input" / "data")
+        syncs = self._checkpoint_syncs()
+        for sync in syncs.values():
+            sync.restore()
+        materialise_channels(self._s3, job.request.get("InputDataConfig", []), job.instances)
         if not jobs.advance(job, "InProgress", "Training"):
             return self._finish_stopped()
-        code = self._train(checkpoints)
+        end = self._train(syncs, f"attempt {attempt} of {attempts}")
+        if end.lost:
+            raise InstanceLost(f"instance {end.lost.host} was lost during attempt {attempt} of {attempts}")
         if job.stop_cause:
             return self._finish_stopped()
-        if code != 0:
-            raise JobFailure(failure_reason(job, code))
+        if end.failed:
+            raise JobFailure(failure_reason(*end.failed))
         if not jobs.advance(job, "InProgress", "Uploading"):
             return self._finish_stopped()
         artifacts = self._upload_outputs()
         jobs.advance(job, "Completed", "Completed", model_artifacts=artifacts)
 
-    def _checkpoint_sync(self) -> CheckpointSync | None:
+    def _checkpoint_syncs(self) -> dict[str, CheckpointSync]:
+        """One sync per instance, all to the same S3Uri (none without CheckpointConfig)."""
         config = self._job.request.get("CheckpointConfig")
         if not config:
-            return None
-        return CheckpointSync(self._s3, checkpoint_dir(self._job), S3Uri.parse(config["S3Uri"]),
-                              self._jobs.settings.checkpoint_sync_seconds)
+            return {}
+        remote = S3Uri.parse(config["S3Uri"])
+        return {i.host: CheckpointSync(self._s3, i.checkpoint_dir(self._job.request), remote,
+                                       self._jobs.settings.checkpoint_sync_seconds) for i in self._job.instances}
 
-    def _train(self, checkpoints: CheckpointSync | None) -> int:
-        """Run the container until it exits, is stopped, or outruns MaxRuntimeInSeconds."""
+    def _train(self, syncs: dict[str, CheckpointSync], attempt: str) -> Exit:
+        """Run one container per instance until they end, one fails, the job is stopped or outruns
+        MaxRuntimeInSeconds, or an instance is lost."""
         job, settings = self._job, self._jobs.settings
         argv = settings.command(job.request["AlgorithmSpecification"]["TrainingImage"], "train")
-        env = container_env({"ATELIER_OPT_ML": str(job.opt_ml), "TRAINING_JOB_NAME": job.name,
-                             "TRAINING_JOB_ARN": job.arn}, job.request.get("Environment", {}))
+        port = str(free_port())  # the rendezvous of this attempt's hosts
+        containers: dict[str, ContainerProcess] = {}
         try:
-            process = ContainerProcess(argv, env, settings.cwd, job.log_path)
+            for instance in job.instances:
+                with open(instance.log_path, "a") as log:
+                    log.write(f"--- {job.name} {attempt} on {instance.host} ---\n")
+                env = container_env({"ATELIER_OPT_ML": str(instance.opt_ml), "TRAINING_JOB_NAME": job.name,
+                                     "TRAINING_JOB_ARN": job.arn, "ATELIER_MASTER_ADDR": LOOPBACK,
+                                     "ATELIER_MASTER_PORT": port}, job.request.get("Environment", {}))
+                containers[instance.host] = ContainerProcess(argv, env, settings.cwd, instance.log_path)
         except OSError as error:
+            for container in containers.values():
+                container.kill()
             raise JobFailure(f"ClientError: cannot start the container {argv}: {error}") from error
-        if checkpoints:
-            checkpoints.start()
+        for sync in syncs.values():
+            sync.start()
+        end = Exit()
         try:
-            return self._supervise(process)
+            end = self._supervise(containers)
         finally:
-            if checkpoints:
-                checkpoints.stop()  # and a last sync, also after a failure
+            stop_together(list(containers.values()), 0)  # nothing may outlive its attempt
+            for host, sync in syncs.items():  # a last sync, also after a failure, but not from a lost instance
+                sync.stop(final_sync=not (end.lost and end.lost.host == host))
+        return end
 
-    def _supervise(self, process: ContainerProcess) -> int:
-        job = self._job
+    def _supervise(self, containers: dict[str, ContainerProcess]) -> Exit:
+        job, instances = self._job, {i.host: i for i in self._job.instances}
         max_runtime = job.request["StoppingCondition"].get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
         deadline = (job.start_time or job.creation_time).timestamp() + max_runtime
-        while (code := process.poll()) is None:
+        running = dict(containers)
+        while running:
+            if lost := self._take_lost_host():
+                containers[lost].kill()  # the instance is gone: no grace, no last checkpoint sync
+                stop_together([c for host, c in running.items() if host != lost], self._jobs.stop_grace())
+                return Exit(lost=instances[lost])
+            for host, container in list(running.items()):
+                if (code := container.poll()) is None:
+                    continue
+                container.reap_group()
+                del running[host]
+                if code != 0:  # one algorithm container failing ends the attempt
+                    stop_together(list(running.values()), self._jobs.stop_grace())
+                    return Exit(failed=(instances[host], code))
             if time.time() >= deadline:
                 self._jobs.begin_stop(job, "MaxRuntimeExceeded")
             if job.stop_requested.wait(0.1):
-                return process.stop(self._jobs.stop_grace())
-        process.reap_group()
-        return code
+                stop_together(list(running.values()), self._jobs.stop_grace())
+                return Exit()
+        return Exit()
+
+    def _take_lost_host(self) -> str | None:
+        with self._jobs.lock:
+            host, self._job.lost_host = self._job.lost_host, None
+        return host
 
     def _upload_outputs(self) -> str:
-        """model/ as model.tar.gz (and output/data as output.tar.gz when the job wrote any)."""
+        """Every instance's model/ as one model.tar.gz (and output/data/ as output.tar.gz when any
+        instance wrote there), as SageMaker gathers them."""
         job = self._job
         output = S3Uri.parse(job.request["OutputDataConfig"]["S3OutputPath"]).join(job.name, "output")
-        data_dir = job.opt_ml / "output" / "data"
-        if any(data_dir.iterdir()):
-            upload(self._s3, archive(data_dir, job.root / "output.tar.gz"), output.join("output.tar.gz"))
+        data_dirs = [i.opt_ml / "output" / "data" for i in job.instances]
+        if has_files(data_dirs):
+            upload(self._s3, archive(data_dirs, job.root / "output.tar.gz"), output.join("output.tar.gz"))
         model = output.join("model.tar.gz")
-        upload(self._s3, archive(job.opt_ml / "model", job.root / "model.tar.gz"), model)
+        upload(self._s3, archive([i.opt_ml / "model" for i in job.instances], job.root / "model.tar.gz"), model)
         return str(model)
 
     def _finish_stopped(self) -> None:
-        """Stopped: SageMaker still uploads what the container saved in model/ during its grace."""
+        """Stopped: SageMaker still uploads what the containers saved in model/ during their grace."""
         job = self._job
         artifacts = None
-        if (job.opt_ml / "model").is_dir() and any((job.opt_ml / "model").iterdir()):
+        if has_files([i.opt_ml / "model" for i in job.instances]):
             try:
                 artifacts = self._upload_outputs()
             except Exception:  # stopping must end Stopped even if S3 is gone
@@ -397,7 +493,16 @@ class JobRun:
         self._jobs.advance(self._job, "Failed", "Failed", failure_reason=reason[:MAX_FAILURE_REASON])
 
 
-# --- the container's view: /opt/ml --------------------------------------------------------------
+def stop_together(containers: list[ContainerProcess], grace: float) -> None:
+    """SIGTERM every container, then SIGKILL those still running when the one grace period ends."""
+    for container in containers:
+        container.terminate()
+    deadline = time.monotonic() + grace
+    for container in containers:
+        container.stop(max(0.0, deadline - time.monotonic()))
+
+
+# --- requests ----------------------------------------------------------------------------------
 
 def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
     """Check what the local runner needs and fill the defaults DescribeTrainingJob shows."""
@@ -410,6 +515,10 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
     normalised = json.loads(json.dumps(request))  # a deep copy the caller cannot change
     normalised.setdefault("HyperParameters", {})
     normalised["ResourceConfig"].setdefault("InstanceCount", 1)
+    check_range(normalised["ResourceConfig"]["InstanceCount"], "resourceConfig.instanceCount", 1)
+    if normalised.get("RetryStrategy") is not None:
+        check_range(require(normalised, "RetryStrategy.MaximumRetryAttempts"),
+                    "retryStrategy.maximumRetryAttempts", 1, 30)
     normalised["StoppingCondition"].setdefault("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
     if normalised.get("CheckpointConfig"):
         normalised["CheckpointConfig"].setdefault("LocalPath", CONTAINER_CHECKPOINTS)
@@ -424,11 +533,18 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
     return normalised
 
 
+def check_range(value: Any, member: str, low: int, high: int | None = None) -> None:
+    """The ValidationException SageMaker gives an integer member out of its range."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise validation_error(f"1 validation error detected: Value '{value}' at '{member}' failed to satisfy "
+                               f"constraint: Member must have value greater than or equal to {low}")
+    if high is not None and value > high:
+        raise validation_error(f"1 validation error detected: Value '{value}' at '{member}' failed to satisfy "
+                               f"constraint: Member must have value less than or equal to {high}")
+
+
 def check_supported(request: dict[str, Any]) -> None:
     """What this runner cannot do fails the job with a reason that says so."""
-    if request["ResourceConfig"]["InstanceCount"] != 1:
-        raise JobFailure("ClientError: local runner supports InstanceCount=1, got "
-                         f"{request['ResourceConfig']['InstanceCount']}")
     for channel in request.get("InputDataConfig", []):
         source = channel.get("DataSource", {}).get("S3DataSource") or {}
         if source.get("S3DataType") not in ("S3Prefix", "ManifestFile"):
@@ -436,177 +552,22 @@ def check_supported(request: dict[str, Any]) -> None:
                              f"ManifestFile (channel {channel['ChannelName']})")
 
 
-def write_layout(job: TrainingJob) -> Path:
-    """The /opt/ml tree and its input/config files, as the SageMaker agent writes them."""
-    opt_ml, request = job.opt_ml, job.request
-    for sub in ("input/config", "input/data", "model", "output/data", "checkpoints"):
-        (opt_ml / sub).mkdir(parents=True, exist_ok=True)
-    config = opt_ml / "input" / "config"
-    (config / "hyperparameters.json").write_text(
-        json.dumps({key: str(value) for key, value in request["HyperParameters"].items()}))
-    (config / "inputdataconfig.json").write_text(json.dumps(
-        {c["ChannelName"]: channel_config(c, request) for c in request.get("InputDataConfig", [])}))
-    (config / "resourceconfig.json").write_text(json.dumps(
-        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}))
-    return opt_ml
-
-
-def channel_config(channel: dict[str, Any], request: dict[str, Any]) -> dict[str, str]:
-    source = channel["DataSource"].get("S3DataSource", {})
-    config = {
-        "TrainingInputMode": channel.get("InputMode") or request["AlgorithmSpecification"].get("TrainingInputMode",
-                                                                                               "File"),
-        "S3DistributionType": source.get("S3DataDistributionType", "FullyReplicated"),
-        "RecordWrapperType": channel.get("RecordWrapperType", "None"),
-    }
-    if channel.get("ContentType"):
-        config["ContentType"] = channel["ContentType"]
-    return config
-
-
-def materialise_channels(s3: Any, channels: list[dict[str, Any]], data_dir: Path) -> None:
-    """Each channel's objects as files under input/data/<channel>/.
-
-    File and FastFile both end as plain files here; with one instance ShardedByS3Key gives that
-    instance every object.
-    """
-    for channel in channels:
-        source = channel["DataSource"]["S3DataSource"]
-        target = data_dir / channel["ChannelName"]
-        target.mkdir(parents=True, exist_ok=True)
-        uri = S3Uri.parse(source["S3Uri"])
-        try:
-            if source["S3DataType"] == "ManifestFile":
-                count = download_manifest(s3, uri, target)
-            else:
-                count = len(download_prefix(s3, uri, target))
-        except JobFailure:
-            raise
-        except Exception as error:  # any S3 problem is the caller's input problem
-            raise JobFailure(f"ClientError: cannot download channel {channel['ChannelName']} from {uri}: "
-                             f"{error}") from error
-        if count == 0:
-            raise JobFailure(f"ClientError: No S3 objects found under S3 URL \"{uri}\" given in input data "
-                             f"source (channel {channel['ChannelName']}).")
-
-
-def download_manifest(s3: Any, manifest_uri: S3Uri, target: Path) -> int:
-    """A ManifestFile channel: [{"prefix": "s3://b/p/"}, "rel1", ...] gives prefix+rel at target/rel."""
-    body = s3.get_object(Bucket=manifest_uri.bucket, Key=manifest_uri.key)["Body"].read()
-    entries = json.loads(body)
-    if not entries or not isinstance(entries[0], dict) or "prefix" not in entries[0]:
-        raise JobFailure(f"ClientError: manifest {manifest_uri} must start with {{\"prefix\": \"s3://...\"}}")
-    prefix = S3Uri.parse(entries[0]["prefix"])
-    for relative in entries[1:]:
-        download(s3, S3Uri(prefix.bucket, prefix.key + relative), inside(target, relative))
-    return len(entries) - 1
-
-
-def checkpoint_dir(job: TrainingJob) -> Path:
-    """LocalPath under the job's opt_ml (/opt/ml/x maps to <opt_ml>/x)."""
-    local = job.request["CheckpointConfig"].get("LocalPath", CONTAINER_CHECKPOINTS)
-    if local.startswith("/opt/ml/"):
-        return job.opt_ml / local.removeprefix("/opt/ml/")
-    return job.opt_ml / "checkpoints"
-
-
-def archive(directory: Path, target: Path) -> Path:
-    """A tar.gz of the directory's contents, entries at the archive root, as SageMaker packs model/."""
-    with tarfile.open(target, "w:gz") as tar:
-        for child in sorted(directory.iterdir()):
-            tar.add(child, arcname=child.name)
-    return target
-
-
-def failure_reason(job: TrainingJob, code: int) -> str:
-    """output/failure when the container wrote one (SageMaker's contract), else the exit and log tail."""
-    failure_file = job.opt_ml / "output" / "failure"
+def failure_reason(instance: Instance, code: int) -> str:
+    """The failed container's output/failure when it wrote one (SageMaker's contract), else its exit
+    and log tail."""
+    failure_file = instance.opt_ml / "output" / "failure"
     if failure_file.is_file():
         text = failure_file.read_text(errors="replace").strip()
         if text:
             return text[:MAX_FAILURE_REASON]
     how = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
-    return f"AlgorithmError: {how}. Log {job.log_path} ends:\n{log_tail(job.log_path, lines=12)}"
+    return f"AlgorithmError: {how}. Log {instance.log_path} ends:\n{log_tail(instance.log_path, lines=12)}"
 
 
-def transition(status: str, start: datetime) -> dict[str, Any]:
-    return {"Status": status, "StartTime": start, "StatusMessage": STATUS_MESSAGES.get(status, status)}
+def transition(status: str, start: datetime, message: str | None = None) -> dict[str, Any]:
+    return {"Status": status, "StartTime": start, "StatusMessage": message or STATUS_MESSAGES.get(status, status)}
 
 
 def tag_map(tags: list[dict[str, str]] | None) -> dict[str, str]:
     """Tags as events carry them: {key: value}."""
     return {tag["Key"]: tag.get("Value", "") for tag in tags or []}
-
-
-# --- checkpoints ---------------------------------------------------------------------------------
-
-class CheckpointSync:
-    """Mirrors the checkpoint dir to CheckpointConfig.S3Uri as SageMaker does: restored into a new
-    job before it starts, new or changed files uploaded every few seconds and once at the end.
-
-    Deletions are not mirrored. The trainer writes atomically, so a walk sees whole files.
-    """
-
-    def __init__(self, s3: Any, local: Path, remote: S3Uri, interval: float):
-        self._s3 = s3
-        self._local = local
-        self._remote = remote
-        self._interval = interval
-        self._uploaded: dict[str, tuple[int, int]] = {}
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def restore(self) -> int:
-        """Everything under the S3Uri into the checkpoint dir: a new job resumes from it."""
-        self._local.mkdir(parents=True, exist_ok=True)
-        try:
-            paths = download_prefix(self._s3, self._remote, self._local)
-        except Exception as error:  # an S3 problem is the caller's input problem
-            raise JobFailure(f"ClientError: cannot restore checkpoints from {self._remote}: {error}") from error
-        for path in paths:
-            self._uploaded[path.relative_to(self._local).as_posix()] = signature(path)
-        return len(paths)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"checkpoints-{self._remote}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the periodic sync and upload what is left."""
-        self._stopping.set()
-        if self._thread:
-            self._thread.join()
-        try:
-            self.sync()
-        except Exception:  # the job's own outcome stands; the log says what is missing
-            logger.warning("final checkpoint sync to %s failed", self._remote, exc_info=True)
-
-    def sync(self) -> int:
-        """Upload what is new or changed since the last sync; the number of files uploaded."""
-        with self._lock:
-            count = 0
-            for path in sorted(p for p in self._local.rglob("*") if p.is_file()):
-                relative = path.relative_to(self._local).as_posix()
-                try:
-                    current = signature(path)
-                except FileNotFoundError:  # replaced or removed while walking
-                    continue
-                if self._uploaded.get(relative) != current:
-                    upload(self._s3, path, self._remote.join(relative))
-                    self._uploaded[relative] = current
-                    count += 1
-            return count
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self._interval):
-            try:
-                self.sync()
-            except Exception:  # try again next round; the final sync reports
-                logger.warning("checkpoint sync to %s failed", self._remote, exc_info=True)
-
-
-def signature(path: Path) -> tuple[int, int]:
-    stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
-

@@ -38,6 +38,7 @@ class Expanded:
     parameters: dict[str, str]
     conditions: dict[str, Any]
     code_dirs: dict[str, Path] = field(default_factory=dict)  # placeholder S3 key -> local folder
+    list_parameters: set[str] = field(default_factory=set)  # CommaDelimitedList: Ref gives a list
 
 
 class _NoManagedPolicies:
@@ -62,10 +63,13 @@ def expand(path: Path, overrides: dict[str, str], stack: str, region: str, accou
     template = yaml_parse(path.read_text())
     code_dirs = _point_code_at_placeholders(template, path.parent)
     parameters = _parameter_values(template.get("Parameters", {}), overrides)
+    list_parameters = {name for name, spec in template.get("Parameters", {}).items()
+                       if str(spec.get("Type", "")).startswith(("CommaDelimitedList", "List<"))}
     parameters.update({"AWS::StackName": stack, "AWS::Region": region, "AWS::AccountId": account,
                        "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com"})
     cfn = transform(template, {k: v for k, v in parameters.items() if "::" not in k}, _NoManagedPolicies())
-    return Expanded(cfn["Resources"], cfn.get("Outputs", {}), parameters, cfn.get("Conditions", {}), code_dirs)
+    return Expanded(cfn["Resources"], cfn.get("Outputs", {}), parameters, cfn.get("Conditions", {}), code_dirs,
+                    list_parameters)
 
 
 def _point_code_at_placeholders(template: dict[str, Any], root: Path) -> dict[str, Path]:
@@ -105,8 +109,10 @@ class Resolver:
     """Resolves intrinsic functions against parameters and already-created resources."""
 
     def __init__(self, parameters: dict[str, str], conditions: dict[str, Any],
-                 ref: Callable[[str], str], get_att: Callable[[str, str], Any]) -> None:
+                 ref: Callable[[str], str], get_att: Callable[[str, str], Any],
+                 list_parameters: set[str] | frozenset[str] = frozenset()) -> None:
         self.parameters = parameters
+        self.list_parameters = list_parameters
         self.conditions = conditions
         self._ref = ref
         self._get_att = get_att
@@ -145,6 +151,8 @@ class Resolver:
     def ref(self, name: str) -> Any:
         if name == "AWS::NoValue":
             return NO_VALUE
+        if name in self.list_parameters:
+            return [item for item in self.parameters[name].split(",") if item] if self.parameters[name] else []
         if name in self.parameters:
             return self.parameters[name]
         return self._ref(name)

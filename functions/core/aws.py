@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 import boto3
@@ -28,6 +29,21 @@ def client(service: str) -> Any:
 def reset_clients() -> None:
     """Forget cached clients (tests change endpoints and credentials between cases)."""
     client.cache_clear()
+    transfer_client.cache_clear()
+
+
+@functools.cache
+def transfer_client() -> Any:
+    """S3 for bulk bytes (the packer): no SHA-256 payload signing, checksums only where asked.
+
+    On AWS (HTTPS) boto3 already skips payload signing for streaming S3 bodies; plain-HTTP
+    endpoints (the local stack) would otherwise hash every byte once more just to sign it.
+    Uploads that carry their own integrity ask for CRC32 explicitly (`ChecksumAlgorithm`).
+    """
+    config = _RETRIES.merge(Config(s3={"payload_signing_enabled": False},
+                                   request_checksum_calculation="when_required",
+                                   response_checksum_validation="when_required"))
+    return boto3.client("s3", config=config)
 
 
 def error_code(exc: ClientError) -> str:
@@ -64,6 +80,12 @@ def read_json_if_exists(bucket: str, key: str) -> dict[str, Any] | None:
 
 def write_object(bucket: str, key: str, body: bytes, content_type: str = "application/octet-stream") -> None:
     client("s3").put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+
+
+def tag_object(bucket: str, key: str, tags: dict[str, str]) -> None:
+    """Replace an object's tags (quarantined uploads are tagged, so they are visible in S3)."""
+    client("s3").put_object_tagging(Bucket=bucket, Key=key, Tagging={
+        "TagSet": [{"Key": k, "Value": v[:256]} for k, v in tags.items()]})
 
 
 # --- SQS and EventBridge -------------------------------------------------------------------------
@@ -155,6 +177,12 @@ def scan_prefix(table: str, prefix: str) -> list[dict[str, Any]]:
     return items
 
 
+def _names_used(names: dict[str, str] | None, expression: str) -> dict[str, Any]:
+    """DynamoDB refuses attribute names an expression does not use: pass each item only its own."""
+    used = {k: v for k, v in (names or {}).items() if re.search(re.escape(k) + r"(?![A-Za-z0-9_])", expression)}
+    return {"ExpressionAttributeNames": used} if used else {}
+
+
 def transact_updates(table: str, updates: list[tuple[str, str, str, dict[str, Any]]],
                      puts: list[dict[str, Any]], names: dict[str, str] | None = None) -> bool:
     """All-or-nothing: conditional updates (pk, update, condition, values) and create-only puts.
@@ -164,7 +192,7 @@ def transact_updates(table: str, updates: list[tuple[str, str, str, dict[str, An
     items: list[dict[str, Any]] = [
         {"Update": {"TableName": table, "Key": _to_item({"pk": pk}), "UpdateExpression": update,
                     "ConditionExpression": condition, "ExpressionAttributeValues": _to_item(values),
-                    **({"ExpressionAttributeNames": names} if names else {})}}
+                    **_names_used(names, update + " " + condition)}}
         for pk, update, condition, values in updates
     ]
     items += [
@@ -216,3 +244,105 @@ def describe_endpoint(name: str) -> dict[str, Any] | None:
 
 def sagemaker_call(operation: str, request: dict[str, Any]) -> dict[str, Any]:
     return getattr(client("sagemaker"), operation)(**request)
+
+
+# --- S3 streaming and multipart (the pack stage) -------------------------------------------------
+
+class UploadGone(RuntimeError):
+    """A multipart upload no longer exists (completed or aborted)."""
+
+
+def _multipart_call(operation: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        return getattr(transfer_client(), operation)(**kwargs)
+    except ClientError as exc:
+        if error_code(exc) == "NoSuchUpload":
+            raise UploadGone(f"{kwargs.get('Key')}: upload {kwargs.get('UploadId')} is gone") from exc
+        raise
+
+
+def open_object(bucket: str, key: str, version_id: str = "") -> tuple[int, Any]:
+    """(size, streaming body) of an object, of exactly `version_id` when given."""
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, **({"VersionId": version_id} if version_id else {})}
+    response = transfer_client().get_object(**kwargs)
+    return int(response["ContentLength"]), response["Body"]
+
+
+def read_range(bucket: str, key: str, start: int, end: int, version_id: str = "") -> bytes:
+    """Bytes [start, end) of an object."""
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}",
+                              **({"VersionId": version_id} if version_id else {})}
+    return transfer_client().get_object(**kwargs)["Body"].read()
+
+
+def put_bytes(bucket: str, key: str, body: bytes, content_type: str, checksum: bool = True) -> str:
+    """Write a whole object; returns its version id ("" in an unversioned bucket)."""
+    response = transfer_client().put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type,
+                                            **({"ChecksumAlgorithm": "CRC32"} if checksum else {}))
+    return str(response.get("VersionId", ""))
+
+
+def create_multipart(bucket: str, key: str, content_type: str, metadata: dict[str, str] | None = None,
+                     checksum: bool = True) -> str:
+    response = transfer_client().create_multipart_upload(
+        Bucket=bucket, Key=key, ContentType=content_type, Metadata=metadata or {},
+        **({"ChecksumAlgorithm": "CRC32"} if checksum else {}))
+    return str(response["UploadId"])
+
+
+def upload_part(bucket: str, key: str, upload_id: str, number: int, body: bytes,
+                checksum: bool = True) -> dict[str, Any]:
+    """Upload one part; returns its entry for `complete_multipart`."""
+    response = _multipart_call("upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                               Body=body, **({"ChecksumAlgorithm": "CRC32"} if checksum else {}))
+    part = {"PartNumber": number, "ETag": response["ETag"]}
+    if checksum:
+        part["ChecksumCRC32"] = response["ChecksumCRC32"]
+    return part
+
+
+def upload_part_copy(bucket: str, key: str, upload_id: str, number: int, source_key: str, source_version: str,
+                     start: int, end: int) -> dict[str, Any]:
+    """Copy bytes [start, end) of another object of the bucket into a part, server-side."""
+    source: dict[str, str] = {"Bucket": bucket, "Key": source_key, **({"VersionId": source_version}
+                                                                       if source_version else {})}
+    response = _multipart_call("upload_part_copy", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                               CopySource=source, CopySourceRange=f"bytes={start}-{end - 1}")
+    return {"PartNumber": number, "ETag": response["CopyPartResult"]["ETag"]}
+
+
+def complete_multipart(bucket: str, key: str, upload_id: str, parts: list[dict[str, Any]]) -> str:
+    """Complete an upload; returns the object's version id."""
+    response = _multipart_call("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
+                               MultipartUpload={"Parts": parts})
+    return str(response.get("VersionId", ""))
+
+
+def abort_multipart(bucket: str, key: str, upload_id: str) -> None:
+    try:
+        _multipart_call("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+    except UploadGone:
+        pass
+
+
+def delete_object(bucket: str, key: str, version_id: str = "") -> None:
+    """Delete an object, or exactly one version of it (which removes it for good)."""
+    transfer_client().delete_object(Bucket=bucket, Key=key, **({"VersionId": version_id} if version_id else {}))
+
+
+def batch_get_items(table: str, pks: list[str], attributes: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Consistent reads of many items by `pk` (100 per request); absent items are left out."""
+    found: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(pks), 100):
+        request: dict[str, Any] = {table: {"Keys": [_to_item({"pk": pk}) for pk in dict.fromkeys(pks[start:start + 100])],
+                                           "ConsistentRead": True}}
+        if attributes:
+            request[table]["ProjectionExpression"] = ", ".join(f"#a{i}" for i in range(len(attributes)))
+            request[table]["ExpressionAttributeNames"] = {f"#a{i}": a for i, a in enumerate(attributes)}
+        while request:
+            response = client("dynamodb").batch_get_item(RequestItems=request)
+            for item in response.get("Responses", {}).get(table, []):
+                value = _from_item(item)
+                found[value["pk"]] = value
+            request = response.get("UnprocessedKeys") or {}
+    return found

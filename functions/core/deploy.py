@@ -24,6 +24,7 @@ class JobState:
     status: str
     model_data_url: str | None
     failure_reason: str | None
+    final_stage: bool = True  # a run plan's earlier stages train on; only the last is served
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,19 @@ def job_state_from_event(detail: dict[str, Any]) -> JobState:
             status=detail["TrainingJobStatus"],
             model_data_url=(detail.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
             failure_reason=detail.get("FailureReason"),
+            final_stage=_tags(detail.get("Tags")).get("atelier:final-stage", "true") != "false",
         )
     except KeyError as exc:
         raise BadMessage(f"training job state change without {exc}") from exc
+
+
+def _tags(tags: object) -> dict[str, str]:
+    """Event details carry tags as a map; DescribeTrainingJob-style lists are read too."""
+    if isinstance(tags, dict):
+        return {str(k): str(v) for k, v in tags.items()}
+    if isinstance(tags, list):
+        return {str(t.get("Key")): str(t.get("Value")) for t in tags if isinstance(t, dict)}
+    return {}
 
 
 def model_request(job: JobState, settings: DeploySettings) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def on_job_state(job: JobState, settings: DeploySettings) -> DeployResult:
     aws.update_item(settings.table, records.job_pk(job.name), "SET #s = :s, failure_reason = :r, model_data = :m",
                     {":s": job.status, ":r": job.failure_reason or "", ":m": job.model_data_url or ""},
                     names={"#s": "status"})
-    if job.status != "Completed":
+    if job.status != "Completed" or not job.final_stage:
         logger.info("training job state recorded", extra={"job": job.name, "status": job.status})
         return DeployResult("recorded")
     if not job.model_data_url:

@@ -1,4 +1,11 @@
-"""Ingest stage: one uploaded object -> a metadata record and a pack message, or a rejection."""
+"""Ingest stage: one uploaded object -> a licensed, described sample handed to packing, or a
+quarantined upload with a reason. Never silent: every upload ends with an UPLOAD# record.
+
+Order of side effects (each repeatable): derivative object -> sample record (create-only: the
+exact-duplicate check) -> near-duplicate index -> pack message -> upload record. The upload
+record comes last, so a redelivered notification whose upload record exists is a no-op, and one
+that arrives after a crash redoes only what is missing (pack drops a sample sent twice).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +13,22 @@ from dataclasses import dataclass
 
 from aws_lambda_powertools import Logger
 
-from core import aws, metadata, records, uploads
+from core import aws, dedup, licensing, metadata, records, uploads
 from core.errors import RejectedUpload
 from core.models import Sample, Sidecar, UploadRef
 from core.settings import IngestSettings
 
 logger = Logger(child=True)
+QUARANTINE_TAG = "atelier-quarantine"
 
 
 @dataclass(frozen=True)
 class Outcome:
     key: str
-    status: records.UploadStatus | str
+    status: str  # accepted | quarantined | sidecar | repeat
     sha256: str | None = None
     reason: str | None = None
+    near_duplicate_of: str | None = None
 
 
 def ingest_notification(body: str, settings: IngestSettings) -> list[Outcome]:
@@ -30,51 +39,82 @@ def ingest_notification(body: str, settings: IngestSettings) -> list[Outcome]:
 def ingest_upload(upload: UploadRef, settings: IngestSettings) -> Outcome:
     if uploads.is_sidecar(upload.key):
         return Outcome(upload.key, "sidecar")  # read when its image arrives
+    done = _already_handled(upload, settings)
+    if done is not None:
+        return done
+    partner = upload.key.split("/", 1)[0]
     try:
-        partner = uploads.partner_of(upload.key)
-        sample = _describe(upload, partner, settings)
+        uploads.partner_of(upload.key)
+        upload = _with_object_facts(upload, settings)
+        sidecar = Sidecar.model_validate(aws.read_json_if_exists(upload.bucket, uploads.sidecar_key(upload.key)) or {})
+        license_id = licensing.license_for(licensing.get_partner(settings.table, partner), partner,
+                                           upload.key, sidecar.license)
+        data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes)
+        described = metadata.describe(data, upload, partner, sidecar, license_id, settings)
     except RejectedUpload as rejected:
-        return _reject(upload, rejected, settings)
-    return _accept(upload, sample, settings)
+        return quarantine(upload, partner, rejected, settings)
+    return _accept(upload, described, settings)
 
 
-def _describe(upload: UploadRef, partner: str, settings: IngestSettings) -> Sample:
+def _already_handled(upload: UploadRef, settings: IngestSettings) -> Outcome | None:
+    """The outcome recorded for this very object version, if a delivery already finished it."""
+    item = aws.get_item(settings.table, records.upload_pk(upload.bucket, upload.key))
+    if not item or not upload.etag or item.get("etag") != upload.etag:
+        return None
+    if upload.version_id and item.get("version_id") != upload.version_id:
+        return None  # the same bytes uploaded again as a new version: a new upload
+    return Outcome(upload.key, "repeat", item.get("sha256"), item.get("reason"))
+
+
+def _with_object_facts(upload: UploadRef, settings: IngestSettings) -> UploadRef:
+    """Size checks before any byte is read; the time and ETag from S3 when the event lacks them."""
     head = aws.head_object(upload.bucket, upload.key)
     if head is None:
         raise RejectedUpload("gone", "the object was deleted before ingest")
+    if head["ContentLength"] == 0:
+        raise RejectedUpload("empty", "the object has no bytes")
     if head["ContentLength"] > settings.max_upload_bytes:
-        raise RejectedUpload("too-large", f"{head['ContentLength']} bytes > {settings.max_upload_bytes}")
-    data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes)
-    sidecar = Sidecar.model_validate(aws.read_json_if_exists(upload.bucket, uploads.sidecar_key(upload.key)) or {})
-    at = upload.event_time or head["LastModified"].isoformat()
-    return metadata.describe(data, upload.model_copy(update={"event_time": at}), partner, sidecar,
-                             settings.max_image_pixels)
+        raise RejectedUpload("too_large", f"{head['ContentLength']} bytes > {settings.max_upload_bytes}")
+    return upload.model_copy(update={
+        "event_time": upload.event_time or head["LastModified"].isoformat(),
+        "etag": upload.etag or str(head.get("ETag", "")).strip('"'),
+        "version_id": upload.version_id or head.get("VersionId") or "",
+    })
 
 
-def _reject(upload: UploadRef, rejected: RejectedUpload, settings: IngestSettings) -> Outcome:
-    logger.info("upload rejected", extra={"key": upload.key, "reason": rejected.reason})
-    partner = upload.key.split("/", 1)[0]
+def quarantine(upload: UploadRef, partner: str, rejected: RejectedUpload, settings: IngestSettings,
+               sha256: str | None = None, duplicate_of: str | None = None) -> Outcome:
+    """Record why, and tag the object so the quarantine is visible in S3 itself."""
+    if rejected.reason != "gone":
+        aws.tag_object(upload.bucket, upload.key, {QUARANTINE_TAG: rejected.reason})
     aws.put_item(settings.table, records.upload_item(
-        upload.bucket, upload.key, "rejected", partner, upload.event_time,
-        reason=rejected.reason, detail=rejected.detail))
-    return Outcome(upload.key, "rejected", reason=rejected.reason)
+        upload, "quarantined", partner, sha256=sha256, reason=rejected.reason, detail=rejected.detail,
+        duplicate_of=duplicate_of))
+    logger.info("upload quarantined", extra={"key": upload.key, "reason": rejected.reason, "detail": rejected.detail})
+    return Outcome(upload.key, "quarantined", sha256, rejected.reason)
 
 
-def _accept(upload: UploadRef, sample: Sample, settings: IngestSettings) -> Outcome:
-    """Record first, then hand over: a crash in between is healed by the redelivered message."""
+def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSettings) -> Outcome:
+    sample = described.sample
+    if described.derivative is not None:
+        bucket, key = sample.content_location
+        aws.write_object(bucket, key, described.derivative, "image/jpeg")
+    near = dedup.nearest(settings.table, sample.phash, settings.near_duplicate_distance, exclude=sample.sha256) \
+        if sample.phash else None
+    if near:
+        sample = sample.model_copy(update={"near_duplicate_of": near[0], "near_duplicate_distance": near[1]})
     existing = None
     if not aws.put_item_if_absent(settings.table, records.sample_item(sample)):
         existing = aws.get_item(settings.table, records.sample_pk(sample.sha256)) or {}
-    record = _record(existing) if existing else sample
-    # The same bytes under another key are a duplicate; the same key again is a redelivery.
-    status: records.UploadStatus = "accepted" if record.key == upload.key else "duplicate"
-    aws.put_item(settings.table, records.upload_item(
-        upload.bucket, upload.key, status, sample.partner, sample.uploaded_at, sha256=sample.sha256))
-    if status == "accepted" and not (existing or {}).get("packed_in"):
-        aws.send_message(settings.pack_queue_url, record.model_dump_json())
-    logger.info("upload ingested", extra={"key": upload.key, "sha256": sample.sha256, "status": status})
-    return Outcome(upload.key, status, sha256=sample.sha256)
-
-
-def _record(item: dict) -> Sample:
-    return Sample.model_validate_json(item["record"])
+        first = Sample.model_validate_json(existing["record"]) if existing.get("record") else sample
+        if first.key != upload.key:  # the same bytes under another name: recorded once, packed once
+            return quarantine(upload, sample.partner, RejectedUpload("duplicate", f"same bytes as {first.key}"),
+                              settings, sha256=sample.sha256, duplicate_of=sample.sha256)
+        sample = first  # a redelivery of the first upload: hand over the record it already has
+    dedup.remember(settings.table, sample.sha256, sample.phash)
+    if not (existing or {}).get("packed_in"):
+        aws.send_message(settings.pack_queue_url, sample.model_dump_json())
+    aws.put_item(settings.table, records.upload_item(upload, "accepted", sample.partner, sha256=sample.sha256))
+    logger.info("upload accepted", extra={"key": upload.key, "sha256": sample.sha256,
+                                          "near_duplicate_of": sample.near_duplicate_of})
+    return Outcome(upload.key, "accepted", sample.sha256, near_duplicate_of=sample.near_duplicate_of)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 ImageFormat = Literal["jpeg", "png", "webp"]
 EXTENSIONS: dict[str, str] = {"jpeg": "jpg", "png": "png", "webp": "webp"}
@@ -25,6 +25,8 @@ class UploadRef(Frozen):
     key: str
     size: int = 0
     event_time: str = ""
+    etag: str = ""  # with version_id, what makes a redelivered notification recognisable
+    version_id: str = ""
 
 
 class Sidecar(BaseModel):
@@ -37,25 +39,49 @@ class Sidecar(BaseModel):
 
 
 class Sample(Frozen):
-    """The metadata record of one accepted image; the ingest -> pack message body."""
+    """The metadata record of one accepted image; the ingest -> pack message body.
+
+    Schema 2 (docs/metadata.md). `bucket`/`key` name the upload; `content_bucket`/`content_key`
+    the bytes a shard stores (the upload itself, or its re-encoded derivative).
+    """
 
     schema_version: int = SCHEMA_VERSION
-    sha256: str = Field(pattern=SHA256_PATTERN)
+    sha256: str = Field(pattern=SHA256_PATTERN)  # of the uploaded bytes
     partner: str
     bucket: str
     key: str
-    format: ImageFormat
-    width: int = Field(gt=0)
+    version_id: str = ""
+    format: ImageFormat  # of the stored content
+    width: int = Field(gt=0)  # of the upload, after EXIF orientation
     height: int = Field(gt=0)
-    size: int = Field(gt=0)
+    size: int = Field(gt=0)  # bytes of the upload
     caption: str
+    caption_source: Literal["sidecar", "iptc", "xmp", "exif", "missing"] = "sidecar"
     license: str
     source: str = ""
     uploaded_at: str
+    original_format: str = ""
+    original_mode: str = ""
+    megapixels: float = 0.0
+    aspect_bucket: str = ""
+    phash: str = ""  # 64-bit difference hash, 16 hex digits
+    near_duplicate_of: str | None = None
+    near_duplicate_distance: int | None = None
+    content_bucket: str = ""
+    content_key: str = ""
+    content_sha256: str = ""
+    content_width: int = 0
+    content_height: int = 0
+    reencoded: str | None = None  # why the stored bytes are not the upload's
 
     @property
     def extension(self) -> str:
         return EXTENSIONS[self.format]
+
+    @property
+    def content_location(self) -> tuple[str, str]:
+        """Where the bytes to pack are (schema 1 records stored the upload itself)."""
+        return (self.content_bucket or self.bucket, self.content_key or self.key)
 
 
 class ShardSealed(Frozen):
@@ -69,6 +95,11 @@ class ShardSealed(Frozen):
     samples: int
     partners: list[str]
     sealed_at: str
+    # Since the streaming packer (docs/pack.md); defaults keep older events readable.
+    uri: str = ""  # s3://bucket/key
+    index_key: str = ""
+    index_uri: str = ""  # the sidecar index: samples, offsets, sizes, member sha256s, counts
+    digest_algorithm: str = "sha256"  # what `sha256` is: of the bytes, or "atelier-tree-v1"
 
 
 class ShardRef(Frozen):
@@ -78,6 +109,9 @@ class ShardRef(Frozen):
     key: str
     sha256: str
     samples: int
+    partners: tuple[str, ...] = ()
+    role: Literal["new", "replay"] = "new"  # replay: trained before, mixed in so old skills stay
+    weight: float = 1.0  # relative sampling weight of the shard's samples
 
 
 class Manifest(Frozen):
@@ -86,6 +120,8 @@ class Manifest(Frozen):
     bucket: str
     prefix: str
     shards: tuple[ShardRef, ...]
+    lineage: str = ""
+    sequence: int = 0  # the lineage's n-th manifest: the same shards again (after a failure) name a new job
 
     @property
     def digest(self) -> str:
@@ -95,3 +131,7 @@ class Manifest(Frozen):
     @property
     def samples(self) -> int:
         return sum(s.samples for s in self.shards)
+
+    @property
+    def new_shards(self) -> tuple[ShardRef, ...]:
+        return tuple(s for s in self.shards if s.role == "new")

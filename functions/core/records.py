@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from core.models import Sample, ShardSealed
+from core.models import Sample, ShardSealed, UploadRef
 
 PENDING_SHARDS = "SHARDS#pending"
 PENDING_INDEX = "gsi1"
-UploadStatus = Literal["accepted", "duplicate", "rejected"]
+UploadStatus = Literal["accepted", "quarantined"]
+# Why an upload is quarantined (docs/metadata.md); `atelier status` counts them.
+QUARANTINE_REASONS = ("empty", "truncated", "corrupt", "not_an_image", "unsupported_format", "too_small",
+                      "bad_aspect", "too_many_pixels", "too_large", "unlicensed", "duplicate", "bad_key", "gone")
 
 
 def sample_pk(sha256: str) -> str:
@@ -37,10 +40,12 @@ def sample_item(sample: Sample) -> dict[str, Any]:
             "partner": sample.partner}
 
 
-def upload_item(bucket: str, key: str, status: UploadStatus, partner: str, at: str,
-                sha256: str | None = None, reason: str | None = None, detail: str | None = None) -> dict[str, Any]:
-    return {"pk": upload_pk(bucket, key), "kind": "upload", "status": status, "partner": partner,
-            "at": at, "sha256": sha256, "reason": reason, "detail": (detail or "")[:500] or None}
+def upload_item(upload: UploadRef, status: UploadStatus, partner: str, sha256: str | None = None,
+                reason: str | None = None, detail: str | None = None, duplicate_of: str | None = None) -> dict[str, Any]:
+    """What happened to one upload; keyed by the object, so a redelivery finds it."""
+    return {"pk": upload_pk(upload.bucket, upload.key), "kind": "upload", "status": status, "partner": partner,
+            "at": upload.event_time, "etag": upload.etag, "version_id": upload.version_id, "sha256": sha256,
+            "reason": reason, "detail": (detail or "")[:500] or None, "duplicate_of": duplicate_of}
 
 
 def shard_item(shard: ShardSealed) -> dict[str, Any]:

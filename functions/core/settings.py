@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
 
 from core.errors import ConfigError
+from core.images import KNOWN_FORMATS, DecodePolicy
 
 
 def _require(env: Mapping[str, str], name: str) -> str:
@@ -25,20 +27,83 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise ConfigError(f"{name}={raw!r} is not an integer") from exc
 
 
+def _float(env: Mapping[str, str], name: str) -> float:
+    raw = _require(env, name)
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} is not a finite number")
+    return value
+
+
+def _bounded(name: str, value: float, low: float, high: float = math.inf) -> float:
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={value} is outside {low}..{high}")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = _require(env, name)
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {choices}")
+    return value
+
+
+def _formats(raw: str) -> frozenset[str]:
+    formats = frozenset(f.strip().lower() for f in raw.split(",") if f.strip())
+    unknown = formats - set(KNOWN_FORMATS.values())
+    if unknown or not formats:
+        raise ConfigError(f"ALLOWED_FORMATS={raw!r}: unknown {sorted(unknown)}; known {sorted(set(KNOWN_FORMATS.values()))}")
+    return formats
+
+
+def _rgb(raw: str) -> tuple[int, int, int]:
+    parts = raw.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) <= 255 for p in parts):
+        raise ConfigError(f"ALPHA_BACKGROUND={raw!r} is not 'R,G,B' with values 0..255")
+    r, g, b = (int(p) for p in parts)
+    return r, g, b
+
+
+def _near_distance(value: int) -> int:
+    # Four 16-bit bands find every hash within 3 bits (pigeonhole); beyond that some are missed.
+    if not 0 <= value <= 3:
+        raise ConfigError(f"NEAR_DUPLICATE_DISTANCE={value} must be 0..3 (the band index finds at most 3)")
+    return value
+
+
 @dataclass(frozen=True)
 class IngestSettings:
     table: str
     pack_queue_url: str
+    data_bucket: str  # where re-encoded derivatives are stored
     max_upload_bytes: int
-    max_image_pixels: int
+    decode: DecodePolicy
+    min_short_side: int
+    max_aspect_ratio: float
+    jpeg_quality: int
+    near_duplicate_distance: int
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "IngestSettings":
         return cls(
             table=_require(env, "PIPELINE_TABLE"),
             pack_queue_url=_require(env, "PACK_QUEUE_URL"),
-            max_upload_bytes=_int(env, "MAX_UPLOAD_BYTES"),
-            max_image_pixels=_int(env, "MAX_IMAGE_PIXELS"),
+            data_bucket=_require(env, "DATA_BUCKET"),
+            max_upload_bytes=int(_bounded("MAX_UPLOAD_BYTES", _int(env, "MAX_UPLOAD_BYTES"), 1)),
+            decode=DecodePolicy(
+                allowed=_formats(_require(env, "ALLOWED_FORMATS")),
+                max_pixels=int(_bounded("MAX_IMAGE_PIXELS", _int(env, "MAX_IMAGE_PIXELS"), 1)),
+                background=_rgb(_require(env, "ALPHA_BACKGROUND")),
+                max_side=int(_bounded("STORE_MAX_SIDE", _int(env, "STORE_MAX_SIDE"), 16)),
+                reencode=_choice(env, "REENCODE", ("auto", "always")),
+            ),
+            min_short_side=int(_bounded("MIN_SHORT_SIDE", _int(env, "MIN_SHORT_SIDE"), 1)),
+            max_aspect_ratio=_bounded("MAX_ASPECT_RATIO", _float(env, "MAX_ASPECT_RATIO"), 1.0),
+            jpeg_quality=int(_bounded("STORE_JPEG_QUALITY", _int(env, "STORE_JPEG_QUALITY"), 50, 100)),
+            near_duplicate_distance=_near_distance(_int(env, "NEAR_DUPLICATE_DISTANCE")),
         )
 
 
@@ -47,6 +112,12 @@ class PackSettings:
     table: str
     data_bucket: str
     event_bus: str
+    shard_target_bytes: int  # a shard is sealed before it would grow past this
+    shard_max_samples: int
+    shard_max_age_s: int  # ... or once its first segment is this old
+    # S3's rules and the packer's memory, not deployment choices (tests lower them to keep moto fast).
+    min_part_bytes: int = 5 << 20  # S3's smallest part but the last
+    part_bytes: int = 16 << 20  # the one part a streaming upload holds in memory
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "PackSettings":
@@ -54,7 +125,32 @@ class PackSettings:
             table=_require(env, "PIPELINE_TABLE"),
             data_bucket=_require(env, "DATA_BUCKET"),
             event_bus=_require(env, "EVENT_BUS_NAME"),
+            shard_target_bytes=_int(env, "SHARD_TARGET_BYTES"),
+            shard_max_samples=_int(env, "SHARD_MAX_SAMPLES"),
+            shard_max_age_s=_int(env, "SHARD_MAX_AGE_S"),
         )
+
+
+# GPUs per instance of the types a run plan names; others count as one training process.
+GPUS_PER_INSTANCE: dict[str, int] = {
+    "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8, "ml.p4d.24xlarge": 8,
+    "ml.p4de.24xlarge": 8, "ml.g5.48xlarge": 8, "ml.g6e.48xlarge": 8, "ml.g5.24xlarge": 4,
+    "ml.g5.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.12xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3.8xlarge": 4,
+}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One job of a run plan: its instances and the hyperparameters it overrides."""
+
+    name: str
+    instance_type: str
+    instance_count: int
+    hyperparameters: dict[str, str]
+
+    @property
+    def steps(self) -> int:
+        return int(self.hyperparameters.get("steps", "0"))
 
 
 @dataclass(frozen=True)
@@ -65,31 +161,94 @@ class TrainingSettings:
     quota: int
     role_arn: str
     image_uri: str
-    instance_type: str
-    instance_count: int
     volume_gb: int
     max_runtime_s: int
     max_retries: int
     lineage: str
-    hyperparameters: dict[str, str]
+    concurrency: str  # "queue": claim the next manifest while a job runs; "skip": wait
+    replay_share: float
+    keep_alive_s: int
+    subnets: tuple[str, ...]
+    security_groups: tuple[str, ...]
+    kms_key: str
+    stages: tuple[Stage, ...]  # one job per stage, chained; a plain run is one stage
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
-        return cls(
+        base = _hyperparameters(_require(env, "TRAINING_HYPERPARAMETERS"))
+        default_stage = Stage("main", _require(env, "TRAINING_INSTANCE_TYPE"),
+                              int(_bounded("TRAINING_INSTANCE_COUNT", _int(env, "TRAINING_INSTANCE_COUNT"), 1)), {})
+        settings = cls(
             table=_require(env, "PIPELINE_TABLE"),
             data_bucket=_require(env, "DATA_BUCKET"),
             models_bucket=_require(env, "MODELS_BUCKET"),
-            quota=_int(env, "TRAINING_QUOTA"),
+            quota=int(_bounded("TRAINING_QUOTA", _int(env, "TRAINING_QUOTA"), 1)),
             role_arn=_require(env, "SAGEMAKER_ROLE_ARN"),
             image_uri=_require(env, "TRAINING_IMAGE_URI"),
-            instance_type=_require(env, "TRAINING_INSTANCE_TYPE"),
-            instance_count=_int(env, "TRAINING_INSTANCE_COUNT"),
             volume_gb=_int(env, "TRAINING_VOLUME_GB"),
             max_runtime_s=_int(env, "TRAINING_MAX_RUNTIME_S"),
-            max_retries=_int(env, "TRAINING_MAX_RETRIES"),
+            max_retries=int(_bounded("TRAINING_MAX_RETRIES", _int(env, "TRAINING_MAX_RETRIES"), 1, 30)),
             lineage=_require(env, "TRAINING_LINEAGE"),
-            hyperparameters=_hyperparameters(_require(env, "TRAINING_HYPERPARAMETERS")),
+            concurrency=_choice(env, "TRAINING_CONCURRENCY", ("queue", "skip")),
+            replay_share=_bounded("TRAINING_REPLAY_SHARE", _float(env, "TRAINING_REPLAY_SHARE"), 0.0, 0.9),
+            keep_alive_s=int(_bounded("TRAINING_KEEP_ALIVE_S", _int(env, "TRAINING_KEEP_ALIVE_S"), 0, 3600)),
+            subnets=_list(env.get("TRAINING_SUBNETS", "")),
+            security_groups=_list(env.get("TRAINING_SECURITY_GROUPS", "")),
+            kms_key=env.get("TRAINING_KMS_KEY", ""),
+            stages=_run_plan(env.get("TRAINING_RUN_PLAN", "") or "[]", base, default_stage),
         )
+        if bool(settings.subnets) != bool(settings.security_groups):
+            raise ConfigError("TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS go together (a VPC config needs both)")
+        gpus = int(_bounded("TRAINING_GPUS_PER_INSTANCE", _int(env, "TRAINING_GPUS_PER_INSTANCE"), 0))
+        for stage in settings.stages:
+            check_sharding(settings.quota, stage, gpus)
+        return settings
+
+
+def _list(raw: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ...]:
+    """TRAINING_RUN_PLAN: `[{"name", "instance_type"?, "instance_count"?, "hyperparameters"?}, ...]`;
+    empty: one stage with the base instance settings."""
+    try:
+        plan = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"TRAINING_RUN_PLAN is not JSON: {exc}") from exc
+    if not isinstance(plan, list):
+        raise ConfigError("TRAINING_RUN_PLAN must be a JSON list of stages")
+    if not plan:
+        return (Stage(default.name, default.instance_type, default.instance_count, dict(base)),)
+    stages = []
+    for index, item in enumerate(plan):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ConfigError(f"TRAINING_RUN_PLAN[{index}] needs a name")
+        overrides = _hyperparameters(json.dumps(item.get("hyperparameters", {})),
+                                     f"TRAINING_RUN_PLAN[{index}].hyperparameters")
+        count = item.get("instance_count", default.instance_count)
+        if not isinstance(count, int) or count < 1:
+            raise ConfigError(f"TRAINING_RUN_PLAN[{index}].instance_count must be a whole number >= 1")
+        stages.append(Stage(item["name"], str(item.get("instance_type", default.instance_type)), count,
+                            {**base, **overrides}))
+    return tuple(stages)
+
+
+def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:
+    """ShardedByS3Key gives each instance quota/instances shards; each of its GPUs reads whole
+    shards, so it needs at least one, and the same number as its neighbours. The loader's workers
+    share a GPU's batches, not its shards (trainer/data.py), so they need no shards of their own."""
+    gpus = gpus_override or GPUS_PER_INSTANCE.get(stage.instance_type, 1)
+    if quota % stage.instance_count:
+        raise ConfigError(f"stage {stage.name}: a quota of {quota} shards does not split evenly over "
+                          f"{stage.instance_count} instances")
+    per_instance = quota // stage.instance_count
+    if per_instance < gpus:
+        raise ConfigError(f"stage {stage.name}: {per_instance} shards per instance for {gpus} GPUs; "
+                          f"raise TrainingQuota to at least {stage.instance_count * gpus}")
+    if per_instance % gpus:
+        raise ConfigError(f"stage {stage.name}: {per_instance} shards per instance do not split evenly over "
+                          f"{gpus} GPUs; use a multiple of {stage.instance_count * gpus}")
 
 
 @dataclass(frozen=True)
@@ -111,15 +270,15 @@ class DeploySettings:
         )
 
 
-def _hyperparameters(raw: str) -> dict[str, str]:
+def _hyperparameters(raw: str, name: str = "TRAINING_HYPERPARAMETERS") -> dict[str, str]:
     """SageMaker hyperparameters are a flat map of strings; reject anything else early."""
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"TRAINING_HYPERPARAMETERS is not JSON: {exc}") from exc
+        raise ConfigError(f"{name} is not JSON: {exc}") from exc
     if not isinstance(value, dict):
-        raise ConfigError("TRAINING_HYPERPARAMETERS must be a JSON object")
+        raise ConfigError(f"{name} must be a JSON object")
     nested = sorted(k for k, v in value.items() if isinstance(v, (dict, list)))
     if nested:
-        raise ConfigError(f"TRAINING_HYPERPARAMETERS must be flat; {nested} hold objects or lists")
+        raise ConfigError(f"{name} must be flat; {nested} hold objects or lists")
     return {str(k): str(v) for k, v in value.items()}

@@ -1,13 +1,23 @@
-"""Start-training stage: count sealed shards; at the quota, start one job on exactly those shards.
+"""Start-training stage: count sealed shards; at the quota, run one job (per run-plan stage) on
+exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
 
-Concurrency: shards are claimed for a manifest in one DynamoDB transaction whose conditions
-require each shard still pending, so two invocations can never start two jobs on one shard.
-The job name is derived from the manifest, so `CreateTrainingJob` itself is idempotent.
+- Shards wait in the sparse `SHARDS#pending` index. Claiming a manifest is one DynamoDB
+  transaction: every shard still pending -> claimed, the job record created, and the lineage lock
+  taken (or, under the `queue` policy while a job runs, the manifest appended to the lineage's
+  queue). Two invocations can never claim one shard, start two jobs, or drop a shard.
+- Names derive from the manifest (which includes the lineage's sequence number), so a redelivered
+  event re-issues the same CreateTrainingJob, answered ResourceInUse: a no-op once checked to be
+  the same manifest, an error if it is another.
+- A job's end (the SageMaker state-change event) releases the lock: Completed marks its new shards
+  trained and starts the next stage or the next manifest; Failed and Stopped return its shards to
+  pending, so the next job takes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -16,35 +26,61 @@ from aws_lambda_powertools import Logger
 
 from core import aws, records
 from core.models import Manifest, ShardRef, ShardSealed
-from core.settings import TrainingSettings
+from core.settings import Stage, TrainingSettings
 
 logger = Logger(child=True)
 MANIFEST_PREFIX = "manifests/"
 CHANNEL = "train"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+TRAINED_SHARDS = "SHARDS#trained"
+FINAL_STAGE_TAG = "atelier:final-stage"
+MANIFEST_TAG = "atelier:manifest"
+# The trainer's JSON log lines (trainer/train.py, docs/trainer.md), parsed by SageMaker into metrics.
+METRIC_DEFINITIONS = [  # equal to trainer.health.METRIC_DEFINITIONS (a test holds them together)
+    {"Name": f"train:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
+    for field in ("loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples")
+]
+
+
+class JobNameCollision(RuntimeError):
+    """A job of our name exists for another manifest: never silently skipped."""
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "waiting" | "started" | "already-claimed"
+    action: str  # waiting | started | queued | already-claimed | busy
     job_name: str | None = None
     pending: int = 0
 
 
 # --- pure ---------------------------------------------------------------------------------------
 
-def job_name_for(manifest: Manifest) -> str:
-    """At most 63 characters of [a-zA-Z0-9-], unique per manifest."""
-    return f"atelier-{manifest.digest[:20]}"
+def job_name_for(manifest: Manifest, stage_index: int = 0) -> str:
+    """At most 63 characters of [a-zA-Z0-9-], unique per manifest and stage."""
+    return f"atelier-{manifest.digest[:20]}" + (f"-s{stage_index}" if stage_index else "")
 
 
-def manifest_from(pending: list[ShardSealed], quota: int, bucket: str) -> Manifest | None:
-    """The oldest `quota` pending shards, or None below the quota."""
-    if len(pending) < quota:
+def manifest_from(pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings,
+                  sequence: int) -> Manifest | None:
+    """The oldest `quota` pending shards plus a replay share of trained ones; None below quota."""
+    if len(pending) < settings.quota:
         return None
-    chosen = sorted(pending, key=lambda s: (s.sealed_at, s.shard_id))[:quota]
-    return Manifest(bucket=bucket, prefix="shards/", shards=tuple(
-        ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples) for s in chosen))
+    chosen = sorted(pending, key=lambda s: (s.sealed_at, s.shard_id))[:settings.quota]
+    new = [ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples,
+                    partners=tuple(s.partners)) for s in chosen]
+    replay = replay_shards(new, trained, settings.replay_share)
+    return Manifest(bucket=settings.data_bucket, prefix="shards/", shards=tuple(new + replay),
+                    lineage=settings.lineage, sequence=sequence)
+
+
+def replay_shards(new: list[ShardRef], trained: list[ShardRef], share: float) -> list[ShardRef]:
+    """Earlier shards making up `share` of the mix, drawn with a seed from the new shards."""
+    if share <= 0 or not trained:
+        return []
+    wanted = min(len(trained), int(len(new) * share / (1 - share) + 0.5))  # half up, not to even
+    seed = int(hashlib.sha256("".join(s.shard_id for s in new).encode()).hexdigest()[:16], 16)
+    picked = random.Random(seed).sample(sorted(trained, key=lambda s: s.shard_id), wanted)
+    return [s.model_copy(update={"role": "replay"}) for s in sorted(picked, key=lambda s: s.shard_id)]
 
 
 def manifest_file(manifest: Manifest) -> list[Any]:
@@ -53,12 +89,21 @@ def manifest_file(manifest: Manifest) -> list[Any]:
     return [{"prefix": f"s3://{manifest.bucket}/{manifest.prefix}"}, *relative]
 
 
-def training_job_request(name: str, manifest_uri: str, settings: TrainingSettings) -> dict[str, Any]:
-    return {
+def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
+    """The stage's hyperparameters, with `steps` as the lineage total this job trains up to
+    (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done)."""
+    return {**stage.hyperparameters, "steps": str(steps_target)}
+
+
+def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                         steps_target: int, settings: TrainingSettings) -> dict[str, Any]:
+    stage = settings.stages[stage_index]
+    request: dict[str, Any] = {
         "TrainingJobName": name,
         "RoleArn": settings.role_arn,
-        "AlgorithmSpecification": {"TrainingImage": settings.image_uri, "TrainingInputMode": "FastFile"},
-        "HyperParameters": dict(settings.hyperparameters),
+        "AlgorithmSpecification": {"TrainingImage": settings.image_uri, "TrainingInputMode": "FastFile",
+                                   "MetricDefinitions": METRIC_DEFINITIONS},
+        "HyperParameters": stage_hyperparameters(stage, steps_target),
         "InputDataConfig": [{
             "ChannelName": CHANNEL,
             "InputMode": "FastFile",
@@ -69,56 +114,219 @@ def training_job_request(name: str, manifest_uri: str, settings: TrainingSetting
             }},
         }],
         "OutputDataConfig": {"S3OutputPath": f"s3://{settings.models_bucket}/training/"},
-        "ResourceConfig": {"InstanceType": settings.instance_type, "InstanceCount": settings.instance_count,
+        "ResourceConfig": {"InstanceType": stage.instance_type, "InstanceCount": stage.instance_count,
                            "VolumeSizeInGB": settings.volume_gb},
         "StoppingCondition": {"MaxRuntimeInSeconds": settings.max_runtime_s},
-        # Per job, grouped by lineage: a retried job resumes its own steps. How a follow-up job
-        # continues a lineage (from the last model, with more steps) is the training-jobs issue's.
-        "CheckpointConfig": {"S3Uri": f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/{name}/",
+        # One prefix per lineage: a retried job and the lineage's next job resume from it.
+        "CheckpointConfig": {"S3Uri": f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
                              "LocalPath": CHECKPOINT_LOCAL_PATH},
         "RetryStrategy": {"MaximumRetryAttempts": settings.max_retries},
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
-        "Tags": [{"Key": "atelier:manifest", "Value": name}],
+        "Tags": [{"Key": MANIFEST_TAG, "Value": manifest_digest},
+                 {"Key": "atelier:lineage", "Value": settings.lineage},
+                 {"Key": "atelier:stage", "Value": stage.name},
+                 {"Key": FINAL_STAGE_TAG, "Value": str(stage_index == len(settings.stages) - 1).lower()}],
     }
+    if settings.keep_alive_s:
+        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
+    if settings.subnets:
+        request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
+    if settings.kms_key:
+        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
+        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
+    return request
 
 
-# --- orchestration ------------------------------------------------------------------------------
+# --- orchestration: events in -------------------------------------------------------------------
 
 def on_shard_sealed(shard: ShardSealed, settings: TrainingSettings) -> Decision:
     if not aws.put_item_if_absent(settings.table, records.shard_item(shard)):
         item = aws.get_item(settings.table, records.shard_pk(shard.shard_id)) or {}
-        if item.get("status") == "claimed":
-            # A redelivery after the claim: make sure the claimed job really started.
-            _ensure_started(item["manifest_job"], settings)
-            return Decision("already-claimed", item["manifest_job"])
+        if item.get("status") != "pending":
+            # A redelivery after the claim: make sure the claimed job really runs.
+            advance(settings)
+            return Decision("already-claimed", item.get("manifest_job"))
+    return advance(settings)
+
+
+def on_job_finished(name: str, status: str, reason: str | None, settings: TrainingSettings) -> Decision:
+    """A job reached Completed, Failed or Stopped: settle its shards, free the lineage, go on."""
+    job = aws.get_item(settings.table, records.job_pk(name))
+    if job is None or job.get("lineage", settings.lineage) != settings.lineage:
+        return Decision("not-ours", name)
+    if aws.update_item(settings.table, records.job_pk(name), "SET settled = :s, #st = :status, failure_reason = :r",
+                       {":s": status, ":status": status, ":r": reason or ""},
+                       condition="attribute_not_exists(settled)", names={"#st": "status"}):
+        _settle(job, status, settings)
+    return advance(settings)
+
+
+# --- orchestration: the lineage's one job at a time ---------------------------------------------
+
+def advance(settings: TrainingSettings, attempts: int = 3) -> Decision:
+    """Make sure the lineage's running job runs; otherwise start (or queue) what is due.
+
+    A claim lost to a concurrent invocation is retried on a fresh read: the winner may have
+    left shards that are due too (a queued manifest, say)."""
+    decision = Decision("already-claimed")
+    for _ in range(attempts):
+        decision = _advance_once(settings)
+        if decision.action != "already-claimed":
+            return decision
+    return decision
+
+
+def _advance_once(settings: TrainingSettings) -> Decision:
+    lock = _lineage(settings)
+    running = lock.get("running_job")
+    if running:
+        _ensure_started(running, settings)
+        if settings.concurrency == "skip":
+            return Decision("busy", running)
+        return _claim_next(settings, lock, queue=True)
+    if lock.get("queue"):
+        return _start_queued(lock["queue"][0], settings)
+    return _claim_next(settings, lock, queue=False)
+
+
+def _lineage(settings: TrainingSettings) -> dict[str, Any]:
+    pk = f"LINEAGE#{settings.lineage}"
+    aws.put_item_if_absent(settings.table, {"pk": pk, "kind": "lineage", "sequence": 0, "steps_done": 0,
+                                            "queue": [], "running_job": ""})
+    return aws.get_item(settings.table, pk) or {}
+
+
+def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -> Decision:
     pending = [ShardSealed.model_validate_json(i["record"])
                for i in aws.query_index(settings.table, records.PENDING_INDEX, records.PENDING_SHARDS)]
-    manifest = manifest_from(pending, settings.quota, settings.data_bucket)
+    trained = [ShardRef.model_validate_json(i["ref"])
+               for i in aws.query_index(settings.table, records.PENDING_INDEX, TRAINED_SHARDS)]
+    sequence = int(lock["sequence"]) + 1
+    manifest = manifest_from(pending, trained, settings, sequence)
     if manifest is None:
         return Decision("waiting", pending=len(pending))
     name = job_name_for(manifest)
-    if not _claim(manifest, name, settings):
+    _write_manifest(manifest, name, settings)
+    if not _claim(manifest, name, int(lock["sequence"]), int(lock["steps_done"]), queue, settings):
         return Decision("already-claimed", pending=len(pending))
+    if queue:
+        logger.info("manifest queued behind the running job", extra={"job": name})
+        return Decision("queued", name, pending=len(pending))
     _ensure_started(name, settings)
     return Decision("started", name, pending=len(pending))
 
 
-def _claim(manifest: Manifest, name: str, settings: TrainingSettings) -> bool:
-    """Write the manifest (deterministic content), then claim its shards in one transaction."""
-    rich_key = f"{MANIFEST_PREFIX}{name}.json"
-    aws.write_object(settings.data_bucket, rich_key, manifest.model_dump_json(indent=1).encode(), "application/json")
+def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -> None:
+    """Deterministic content under the job's name: writing it twice is harmless."""
+    aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.json",
+                     manifest.model_dump_json(indent=1).encode(), "application/json")
     aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.manifest",
                      json.dumps(manifest_file(manifest)).encode(), "application/json")
-    updates = [(records.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk",
-                "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
-               for s in manifest.shards]
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    job = records.job_item(name, rich_key, [s.shard_id for s in manifest.shards], now)
-    return aws.transact_updates(settings.table, updates, [job], names={"#s": "status"})
+
+
+def _claim(manifest: Manifest, name: str, sequence: int, steps_done: int, queue: bool,
+           settings: TrainingSettings) -> bool:
+    """One transaction: the new shards claimed, the job recorded, the lineage lock taken or queued."""
+    shard_updates = [(records.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk, gsi1sk",
+                      "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
+                     for s in manifest.new_shards]
+    lineage_update = (
+        f"LINEAGE#{settings.lineage}",
+        "SET #q = list_append(#q, :one), #seq = :next" if queue else "SET running_job = :job, #seq = :next",
+        ("running_job <> :empty AND #seq = :seq" if queue else "running_job = :empty AND #seq = :seq"),
+        {":one": [name], ":next": sequence + 1, ":seq": sequence, ":empty": ""} if queue
+        else {":job": name, ":next": sequence + 1, ":seq": sequence, ":empty": ""},
+    )
+    job = {**records.job_item(name, f"{MANIFEST_PREFIX}{name}.json", [s.shard_id for s in manifest.new_shards],
+                              datetime.now(timezone.utc).isoformat(timespec="seconds")),
+           "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
+           "stage": 0, "base": name, "steps_base": steps_done, "replay": [s.shard_id for s in manifest.shards if s.role == "replay"]}
+    return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
+                                names={"#s": "status", "#q": "queue", "#seq": "sequence"})
+
+
+def _start_queued(name: str, settings: TrainingSettings) -> Decision:
+    """The queue's head becomes the running job (conditional: only one invocation does it)."""
+    taken = aws.update_item(
+        settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :job REMOVE #q[0]",
+        {":job": name, ":empty": ""}, condition="running_job = :empty AND #q[0] = :job", names={"#q": "queue"})
+    if taken:
+        aws.update_item(settings.table, records.job_pk(name), "SET #s = :s, steps_base = :b", {
+            ":s": "Requested", ":b": int(_lineage(settings)["steps_done"])}, names={"#s": "status"})
+        _ensure_started(name, settings)
+    return Decision("started" if taken else "already-claimed", name)
+
+
+def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> None:
+    name = job["pk"].removeprefix("JOB#")
+    stage = int(job.get("stage", 0))
+    if status == "Completed" and stage + 1 < len(settings.stages):
+        _start_next_stage(job, stage + 1, settings)
+        return
+    if status == "Completed":
+        _mark_trained(job, settings)
+    else:
+        _return_to_pending(job, settings)
+    aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :empty",
+                    {":empty": "", ":job": name}, condition="running_job = :job")
+
+
+def _start_next_stage(job: dict[str, Any], stage: int, settings: TrainingSettings) -> None:
+    """The next stage resumes the lineage's checkpoints on the same manifest, with its own instances."""
+    name = f"{job['base']}-s{stage}"
+    carried = {k: v for k, v in job.items() if k not in {"settled", "failure_reason", "model_data"}}
+    aws.put_item_if_absent(settings.table, {**carried, "pk": records.job_pk(name), "status": "Requested",
+                                            "stage": stage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :next",
+                    {":next": name, ":job": job["pk"].removeprefix("JOB#")}, condition="running_job = :job")
+    _ensure_started(name, settings)
+
+
+def _mark_trained(job: dict[str, Any], settings: TrainingSettings) -> None:
+    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, job["manifest"]))
+    for shard in manifest.new_shards:
+        aws.update_item(settings.table, records.shard_pk(shard.shard_id),
+                        "SET #s = :trained, gsi1pk = :p, gsi1sk = :k, #ref = :ref",
+                        {":trained": "trained", ":p": TRAINED_SHARDS, ":k": shard.shard_id,
+                         ":ref": shard.model_dump_json()}, names={"#s": "status", "#ref": "ref"})
+    target = _steps_target(job, len(settings.stages) - 1, settings)
+    aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET steps_done = :t", {":t": target})
+
+
+def _return_to_pending(job: dict[str, Any], settings: TrainingSettings) -> None:
+    """A failed or stopped job loses no shard: each goes back to the pending index."""
+    name = job.get("base") or job["pk"].removeprefix("JOB#")  # shards name the manifest's first job
+    for shard_id in job.get("shards", []):
+        item = aws.get_item(settings.table, records.shard_pk(shard_id)) or {}
+        shard = ShardSealed.model_validate_json(item["record"])
+        aws.update_item(settings.table, records.shard_pk(shard_id),
+                        "SET #s = :pending, gsi1pk = :p, gsi1sk = :k REMOVE manifest_job",
+                        {":pending": "pending", ":p": records.PENDING_SHARDS, ":k": f"{shard.sealed_at}#{shard_id}",
+                         ":job": name}, condition="manifest_job = :job", names={"#s": "status"})
+
+
+def _steps_target(job: dict[str, Any], stage: int, settings: TrainingSettings) -> int:
+    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage + 1])
 
 
 def _ensure_started(name: str, settings: TrainingSettings) -> None:
-    manifest_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{name}.manifest"
-    started = aws.create_training_job(training_job_request(name, manifest_uri, settings))
-    logger.info("training job started" if started else "training job already exists", extra={"job": name})
+    """CreateTrainingJob for a recorded job; an existing job of that name must be ours."""
+    job = aws.get_item(settings.table, records.job_pk(name))
+    if job is None or job.get("status") not in ("Requested", "InProgress"):
+        return
+    stage = int(job.get("stage", 0))
+    base = job.get("base", name)
+    manifest_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest"
+    request = training_job_request(name, manifest_uri, job["digest"], stage, _steps_target(job, stage, settings), settings)
+    if aws.create_training_job(request):
+        logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name})
+        return
+    existing = aws.sagemaker_call("describe_training_job", {"TrainingJobName": name})
+    their_uri = existing["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
+    if their_uri != manifest_uri:
+        # Settle the job as failed (its shards return to pending, the lineage is freed, the next
+        # sequence names a new job), then fail loudly: the event goes to the DLQ for a person.
+        reason = f"job name {name} is taken by a job reading {their_uri}, not {manifest_uri}"
+        on_job_finished(name, "Failed", reason, settings)
+        raise JobNameCollision(reason)

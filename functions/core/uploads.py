@@ -40,6 +40,8 @@ def _upload_ref(record: dict) -> UploadRef:
             key=unquote_plus(s3["object"]["key"]),
             size=int(s3["object"].get("size", 0)),
             event_time=record.get("eventTime", ""),
+            etag=str(s3["object"].get("eTag", "")).strip('"'),
+            version_id=str(s3["object"].get("versionId") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise BadMessage(f"malformed S3 record: {exc!r}") from exc
@@ -49,7 +51,7 @@ def partner_of(key: str) -> str:
     """The partner id is the first key segment; anything else is not a partner upload."""
     partner = key.split("/", 1)[0]
     if "/" not in key or not PARTNER_PATTERN.fullmatch(partner):
-        raise RejectedUpload("bad-key", f"{key!r} is not <partner>/<path> with a lower-case partner id")
+        raise RejectedUpload("bad_key", f"{key!r} is not <partner>/<path> with a lower-case partner id")
     return partner
 
 

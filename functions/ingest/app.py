@@ -1,6 +1,11 @@
-"""IngestFunction: S3 notifications (via UploadsQueue) -> metadata records -> PackQueue."""
+"""IngestFunction: S3 notifications (via UploadsQueue) -> licensed, described samples -> PackQueue.
 
-from aws_lambda_powertools import Logger
+A bad upload is quarantined with a reason (a successful outcome); only an unexpected error
+fails its record, which then retries and ends in the DLQ.
+"""
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -9,14 +14,20 @@ from core.ingest import ingest_notification
 from core.settings import IngestSettings
 
 logger = Logger()
+metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
 
 
 def record_handler(record: SQSRecord) -> None:
     for outcome in ingest_notification(record.body, IngestSettings.from_env()):
         logger.info("upload handled", extra={"key": outcome.key, "status": outcome.status, "reason": outcome.reason})
+        if outcome.status in ("accepted", "quarantined"):
+            metrics.add_metric(name=f"Uploads{outcome.status.title()}", unit=MetricUnit.Count, value=1)
+        if outcome.reason:
+            metrics.add_metric(name=f"Quarantined_{outcome.reason}", unit=MetricUnit.Count, value=1)
 
 
+@metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,15 +1,17 @@
-"""PackFunction: a batch of accepted samples (PackQueue) -> one WebDataset shard + "Shard Sealed".
+"""PackFunction: samples from PackQueue -> segments of the open shard; the schedule seals old shards.
 
-A shard is a batch-level effect, so records are parsed one by one (a malformed one alone fails)
-and the valid ones are packed together; if packing fails, they all return to the queue.
+An SQS batch: each valid sample is appended to a shard exactly once (docs/pack.md); a malformed
+record, or one whose image cannot be read, alone goes back to the queue. If packing fails, every
+record returns and the redelivery finishes what was started. The `rate(1 minute)` schedule seals
+shards older than their maximum age and finishes seals that an invocation left half done.
 """
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.pack import pack_samples
-from core.queue_batch import parse_batch
 from core.models import Sample
+from core.pack import pack_samples, seal_due
+from core.queue_batch import parse_batch
 from core.settings import PackSettings
 
 logger = Logger()
@@ -17,8 +19,12 @@ logger = Logger()
 
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
+    settings = PackSettings.from_env()
+    if event.get("source") == "aws.events":
+        return {"sealed": [s.shard_id for s in seal_due(settings)]}
     batch = parse_batch(event, Sample)
-    result = pack_samples(batch.messages, PackSettings.from_env())
-    logger.info("batch packed", extra={"shard": result.sealed and result.sealed.shard_id,
-                                       "skipped": result.skipped, "invalid": len(batch.failures)})
-    return batch.response()
+    valid_ids = [r["messageId"] for r in event["Records"] if r["messageId"] not in set(batch.failures)]
+    report = pack_samples(list(zip(valid_ids, batch.messages)), settings)
+    logger.info("batch packed", extra={"committed": report.committed, "already_packed": report.already_packed,
+                                       "sealed": [s.shard_id for s in report.sealed], "invalid": len(batch.failures)})
+    return {"batchItemFailures": [{"itemIdentifier": i} for i in batch.failures + report.failed]}

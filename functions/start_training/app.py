@@ -1,4 +1,5 @@
-"""StartTrainingFunction: "Shard Sealed" events -> at the quota, one SageMaker training job."""
+"""StartTrainingFunction: "Shard Sealed" events count towards the quota; a training job's end
+(Completed, Failed, Stopped) frees its lineage for the next stage or the next manifest."""
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
@@ -6,7 +7,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.models import ShardSealed
 from core.settings import TrainingSettings
-from core.training import on_shard_sealed
+from core.training import Decision, on_job_finished, on_shard_sealed
 
 logger = Logger()
 
@@ -15,8 +16,16 @@ logger = Logger()
 @logger.inject_lambda_context
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
-    shard = ShardSealed.model_validate(event.detail)
-    decision = on_shard_sealed(shard, TrainingSettings.from_env())
-    logger.info("shard counted", extra={"shard": shard.shard_id, "action": decision.action,
-                                        "job": decision.job_name, "pending": decision.pending})
+    settings = TrainingSettings.from_env()
+    if event.source == "aws.sagemaker":
+        detail = event.detail
+        decision = on_job_finished(detail["TrainingJobName"], detail["TrainingJobStatus"],
+                                   detail.get("FailureReason"), settings)
+    else:
+        decision = on_shard_sealed(ShardSealed.model_validate(event.detail), settings)
+    logger.info("training decision", extra={"action": decision.action, "job": decision.job_name,
+                                            "pending": decision.pending})
     return {"action": decision.action, "job": decision.job_name}
+
+
+__all__ = ["lambda_handler", "Decision"]

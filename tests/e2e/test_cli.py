@@ -48,22 +48,29 @@ def test_local_env_prints_exports_for_the_running_stack(local_up: Path) -> None:
     assert exports["AWS_ENDPOINT_URL_SAGEMAKER"].startswith("http://127.0.0.1:")
 
 
-def test_upload_then_status_through_the_cli(local_up: Path, tmp_path: Path) -> None:
+def test_partner_then_upload_then_status_through_the_cli(local_up: Path, tmp_path: Path) -> None:
+    added = atelier("--local", "partner", "add", "acme", "--license", "CC-BY-4.0", state=local_up)
+    assert added.returncode == 0, added.stderr
+    listed = json.loads(atelier("--local", "partner", "list", "--json", state=local_up).stdout)
+    assert [(p["partner_id"], p["licenses"], p["prefixes"]) for p in listed] == [("acme", ["CC-BY-4.0"], [""])]
     write_catalog(make_catalog(3), tmp_path / "catalog")
     (tmp_path / "catalog" / "notes.txt").write_text("not an image")
     uploaded = atelier("--local", "upload", str(tmp_path / "catalog"), "--partner", "acme", state=local_up)
     assert uploaded.returncode == 0, uploaded.stderr
     assert "7 objects uploaded for partner acme" in uploaded.stdout
+    unlicensed = atelier("--local", "upload", str(tmp_path / "catalog" / "shapes"), "--partner", "nobody",
+                         state=local_up)
+    assert unlicensed.returncode == 0, unlicensed.stderr
     deadline = time.monotonic() + 60
     while True:
         status = json.loads(atelier("--local", "status", "--json", state=local_up).stdout)
-        if sum(status["uploads"].values()) == 4 or time.monotonic() > deadline:
+        if sum(status["uploads"].values()) == 7 or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert status["uploads"] == {"accepted": 3, "rejected": 1}
-    assert status["rejected"] == {"unsupported-format": 1}
+    assert status["uploads"] == {"accepted": 3, "quarantined": 4}
+    assert status["quarantined"] == {"not_an_image": 1, "unlicensed": 3}
     table = atelier("--local", "status", state=local_up)
-    assert "accepted 3" in table.stdout and "unsupported-format 1" in table.stdout
+    assert "accepted 3" in table.stdout and "unlicensed 3" in table.stdout
 
 
 def test_a_bad_partner_id_is_a_clear_error(local_up: Path, tmp_path: Path) -> None:

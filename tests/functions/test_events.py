@@ -57,7 +57,7 @@ def arrange(name: str, event: dict, stack: Provisioned) -> None:
             body = b"<html>not an image</html>" if "not-really" in key else encode(picture("circle", "red", "blue"), "png")
             s3.put_object(Bucket=uploads, Key=key, Body=body)
     elif name.startswith("pack_"):
-        for record in event["Records"]:
+        for record in event.get("Records", []):  # the seal timer's event has none
             sample = json.loads(record["body"])
             s3.put_object(Bucket=sample["bucket"], Key=sample["key"], Body=b"image bytes of " + sample["key"].encode())
     elif name.startswith("deploy_") and "completed" in name:
@@ -66,7 +66,8 @@ def arrange(name: str, event: dict, stack: Provisioned) -> None:
 
 
 @pytest.mark.parametrize("name", event_names())
-def test_every_event_is_handled(name: str, stack: Provisioned, function_env: Callable, lambda_context: Any) -> None:
+def test_every_event_is_handled(name: str, stack: Provisioned, partner: str, function_env: Callable,
+                                lambda_context: Any) -> None:
     # GIVEN the objects and records the event refers to
     event = load_event(name)
     arrange(name, event, stack)
@@ -82,6 +83,7 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     # the malformed message alone goes back to the queue (and on to the DLQ)
     "ingest_mixed_batch": lambda e: {"batchItemFailures": [{"itemIdentifier": e["Records"][2]["messageId"]}]},
     "pack_samples": lambda e: {"batchItemFailures": []},
+    "pack_seal_timer": lambda e: {"sealed": []},  # nothing open yet
     "start_training_shard_sealed": lambda e: {"action": "waiting", "job": None},  # quota is 2
     # moto's EventBridge delivers events without `account`
     "start_training_moto_shard_sealed": lambda e: {"action": "waiting", "job": None},
@@ -101,7 +103,7 @@ def table_items(stack: Provisioned, prefix: str) -> dict[str, dict]:
     return {i["pk"]: i for i in aws.scan_prefix(stack.outputs["PipelineTableName"], prefix)}
 
 
-def test_ingest_decodes_plus_and_space_keys_and_hands_over(stack, function_env, lambda_context) -> None:
+def test_ingest_decodes_plus_and_space_keys_and_hands_over(stack, partner, function_env, lambda_context) -> None:
     event = load_event("ingest_s3_put")
     arrange("ingest_s3_put", event, stack)
     run_handler(stack, function_env, "IngestFunction", event, lambda_context)
@@ -115,18 +117,18 @@ def test_ingest_decodes_plus_and_space_keys_and_hands_over(stack, function_env, 
         ("partner-a/summer catalog/red circle + blue.png", "png", 96, 96)]
 
 
-def test_ingest_rejects_what_does_not_decode_and_records_why(stack, function_env, lambda_context) -> None:
+def test_ingest_quarantines_what_does_not_decode_and_records_why(stack, partner, function_env, lambda_context) -> None:
     event = load_event("ingest_mixed_batch")
     arrange("ingest_mixed_batch", event, stack)
     run_handler(stack, function_env, "IngestFunction", event, lambda_context)
     uploads = table_items(stack, "UPLOAD#")
     bucket = stack.outputs["UploadsBucketName"]
-    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/not-really.jpg"]["status"] == "rejected"
-    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/not-really.jpg"]["reason"] == "unsupported-format"
+    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/not-really.jpg"]["status"] == "quarantined"
+    assert uploads[f"UPLOAD#{bucket}/partner-a/photos/not-really.jpg"]["reason"] == "not_an_image"
     assert uploads[f"UPLOAD#{bucket}/partner-a/photos/sunset.jpg"]["status"] == "accepted"
 
 
-def test_ingest_reads_caption_and_license_from_the_sidecar(stack, function_env, lambda_context) -> None:
+def test_ingest_reads_caption_and_license_from_the_sidecar(stack, partner, function_env, lambda_context) -> None:
     event = load_event("ingest_s3_put")
     bucket = stack.outputs["UploadsBucketName"]
     boto3.client("s3").put_object(Bucket=bucket, Key="partner-a/summer catalog/red circle + blue.json",
@@ -137,13 +139,15 @@ def test_ingest_reads_caption_and_license_from_the_sidecar(stack, function_env, 
     assert (sample["caption"], sample["license"]) == ("a red circle", "CC-BY-4.0")
 
 
-def test_pack_writes_a_webdataset_shard_and_announces_it(stack, function_env, lambda_context) -> None:
+def test_pack_writes_a_webdataset_shard_and_announces_it(stack, function_env, lambda_context, monkeypatch) -> None:
     import webdataset as wds
     event = load_event("pack_samples")
     arrange("pack_samples", event, stack)
-    run_handler(stack, function_env, "PackFunction", event, lambda_context)
+    function_env("PackFunction")
+    monkeypatch.setenv("SHARD_MAX_SAMPLES", "2")  # the event's two samples fill a shard
+    run_handler(stack, lambda logical_id: None, "PackFunction", event, lambda_context)
     data = stack.outputs["DataBucketName"]
-    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=data)["Contents"]]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=data, Prefix="shards/")["Contents"]]
     assert len(keys) == 1 and keys[0].startswith("shards/shard-") and keys[0].endswith(".tar")
     body = boto3.client("s3").get_object(Bucket=data, Key=keys[0])["Body"].read()
     samples = [json.loads(r["body"]) for r in event["Records"]]
@@ -160,7 +164,7 @@ def test_pack_writes_a_webdataset_shard_and_announces_it(stack, function_env, la
     assert {pk: i["packed_in"] for pk, i in table_items(stack, "SAMPLE#").items()} == {
         f"SAMPLE#{s['sha256']}": shard_id for s in samples}
     # AND the "Shard Sealed" event reached the start-training function's delivery queue
-    source = next(s for s in stack.sources if s.function == "StartTrainingFunction")
+    source = next(s for s in stack.sources if s.function == "StartTrainingFunction" and "ShardSealed" in s.rule_arn)
     delivered = boto3.client("sqs").receive_message(QueueUrl=source.queue_url)["Messages"]
     detail = json.loads(delivered[0]["Body"])["detail"]
     assert (detail["shard_id"], detail["samples"], detail["partners"]) == (shard_id, 2, ["partner-a", "partner-b"])

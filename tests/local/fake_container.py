@@ -1,9 +1,11 @@
 """A stand-in container for the local SageMaker tests: `fake_container.py train|serve`.
 
-train: writes model/files.json (every channel's files, the hyperparameters, the checkpoint it
-resumed from) and model/sub/weights.bin, then the next checkpoint (atomically). Hyperparameters
-steer it: `sleep` (seconds to linger after writing), `fail` (text for output/failure, exit 1),
-`exit-code` (exit with it, no failure file).
+train: writes model/hosts/<current_host>.json (its channels' files, the hyperparameters, the
+checkpoint it resumed from, current_host and hosts from resourceconfig.json) and, on the first host
+only (a leader, as the trainer's rank 0), model/files.json (the same minus the hosts) and
+model/sub/weights.bin; then the next checkpoint (atomically). Hyperparameters steer it: `sleep`
+(seconds to linger after writing), `sleep-unless-resumed` (the same, only when no checkpoint was
+restored), `fail` (text for output/failure, exit 1), `exit-code` (exit with it, no failure file).
 
 serve: a stdlib HTTP server on SAGEMAKER_BIND_HOST:SAGEMAKER_BIND_TO_PORT. GET /ping answers 200;
 POST /invocations with JSON {"prompt"} answers {"prompt", "model": model/reply.txt}. The model's
@@ -38,22 +40,27 @@ def channel_files(channel_dir: Path) -> list[str]:
 def train() -> int:
     hyperparameters = json.loads((ROOT / "input/config/hyperparameters.json").read_text())
     channels = json.loads((ROOT / "input/config/inputdataconfig.json").read_text())
+    resources = json.loads((ROOT / "input/config/resourceconfig.json").read_text())
     checkpoints = ROOT / "checkpoints"
     latest = checkpoints / "latest"
     resumed_from = latest.read_text() if latest.exists() else None
+    seen = {"channels": {name: channel_files(ROOT / "input/data" / name) for name in channels},
+            "hyperparameters": hyperparameters, "resumed_from": resumed_from}
     model = ROOT / "model"
-    (model / "sub").mkdir(parents=True, exist_ok=True)
-    (model / "files.json").write_text(json.dumps({
-        "channels": {name: channel_files(ROOT / "input/data" / name) for name in channels},
-        "hyperparameters": hyperparameters,
-        "resumed_from": resumed_from,
-    }))
-    (model / "sub" / "weights.bin").write_bytes(b"\0" * 16)
+    (model / "hosts").mkdir(parents=True, exist_ok=True)
+    (model / "hosts" / f"{resources['current_host']}.json").write_text(json.dumps(
+        {**seen, "current_host": resources["current_host"], "hosts": resources["hosts"]}))
+    if resources["current_host"] == resources["hosts"][0]:
+        (model / "files.json").write_text(json.dumps(seen))
+        (model / "sub").mkdir(exist_ok=True)
+        (model / "sub" / "weights.bin").write_bytes(b"\0" * 16)
     step = int(resumed_from or 0) + 1
     write_atomically(checkpoints / f"step-{step}.txt", f"weights at step {step}")
     write_atomically(latest, str(step))  # the marker last, as the trainer does
     print(f"trained step {step}", flush=True)
     time.sleep(float(hyperparameters.get("sleep", 0)))
+    if resumed_from is None:
+        time.sleep(float(hyperparameters.get("sleep-unless-resumed", 0)))
     if "fail" in hyperparameters:
         (ROOT / "output" / "failure").write_text(hyperparameters["fail"])
         print("training failed", file=sys.stderr)

@@ -5,6 +5,7 @@ Containers are tests/local/fake_container.py, mapped from the image FAKE_IMAGE.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -20,8 +21,10 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto.server import ThreadedMotoServer
+from PIL import Image
 
 from atelier.local.sagemaker import LocalSageMaker, Settings, start_local_sagemaker
+from atelier.local.sagemaker_instances import host_names
 
 FAKE_CONTAINER = Path(__file__).with_name("fake_container.py")
 FAKE_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-fake:latest"
@@ -236,7 +239,7 @@ def test_job_runs_to_completed_with_the_model_archive(sm: Any, s3: Any) -> None:
     assert job["RetryStrategy"] == {"MaximumRetryAttempts": 2}
     assert job["CreationTime"] <= job["TrainingStartTime"] <= job["TrainingEndTime"]
     archive = read_tar(s3, job["ModelArtifacts"]["S3ModelArtifacts"])
-    assert sorted(archive) == ["files.json", "sub", "sub/weights.bin"]
+    assert sorted(archive) == ["files.json", "hosts", "hosts/algo-1.json", "sub", "sub/weights.bin"]
     assert json.loads(archive["files.json"]) == {
         "channels": {"train": ["a.tar", "sub/b.tar"]}, "hyperparameters": {"steps": "2"}, "resumed_from": None}
 
@@ -247,13 +250,16 @@ def test_job_writes_the_sagemaker_config_files(sm: Any, s3: Any, service: LocalS
     sm.create_training_job(**training_request("config-files", hyperparameters={"seed": "7"}))
     wait_for_job(sm, "config-files", "Completed")
 
-    config = service.settings.state_dir / "jobs" / "config-files" / "opt_ml" / "input" / "config"
+    config = service.settings.state_dir / "jobs" / "config-files" / "algo-1" / "opt_ml" / "input" / "config"
     assert json.loads((config / "hyperparameters.json").read_text()) == {"steps": "2", "seed": "7"}
     assert json.loads((config / "inputdataconfig.json").read_text()) == {"train": {
         "TrainingInputMode": "FastFile", "S3DistributionType": "ShardedByS3Key", "RecordWrapperType": "None"}}
     assert json.loads((config / "resourceconfig.json").read_text()) == {
-        "current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}
-    assert "trained step 1" in (service.settings.state_dir / "jobs" / "config-files" / "logs.txt").read_text()
+        "current_host": "algo-1", "current_instance_type": "ml.g5.xlarge", "current_group_name": "homogeneousCluster",
+        "hosts": ["algo-1"], "instance_groups": [{"instance_group_name": "homogeneousCluster",
+                                                  "instance_type": "ml.g5.xlarge", "hosts": ["algo-1"]}],
+        "network_interface_name": "eth0"}
+    assert "trained step 1" in (service.settings.state_dir / "jobs/config-files/algo-1/logs.txt").read_text()
     assert json.loads((service.settings.state_dir / "jobs" / "config-files" / "job.json").read_text())[
         "TrainingJobStatus"] == "Completed"
 
@@ -388,7 +394,7 @@ def test_exit_without_failure_file_reports_the_exit_code_and_log(sm: Any, s3: An
 def test_stop_training_job_ends_stopped(sm: Any, s3: Any, job_events: Callable, service: LocalSageMaker) -> None:
     put_shards(s3, "shards/a.tar")
     sm.create_training_job(**training_request("stopped", hyperparameters={"sleep": "30"}))
-    model_dir = service.settings.state_dir / "jobs/stopped/opt_ml/model"
+    model_dir = service.settings.state_dir / "jobs/stopped/algo-1/opt_ml/model"
     wait_for((model_dir / "sub/weights.bin").exists, what="the container to save its model")
 
     sm.stop_training_job(TrainingJobName="stopped")
@@ -415,17 +421,6 @@ def test_max_runtime_stops_the_job_as_max_runtime_exceeded(sm: Any, s3: Any) -> 
     assert (job["TrainingJobStatus"], job["SecondaryStatus"]) == ("Stopped", "MaxRuntimeExceeded")
 
 
-def test_more_than_one_instance_fails_the_job(sm: Any, s3: Any) -> None:
-    put_shards(s3, "shards/a.tar")
-    request = training_request("two-hosts")
-    request["ResourceConfig"]["InstanceCount"] = 2
-
-    sm.create_training_job(**request)
-    job = wait_for_job(sm, "two-hosts", "Completed", "Failed")
-
-    assert job["FailureReason"] == "ClientError: local runner supports InstanceCount=1, got 2"
-
-
 def test_list_training_jobs_filters_sorts_and_pages(sm: Any, s3: Any) -> None:
     put_shards(s3, "shards/a.tar")
     for name in ("list-a", "list-b", "other-c"):
@@ -441,6 +436,198 @@ def test_list_training_jobs_filters_sorts_and_pages(sm: Any, s3: Any) -> None:
     assert [j["TrainingJobName"] for j in first_page["TrainingJobSummaries"]] == ["list-a", "list-b"]
     assert [j["TrainingJobName"] for j in second_page["TrainingJobSummaries"]] == ["other-c"]
     assert "NextToken" not in second_page
+
+
+# --- several instances, checkpoints and retries --------------------------------------------------
+
+def two_instances(request: dict[str, Any]) -> dict[str, Any]:
+    request["ResourceConfig"]["InstanceCount"] = 2
+    return request
+
+
+def host_files(s3: Any, job: dict[str, Any], host: str) -> dict[str, Any]:
+    """What the fake container on `host` saw: model/hosts/<host>.json in the job's model archive."""
+    return json.loads(read_tar(s3, job["ModelArtifacts"]["S3ModelArtifacts"])[f"hosts/{host}.json"])
+
+
+def secondary_statuses(job: dict[str, Any]) -> list[str]:
+    return [t["Status"] for t in job["SecondaryStatusTransitions"]]
+
+
+def test_each_instance_gets_its_share_of_a_sharded_channel_and_all_of_a_replicated_one(
+        sm: Any, s3: Any, service: LocalSageMaker) -> None:
+    put_shards(s3, "shards/e.tar", "shards/a.tar", "shards/d.tar", "shards/b.tar", "shards/c.tar", "eval/x.tar")
+    request = two_instances(training_request("two-hosts"))
+    request["InputDataConfig"].append({"ChannelName": "eval", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://data/eval/", "S3DataDistributionType": "FullyReplicated"}}})
+
+    sm.create_training_job(**request)
+    job = wait_for_job(sm, "two-hosts", "Completed", "Failed")
+
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    first, second = host_files(s3, job, "algo-1"), host_files(s3, job, "algo-2")
+    # ShardedByS3Key: the key-sorted objects dealt round-robin, disjoint shares whose union is the channel
+    assert first["channels"]["train"] == ["a.tar", "c.tar", "e.tar"]
+    assert second["channels"]["train"] == ["b.tar", "d.tar"]
+    # FullyReplicated: every instance has every object
+    assert first["channels"]["eval"] == second["channels"]["eval"] == ["x.tar"]
+    assert (first["current_host"], second["current_host"]) == ("algo-1", "algo-2")
+    assert first["hosts"] == second["hosts"] == ["algo-1", "algo-2"]
+    # one model archive gathers every instance's model/
+    assert sorted(read_tar(s3, job["ModelArtifacts"]["S3ModelArtifacts"])) == [
+        "files.json", "hosts", "hosts/algo-1.json", "hosts/algo-2.json", "sub", "sub/weights.bin"]
+    config = service.settings.state_dir / "jobs/two-hosts/algo-2/opt_ml/input/config/resourceconfig.json"
+    assert json.loads(config.read_text())["current_host"] == "algo-2"
+
+
+def test_hosts_are_listed_sorted_as_sagemaker_lists_them() -> None:
+    assert host_names(11)[:4] == ["algo-1", "algo-10", "algo-11", "algo-2"]
+
+
+def test_a_lost_instance_is_retried_from_the_restored_checkpoint(
+        sm: Any, s3: Any, service: LocalSageMaker, job_events: Callable) -> None:
+    put_shards(s3, "shards/a.tar", "shards/b.tar")
+    # GIVEN a two-instance job that lingers after its first checkpoint, unless it resumed from one
+    sm.create_training_job(**two_instances(training_request(
+        "lossy", hyperparameters={"sleep-unless-resumed": "30"},
+        CheckpointConfig={"S3Uri": "s3://models/checkpoints/lossy/"})))
+    wait_for(lambda: s3.list_objects_v2(Bucket="models", Prefix="checkpoints/lossy/latest").get("KeyCount"),
+             what="the first checkpoint in S3")
+
+    # WHEN one of its instances goes away
+    service.lose_training_instance("lossy", "algo-2")
+    job = wait_for_job(sm, "lossy", "Completed", "Failed")
+
+    # THEN a second attempt on new instances restored the checkpoint into each and completed
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    assert host_files(s3, job, "algo-1")["resumed_from"] == host_files(s3, job, "algo-2")["resumed_from"] == "1"
+    assert s3_text(s3, "models", "checkpoints/lossy/latest") == "2"
+    assert secondary_statuses(job) == ["Starting", "Downloading", "Training",
+                                       "Starting", "Downloading", "Training", "Uploading", "Completed"]
+    assert job["SecondaryStatusTransitions"][3]["StatusMessage"] == (
+        "Restarting the training job after an internal error: attempt 2 of 3 on new instances")
+    statuses = [(e["detail"]["TrainingJobStatus"], e["detail"]["SecondaryStatus"])
+                for e in job_events("lossy", "Completed")]
+    assert statuses == [("InProgress", s) for s in secondary_statuses(job)[:-1]] + [("Completed", "Completed")]
+    log = (service.settings.state_dir / "jobs/lossy/algo-2/logs.txt").read_text()
+    assert "--- lossy attempt 1 of 3 on algo-2 ---" in log and "--- lossy attempt 2 of 3 on algo-2 ---" in log
+
+
+@pytest.mark.parametrize("retry_strategy, losses", [(None, 1), ({"MaximumRetryAttempts": 1}, 2)])
+def test_losing_an_instance_on_the_last_attempt_fails_as_an_internal_error(
+        sm: Any, s3: Any, service: LocalSageMaker, retry_strategy: dict | None, losses: int) -> None:
+    put_shards(s3, "shards/a.tar")
+    request = training_request("doomed", hyperparameters={"sleep": "30"})
+    request.pop("RetryStrategy")
+    if retry_strategy:
+        request["RetryStrategy"] = retry_strategy
+    sm.create_training_job(**request)
+
+    for attempt in range(1, losses + 1):
+        wait_for(lambda: secondary_statuses(sm.describe_training_job(TrainingJobName="doomed")).count("Training")
+                 == attempt, what=f"attempt {attempt} to train")
+        service.lose_training_instance("doomed")
+    job = wait_for_job(sm, "doomed", "Completed", "Failed")
+
+    assert (job["TrainingJobStatus"], job["SecondaryStatus"]) == ("Failed", "Failed")
+    assert job["FailureReason"] == ("InternalServerError: We encountered an internal error. Please try again. "
+                                    f"(local runner: instance algo-1 was lost during attempt {losses} of {losses})")
+    assert secondary_statuses(job).count("Training") == losses
+
+
+def test_a_failing_script_is_not_retried(sm: Any, s3: Any) -> None:
+    put_shards(s3, "shards/a.tar", "shards/b.tar")
+
+    sm.create_training_job(**two_instances(training_request("broken", hyperparameters={"fail": "CUDA out of memory"})))
+    job = wait_for_job(sm, "broken", "Completed", "Failed")
+
+    assert (job["TrainingJobStatus"], job["FailureReason"]) == ("Failed", "CUDA out of memory")
+    assert secondary_statuses(job) == ["Starting", "Downloading", "Training", "Failed"]
+
+
+@pytest.mark.parametrize("member, value", [("ResourceConfig", {"InstanceType": "ml.g5.xlarge", "InstanceCount": 0}),
+                                           ("RetryStrategy", {"MaximumRetryAttempts": 31})])
+def test_instance_count_and_retry_attempts_are_range_checked(sm: Any, member: str, value: dict) -> None:
+    code, message = error_of(lambda: sm.create_training_job(**training_request("bad-range", **{member: value})))
+
+    assert code == "ValidationException"
+    assert "failed to satisfy constraint: Member must have value" in message
+
+
+
+# --- the real trainer ---------------------------------------------------------------------------
+
+TRAINER_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-trainer:latest"  # unmapped: trainer.container
+
+
+def tiny_shard(first: int, count: int) -> bytes:
+    """A shard in the docs/architecture.md layout: <sha256>.{png,txt,json} per sample, sorted by key."""
+    samples = []
+    for index in range(first, first + count):
+        image = io.BytesIO()
+        Image.new("RGB", (48, 48), ((index * 40) % 256, 90, 160)).save(image, format="PNG")
+        data = image.getvalue()
+        key = hashlib.sha256(data).hexdigest()
+        caption = f"a square of colour {index}"
+        metadata = {"sha256": key, "partner": "partner-a", "format": "png", "caption": caption,
+                    "width": 48, "height": 48, "license": "cc-by-4.0"}
+        samples.append((key, [("png", data), ("txt", caption.encode()), ("json", json.dumps(metadata).encode())]))
+    shard = io.BytesIO()
+    with tarfile.open(fileobj=shard, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for key, members in sorted(samples):
+            for extension, data in members:
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return shard.getvalue()
+
+
+def trainer_events(log: Path) -> list[dict[str, Any]]:
+    """The trainer's JSON log lines (rank 0 logs, so algo-1's log holds them)."""
+    events = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("overrides", [{"checkpoint_sync_seconds": 0.2, "stop_grace_seconds": 5}])
+def test_the_trainer_on_two_instances_resumes_after_losing_one(sm: Any, s3: Any, service: LocalSageMaker) -> None:
+    # GIVEN two shards, one per instance, and a 4-step job on two instances checkpointing every step
+    s3.put_object(Bucket="data", Key="shards/s-0.tar", Body=tiny_shard(0, 4))
+    s3.put_object(Bucket="data", Key="shards/s-1.tar", Body=tiny_shard(4, 4))
+    request = two_instances(training_request(
+        "trainer-e2e", CheckpointConfig={"S3Uri": "s3://models/checkpoints/e2e/"},
+        StoppingCondition={"MaxRuntimeInSeconds": 600}))
+    request["AlgorithmSpecification"]["TrainingImage"] = TRAINER_IMAGE
+    request["HyperParameters"] = {"steps": "4", "batch-size": "2", "resolution": "32", "checkpoint-every": "1",
+                                  "seed": "0", "model-config": "tiny", "num-workers": "0", "log-every": "1",
+                                  "validation-prompts": ""}
+    sm.create_training_job(**request)
+
+    # WHEN the leader's instance is lost once a checkpoint has reached S3
+    wait_for(lambda: s3.list_objects_v2(Bucket="models", Prefix="checkpoints/e2e/latest").get("KeyCount"),
+             timeout=150, what="the first checkpoint in S3")
+    service.lose_training_instance("trainer-e2e", "algo-1")
+    job = wait_for(lambda: (j := sm.describe_training_job(TrainingJobName="trainer-e2e"))["TrainingJobStatus"]
+                   in ("Completed", "Failed", "Stopped") and j, timeout=180, what="the job to end")
+
+    # THEN the second attempt resumed from the checkpoint under torchrun on both hosts and completed
+    assert job["TrainingJobStatus"] == "Completed", (job.get("FailureReason"), service.training_log_tail("trainer-e2e"))
+    assert secondary_statuses(job).count("Training") == 2
+    events = trainer_events(service.settings.state_dir / "jobs/trainer-e2e/algo-1/logs.txt")
+    resumed = [e for e in events if e.get("event") == "resumed"]
+    assert len(resumed) == 1 and 1 <= resumed[0]["step"] < 4
+    starts = [e for e in events if e.get("event") == "start"]
+    assert [(e["step"], e["world_size"], e["backend"]) for e in starts] == [
+        (0, 2, "gloo"), (resumed[0]["step"], 2, "gloo")]
+    archive = read_tar(s3, job["ModelArtifacts"]["S3ModelArtifacts"])
+    assert "model_index.json" in archive
+    assert json.loads(archive["atelier-training.json"])["steps"] == 4
 
 
 # --- endpoints ----------------------------------------------------------------------------------
@@ -565,7 +752,7 @@ def test_close_stops_every_container(sm: Any, s3: Any, service: LocalSageMaker) 
     wait_for(lambda: sm.describe_training_job(TrainingJobName="long")["SecondaryStatus"] == "Training",
              what="training")
     pids = [int((state / "endpoints/atelier/model-v1/opt_ml/serve.pid").read_text()),
-            int((state / "jobs/long/opt_ml/train.pid").read_text())]
+            int((state / "jobs/long/algo-1/opt_ml/train.pid").read_text())]
 
     service.close()
 

@@ -26,6 +26,8 @@ HYPERPARAMETERS = {
     "seed": "0",
     "model-config": "tiny",
     "num-workers": "0",
+    "validation-prompts": "a dog",
+    "validation-inference-steps": "2",
 }
 
 
@@ -61,6 +63,7 @@ def test_the_sm_variables_are_those_of_the_training_toolkit(tmp_path):
     root = make_opt_ml(tmp_path, None)
     assert container.sagemaker_environment(root) == {
         "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DIR": str(root / "output"),
         "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
         "SM_CHANNELS": '["train"]',
         "SM_CHANNEL_TRAIN": str(root / "input" / "data" / "train"),
@@ -78,14 +81,70 @@ def test_hyperparameters_become_arguments_with_the_checkpoint_dir(tmp_path):
     ]
 
 
-def test_train_writes_the_pipeline_and_checkpoints(tmp_path, shards_dir):
+def test_one_host_with_several_gpus_runs_torchrun_standalone():
+    resources = {"current_host": "algo-1", "hosts": ["algo-1"]}
+    assert container.torchrun_command(["--steps", "5"], 1, resources) is None
+    assert container.torchrun_command(["--steps", "5"], 8, resources) == [
+        "torchrun", "--nproc_per_node", "8", "--standalone", "-m", "trainer.train", "--steps", "5",
+    ]
+
+
+def test_several_hosts_run_torchrun_with_the_first_host_leading():
+    resources = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2", "algo-3"]}
+    assert container.torchrun_command([], 8, resources) == [
+        "torchrun", "--nproc_per_node", "8", "--nnodes", "3", "--node_rank", "1",
+        "--master_addr", "algo-1", "--master_port", "29500", "-m", "trainer.train",
+    ]
+
+
+def test_the_local_runner_can_point_the_rendezvous_at_loopback(monkeypatch):
+    # the local SageMaker runs every host on 127.0.0.1 (where algo-1 does not resolve), one port per job
+    monkeypatch.setenv("ATELIER_MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("ATELIER_MASTER_PORT", "41234")
+    resources = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}
+    assert container.torchrun_command([], 0, resources) == [
+        "torchrun", "--nproc_per_node", "1", "--nnodes", "2", "--node_rank", "1",
+        "--master_addr", "127.0.0.1", "--master_port", "41234", "-m", "trainer.train",
+    ]
+
+
+def test_train_writes_the_pipeline_checkpoints_and_health_output(tmp_path, shards_dir):
     root = make_opt_ml(tmp_path / "opt-ml", shards_dir)
     result = run_container(root, "train")
     assert result.returncode == 0, result.stderr
     assert (root / "model" / "model_index.json").is_file()
     assert json.loads((root / "model" / "atelier-training.json").read_text())["steps"] == 2
     assert (root / "checkpoints" / "latest").read_text() == "step-00000002"
+    assert sorted(path.name for path in (root / "output" / "data").iterdir()) == ["loss.png", "validation"]
     assert not (root / "output" / "failure").exists()
+
+
+def test_the_samconfig_demo_hyperparameters_train(tmp_path, shards_dir):
+    # the local demo's TrainingHyperparameters (samconfig.toml), with one step
+    hyperparameters = {"steps": "1", "batch-size": "4", "resolution": "64", "learning-rate": "0.001",
+                       "checkpoint-every": "20", "seed": "0", "model-config": "tiny"}
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir, hyperparameters)
+    result = run_container(root, "train")
+    assert result.returncode == 0, result.stderr
+    assert (root / "checkpoints" / "latest").read_text() == "step-00000001"
+
+
+def test_a_reason_the_trainer_wrote_is_kept(tmp_path, shards_dir, monkeypatch):
+    # GIVEN a trainer that writes its own failure reason, then raises
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir)
+    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+
+    def failing_main(args):
+        (root / "output").mkdir(exist_ok=True)
+        (root / "output" / "failure").write_text("NonFiniteLossError: 10 steps in a row\n")
+        raise RuntimeError("secondary")
+
+    monkeypatch.setattr(container.train, "main", failing_main)
+    # WHEN the container runs it
+    assert container.main(["train"]) == 1
+    # THEN the trainer's reason is what SageMaker sees
+    assert (root / "output" / "failure").read_text() == "NonFiniteLossError: 10 steps in a row\n"
 
 
 def test_train_on_an_empty_channel_fails_with_the_reason(tmp_path):

@@ -140,3 +140,51 @@ def test_failed_job_is_recorded_with_its_reason_and_not_deployed(settings: Deplo
     assert (item["status"], item["failure_reason"]) == ("Failed", "AlgorithmError: loss became NaN at step 1200")
     assert boto3.client("sagemaker").list_models()["Models"] == []
 
+
+
+# --- run plans: only the final stage is served --------------------------------------------------
+
+def completed_with_tags(tags: object) -> dict[str, Any]:
+    return {**load_event("deploy_job_completed")["detail"], "Tags": tags}
+
+
+@pytest.mark.parametrize(("tags", "final"), [
+    pytest.param({"atelier:final-stage": "false", "atelier:stage": "256"}, False, id="earlier-stage-map"),
+    pytest.param([{"Key": "atelier:final-stage", "Value": "false"}], False, id="earlier-stage-list"),
+    pytest.param({"atelier:final-stage": "true"}, True, id="final-stage"),
+    pytest.param({}, True, id="untagged"),  # a job of no run plan is its own final stage
+    pytest.param(None, True, id="no-tags"),
+])
+def test_event_tags_say_whether_the_job_is_a_run_plan_s_final_stage(tags: object, final: bool) -> None:
+    assert job_state_from_event(completed_with_tags(tags)).final_stage is final
+
+
+def test_event_without_tags_is_a_final_stage() -> None:
+    assert job_state_from_event(load_event("deploy_job_completed")["detail"]).final_stage is True
+
+
+def test_completed_earlier_stage_is_recorded_not_deployed(settings: DeploySettings) -> None:
+    # GIVEN the Completed event of a run plan's first stage (tagged atelier:final-stage=false)
+    state = job_state_from_event(completed_with_tags({"atelier:final-stage": "false"}))
+
+    # WHEN the deploy stage handles it
+    result = on_job_state(state, settings)
+
+    # THEN its state is recorded, and no model, config or endpoint is made from it
+    item = aws.get_item(settings.table, records.job_pk(COMPLETED_JOB))
+    sagemaker = boto3.client("sagemaker")
+    assert (result.action, result.endpoint_config) == ("recorded", None)
+    assert (item["status"], item["model_data"]) == ("Completed", MODEL_DATA)
+    assert sagemaker.list_models()["Models"] == []
+    assert sagemaker.list_endpoint_configs()["EndpointConfigs"] == []
+    assert aws.describe_endpoint(settings.endpoint_name) is None
+
+
+def test_completed_final_stage_is_deployed(settings: DeploySettings) -> None:
+    state = job_state_from_event(completed_with_tags({"atelier:final-stage": "true"}))
+
+    result = on_job_state(state, settings)
+
+    assert (result.action, result.endpoint_config) == ("created", COMPLETED_JOB)
+    assert boto3.client("sagemaker").describe_endpoint(EndpointName=settings.endpoint_name)["EndpointConfigName"] \
+        == COMPLETED_JOB

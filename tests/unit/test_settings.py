@@ -10,7 +10,9 @@ import pytest
 
 from atelier.local.template import Expanded, Resolver, expand
 from core.errors import ConfigError
-from core.settings import DeploySettings, IngestSettings, PackSettings, TrainingSettings
+from core.images import DecodePolicy
+from core.settings import (GPUS_PER_INSTANCE, DeploySettings, IngestSettings, PackSettings, Stage, TrainingSettings,
+                           check_sharding)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +20,7 @@ TRAINING_ENV = {
     "PIPELINE_TABLE": "atelier-PipelineTable",
     "DATA_BUCKET": "atelier-data",
     "MODELS_BUCKET": "atelier-models",
-    "TRAINING_QUOTA": "8",
+    "TRAINING_QUOTA": "16",  # 8 shards for each of the two instances' 8 GPUs
     "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/atelier-SageMakerRole",
     "TRAINING_IMAGE_URI": "atelier-trainer:latest",
     "TRAINING_INSTANCE_TYPE": "ml.p5.48xlarge",
@@ -28,31 +30,53 @@ TRAINING_ENV = {
     "TRAINING_MAX_RETRIES": "3",
     "TRAINING_LINEAGE": "main",
     "TRAINING_HYPERPARAMETERS": '{"steps": "100000", "batch-size": "32"}',
+    "TRAINING_CONCURRENCY": "queue",
+    "TRAINING_REPLAY_SHARE": "0.2",
+    "TRAINING_KEEP_ALIVE_S": "600",
+    "TRAINING_SUBNETS": "subnet-a,subnet-b",
+    "TRAINING_SECURITY_GROUPS": "sg-1",
+    "TRAINING_KMS_KEY": "arn:aws:kms:us-east-1:123456789012:key/1234abcd",
+    "TRAINING_GPUS_PER_INSTANCE": "0",
+    "TRAINING_RUN_PLAN": "",
 }
-INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "MAX_UPLOAD_BYTES": "209715200",
-              "MAX_IMAGE_PIXELS": "178956970"}
-PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default"}
+# Empty or absent, these mean "none" (the template joins empty lists to ""): not required.
+TRAINING_OPTIONAL = ("TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS", "TRAINING_KMS_KEY", "TRAINING_RUN_PLAN")
+TRAINING_REQUIRED = {k: v for k, v in TRAINING_ENV.items() if k not in TRAINING_OPTIONAL}
+INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "DATA_BUCKET": "d",
+              "MAX_UPLOAD_BYTES": "209715200", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
+              "MIN_SHORT_SIDE": "256", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "2048", "STORE_JPEG_QUALITY": "95",
+              "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3"}
+INGEST_SETTINGS = IngestSettings(
+    table="t", pack_queue_url="https://sqs/q", data_bucket="d", max_upload_bytes=209715200,
+    decode=DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
+                        background=(255, 255, 255), max_side=2048, reencode="auto"),
+    min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3)
+PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default",
+            "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600"}
+PACK_SETTINGS = dict(table="t", data_bucket="d", event_bus="default", shard_target_bytes=1073741824,
+                     shard_max_samples=10000, shard_max_age_s=3600)
 DEPLOY_ENV = {"PIPELINE_TABLE": "t", "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/r",
               "INFERENCE_IMAGE_URI": "img", "ENDPOINT_NAME": "atelier", "ENDPOINT_INSTANCE_TYPE": "ml.g5.xlarge"}
-ALL = [(TrainingSettings, TRAINING_ENV), (IngestSettings, INGEST_ENV), (PackSettings, PACK_ENV),
+ALL = [(TrainingSettings, TRAINING_REQUIRED), (IngestSettings, INGEST_ENV), (PackSettings, PACK_ENV),
        (DeploySettings, DEPLOY_ENV)]
 
 
 def test_training_settings_from_a_full_environment() -> None:
     assert TrainingSettings.from_env(TRAINING_ENV) == TrainingSettings(
-        table="atelier-PipelineTable", data_bucket="atelier-data", models_bucket="atelier-models", quota=8,
+        table="atelier-PipelineTable", data_bucket="atelier-data", models_bucket="atelier-models", quota=16,
         role_arn="arn:aws:iam::123456789012:role/atelier-SageMakerRole", image_uri="atelier-trainer:latest",
-        instance_type="ml.p5.48xlarge", instance_count=2, volume_gb=200, max_runtime_s=432000, max_retries=3,
-        lineage="main", hyperparameters={"steps": "100000", "batch-size": "32"})
+        volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.2,
+        keep_alive_s=600, subnets=("subnet-a", "subnet-b"), security_groups=("sg-1",),
+        kms_key="arn:aws:kms:us-east-1:123456789012:key/1234abcd",
+        stages=(Stage("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),))
 
 
 def test_ingest_settings_from_a_full_environment() -> None:
-    assert IngestSettings.from_env(INGEST_ENV) == IngestSettings(
-        table="t", pack_queue_url="https://sqs/q", max_upload_bytes=209715200, max_image_pixels=178956970)
+    assert IngestSettings.from_env(INGEST_ENV) == INGEST_SETTINGS
 
 
 def test_pack_settings_from_a_full_environment() -> None:
-    assert PackSettings.from_env(PACK_ENV) == PackSettings(table="t", data_bucket="d", event_bus="default")
+    assert PackSettings.from_env(PACK_ENV) == PackSettings(**PACK_SETTINGS)
 
 
 def test_deploy_settings_from_a_full_environment() -> None:
@@ -65,7 +89,7 @@ def test_from_env_reads_the_process_environment_by_default(monkeypatch: pytest.M
     for name, value in PACK_ENV.items():
         monkeypatch.setenv(name, value)
 
-    assert PackSettings.from_env() == PackSettings(table="t", data_bucket="d", event_bus="default")
+    assert PackSettings.from_env() == PackSettings(**PACK_SETTINGS)
 
 
 @pytest.mark.parametrize(("settings", "env", "name"),
@@ -84,17 +108,65 @@ def test_empty_variable_counts_as_missing() -> None:
 
 
 @pytest.mark.parametrize("name", ["TRAINING_QUOTA", "TRAINING_INSTANCE_COUNT", "TRAINING_VOLUME_GB",
-                                  "TRAINING_MAX_RUNTIME_S", "TRAINING_MAX_RETRIES"])
+                                  "TRAINING_MAX_RUNTIME_S", "TRAINING_MAX_RETRIES", "TRAINING_KEEP_ALIVE_S",
+                                  "TRAINING_GPUS_PER_INSTANCE"])
 @pytest.mark.parametrize("value", ["two", "2.5", "1e3"])
 def test_non_integer_is_a_config_error(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
         TrainingSettings.from_env({**TRAINING_ENV, name: value})
 
 
-@pytest.mark.parametrize("name", ["MAX_UPLOAD_BYTES", "MAX_IMAGE_PIXELS"])
-def test_non_integer_ingest_limit_is_a_config_error(name: str) -> None:
+# --- ingest policy values ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "value"), [
+    *[(name, value) for name in ("MAX_UPLOAD_BYTES", "MAX_IMAGE_PIXELS", "MIN_SHORT_SIDE", "STORE_MAX_SIDE",
+                                 "STORE_JPEG_QUALITY", "NEAR_DUPLICATE_DISTANCE") for value in ("lots", "2.5", "1e3")],
+    ("MAX_ASPECT_RATIO", "wide"), ("MAX_ASPECT_RATIO", "4:1"),
+    ("ALLOWED_FORMATS", "jpeg,heic"), ("ALLOWED_FORMATS", "jpg"), ("ALLOWED_FORMATS", ","), ("ALLOWED_FORMATS", "svg"),
+    ("REENCODE", "never"), ("REENCODE", "Always"), ("REENCODE", "true"),
+    ("ALPHA_BACKGROUND", "white"), ("ALPHA_BACKGROUND", "255,255"), ("ALPHA_BACKGROUND", "255,255,255,0"),
+    ("ALPHA_BACKGROUND", "256,0,0"), ("ALPHA_BACKGROUND", "-1,0,0"), ("ALPHA_BACKGROUND", "#ffffff"),
+    ("ALPHA_BACKGROUND", "0.5,0,0"),
+    ("NEAR_DUPLICATE_DISTANCE", "4"), ("NEAR_DUPLICATE_DISTANCE", "64"), ("NEAR_DUPLICATE_DISTANCE", "-1"),
+])
+def test_malformed_ingest_value_is_a_config_error_naming_it(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
-        IngestSettings.from_env({**INGEST_ENV, name: "lots"})
+        IngestSettings.from_env({**INGEST_ENV, name: value})
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    pytest.param("STORE_JPEG_QUALITY", "0", id="quality-0"),  # template: MinValue 50
+    pytest.param("STORE_JPEG_QUALITY", "101", id="quality-101"),  # template: MaxValue 100
+    pytest.param("STORE_MAX_SIDE", "0", id="max-side-0"),  # JPEG draft divides by it
+    pytest.param("MAX_ASPECT_RATIO", "0.5", id="aspect-under-1"),  # every image would be bad_aspect
+    pytest.param("MAX_ASPECT_RATIO", "nan", id="aspect-nan"),  # no image would ever be bad_aspect
+    pytest.param("MAX_IMAGE_PIXELS", "0", id="pixels-0"),  # every image would be too_many_pixels
+    pytest.param("MAX_UPLOAD_BYTES", "0", id="bytes-0"),  # every upload would be too_large
+])
+def test_ingest_value_out_of_its_range_is_a_config_error_naming_it(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        IngestSettings.from_env({**INGEST_ENV, name: value})
+
+
+def test_allowed_formats_are_normalised() -> None:
+    settings = IngestSettings.from_env({**INGEST_ENV, "ALLOWED_FORMATS": " JPEG, png ,,GIF "})
+
+    assert settings.decode.allowed == frozenset({"jpeg", "png", "gif"})
+
+
+def test_alpha_background_may_have_spaces() -> None:
+    assert IngestSettings.from_env({**INGEST_ENV, "ALPHA_BACKGROUND": "0, 128 ,255"}).decode.background == (0, 128, 255)
+
+
+@pytest.mark.parametrize("distance", ["0", "3"])
+def test_near_duplicate_distance_up_to_three_is_accepted(distance: str) -> None:
+    settings = IngestSettings.from_env({**INGEST_ENV, "NEAR_DUPLICATE_DISTANCE": distance})
+
+    assert settings.near_duplicate_distance == int(distance)
+
+
+def test_fractional_aspect_ratio_is_accepted() -> None:
+    assert IngestSettings.from_env({**INGEST_ENV, "MAX_ASPECT_RATIO": "2.5"}).max_aspect_ratio == 2.5
 
 
 @pytest.mark.parametrize("raw", [
@@ -115,11 +187,11 @@ def test_hyperparameter_values_become_strings() -> None:
 
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": raw})
 
-    assert settings.hyperparameters == {"steps": "30", "learning-rate": "0.0005", "model-config": "tiny"}
+    assert settings.stages[0].hyperparameters == {"steps": "30", "learning-rate": "0.0005", "model-config": "tiny"}
 
 
 def test_empty_hyperparameter_object_is_allowed() -> None:
-    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": "{}"}).hyperparameters == {}
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": "{}"}).stages[0].hyperparameters == {}
 
 
 @pytest.mark.parametrize("raw", [
@@ -131,6 +203,197 @@ def test_hyperparameters_that_are_not_flat_are_a_config_error(raw: str) -> None:
     # nested value would reach the trainer as a Python repr such as "{'depth': 2}".
     with pytest.raises(ConfigError, match="TRAINING_HYPERPARAMETERS"):
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": raw})
+
+
+# --- training: the new variables ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TRAINING_OPTIONAL)
+@pytest.mark.parametrize("absent", ["missing", "empty"])
+def test_optional_training_variables_absent_mean_none(name: str, absent: str) -> None:
+    others = {k: v for k, v in TRAINING_ENV.items() if k != name and k in TRAINING_REQUIRED}
+    env = others if absent == "missing" else {**others, name: ""}
+
+    settings = TrainingSettings.from_env(env)
+
+    assert (settings.subnets, settings.security_groups, settings.kms_key, len(settings.stages)) == ((), (), "", 1)
+
+
+def test_subnets_and_security_groups_are_trimmed_lists() -> None:
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_SUBNETS": " subnet-a , ,subnet-b ",
+                                          "TRAINING_SECURITY_GROUPS": "sg-1,sg-2"})
+
+    assert (settings.subnets, settings.security_groups) == (("subnet-a", "subnet-b"), ("sg-1", "sg-2"))
+
+
+@pytest.mark.parametrize("missing", ["TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS"])
+def test_subnets_and_security_groups_go_together(missing: str) -> None:
+    with pytest.raises(ConfigError, match="TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS"):
+        TrainingSettings.from_env({**TRAINING_ENV, missing: ""})
+
+
+@pytest.mark.parametrize("value", ["skip", "queue"])
+def test_concurrency_is_queue_or_skip(value: str) -> None:
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_CONCURRENCY": value}).concurrency == value
+
+
+@pytest.mark.parametrize("value", ["parallel", "Queue", "wait", "both"])
+def test_other_concurrency_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="TRAINING_CONCURRENCY"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_CONCURRENCY": value})
+
+
+@pytest.mark.parametrize(("value", "share"), [("0", 0.0), ("0.5", 0.5), ("0.9", 0.9)])
+def test_replay_share_up_to_nine_tenths_is_accepted(value: str, share: float) -> None:
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_REPLAY_SHARE": value}).replay_share == share
+
+
+@pytest.mark.parametrize("value", ["0.95", "1", "-0.1", "nan", "a fifth"])
+def test_replay_share_out_of_0_to_0_9_is_a_config_error(value: str) -> None:
+    # at a share of 1 the replay count round(n * r / (1 - r)) divides by zero
+    with pytest.raises(ConfigError, match="TRAINING_REPLAY_SHARE"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_REPLAY_SHARE": value})
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0", 0), ("3600", 3600)])
+def test_keep_alive_of_0_to_an_hour_is_accepted(value: str, seconds: int) -> None:
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_KEEP_ALIVE_S": value}).keep_alive_s == seconds
+
+
+@pytest.mark.parametrize("value", ["3601", "-1"])
+def test_keep_alive_beyond_sagemaker_s_hour_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="TRAINING_KEEP_ALIVE_S"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_KEEP_ALIVE_S": value})
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    pytest.param("TRAINING_INSTANCE_COUNT", "0", id="no-instances"),  # template: MinValue 1
+    pytest.param("TRAINING_GPUS_PER_INSTANCE", "-1", id="negative-gpus"),  # template: MinValue 0
+])
+def test_training_count_out_of_its_range_is_a_config_error_naming_it(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        TrainingSettings.from_env({**TRAINING_ENV, name: value})
+
+
+def test_kms_key_is_kept_as_given() -> None:
+    assert TrainingSettings.from_env(TRAINING_ENV).kms_key == "arn:aws:kms:us-east-1:123456789012:key/1234abcd"
+
+
+# --- training: the run plan -------------------------------------------------------------------------
+
+PLAN = json.dumps([
+    {"name": "256", "instance_count": 4, "hyperparameters": {"resolution": "256", "steps": 50000}},
+    {"name": "512", "instance_type": "ml.p4d.24xlarge", "instance_count": 8, "hyperparameters": {"resolution": "512"}},
+])
+
+
+@pytest.mark.parametrize("raw", ["", "[]"])
+def test_empty_run_plan_is_one_stage_of_the_base_settings(raw: str) -> None:
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": raw})
+
+    assert settings.stages == (Stage("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),)
+    assert settings.stages[0].steps == 100000
+
+
+def test_run_plan_stages_override_instances_and_hyperparameters() -> None:
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "64", "TRAINING_RUN_PLAN": PLAN})
+
+    assert settings.stages == (
+        Stage("256", "ml.p5.48xlarge", 4, {"steps": "50000", "batch-size": "32", "resolution": "256"}),
+        Stage("512", "ml.p4d.24xlarge", 8, {"steps": "100000", "batch-size": "32", "resolution": "512"}),
+    )
+    assert [s.steps for s in settings.stages] == [50000, 100000]
+
+
+def test_stage_without_steps_trains_none() -> None:
+    assert Stage("s", "ml.p5.48xlarge", 1, {}).steps == 0
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param("[{", id="not-json"),
+    pytest.param('{"name": "256"}', id="object"),
+    pytest.param('"256"', id="string"),
+    pytest.param('[{"instance_count": 2}]', id="stage-without-name"),
+    pytest.param('[{"name": 256}]', id="name-not-a-string"),
+    pytest.param('["256"]', id="stage-not-an-object"),
+    pytest.param('[{"name": "256"}, {"hyperparameters": {}}]', id="second-stage-without-name"),
+])
+def test_malformed_run_plan_is_a_config_error_naming_it(raw: str) -> None:
+    with pytest.raises(ConfigError, match="TRAINING_RUN_PLAN"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": raw})
+
+
+@pytest.mark.parametrize("stage", [
+    pytest.param({"name": "a", "instance_count": "four"}, id="count-not-a-number"),
+    pytest.param({"name": "a", "instance_count": 0}, id="count-zero"),
+    pytest.param({"name": "a", "hyperparameters": {"betas": [0.9, 0.999]}}, id="nested-hyperparameter"),
+    pytest.param({"name": "a", "hyperparameters": ["steps", "1"]}, id="hyperparameters-not-an-object"),
+])
+def test_malformed_stage_is_a_config_error_naming_the_run_plan(stage: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="TRAINING_RUN_PLAN"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": json.dumps([stage])})
+
+
+# --- training: quota versus instances and GPUs ----------------------------------------------------
+
+def test_p5_and_p4d_have_eight_gpus() -> None:
+    assert (GPUS_PER_INSTANCE["ml.p5.48xlarge"], GPUS_PER_INSTANCE["ml.p4d.24xlarge"]) == (8, 8)
+
+
+def test_quota_that_does_not_split_evenly_over_the_instances_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="quota of 30 shards does not split evenly over 4 instances"):
+        check_sharding(30, Stage("256", "ml.p5.48xlarge", 4, {}), 0)
+
+
+def test_fewer_shards_per_instance_than_gpus_is_a_config_error_naming_the_minimum_quota() -> None:
+    with pytest.raises(ConfigError, match="4 shards per instance for 8 GPUs; "
+                                          "raise TrainingQuota to at least 16"):
+        check_sharding(8, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "1"}), 0)
+
+
+def test_loader_workers_need_no_shards_of_their_own() -> None:
+    # the loader's workers share batches, not shards: 8 shards serve 8 GPUs with 4 workers each
+    check_sharding(8, Stage("256", "ml.p5.48xlarge", 1, {"num-workers": "4"}), 0)
+
+
+def test_shards_that_do_not_split_evenly_over_an_instance_s_gpus_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="12 shards per instance do not split evenly over 8 GPUs; use a multiple of 16"):
+        check_sharding(24, Stage("256", "ml.p5.48xlarge", 2, {}), 0)
+
+
+@pytest.mark.parametrize(("quota", "stage"), [
+    (16, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "1"})),  # 8 per instance, one per GPU
+    (32, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "2"})),
+    (1, Stage("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"})),  # a type not in the table: one process
+    (2, Stage("cpu", "ml.m5.xlarge", 2, {"num-workers": "1"})),
+    (4, Stage("cpu", "ml.m5.xlarge", 2, {})),  # no num-workers: the trainer's default of 2
+])
+def test_quota_with_whole_shards_for_every_gpu_passes(quota: int, stage: Stage) -> None:
+    check_sharding(quota, stage, 0)
+
+
+def test_gpus_per_instance_override_replaces_the_instance_table() -> None:
+    check_sharding(4, Stage("256", "ml.p5.48xlarge", 1, {"num-workers": "1"}), 4)
+    with pytest.raises(ConfigError, match="at least 2"):
+        check_sharding(1, Stage("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"}), 2)
+
+
+def test_settings_check_every_stage_of_the_run_plan() -> None:
+    # 32 shards are enough for 4 p5 instances (8 each) but not for 8 p4d instances (4 each)
+    with pytest.raises(ConfigError, match="stage 512: 4 shards per instance for 8 GPUs"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "32", "TRAINING_RUN_PLAN": PLAN})
+
+
+def test_settings_check_the_base_stage() -> None:
+    with pytest.raises(ConfigError, match="raise TrainingQuota to at least 16"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "8"})
+
+
+def test_settings_take_the_gpus_per_instance_override() -> None:
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "8", "TRAINING_GPUS_PER_INSTANCE": "4"})
+
+    assert settings.quota == 8
+    with pytest.raises(ConfigError, match="at least 32"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_GPUS_PER_INSTANCE": "16"})
 
 
 # --- the template gives each function what its settings need --------------------------------------
@@ -158,8 +421,22 @@ def test_each_function_environment_in_the_template_parses(expanded: Expanded, lo
     assert isinstance(settings.from_env(function_environment(expanded, logical_id)), settings)
 
 
+def test_template_ingest_defaults_parse_to_exact_settings(expanded: Expanded) -> None:
+    parsed = IngestSettings.from_env(function_environment(expanded, "IngestFunction"))
+
+    assert (parsed.max_upload_bytes, parsed.decode, parsed.min_short_side, parsed.max_aspect_ratio,
+            parsed.jpeg_quality, parsed.near_duplicate_distance) == (
+        209715200, DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
+                                background=(255, 255, 255), max_side=2048, reencode="auto"),
+        256, 4.0, 95, 3)
+
+
 def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) -> None:
     parsed = TrainingSettings.from_env(function_environment(expanded, "StartTrainingFunction"))
 
-    assert (parsed.quota, parsed.max_retries, parsed.lineage, parsed.hyperparameters["model-config"]) \
-        == (8, 3, "main", "sd2")
+    assert (parsed.quota, parsed.max_retries, parsed.lineage, parsed.concurrency, parsed.replay_share,
+            parsed.keep_alive_s, parsed.subnets, parsed.security_groups, parsed.kms_key) \
+        == (8, 3, "main", "queue", 0.2, 600, (), (), "")
+    assert parsed.stages == (Stage("main", "ml.p5.48xlarge", 1, {
+        "steps": "100000", "batch-size": "32", "resolution": "256", "learning-rate": "0.0001",
+        "checkpoint-every": "1000", "seed": "0", "model-config": "sd2"}),)

@@ -156,3 +156,46 @@ def test_shard_id_is_shard_and_32_hex_of_the_sorted_keys() -> None:
 @pytest.mark.parametrize(("shard_id", "key"), [("shard-0123", "shards/shard-0123.tar")])
 def test_shard_key_is_under_shards(shard_id: str, key: str) -> None:
     assert shard_key(shard_id) == key
+
+
+# --- streaming layout: names, segments, trailer, digest -----------------------------------------
+
+@pytest.mark.parametrize("key", ["../../etc/passwd", "/abs/path", "a.b.c", "ctrl\x00\x1b[31m\n", "", "ö" * 200])
+def test_member_names_are_sanitised(key: str) -> None:
+    from core.shards import member_name
+
+    name = member_name(key, "J.P/G\n")
+
+    stem, extension = name.split(".")
+    assert stem and all(c.isascii() and (c.isalnum() or c in "_-") for c in stem) and len(stem) <= 90
+    assert extension == "jpg" and ".." not in name and not name.startswith("/")
+
+
+def test_segments_followed_by_the_trailer_are_the_bytes_tarfile_writes() -> None:
+    from core.shards import member_header, padding, render_shard, small_members, image_name, trailer
+
+    def segment(pairs: list[tuple[Sample, bytes]]) -> bytes:
+        out = b""
+        for record, image in pairs:
+            for name, data in [(image_name(record), image), *small_members(record)]:
+                out += member_header(name, len(data)) + data + bytes(padding(len(data)))
+        return out
+
+    first, second = segment(BY_SHA[:2]), segment(BY_SHA[2:])
+
+    assert first + second + trailer(len(first) + len(second)) == render_shard(BY_SHA)
+
+
+def test_the_tree_digest_pins_every_byte() -> None:
+    from core.shards import CorruptShard, digest_of_tar
+
+    body = build_shard(SAMPLES)
+    digest, size = digest_of_tar(io.BytesIO(body))
+    changed = bytearray(body)
+    changed[512] ^= 1  # the first data byte of the first member
+
+    assert size == len(body) and len(digest) == 64
+    assert digest_of_tar(io.BytesIO(bytes(changed)))[0] != digest
+    for offset in (600, len(body) - 1):  # padding and trailer must be zeros
+        with pytest.raises(CorruptShard):
+            digest_of_tar(io.BytesIO(body[:offset] + b"\x01" + body[offset + 1:]))

@@ -161,7 +161,10 @@ def test_every_rule_target_that_is_a_function_has_a_dead_letter_queue(resources:
     lambda_targets = [(rule, t) for rule, props in of_type(resources, "AWS::Events::Rule").items()
                       for t in props.get("Targets", []) if t["Arn"].removesuffix(".Arn") in functions]
 
-    assert len(lambda_targets) == 2
+    # Shard Sealed, job finished (start-training), job state changes (deploy), the pack seal timer
+    assert sorted(rule for rule, _ in lambda_targets) == [
+        "DeployFunctionTrainingJobStateChange", "PackFunctionSealTimer", "StartTrainingFunctionJobFinished",
+        "StartTrainingFunctionShardSealed"]
     assert [rule for rule, t in lambda_targets if "Arn" not in t.get("DeadLetterConfig", {})] == []
 
 

@@ -1,23 +1,29 @@
-"""core.training: choosing shards, naming and requesting jobs, and the start-training stage."""
+"""core.training, the pure half: choosing shards (new and replay), naming jobs, the job request.
+
+The orchestration against moto (claims, the lineage lock and queue, job ends, stages) is in
+tests/functions/test_training_jobs.py.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from typing import Callable
 
 import boto3
 import pytest
+from botocore.validate import validate_parameters
 
-from atelier.local.provision import Provisioned
-from core import aws, records
 from core.models import Manifest, ShardRef, ShardSealed
-from core.settings import TrainingSettings
-from core.training import (job_name_for, manifest_file, manifest_from, on_shard_sealed,
-                           training_job_request)
+from core.settings import Stage, TrainingSettings
+from core.training import (METRIC_DEFINITIONS, job_name_for, manifest_file, manifest_from, replay_shards,
+                           stage_hyperparameters, training_job_request)
 
 DATA = "atelier-data-123456789012-us-east-1"
+MODELS = "atelier-models-123456789012-us-east-1"
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker's TrainingJobName pattern
+MANIFEST_URI = f"s3://{DATA}/manifests/atelier-0123456789abcdef0123.manifest"
+BASE_HPS = {"steps": "100", "batch-size": "32", "resolution": "256", "seed": "0"}
 
 
 def shard(n: int, sealed_at: str | None = None) -> ShardSealed:
@@ -27,106 +33,250 @@ def shard(n: int, sealed_at: str | None = None) -> ShardSealed:
                        sealed_at=sealed_at or f"2026-11-29T12:{n:02d}:00+00:00")
 
 
-def manifest_of(*shards: ShardSealed, bucket: str = DATA) -> Manifest:
-    return Manifest(bucket=bucket, prefix="shards/", shards=tuple(
-        ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples) for s in shards))
+def ref(n: int, sealed_at: str | None = None, role: str = "new") -> ShardRef:
+    s = shard(n, sealed_at)
+    return ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples, partners=("partner-a",),
+                    role=role)
+
+
+def manifest_of(*refs: ShardRef, sequence: int = 1, lineage: str = "main") -> Manifest:
+    return Manifest(bucket=DATA, prefix="shards/", shards=tuple(refs), lineage=lineage, sequence=sequence)
 
 
 SETTINGS = TrainingSettings(
-    table="atelier-PipelineTable", data_bucket=DATA, models_bucket="atelier-models", quota=2,
+    table="atelier-PipelineTable", data_bucket=DATA, models_bucket=MODELS, quota=2,
     role_arn="arn:aws:iam::123456789012:role/atelier-SageMakerRole", image_uri="atelier-trainer:latest",
-    instance_type="ml.p5.48xlarge", instance_count=2, volume_gb=200, max_runtime_s=432000, max_retries=3,
-    lineage="main", hyperparameters={"steps": "100", "batch-size": "32"},
+    volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.0,
+    keep_alive_s=0, subnets=(), security_groups=(), kms_key="",
+    stages=(Stage("main", "ml.p5.48xlarge", 2, BASE_HPS),),
 )
+# A BRIA-like run plan: 256 px on 4 instances, then 512 px on 8, each with its own steps.
+TWO_STAGES = dataclasses.replace(SETTINGS, stages=(
+    Stage("256", "ml.p5.48xlarge", 4, {**BASE_HPS, "steps": "50000"}),
+    Stage("512", "ml.p4d.24xlarge", 8, {**BASE_HPS, "steps": "30000", "resolution": "512"}),
+))
 
 
-# --- manifest_from ------------------------------------------------------------------------------
+def with_replay(share: float) -> TrainingSettings:
+    return dataclasses.replace(SETTINGS, replay_share=share)
+
+
+# --- manifest_from: which new shards -----------------------------------------------------------
 
 def test_manifest_from_is_none_below_the_quota() -> None:
-    assert manifest_from([shard(1), shard(2)], quota=3, bucket=DATA) is None
+    assert manifest_from([shard(1)], [ref(9)], SETTINGS, sequence=1) is None
 
 
 def test_manifest_from_is_none_without_shards() -> None:
-    assert manifest_from([], quota=1, bucket=DATA) is None
+    assert manifest_from([], [], SETTINGS, sequence=1) is None
 
 
 def test_manifest_from_at_the_quota_takes_every_shard() -> None:
-    assert manifest_from([shard(2), shard(1)], quota=2, bucket=DATA) == manifest_of(shard(1), shard(2))
+    assert manifest_from([shard(2), shard(1)], [], SETTINGS, sequence=1) == manifest_of(ref(1), ref(2))
 
 
-def test_manifest_from_takes_the_oldest_shards_by_sealed_at() -> None:
+def test_manifest_from_takes_the_oldest_quota_shards_by_sealed_at() -> None:
     pending = [shard(5), shard(1), shard(4), shard(2), shard(3)]
 
-    assert manifest_from(pending, quota=3, bucket=DATA) == manifest_of(shard(1), shard(2), shard(3))
+    assert manifest_from(pending, [], dataclasses.replace(SETTINGS, quota=3), sequence=1) \
+        == manifest_of(ref(1), ref(2), ref(3))
 
 
 def test_manifest_from_breaks_sealed_at_ties_by_shard_id() -> None:
-    same_time = "2026-11-29T12:00:00+00:00"
-    pending = [shard(3, same_time), shard(9, "2026-11-29T11:00:00+00:00"), shard(1, same_time), shard(2, same_time)]
+    same_time, earlier = "2026-11-29T12:00:00+00:00", "2026-11-29T11:00:00+00:00"
+    pending = [shard(3, same_time), shard(9, earlier), shard(1, same_time), shard(2, same_time)]
 
-    assert manifest_from(pending, quota=3, bucket=DATA) == manifest_of(
-        shard(9, "2026-11-29T11:00:00+00:00"), shard(1, same_time), shard(2, same_time))
+    assert manifest_from(pending, [], dataclasses.replace(SETTINGS, quota=3), sequence=1) == manifest_of(
+        ref(9, earlier), ref(1, same_time), ref(2, same_time))
 
 
-# --- job_name_for -------------------------------------------------------------------------------
+def test_manifest_records_the_lineage_and_its_sequence() -> None:
+    manifest = manifest_from([shard(1), shard(2)], [], dataclasses.replace(SETTINGS, lineage="faces"), sequence=7)
+
+    assert (manifest.lineage, manifest.sequence, manifest.bucket, manifest.prefix) == ("faces", 7, DATA, "shards/")
+
+
+def test_manifest_shards_carry_sha256_samples_and_partners() -> None:
+    manifest = manifest_from([shard(1), shard(2)], [], SETTINGS, sequence=1)
+
+    assert [(s.sha256, s.samples, s.partners, s.role, s.weight) for s in manifest.shards] == [
+        (f"{1:064x}", 1, ("partner-a",), "new", 1.0), (f"{2:064x}", 2, ("partner-a",), "new", 1.0)]
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+TRAINED = [ref(n) for n in range(101, 111)]  # ten shards trained by earlier jobs
+NEW = [shard(n) for n in range(1, 5)]
+
+
+def replayed(manifest: Manifest) -> list[str]:
+    return [s.shard_id for s in manifest.shards if s.role == "replay"]
+
+
+def test_replay_share_zero_adds_no_earlier_shard() -> None:
+    manifest = manifest_from(NEW, TRAINED, dataclasses.replace(with_replay(0.0), quota=4), sequence=2)
+
+    assert manifest.shards == tuple(ref(n) for n in range(1, 5))
+
+
+def test_replay_half_of_four_new_shards_adds_exactly_four_trained_shards() -> None:
+    manifest = manifest_from(NEW, TRAINED, dataclasses.replace(with_replay(0.5), quota=4), sequence=2)
+
+    trained_ids = {s.shard_id for s in TRAINED}
+    assert [s.shard_id for s in manifest.new_shards] == [shard(n).shard_id for n in range(1, 5)]
+    assert len(replayed(manifest)) == 4
+    assert set(replayed(manifest)) <= trained_ids
+    assert len(set(replayed(manifest))) == 4
+    assert [(s.role, s.weight) for s in manifest.shards[4:]] == [("replay", 1.0)] * 4
+    assert replayed(manifest) == sorted(replayed(manifest))
+
+
+def test_replay_shards_keep_their_sha256_and_samples() -> None:
+    manifest = manifest_from(NEW, TRAINED, dataclasses.replace(with_replay(0.5), quota=4), sequence=2)
+
+    by_id = {s.shard_id: s for s in TRAINED}
+    assert [s.model_copy(update={"role": "new"}) for s in manifest.shards[4:]] \
+        == [by_id[i] for i in replayed(manifest)]
+
+
+def test_replay_is_deterministic_for_the_same_new_shards() -> None:
+    settings = dataclasses.replace(with_replay(0.5), quota=4)
+
+    first = manifest_from(NEW, TRAINED, settings, sequence=2)
+    again = manifest_from(list(reversed(NEW)), list(reversed(TRAINED)), settings, sequence=2)
+
+    assert replayed(first) == replayed(again)
+    assert first.digest == again.digest
+
+
+def test_replay_differs_for_different_new_shards() -> None:
+    settings = dataclasses.replace(with_replay(0.5), quota=4)
+    other_new = [shard(n) for n in range(5, 9)]
+
+    assert replayed(manifest_from(NEW, TRAINED, settings, sequence=2)) \
+        != replayed(manifest_from(other_new, TRAINED, settings, sequence=2))
+
+
+def test_replay_never_takes_more_than_the_trained_shards() -> None:
+    # 0.9 of the mix would want 36 earlier shards for 4 new ones; only 3 exist
+    manifest = manifest_from(NEW, TRAINED[:3], dataclasses.replace(with_replay(0.9), quota=4), sequence=2)
+
+    assert replayed(manifest) == [s.shard_id for s in TRAINED[:3]]
+
+
+def test_replay_without_trained_shards_is_empty() -> None:
+    assert replay_shards([ref(1), ref(2)], [], 0.5) == []
+
+
+@pytest.mark.parametrize(("new", "share", "wanted"), [
+    (4, 0.5, 4), (8, 0.2, 2), (4, 0.2, 1), (3, 0.25, 1), (8, 0.0, 0),
+])
+def test_replay_count_makes_up_the_share_of_the_mix(new: int, share: float, wanted: int) -> None:
+    assert len(replay_shards([ref(n) for n in range(1, new + 1)], TRAINED, share)) == wanted
+
+
+# --- digests and names ----------------------------------------------------------------------------
 
 def test_job_name_is_a_valid_sagemaker_name() -> None:
-    name = job_name_for(manifest_of(shard(1), shard(2)))
+    name = job_name_for(manifest_of(ref(1), ref(2)))
 
     assert len(name) <= 63 and JOB_NAME.match(name)
 
 
 def test_job_name_is_atelier_and_20_hex_of_the_manifest_digest() -> None:
-    manifest = manifest_of(shard(1), shard(2))
+    manifest = manifest_of(ref(1), ref(2))
 
     assert job_name_for(manifest) == f"atelier-{manifest.digest[:20]}"
 
 
+def test_stage_job_names_add_the_stage_index_after_the_first() -> None:
+    manifest = manifest_of(ref(1), ref(2))
+
+    assert [job_name_for(manifest, k) for k in (0, 1, 2)] == [
+        f"atelier-{manifest.digest[:20]}", f"atelier-{manifest.digest[:20]}-s1", f"atelier-{manifest.digest[:20]}-s2"]
+    assert all(JOB_NAME.match(job_name_for(manifest, k)) for k in (1, 29))
+
+
 def test_job_name_is_stable_for_the_same_manifest() -> None:
-    assert job_name_for(manifest_of(shard(1), shard(2))) == job_name_for(manifest_of(shard(1), shard(2)))
+    assert job_name_for(manifest_of(ref(1), ref(2))) == job_name_for(manifest_of(ref(1), ref(2)))
 
 
-def test_job_name_differs_for_a_different_manifest() -> None:
-    assert job_name_for(manifest_of(shard(1), shard(2))) != job_name_for(manifest_of(shard(1), shard(3)))
+def test_job_name_differs_for_different_shards() -> None:
+    assert job_name_for(manifest_of(ref(1), ref(2))) != job_name_for(manifest_of(ref(1), ref(3)))
 
 
-# --- manifest_file ------------------------------------------------------------------------------
+def test_same_shards_at_the_next_sequence_name_a_new_job() -> None:
+    # GIVEN the shards of a job that failed, claimed again as the lineage's next manifest
+    pending = [shard(1), shard(2)]
+    failed = manifest_from(pending, [], SETTINGS, sequence=1)
+    retried = manifest_from(pending, [], SETTINGS, sequence=2)
+
+    # THEN the digest and so the job name differ, though the shards are the same
+    assert failed.shards == retried.shards
+    assert failed.digest != retried.digest
+    assert job_name_for(failed) != job_name_for(retried)
+
+
+def test_digest_depends_on_the_lineage() -> None:
+    assert manifest_of(ref(1), ref(2), lineage="main").digest != manifest_of(ref(1), ref(2), lineage="faces").digest
+
+
+def test_digest_depends_on_a_shard_being_replayed() -> None:
+    assert manifest_of(ref(1), ref(2)).digest != manifest_of(ref(1), ref(2, role="replay")).digest
+
+
+# --- manifest_file --------------------------------------------------------------------------------
 
 def test_manifest_file_is_a_prefix_then_relative_keys() -> None:
-    manifest = manifest_of(shard(1), shard(2))
+    assert manifest_file(manifest_of(ref(1), ref(2))) == [{"prefix": f"s3://{DATA}/shards/"},
+                                                          f"{shard(1).shard_id}.tar", f"{shard(2).shard_id}.tar"]
+
+
+def test_manifest_file_lists_replay_shards_too() -> None:
+    manifest = manifest_of(ref(1), ref(101, role="replay"))
 
     assert manifest_file(manifest) == [{"prefix": f"s3://{DATA}/shards/"},
-                                       f"{shard(1).shard_id}.tar", f"{shard(2).shard_id}.tar"]
+                                       f"{shard(1).shard_id}.tar", f"{shard(101).shard_id}.tar"]
 
 
-# --- training_job_request -----------------------------------------------------------------------
+# --- training_job_request -------------------------------------------------------------------------
 
-REQUEST = training_job_request("atelier-0123456789abcdef0123", f"s3://{DATA}/manifests/x.manifest", SETTINGS)
-
-
-def test_request_streams_its_one_channel_with_fast_file() -> None:
-    assert REQUEST["AlgorithmSpecification"] == {"TrainingImage": "atelier-trainer:latest",
-                                                 "TrainingInputMode": "FastFile"}
-    assert REQUEST["InputDataConfig"] == [{
-        "ChannelName": "train", "InputMode": "FastFile", "ContentType": "application/x-tar",
-        "DataSource": {"S3DataSource": {"S3DataType": "ManifestFile",
-                                        "S3Uri": f"s3://{DATA}/manifests/x.manifest",
-                                        "S3DataDistributionType": "ShardedByS3Key"}},
-    }]
+DIGEST = "ab" * 32
+REQUEST = training_job_request("atelier-0123456789abcdef0123", MANIFEST_URI, DIGEST, 0, 100, SETTINGS)
 
 
 def test_request_names_the_job() -> None:
     assert REQUEST["TrainingJobName"] == "atelier-0123456789abcdef0123"
 
 
-def test_request_checkpoints_per_lineage_and_job() -> None:
-    assert REQUEST["CheckpointConfig"] == {
-        "S3Uri": "s3://atelier-models/checkpoints/main/atelier-0123456789abcdef0123/",
-        "LocalPath": "/opt/ml/checkpoints"}
+def test_request_streams_its_one_channel_with_fast_file_sharded_by_key() -> None:
+    assert REQUEST["AlgorithmSpecification"] == {"TrainingImage": "atelier-trainer:latest",
+                                                 "TrainingInputMode": "FastFile",
+                                                 "MetricDefinitions": METRIC_DEFINITIONS}
+    assert REQUEST["InputDataConfig"] == [{
+        "ChannelName": "train", "InputMode": "FastFile", "ContentType": "application/x-tar",
+        "DataSource": {"S3DataSource": {"S3DataType": "ManifestFile", "S3Uri": MANIFEST_URI,
+                                        "S3DataDistributionType": "ShardedByS3Key"}},
+    }]
+
+
+def test_request_checkpoints_per_lineage() -> None:
+    # not per job: a retried job and the lineage's next job resume from the same prefix
+    assert REQUEST["CheckpointConfig"] == {"S3Uri": f"s3://{MODELS}/checkpoints/main/",
+                                           "LocalPath": "/opt/ml/checkpoints"}
+    other = training_job_request("atelier-ffffffffffffffffffff", MANIFEST_URI, DIGEST, 0, 100, SETTINGS)
+    assert other["CheckpointConfig"] == REQUEST["CheckpointConfig"]
+
+
+def test_request_checkpoint_prefix_follows_the_lineage() -> None:
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100,
+                                   dataclasses.replace(SETTINGS, lineage="faces"))
+
+    assert request["CheckpointConfig"]["S3Uri"] == f"s3://{MODELS}/checkpoints/faces/"
 
 
 def test_request_writes_models_under_training() -> None:
-    assert REQUEST["OutputDataConfig"] == {"S3OutputPath": "s3://atelier-models/training/"}
+    assert REQUEST["OutputDataConfig"] == {"S3OutputPath": f"s3://{MODELS}/training/"}
 
 
 def test_request_takes_resources_and_limits_from_settings() -> None:
@@ -142,104 +292,156 @@ def test_request_isolates_the_network_and_encrypts_between_containers() -> None:
     assert (REQUEST["EnableNetworkIsolation"], REQUEST["EnableInterContainerTrafficEncryption"]) == (True, True)
 
 
-def test_request_hyperparameters_are_strings() -> None:
-    # GIVEN settings parsed from a TRAINING_HYPERPARAMETERS with numbers in it
-    settings = TrainingSettings.from_env({
-        "PIPELINE_TABLE": "t", "DATA_BUCKET": DATA, "MODELS_BUCKET": "m", "TRAINING_QUOTA": "2",
-        "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/r", "TRAINING_IMAGE_URI": "img",
-        "TRAINING_INSTANCE_TYPE": "ml.m5.xlarge", "TRAINING_INSTANCE_COUNT": "1", "TRAINING_VOLUME_GB": "30",
-        "TRAINING_MAX_RUNTIME_S": "3600", "TRAINING_MAX_RETRIES": "1", "TRAINING_LINEAGE": "main",
-        "TRAINING_HYPERPARAMETERS": json.dumps({"steps": 2, "learning-rate": 0.0005, "model-config": "tiny"}),
-    })
+def test_request_tags_the_manifest_digest_lineage_and_stage() -> None:
+    assert REQUEST["Tags"] == [{"Key": "atelier:manifest", "Value": DIGEST},
+                               {"Key": "atelier:lineage", "Value": "main"},
+                               {"Key": "atelier:stage", "Value": "main"},
+                               {"Key": "atelier:final-stage", "Value": "true"}]
 
-    request = training_job_request("atelier-x", "s3://d/manifests/x.manifest", settings)
 
-    assert request["HyperParameters"] == {"steps": "2", "learning-rate": "0.0005", "model-config": "tiny"}
+def test_request_without_warm_pool_vpc_or_key_leaves_them_out() -> None:
+    assert "KeepAlivePeriodInSeconds" not in REQUEST["ResourceConfig"]
+    assert "VolumeKmsKeyId" not in REQUEST["ResourceConfig"]
+    assert "KmsKeyId" not in REQUEST["OutputDataConfig"]
+    assert "VpcConfig" not in REQUEST
+
+
+def test_request_keeps_a_warm_pool_when_asked() -> None:
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100,
+                                   dataclasses.replace(SETTINGS, keep_alive_s=600))
+
+    assert request["ResourceConfig"] == {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 200,
+                                         "KeepAlivePeriodInSeconds": 600}
+
+
+def test_request_runs_in_the_vpc_when_subnets_are_given() -> None:
+    settings = dataclasses.replace(SETTINGS, subnets=("subnet-a", "subnet-b"), security_groups=("sg-1",))
+
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100, settings)
+
+    assert request["VpcConfig"] == {"Subnets": ["subnet-a", "subnet-b"], "SecurityGroupIds": ["sg-1"]}
+
+
+def test_request_encrypts_volumes_and_outputs_with_the_key() -> None:
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+    settings = dataclasses.replace(SETTINGS, kms_key=key)
+
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100, settings)
+
+    assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://{MODELS}/training/", "KmsKeyId": key}
+    assert request["ResourceConfig"]["VolumeKmsKeyId"] == key
+
+
+def test_request_hyperparameters_are_the_stage_s_with_steps_as_the_lineage_target() -> None:
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 350, SETTINGS)
+
+    assert request["HyperParameters"] == {"steps": "350", "batch-size": "32", "resolution": "256", "seed": "0"}
 
 
 def test_request_hyperparameters_are_a_copy() -> None:
-    request = training_job_request("atelier-x", "s3://d/m", SETTINGS)
-    request["HyperParameters"]["steps"] = "1"
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100, SETTINGS)
+    request["HyperParameters"]["batch-size"] = "1"
 
-    assert SETTINGS.hyperparameters["steps"] == "100"
-
-
-# --- on_shard_sealed, against moto with the template's resources ------------------------------------
-
-@pytest.fixture
-def settings(stack: Provisioned, function_env: Callable[[str], dict[str, str]]) -> TrainingSettings:
-    function_env("StartTrainingFunction")
-    return TrainingSettings.from_env()
+    assert SETTINGS.stages[0].hyperparameters["batch-size"] == "32"
 
 
-def sealed(settings: TrainingSettings, n: int) -> ShardSealed:
-    """A shard of the stack's data bucket, sealed n minutes past noon."""
-    return shard(n).model_copy(update={"bucket": settings.data_bucket})
+def test_stage_hyperparameters_are_strings_with_steps_replaced() -> None:
+    assert stage_hyperparameters(TWO_STAGES.stages[1], 80000) == {
+        "steps": "80000", "batch-size": "32", "resolution": "512", "seed": "0"}
 
 
-def test_quota_of_shards_starts_one_training_job(settings: TrainingSettings) -> None:
-    assert settings.quota == 2  # TEST_OVERRIDES
+def test_request_for_an_earlier_stage_uses_its_instances_and_is_not_final() -> None:
+    request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 50000, TWO_STAGES)
 
-    first = on_shard_sealed(sealed(settings, 1), settings)
-    second = on_shard_sealed(sealed(settings, 2), settings)
-
-    name = job_name_for(manifest_of(sealed(settings, 1), sealed(settings, 2), bucket=settings.data_bucket))
-    assert (first.action, first.job_name, first.pending) == ("waiting", None, 1)
-    assert (second.action, second.job_name) == ("started", name)
-    assert [j["TrainingJobName"] for j in boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]] \
-        == [name]
+    assert request["ResourceConfig"] == {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 4, "VolumeSizeInGB": 200}
+    assert request["HyperParameters"]["resolution"] == "256"
+    assert request["Tags"][2:] == [{"Key": "atelier:stage", "Value": "256"},
+                                   {"Key": "atelier:final-stage", "Value": "false"}]
 
 
-def test_redelivered_event_after_the_claim_starts_no_second_job(settings: TrainingSettings) -> None:
-    # GIVEN two shards that started a job
-    on_shard_sealed(sealed(settings, 1), settings)
-    started = on_shard_sealed(sealed(settings, 2), settings)
+def test_request_for_the_last_stage_uses_its_instances_and_is_final() -> None:
+    request = training_job_request("atelier-x-s1", MANIFEST_URI, DIGEST, 1, 80000, TWO_STAGES)
 
-    # WHEN the second event arrives again
-    again = on_shard_sealed(sealed(settings, 2), settings)
-
-    # THEN it names the claimed job and there is still one job
-    assert (again.action, again.job_name) == ("already-claimed", started.job_name)
-    jobs = boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
-    assert [j["TrainingJobName"] for j in jobs] == [started.job_name]
+    assert request["ResourceConfig"] == {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 8, "VolumeSizeInGB": 200}
+    assert request["HyperParameters"] == {"steps": "80000", "batch-size": "32", "resolution": "512", "seed": "0"}
+    assert request["Tags"][2:] == [{"Key": "atelier:stage", "Value": "512"},
+                                   {"Key": "atelier:final-stage", "Value": "true"}]
 
 
-def test_started_job_reads_a_manifest_of_exactly_the_claimed_shards(settings: TrainingSettings) -> None:
-    # GIVEN two shards that started a job
-    on_shard_sealed(sealed(settings, 1), settings)
-    name = on_shard_sealed(sealed(settings, 2), settings).job_name
+def test_every_option_on_is_a_valid_create_training_job_request() -> None:
+    # botocore's own model of CreateTrainingJob (moto does not validate inputs: AWS-NOTES)
+    settings = dataclasses.replace(TWO_STAGES, keep_alive_s=600, subnets=("subnet-a",), security_groups=("sg-1",),
+                                   kms_key="arn:aws:kms:us-east-1:123456789012:key/k")
+    shape = boto3.client("sagemaker", region_name="us-east-1").meta.service_model.operation_model(
+        "CreateTrainingJob").input_shape
 
-    # THEN the job's ManifestFile and the rich manifest list exactly those shards
-    s3 = boto3.client("s3")
-    manifest_file_body = json.loads(s3.get_object(Bucket=settings.data_bucket, Key=f"manifests/{name}.manifest")["Body"].read())
-    rich = Manifest.model_validate_json(s3.get_object(Bucket=settings.data_bucket, Key=f"manifests/{name}.json")["Body"].read())
-    assert manifest_file_body == [{"prefix": f"s3://{settings.data_bucket}/shards/"},
-                                  f"{shard(1).shard_id}.tar", f"{shard(2).shard_id}.tar"]
-    assert [s.key for s in rich.shards] == [shard(1).key, shard(2).key]
-    job = boto3.client("sagemaker").describe_training_job(TrainingJobName=name)
-    assert job["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] \
-        == f"s3://{settings.data_bucket}/manifests/{name}.manifest"
+    for stage in (0, 1):
+        validate_parameters(training_job_request(job_name_for(manifest_of(ref(1)), stage), MANIFEST_URI, DIGEST,
+                                                 stage, 80000, settings), shape)
 
 
-def test_claimed_shards_and_the_job_are_recorded(settings: TrainingSettings) -> None:
-    on_shard_sealed(sealed(settings, 1), settings)
-    name = on_shard_sealed(sealed(settings, 2), settings).job_name
+# --- metric definitions against the trainer's log lines -------------------------------------------
 
-    shard_items = [aws.get_item(settings.table, records.shard_pk(shard(n).shard_id)) for n in (1, 2)]
-    job_item = aws.get_item(settings.table, records.job_pk(name))
-    assert [(i["status"], i["manifest_job"], "gsi1pk" in i) for i in shard_items] == [("claimed", name, False)] * 2
-    assert (job_item["status"], job_item["manifest"], job_item["shards"]) == (
-        "Requested", f"manifests/{name}.json", [shard(1).shard_id, shard(2).shard_id])
+def trainer_line(**figures: object) -> str:
+    """A training log line as trainer/train.py prints it (health.log: json.dumps of the fields)."""
+    fields = {"step": 10, "stage": 0, "lr": 0.0001, "loss": 0.123, "grad_norm": 1.5, "img_per_s": 12.5,
+              "data_wait_share": 0.01, "skipped_steps": 0, "corrupt_samples": 0}
+    return json.dumps({**fields, **figures})
 
 
-def test_shard_after_a_claim_waits_for_the_next_quota(settings: TrainingSettings) -> None:
-    # GIVEN two shards that started a job
-    on_shard_sealed(sealed(settings, 1), settings)
-    on_shard_sealed(sealed(settings, 2), settings)
+def metric(name: str, line: str) -> str | None:
+    regex = next(d["Regex"] for d in METRIC_DEFINITIONS if d["Name"] == name)
+    found = re.search(regex, line)
+    return found.group(1) if found else None
 
-    # WHEN a third shard is sealed
-    third = on_shard_sealed(sealed(settings, 3), settings)
 
-    # THEN it waits alone
-    assert (third.action, third.job_name, third.pending) == ("waiting", None, 1)
+def test_metric_names_are_the_trainer_s_figures() -> None:
+    assert [d["Name"] for d in METRIC_DEFINITIONS] == [
+        "train:loss", "train:lr", "train:grad_norm", "train:img_per_s", "train:data_wait_share",
+        "train:skipped_steps", "train:corrupt_samples"]
 
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("train:loss", "0.123"), ("train:lr", "0.0001"), ("train:img_per_s", "12.5"),
+    ("train:data_wait_share", "0.01"), ("train:grad_norm", "1.5"),
+])
+def test_each_metric_regex_captures_its_value_from_a_trainer_line(name: str, value: str) -> None:
+    line = '{"step": 10, "loss": 0.123, "lr": 0.0001, "img_per_s": 12.5, "data_wait_share": 0.01, "grad_norm": 1.5}'
+
+    assert metric(name, line) == value
+    assert metric(name, trainer_line()) == value
+
+
+@pytest.mark.parametrize(("name", "figures", "value"), [
+    ("train:lr", {"lr": 1e-05}, "1e-05"),  # json.dumps writes small floats in exponent notation
+    ("train:lr", {"lr": 3.3333333333333335e-07}, "3.3333333333333335e-07"),
+    ("train:loss", {"loss": 1.2e-05}, "1.2e-05"),
+    ("train:loss", {"loss": -0.5}, "-0.5"),
+    ("train:grad_norm", {"grad_norm": 3e-06}, "3e-06"),
+    ("train:img_per_s", {"img_per_s": 812}, "812"),
+    ("train:data_wait_share", {"data_wait_share": 0.0}, "0.0"),
+])
+def test_metric_regexes_capture_whole_numbers_as_json_writes_them(name: str, figures: dict, value: str) -> None:
+    assert metric(name, trainer_line(**figures)) == value
+
+
+def test_loss_of_a_window_of_skipped_steps_is_no_metric() -> None:
+    # health.Window.figures writes "loss": null when every step of the window was skipped
+    assert metric("train:loss", trainer_line(loss=None)) is None
+
+
+@pytest.mark.parametrize("line", [
+    json.dumps({"event": "saved", "model_dir": "/opt/ml/model", "steps": 100, "final_loss": 0.2}),
+    json.dumps({"event": "start", "step": 0, "steps": 100, "world_size": 8, "device": "cuda:0"}),
+    json.dumps({"event": "checkpoint", "step": 10, "dir": "/opt/ml/checkpoints/step-10"}),
+])
+def test_other_trainer_lines_give_no_metric(line: str) -> None:
+    assert [metric(d["Name"], line) for d in METRIC_DEFINITIONS] == [None] * len(METRIC_DEFINITIONS)
+
+
+def test_the_job_request_parses_exactly_the_metrics_the_trainer_logs() -> None:
+    from trainer.health import METRIC_DEFINITIONS as TRAINER_METRICS
+
+    from core.training import METRIC_DEFINITIONS
+    assert METRIC_DEFINITIONS == TRAINER_METRICS

@@ -40,6 +40,11 @@ def test_parse_notification_returns_the_created_object() -> None:
     ("partner-a/a%2Bb.png", "partner-a/a+b.png"),
     ("partner-a/%C3%B6lgem%C3%A4lde.jpg", "partner-a/ölgemälde.jpg"),
     ("partner-a%2Fnested%2Fx.jpg", "partner-a/nested/x.jpg"),  # moto encodes '/' too
+    ("partner-a/2026+summer/Caf%C3%A9+au+lait+%2B+cr%C3%A8me.jpg", "partner-a/2026 summer/Café au lait + crème.jpg"),
+    ("partner-a/100%25+real+%26+true.jpg", "partner-a/100% real & true.jpg"),
+    ("partner-a/%E7%8C%AB/%F0%9F%90%88.png", "partner-a/猫/🐈.png"),
+    ("partner-a/Cafe%CC%81.jpg", "partner-a/Cafe\u0301.jpg"),  # macOS names arrive decomposed (NFD): kept as is
+    ("partner-a/a++b.jpg", "partner-a/a  b.jpg"),
 ])
 def test_parse_notification_url_decodes_keys(encoded: str, decoded: str) -> None:
     [ref] = parse_notification(notification(record(encoded)))
@@ -125,7 +130,13 @@ def test_partner_of_rejects_keys_without_a_partner_id(key: str) -> None:
     with pytest.raises(RejectedUpload) as raised:
         partner_of(key)
 
-    assert raised.value.reason == "bad-key"
+    assert raised.value.reason == "bad_key"
+
+
+def test_partner_of_a_decoded_key_with_spaces_and_unicode() -> None:
+    [ref] = parse_notification(notification(record("partner-a/summer+catalog/%C3%96lgem%C3%A4lde+%2B+1.jpg")))
+
+    assert (partner_of(ref.key), sidecar_key(ref.key)) == ("partner-a", "partner-a/summer catalog/Ölgemälde + 1.json")
 
 
 # --- sidecar_key ---------------------------------------------------------------------------------

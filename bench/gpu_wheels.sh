@@ -1,0 +1,14 @@
+#!/bin/sh
+# Wheels the GPU machine (device tool, nvidia-h200: Python 3.12, torch 2.11, no diffusers/wids/datasets)
+# lacks, downloaded here into .whl/ (ignored) and carried with `run(carry=[".whl"])`. There:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+#   export PYTHONPATH=/tmp/site
+# diffusers' and datasets' other needs are already in the device image (KINDS.md's package list).
+set -eu
+cd "$(dirname "$0")/.."
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
+  diffusers==0.42.1 wids==0.1.11 braceexpand==0.1.7 importlib_metadata==8.7.0 \
+  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+ls -la .whl

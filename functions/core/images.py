@@ -1,0 +1,221 @@
+"""Safe decoding and normalisation of uploaded images, with Pillow alone.
+
+Rules (docs/metadata.md): the format is sniffed, never taken from the name; the decompression
+bomb guard stays on at an explicit limit; every byte of the image is decoded (JPEG in draft mode,
+which still reads the whole entropy-coded stream, so truncation is caught); EXIF orientation is
+applied; every colour mode becomes RGB by a stated rule (alpha over `background`).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+
+from core.errors import RejectedUpload
+
+# Pillow's format id -> ours. MPO is the multi-picture JPEG phones write; Pillow reports it so.
+KNOWN_FORMATS: dict[str, str] = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "WEBP": "webp", "TIFF": "tiff",
+                                 "BMP": "bmp", "GIF": "gif"}
+# Formats we recognise by their first bytes but never decode: named in the rejection reason.
+UNSUPPORTED_MAGIC: tuple[tuple[re.Pattern[bytes], str], ...] = (
+    (re.compile(rb"^(\xef\xbb\xbf)?\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*(<!DOCTYPE svg[^>]*>\s*)?<svg", re.S | re.I),
+     "svg"),
+    (re.compile(rb"^%PDF-"), "pdf"),
+    (re.compile(rb"^....ftyp(heic|heix|hevc|heim|heis|mif1|msf1)"), "heic"),
+    (re.compile(rb"^....ftypavi[fs]"), "avif"),
+    (re.compile(rb"^8BPS"), "psd"),
+    (re.compile(rb"^\x00\x00\x01\x00"), "ico"),
+    (re.compile(rb"^GIF8[79]a"), "gif"),
+    (re.compile(rb"^BM"), "bmp"),
+    (re.compile(rb"^(II\*\x00|MM\x00\*)"), "tiff"),
+    # Reached only when these formats are left out of AllowedFormats:
+    (re.compile(rb"^\xff\xd8\xff"), "jpeg"),
+    (re.compile(rb"^\x89PNG\r\n\x1a\n"), "png"),
+    (re.compile(rb"^RIFF....WEBP", re.S), "webp"),
+)
+SRGB = ImageCms.createProfile("sRGB")
+SHARD_FORMATS = frozenset({"jpeg", "png", "webp"})  # what a shard may carry unchanged
+HASH_SIDE = 64  # enough pixels for the perceptual hash when the original bytes are kept
+
+
+@dataclass(frozen=True)
+class DecodePolicy:
+    allowed: frozenset[str]  # our format names
+    max_pixels: int
+    background: tuple[int, int, int]
+    max_side: int  # stored images are at most this long
+    reencode: str  # "auto": only what is not clean; "always"
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An upload decoded to RGB, with what was learned on the way."""
+
+    format: str  # ours: jpeg, png, webp, tiff, ...
+    mode: str  # Pillow's mode before conversion
+    width: int  # after EXIF orientation, at full resolution
+    height: int
+    rgb: Image.Image  # RGB, oriented; a kept JPEG may be decoded at a reduced scale
+    reencode: str | None  # why the stored bytes must be re-encoded; None keeps the original
+    text: dict[str, str]  # embedded descriptions: exif, iptc, xmp
+
+
+def sniff_unsupported(data: bytes) -> str | None:
+    """The name of a known but unsupported format these bytes start with, if any."""
+    head = data[:512]
+    return next((name for pattern, name in UNSUPPORTED_MAGIC if pattern.match(head)), None)
+
+
+def decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
+    """Decode every byte of `data` into an oriented RGB image, or raise RejectedUpload."""
+    if not data:
+        raise RejectedUpload("empty", "the object has no bytes")
+    Image.MAX_IMAGE_PIXELS = policy.max_pixels  # the decompression-bomb guard stays on, at our limit
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return _decode(data, policy)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise RejectedUpload("too_many_pixels", str(exc)) from exc
+    except UnidentifiedImageError as exc:
+        unsupported = sniff_unsupported(data)
+        if unsupported:
+            raise RejectedUpload("unsupported_format", unsupported) from exc
+        raise RejectedUpload("not_an_image", "no supported image format matches these bytes") from exc
+    except OSError as exc:
+        reason = "truncated" if "truncated" in str(exc).lower() else "corrupt"
+        raise RejectedUpload(reason, str(exc)) from exc
+    except (SyntaxError, ValueError, EOFError) as exc:
+        raise RejectedUpload("corrupt", str(exc)) from exc
+    except ImageCms.PyCMSError as exc:  # an ICC profile that does not fit the pixels
+        raise RejectedUpload("corrupt", f"ICC profile: {exc}") from exc
+
+
+def _decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
+    pillow_formats = [name for name, ours in KNOWN_FORMATS.items() if ours in policy.allowed and name != "MPO"]
+    with Image.open(io.BytesIO(data), formats=pillow_formats) as image:
+        fmt = KNOWN_FORMATS[image.format or ""]
+        orientation = image.getexif().get(0x0112, 1) or 1
+        full_size, mode, text = image.size, image.mode, embedded_text(image)
+        reason = reencode_reason(fmt, mode, orientation, "transparency" in image.info, full_size, policy)
+        if fmt == "jpeg":
+            # Decode at the smallest DCT scale that still serves: the whole stream is still read.
+            image.draft("RGB", (policy.max_side, policy.max_side) if reason else (HASH_SIDE, HASH_SIDE))
+        image.load()
+        oriented = ImageOps.exif_transpose(image) or image
+        width, height = (full_size[1], full_size[0]) if orientation in (5, 6, 7, 8) else full_size
+        return DecodedImage(fmt, mode, width, height, to_rgb(oriented, policy.background), reason, text)
+
+
+def reencode_reason(fmt: str, mode: str, orientation: int, transparency: bool, size: tuple[int, int],
+                    policy: DecodePolicy) -> str | None:
+    """Why the stored image cannot be the uploaded bytes (None: keep them)."""
+    if policy.reencode == "always":
+        return "policy"
+    if fmt not in SHARD_FORMATS:
+        return f"format {fmt}"
+    if mode not in ("RGB", "L") or transparency:
+        return f"mode {mode}{' with transparency' if transparency else ''}"
+    if orientation != 1:
+        return "exif orientation"
+    if max(size) > policy.max_side:
+        return "larger than the maximum side"
+    return None
+
+
+def encode_jpeg(rgb: Image.Image, max_side: int, quality: int) -> tuple[bytes, tuple[int, int]]:
+    """The stored derivative, at most `max_side` long, high-quality 4:4:4 JPEG; and its size."""
+    if max(rgb.size) > max_side:
+        scale = max_side / max(rgb.size)
+        rgb = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))),
+                         Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    rgb.save(buffer, format="JPEG", quality=quality, subsampling=0)
+    return buffer.getvalue(), rgb.size
+
+
+def to_rgb(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    """Every mode to RGB, deliberately: alpha composited over `background`, 16-bit scaled to 8,
+    CMYK through its ICC profile when it has one."""
+    if image.mode == "RGB" and "transparency" not in image.info:
+        return image
+    if image.mode == "CMYK":
+        profile = image.info.get("icc_profile")
+        if profile:
+            source = ImageCms.ImageCmsProfile(io.BytesIO(profile))
+            return ImageCms.profileToProfile(image, source, SRGB, outputMode="RGB")
+        return image.convert("RGB")
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16-bit (or 32-bit integer) grey: keep the top 8 bits of the 16-bit range.
+        return image.point(lambda value: value / 256).convert("L").convert("RGB")
+    if image.mode == "F":
+        return image.point(lambda value: value * 255).convert("L").convert("RGB")
+    if image.mode in ("P", "PA", "LA", "La", "RGBa", "RGBA") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGB", rgba.size, background)
+        canvas.paste(rgba, mask=rgba.getchannel("A"))
+        return canvas
+    return image.convert("RGB")  # 1, L, YCbCr, LAB, HSV
+
+
+def embedded_text(image: Image.Image) -> dict[str, str]:
+    """Descriptions embedded in the file: EXIF ImageDescription, IPTC caption, XMP dc:description."""
+    from PIL import IptcImagePlugin
+
+    text: dict[str, str] = {}
+    exif = image.getexif().get(0x010E)
+    if isinstance(exif, bytes):
+        exif = exif.decode("utf-8", "replace")
+    elif isinstance(exif, str):
+        exif = _utf8_read_as_latin1(exif)
+    if isinstance(exif, str) and exif.strip():
+        text["exif"] = exif.strip()
+    iptc = IptcImagePlugin.getiptcinfo(image) or {}
+    caption = iptc.get((2, 120))
+    if isinstance(caption, list):
+        caption = caption[0] if caption else None
+    if isinstance(caption, bytes) and caption.strip():
+        text["iptc"] = caption.decode("utf-8", "replace").strip()
+    xmp = image.info.get("xmp") or image.info.get("XML:com.adobe.xmp")
+    if xmp:
+        description = _xmp_description(xmp if isinstance(xmp, bytes) else str(xmp).encode())
+        if description:
+            text["xmp"] = description
+    return text
+
+
+def _utf8_read_as_latin1(text: str) -> str:
+    """EXIF ASCII tags hold UTF-8 in practice (phones, exiftool); Pillow reads them as Latin-1."""
+    try:
+        return text.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return text
+
+
+def _xmp_description(xmp: bytes) -> str | None:
+    """dc:description's first rdf:li, without an XML parser (XMP is a small, regular packet)."""
+    match = re.search(rb"<dc:description>.*?<rdf:li[^>]*>(.*?)</rdf:li>", xmp, re.S)
+    if not match:
+        return None
+    value = match.group(1).decode("utf-8", "replace").strip()
+    for entity, char in (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'"), ("&amp;", "&")):
+        value = value.replace(entity, char)
+    return value or None
+
+
+def dhash(image: Image.Image) -> str:
+    """A 64-bit difference hash: 16 hex digits; near-identical pictures differ in few bits."""
+    pixels = image.convert("L").resize((9, 8), Image.Resampling.LANCZOS).tobytes()
+    bits = 0
+    for row in range(8):
+        for col in range(8):
+            bits = (bits << 1) | (pixels[row * 9 + col] > pixels[row * 9 + col + 1])
+    return f"{bits:016x}"
+
+
+def hamming(a: str, b: str) -> int:
+    return (int(a, 16) ^ int(b, 16)).bit_count()

@@ -1,0 +1,211 @@
+"""IngestFunction under moto, fed the notifications moto's S3 itself sends to UploadsQueue."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from typing import Any, Callable
+
+import boto3
+import pytest
+from PIL import Image
+
+from atelier.catalog import encode, picture
+from atelier.local.provision import Provisioned
+from atelier.local.runtime import sqs_event
+from core import aws
+from core.licensing import Partner, put_partner
+
+
+@pytest.fixture
+def ingest(stack: Provisioned, partner: str, function_env: Callable, lambda_context: Any):
+    """Upload objects as a partner would, then deliver what UploadsQueue holds to the handler."""
+    function_env("IngestFunction")
+    from ingest.app import lambda_handler
+
+    def run(uploads: dict[str, bytes], repeat: int = 1) -> list[dict]:
+        s3, sqs = boto3.client("s3"), boto3.client("sqs")
+        for key, body in uploads.items():
+            s3.put_object(Bucket=stack.outputs["UploadsBucketName"], Key=key, Body=body)
+        messages = drain(sqs, stack.outputs["UploadsQueueUrl"])
+        source = next(s for s in stack.sources if s.function == "IngestFunction")
+        return [lambda_handler(sqs_event(messages, source, "us-east-1"), lambda_context) for _ in range(repeat)]
+
+    return run
+
+
+def drain(sqs: Any, url: str) -> list[dict]:
+    messages: list[dict] = []
+    while batch := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0).get("Messages"):
+        messages += batch
+        sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                                                        for i, m in enumerate(batch)])
+    return [m for m in messages if "s3:TestEvent" not in m["Body"]]
+
+
+def uploads_table(stack: Provisioned) -> dict[str, dict]:
+    bucket = stack.outputs["UploadsBucketName"]
+    return {i["pk"].removeprefix(f"UPLOAD#{bucket}/"): i for i in aws.scan_prefix(stack.outputs["PipelineTableName"], "UPLOAD#")}
+
+
+def pack_messages(stack: Provisioned) -> list[dict]:
+    return [json.loads(m["Body"]) for m in drain(boto3.client("sqs"), stack.outputs["PackQueueUrl"])]
+
+
+def tags(stack: Provisioned, key: str) -> dict[str, str]:
+    tagging = boto3.client("s3").get_object_tagging(Bucket=stack.outputs["UploadsBucketName"], Key=key)
+    return {t["Key"]: t["Value"] for t in tagging["TagSet"]}
+
+
+RED = encode(picture("circle", "red", "blue"), "png")
+GREEN = encode(picture("square", "green", "white"), "jpg")
+
+
+def test_a_redelivered_notification_makes_one_record_and_one_hand_over(ingest, stack) -> None:
+    # WHEN the same notifications are delivered three times
+    results = ingest({"partner-a/red.png": RED}, repeat=3)
+    # THEN nothing failed, one sample exists and packing got it once
+    assert results == [{"batchItemFailures": []}] * 3
+    assert len(aws.scan_prefix(stack.outputs["PipelineTableName"], "SAMPLE#")) == 1
+    assert [m["key"] for m in pack_messages(stack)] == ["partner-a/red.png"]
+
+
+def test_the_same_bytes_under_another_name_are_quarantined_as_a_duplicate(ingest, stack) -> None:
+    put_partner(stack.outputs["PipelineTableName"], Partner(partner_id="partner-b", licenses=("CC-BY-4.0",)))
+    ingest({"partner-a/red.png": RED})
+    ingest({"partner-b/copy of red.png": RED})
+    records = uploads_table(stack)
+    assert (records["partner-a/red.png"]["status"], records["partner-b/copy of red.png"]["reason"]) == (
+        "accepted", "duplicate")
+    assert tags(stack, "partner-b/copy of red.png") == {"atelier-quarantine": "duplicate"}
+    assert [m["key"] for m in pack_messages(stack)] == ["partner-a/red.png"]
+
+
+def test_concurrent_deliveries_of_one_image_under_two_names_accept_exactly_one(stack, partner, function_env) -> None:
+    function_env("IngestFunction")
+    from core.ingest import ingest_upload
+    from core.models import UploadRef
+    from core.settings import IngestSettings
+    bucket = stack.outputs["UploadsBucketName"]
+    for key in ("partner-a/one.png", "partner-a/two.png"):
+        boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=RED)
+    settings = IngestSettings.from_env()
+    outcomes: list[Any] = []
+    barrier = threading.Barrier(2)
+
+    def deliver(key: str) -> None:
+        barrier.wait()
+        outcomes.append(ingest_upload(UploadRef(bucket=bucket, key=key), settings))
+
+    threads = [threading.Thread(target=deliver, args=(k,)) for k in ("partner-a/one.png", "partner-a/two.png")]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted((o.status, o.reason) for o in outcomes) == [("accepted", None), ("quarantined", "duplicate")]
+    assert len(pack_messages(stack)) == 1
+
+
+@pytest.mark.parametrize("key, sidecar, detail", [
+    ("partner-z/x.png", None, "partner 'partner-z' is not in the registry"),
+    ("partner-a/x.png", {"license": "all-rights-reserved"}, "license 'all-rights-reserved' is not one partner-a holds"),
+])
+def test_unlicensed_uploads_are_quarantined_with_the_reason(ingest, stack, key, sidecar, detail) -> None:
+    objects = {key: RED}
+    if sidecar:
+        objects = {key.replace(".png", ".json"): json.dumps(sidecar).encode(), **objects}
+    ingest(objects)
+    record = uploads_table(stack)[key]
+    assert (record["status"], record["reason"], record["detail"]) == ("quarantined", "unlicensed", detail)
+    assert pack_messages(stack) == []
+
+
+def test_a_key_outside_the_partners_prefixes_is_unlicensed(ingest, stack) -> None:
+    put_partner(stack.outputs["PipelineTableName"],
+                Partner(partner_id="partner-a", licenses=("CC-BY-4.0",), prefixes=("licensed/",)))
+    ingest({"partner-a/licensed/ok.png": RED, "partner-a/private/no.png": GREEN})
+    records = uploads_table(stack)
+    assert records["partner-a/licensed/ok.png"]["status"] == "accepted"
+    assert records["partner-a/private/no.png"]["reason"] == "unlicensed"
+
+
+def test_a_too_large_upload_is_refused_without_reading_it(ingest, stack, monkeypatch) -> None:
+    monkeypatch.setenv("MAX_UPLOAD_BYTES", "1000")
+    reads: list[tuple] = []
+    monkeypatch.setattr(aws, "read_object", lambda *a, **k: reads.append(a) or b"")
+    ingest({"partner-a/big.png": RED + b"\0" * 2000})
+    assert uploads_table(stack)["partner-a/big.png"]["reason"] == "too_large"
+    assert reads == []
+
+
+def test_one_unexpected_error_fails_only_its_record(stack, partner, function_env, lambda_context, monkeypatch) -> None:
+    function_env("IngestFunction")
+    real = aws.send_message
+
+    def flaky(url: str, body: str) -> None:
+        if "green" in body:
+            raise ConnectionError("SQS is unreachable")
+        real(url, body)
+
+    monkeypatch.setattr(aws, "send_message", flaky)
+    s3 = boto3.client("s3")
+    bucket = stack.outputs["UploadsBucketName"]
+    s3.put_object(Bucket=bucket, Key="partner-a/red.png", Body=RED)
+    s3.put_object(Bucket=bucket, Key="partner-a/green.jpg", Body=GREEN)
+    messages = drain(boto3.client("sqs"), stack.outputs["UploadsQueueUrl"])
+    green_id = next(m["MessageId"] for m in messages if "green" in m["Body"])
+    from ingest.app import lambda_handler
+    source = next(s for s in stack.sources if s.function == "IngestFunction")
+    result = lambda_handler(sqs_event(messages, source, "us-east-1"), lambda_context)
+    assert result == {"batchItemFailures": [{"itemIdentifier": green_id}]}
+    assert "partner-a/green.jpg" not in uploads_table(stack)  # not recorded: it will be retried
+
+
+def test_a_near_duplicate_is_accepted_and_flagged(ingest, stack) -> None:
+    ingest({"partner-a/red.png": RED})
+    again = io.BytesIO()
+    Image.open(io.BytesIO(RED)).convert("RGB").save(again, "JPEG", quality=70)
+    ingest({"partner-a/red again.jpg": again.getvalue()})
+    messages = {m["key"]: m for m in pack_messages(stack)}
+    original = messages["partner-a/red.png"]["sha256"]
+    assert messages["partner-a/red again.jpg"]["near_duplicate_of"] == original
+    assert messages["partner-a/red again.jpg"]["near_duplicate_distance"] <= 3
+
+
+def test_an_image_that_cannot_be_kept_is_stored_re_encoded(ingest, stack) -> None:
+    rgba = io.BytesIO()
+    Image.new("RGBA", (120, 100), (255, 0, 0, 0)).save(rgba, "PNG")
+    ingest({"partner-a/transparent.png": rgba.getvalue()})
+    [sample] = pack_messages(stack)
+    assert (sample["format"], sample["original_format"], sample["reencoded"]) == ("jpeg", "png", "mode RGBA")
+    assert sample["content_key"] == f"derived/{sample['sha256']}.jpg"
+    stored = boto3.client("s3").get_object(Bucket=sample["content_bucket"], Key=sample["content_key"])["Body"].read()
+    image = Image.open(io.BytesIO(stored))
+    assert (image.format, image.size, image.getpixel((0, 0))) == ("JPEG", (120, 100), (255, 255, 255))
+
+
+def test_every_quarantined_object_is_tagged_with_its_reason(ingest, stack) -> None:
+    ingest({"partner-a/page.jpg": b"<html><body>not an image</body></html>", "partner-a/empty.png": b""})
+    assert tags(stack, "partner-a/page.jpg") == {"atelier-quarantine": "not_an_image"}
+    assert tags(stack, "partner-a/empty.png") == {"atelier-quarantine": "empty"}
+    assert {k: r["reason"] for k, r in uploads_table(stack).items()} == {
+        "partner-a/page.jpg": "not_an_image", "partner-a/empty.png": "empty"}
+
+
+def test_a_multipart_upload_s_two_notifications_make_one_sample(stack, partner, function_env, lambda_context) -> None:
+    # GIVEN moto's two events (Put and CompleteMultipartUpload) for one multipart upload
+    function_env("IngestFunction")
+    from ingest.app import lambda_handler
+    bucket, key = stack.outputs["UploadsBucketName"], "partner-a/big/red.png"
+    s3 = boto3.client("s3")
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=RED)["ETag"]
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                 MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]})
+    messages = drain(boto3.client("sqs"), stack.outputs["UploadsQueueUrl"])
+    source = next(s for s in stack.sources if s.function == "IngestFunction")
+    # WHEN each notification is delivered in its own batch, as they may be
+    results = [lambda_handler(sqs_event([m], source, "us-east-1"), lambda_context) for m in messages]
+    # THEN one record, one hand-over
+    assert len(messages) >= 2 and results == [{"batchItemFailures": []}] * len(messages)
+    assert [m["key"] for m in pack_messages(stack)] == [key]
+    assert uploads_table(stack)[key]["status"] == "accepted"

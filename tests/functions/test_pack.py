@@ -1,0 +1,302 @@
+"""core.pack under moto: shards built across invocations from segments, sealed, indexed, announced."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any, Callable
+
+import boto3
+import moto.s3.models
+import pytest
+import webdataset as wds
+
+from atelier.local.provision import Provisioned
+from core import aws, journal, records, shards
+from core.models import Sample, ShardSealed
+from core.pack import pack_samples, seal_due
+from core.settings import PackSettings
+from tests.functions.pack_helpers import check_shard, index_of, sealed_shards, settings_for, upload_sample
+from tests.support import load_event
+
+
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto enforces S3's 5 MiB smallest part; these shards are kilobytes (settings_for matches)."""
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 4 << 10)
+
+
+@pytest.fixture
+def settings(stack: Provisioned) -> PackSettings:
+    return settings_for(stack)
+
+
+def batch(samples: list[Sample]) -> list[tuple[str, Sample]]:
+    return [(f"m-{s.sha256[:8]}", s) for s in samples]
+
+
+def announced(stack: Provisioned) -> list[ShardSealed]:
+    """The "Shard Sealed" events that reached the start-training function's delivery queue."""
+    source = next(s for s in stack.sources if s.function == "StartTrainingFunction" and "ShardSealed" in s.rule_arn)
+    sqs, events = boto3.client("sqs"), []
+    while messages := sqs.receive_message(QueueUrl=source.queue_url, MaxNumberOfMessages=10).get("Messages"):
+        events += [ShardSealed.model_validate(json.loads(m["Body"])["detail"]) for m in messages]
+        sqs.delete_message_batch(QueueUrl=source.queue_url, Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+    return events
+
+
+# --- a shard built across invocations -----------------------------------------------------------
+
+def test_a_shard_built_from_many_invocations_is_one_valid_tar_of_every_sample(stack, settings) -> None:
+    # GIVEN 40 samples (about 4.5 KiB each) arriving in batches of 3..7, shards of 80 KiB, parts of 4 KiB
+    samples = [upload_sample(stack, n) for n in range(40)]
+    settings = dataclasses.replace(settings, shard_target_bytes=80 << 10)
+    # WHEN each batch is one invocation, and the timer seals what is left
+    start = 0
+    for size in [3, 7, 5, 4, 6, 5, 5, 5]:
+        pack_samples(batch(samples[start:start + size]), settings)
+        start += size
+    seal_due(dataclasses.replace(settings, shard_max_age_s=0))
+    # THEN every sample is in exactly one shard, and each shard is what its record and index say
+    found = sealed_shards(settings)
+    keys = [k for shard in found.values() for k in shard.sample_keys]
+    assert sorted(keys) == sorted(s.sha256 for s in samples)
+    by_key = {s.sha256: s for s in samples}
+    for shard_id, shard in found.items():
+        check_shard(settings, shard_id, shard, by_key)
+        assert len(shard.body) <= settings.shard_target_bytes
+    assert len(found) >= 2 and max(len(index_of(settings, i)["segments"]) for i in found) >= 3
+
+
+def test_shards_are_composed_by_server_side_copies_where_segments_are_large(stack, settings, monkeypatch) -> None:
+    # GIVEN segments larger than the smallest part
+    copies: list[tuple[str, int, int]] = []
+    real_copy = aws.upload_part_copy
+
+    def spy(bucket, key, upload_id, number, source_key, source_version, start, end):  # noqa: ANN001
+        copies.append((source_key, start, end))
+        return real_copy(bucket, key, upload_id, number, source_key, source_version, start, end)
+
+    monkeypatch.setattr(aws, "upload_part_copy", spy)
+    samples = [upload_sample(stack, n, size=3000) for n in range(12)]
+    # WHEN three invocations of four samples fill one shard
+    for start in range(0, 12, 4):
+        pack_samples(batch(samples[start:start + 4]), dataclasses.replace(settings, shard_max_samples=12,
+                                                                          shard_target_bytes=1 << 20))
+    # THEN the three 12 KiB segments were copied server-side, and the shard is sealed and valid
+    assert len(copies) == 3 and all(end - start >= settings.min_part_bytes for _, start, end in copies)
+    [(shard_id, shard)] = sealed_shards(settings).items()
+    check_shard(settings, shard_id, shard, {s.sha256: s for s in samples})
+
+
+def test_segments_are_deleted_once_the_shard_is_announced(stack, settings) -> None:
+    samples = [upload_sample(stack, n) for n in range(6)]
+    for start in range(0, 6, 2):
+        pack_samples(batch(samples[start:start + 2]), dataclasses.replace(settings, shard_max_samples=6))
+
+    left = boto3.client("s3").list_object_versions(Bucket=settings.data_bucket, Prefix="segments/")
+    assert left.get("Versions", []) == [] and left.get("DeleteMarkers", []) == []
+
+
+# --- when a shard is sealed ---------------------------------------------------------------------
+
+def test_a_shard_is_sealed_at_the_sample_limit(stack, settings) -> None:
+    samples = [upload_sample(stack, n) for n in range(7)]
+
+    report = pack_samples(batch(samples), dataclasses.replace(settings, shard_max_samples=3))
+
+    assert sorted(s.samples for s in report.sealed) == [3, 3]
+    assert journal.load_head(settings.table).open.samples == 1  # type: ignore[union-attr]
+
+
+def test_a_shard_is_sealed_before_it_would_pass_the_target_size(stack, settings) -> None:
+    samples = [upload_sample(stack, n, size=4000) for n in range(20)]
+
+    report = pack_samples(batch(samples), dataclasses.replace(settings, shard_target_bytes=32 << 10))
+
+    assert report.sealed and all(s.size <= 32 << 10 for s in report.sealed)
+    # each sealed shard was full: one more sample would not have fitted
+    assert all(s.size + 4000 + 3 * 512 > (32 << 10) - shards.TRAILER_MAX for s in report.sealed)
+
+
+def test_a_sample_larger_than_the_target_gets_a_shard_of_its_own(stack, settings) -> None:
+    big = upload_sample(stack, 1, size=80 << 10)
+
+    report = pack_samples(batch([big]), settings)
+
+    assert [s.samples for s in report.sealed] == [1]
+
+
+def test_a_slow_trickle_is_sealed_by_age_on_the_timer(stack, settings) -> None:
+    # GIVEN one sample in an open shard
+    pack_samples(batch([upload_sample(stack, 1)]), settings)
+    assert seal_due(settings) == []
+    # WHEN the timer fires after the maximum age
+    sealed = seal_due(dataclasses.replace(settings, shard_max_age_s=0))
+    # THEN the shard is sealed with its one sample
+    assert [s.samples for s in sealed] == [1] and journal.load_head(settings.table).open is None
+
+
+# --- exactly once -------------------------------------------------------------------------------
+
+def test_a_redelivered_batch_packs_nothing_twice(stack, settings) -> None:
+    samples = [upload_sample(stack, n) for n in range(5)]
+    first = pack_samples(batch(samples), settings)
+
+    again = pack_samples(batch(samples + samples[:2]), settings)
+
+    assert (first.committed, again.committed, again.already_packed) == (5, 0, 5)
+    assert journal.load_head(settings.table).open.samples == 5  # type: ignore[union-attr]
+
+
+def test_packed_samples_point_at_their_shard(stack, settings) -> None:
+    samples = [upload_sample(stack, n) for n in range(4)]
+    report = pack_samples(batch(samples), dataclasses.replace(settings, shard_max_samples=4))
+
+    marks = {s.sha256: (aws.get_item(settings.table, records.sample_pk(s.sha256)) or {}).get("packed_in")
+             for s in samples}
+
+    assert set(marks.values()) == {report.sealed[0].shard_id}
+
+
+def test_a_sample_whose_bytes_are_gone_fails_alone(stack, settings) -> None:
+    # GIVEN three samples, one deleted (every version) after ingest
+    samples = [upload_sample(stack, n) for n in range(3)]
+    s3 = boto3.client("s3")
+    s3.delete_object(Bucket=samples[1].bucket, Key=samples[1].key, VersionId=samples[1].version_id)
+
+    report = pack_samples(batch(samples), settings)
+
+    assert (report.failed, report.committed) == ([f"m-{samples[1].sha256[:8]}"], 2)
+
+
+def test_a_pinned_version_is_read_even_after_the_key_was_overwritten(stack, settings) -> None:
+    # GIVEN a sample, then a new upload under the same key
+    sample = upload_sample(stack, 1)
+    boto3.client("s3").put_object(Bucket=sample.bucket, Key=sample.key, Body=b"something else")
+    # WHEN it is packed and sealed
+    report = pack_samples(batch([sample]), dataclasses.replace(settings, shard_max_samples=1))
+    # THEN the shard holds the ingested bytes
+    [shard] = sealed_shards(settings).values()
+    assert hashlib.sha256(shard.members[0][1]).hexdigest() == sample.sha256 and report.sealed
+
+
+def test_unpinned_bytes_that_do_not_match_the_record_fail(stack, settings) -> None:
+    sample = upload_sample(stack, 1)
+    unpinned = sample.model_copy(update={"version_id": ""})
+    boto3.client("s3").put_object(Bucket=sample.bucket, Key=sample.key, Body=b"something else")
+
+    report = pack_samples(batch([unpinned]), settings)
+
+    assert (report.failed, report.committed) == ([f"m-{sample.sha256[:8]}"], 0)
+
+
+# --- the layout ---------------------------------------------------------------------------------
+
+def test_member_names_are_safe_whatever_the_upload_key(stack, settings) -> None:
+    hostile = "partner-a/../../etc/\x1b[31mpasswd\n.tar.gz/..jpg"
+    sample = upload_sample(stack, 1, key=hostile)
+
+    pack_samples(batch([sample]), dataclasses.replace(settings, shard_max_samples=1))
+
+    [shard] = sealed_shards(settings).values()
+    assert [name for name, _ in shard.members] == [f"{sample.sha256}.jpg", f"{sample.sha256}.json",
+                                                   f"{sample.sha256}.txt"]
+    assert json.loads(shard.members[1][1])["key"] == hostile  # provenance is kept, in the record
+
+
+def test_the_same_batches_give_the_same_shard_bytes(stack, settings) -> None:
+    samples = [upload_sample(stack, n) for n in range(9)]
+    narrow = dataclasses.replace(settings, shard_max_samples=9, shard_target_bytes=1 << 20)
+    for start in range(0, 9, 3):
+        pack_samples(batch(samples[start:start + 3]), narrow)
+    [(shard_id, first)] = sealed_shards(settings).items()
+    # WHEN the same samples are packed again from scratch (the table and the shard forgotten)
+    for item in aws.scan_prefix(settings.table, ""):
+        boto3.client("dynamodb").delete_item(TableName=settings.table, Key={"pk": {"S": item["pk"]}})
+    for sample in samples:
+        aws.put_item(settings.table, records.sample_item(sample))
+    boto3.client("s3").delete_object(Bucket=settings.data_bucket, Key=first.key)
+    for start in range(0, 9, 3):
+        pack_samples(batch(samples[start:start + 3]), narrow)
+    # THEN the rebuilt shard has the same id, bytes and digest
+    [(again_id, again)] = sealed_shards(settings).items()
+    assert (again_id, hashlib.sha256(again.body).digest()) == (shard_id, hashlib.sha256(first.body).digest())
+
+
+def test_readers_read_every_sample_back(stack, settings, tmp_path: Path) -> None:
+    # GIVEN a sealed shard of 12 samples built from four segments
+    samples = [upload_sample(stack, n) for n in range(12)]
+    for start in range(0, 12, 3):
+        pack_samples(batch(samples[start:start + 3]), dataclasses.replace(settings, shard_max_samples=12,
+                                                                          shard_target_bytes=1 << 20))
+    [shard] = sealed_shards(settings).values()
+    path = tmp_path / "shard.tar"
+    path.write_bytes(shard.body)
+    # THEN webdataset, GNU tar and tarfile all see the same samples, members contiguous per key
+    read = {s["__key__"]: s for s in wds.WebDataset(str(path), shardshuffle=False)}
+    assert sorted(read) == sorted(s.sha256 for s in samples)
+    assert all(read[s.sha256]["txt"].decode() == s.caption for s in samples)
+    listing = subprocess.run(["tar", "-tf", str(path)], capture_output=True, text=True, check=True)
+    assert listing.stdout.splitlines() == [name for name, _ in shard.members]
+    with tarfile.open(path) as tar:
+        assert all(m.mtime == 0 and m.uid == 0 and m.mode == 0o644 for m in tar.getmembers())
+
+
+def test_wids_reads_the_shard_with_its_sample_count(stack, settings, tmp_path: Path) -> None:
+    wids = pytest.importorskip("wids")
+    samples = [upload_sample(stack, n) for n in range(5)]
+    pack_samples(batch(samples), dataclasses.replace(settings, shard_max_samples=5))
+    [(shard_id, shard)] = sealed_shards(settings).items()
+    path = tmp_path / "shard.tar"
+    path.write_bytes(shard.body)
+
+    shard_list = [{"url": str(path), "nsamples": index_of(settings, shard_id)["samples_count"]}]
+    dataset = wids.ShardListDataset(shard_list, transformations=[], cache_dir=str(tmp_path / "cache"))
+
+    assert sorted(dataset[i]["__key__"] for i in range(len(dataset))) == sorted(s.sha256 for s in samples)
+
+
+# --- the handler --------------------------------------------------------------------------------
+
+def test_the_seal_timer_event_seals_an_old_shard_through_the_handler(
+        stack: Provisioned, function_env: Callable, lambda_context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    function_env("PackFunction")
+    settings = PackSettings.from_env()
+    pack_samples(batch([upload_sample(stack, 1)]), settings)
+    monkeypatch.setenv("SHARD_MAX_AGE_S", "0")
+    from pack.app import lambda_handler
+
+    result = lambda_handler(load_event("pack_seal_timer"), lambda_context)
+
+    [event] = announced(stack)
+    assert result == {"sealed": [event.shard_id]}
+    assert (event.uri, event.index_uri, event.samples) == (
+        f"s3://{settings.data_bucket}/shards/{event.shard_id}.tar",
+        f"s3://{settings.data_bucket}/indexes/{event.shard_id}.json", 1)
+    assert event.digest_algorithm == shards.DIGEST_ALGORITHM
+    body = boto3.client("s3").get_object(Bucket=settings.data_bucket, Key=event.key)["Body"].read()
+    assert shards.digest_of_tar(io.BytesIO(body)) == (event.sha256, event.size)
+
+
+def test_the_handler_fails_exactly_the_malformed_and_the_unreadable_records(
+        stack: Provisioned, function_env: Callable, lambda_context: Any) -> None:
+    # GIVEN a batch of two good samples, one whose bytes are gone, and one malformed record
+    function_env("PackFunction")
+    good = [upload_sample(stack, n) for n in range(2)]
+    gone = upload_sample(stack, 3)
+    boto3.client("s3").delete_object(Bucket=gone.bucket, Key=gone.key, VersionId=gone.version_id)
+    records_ = [{"messageId": f"id-{i}", "body": s.model_dump_json()} for i, s in enumerate([*good, gone])]
+    records_.append({"messageId": "id-bad", "body": '{"sha256": "not a sample"}'})
+    from pack.app import lambda_handler
+    # WHEN the handler runs
+    result = lambda_handler({"Records": records_}, lambda_context)
+    # THEN exactly those two go back to the queue, and the good ones are in the open shard
+    assert result == {"batchItemFailures": [{"itemIdentifier": "id-bad"}, {"itemIdentifier": "id-2"}]}
+    assert journal.load_head(stack.outputs["PipelineTableName"]).open.samples == 2  # type: ignore[union-attr]

@@ -1,0 +1,56 @@
+"""trainer/launch.py sends the pipeline's own request through the SageMaker Python SDK's session."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from typing import Any
+
+import boto3
+import pytest
+
+from core.models import Manifest, ShardRef
+from core.settings import TrainingSettings
+from core.training import training_job_request
+from trainer import launch
+
+
+class FakeSession:
+    """What launch.py uses of sagemaker.Session: boto_session, sagemaker_client, logs_for_job."""
+
+    def __init__(self) -> None:
+        self.boto_session = boto3.session.Session()
+        self.created: list[dict[str, Any]] = []
+        self.waited: list[str] = []
+        self.sagemaker_client = types.SimpleNamespace(create_training_job=lambda **r: self.created.append(r))
+
+    def logs_for_job(self, name: str, wait: bool) -> None:
+        self.waited.append(name)
+
+
+def test_launch_sends_exactly_the_pipelines_request(stack, function_env, tmp_path, monkeypatch) -> None:
+    # GIVEN the StartTrainingFunction's environment in a file and a manifest the pipeline wrote
+    env = function_env("StartTrainingFunction")
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    data = stack.outputs["DataBucketName"]
+    manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
+        ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="1" * 64, samples=8),))
+    boto3.client("s3").put_object(Bucket=data, Key="manifests/atelier-x.json", Body=manifest.model_dump_json())
+    session = FakeSession()
+    monkeypatch.setitem(sys.modules, "sagemaker", types.SimpleNamespace(Session=lambda: session))
+    # WHEN a person launches it by hand
+    args = launch.parse_args(["--manifest", f"s3://{data}/manifests/atelier-x.manifest", "--job-name", "manual-1",
+                              "--env-json", str(tmp_path / "env.json"), "--wait"])
+    sent = launch.launch(args)
+    # THEN the SDK session created the pipeline's request for that manifest, and streamed its logs
+    settings = TrainingSettings.from_env(env)
+    expected = training_job_request("manual-1", f"s3://{data}/manifests/atelier-x.manifest", manifest.digest, 0,
+                                    settings.stages[0].steps, settings)
+    assert session.created == [expected] == [sent]
+    assert session.waited == ["manual-1"]
+
+
+def test_launch_needs_a_source_for_the_pipelines_settings() -> None:
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--manifest", "s3://b/m.manifest", "--job-name", "x"])

@@ -1,0 +1,75 @@
+"""Start the pipeline's training job by hand, from a notebook or a terminal, as the seeds did:
+the same request the StartTrainingFunction builds (core.training.training_job_request), sent with
+the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
+
+    pip install -e ".[functions,launch]"   # from a checkout: the request builder is functions/core
+    python -m trainer.launch --manifest s3://<data>/manifests/<job>.manifest --job-name my-run-1 \\
+        --settings-from-function <deployed StartTrainingFunction name> [--stage 0] [--steps 1000] [--wait]
+
+`--settings-from-function` reads the deployed function's environment, so instance types, quota,
+role, image, checkpoints and hyperparameters are exactly the pipeline's; `--env-json FILE` takes the
+same variables from a file instead (e.g. for a stack you cannot read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+# The pipeline's own code (functions/core, installed as `core` by pyproject.toml): one request builder.
+from core.models import Manifest
+from core.settings import TrainingSettings
+from core.training import training_job_request
+
+
+def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettings:
+    if args.env_json:
+        return TrainingSettings.from_env(json.loads(Path(args.env_json).read_text()))
+    configuration = boto_session.client("lambda").get_function_configuration(FunctionName=args.settings_from_function)
+    return TrainingSettings.from_env(configuration["Environment"]["Variables"])
+
+
+def manifest_digest(manifest_uri: str, boto_session: Any) -> str:
+    """The digest of the rich manifest written beside the ManifestFile (`<job>.json`)."""
+    bucket, key = manifest_uri.removeprefix("s3://").split("/", 1)
+    body = boto_session.client("s3").get_object(Bucket=bucket, Key=key.removesuffix(".manifest") + ".json")["Body"]
+    return Manifest.model_validate_json(body.read()).digest
+
+
+def build_request(args: argparse.Namespace, settings: TrainingSettings, digest: str) -> dict[str, Any]:
+    """Exactly the pipeline's request for this manifest and stage."""
+    steps = args.steps or settings.stages[args.stage].steps
+    return training_job_request(args.job_name, args.manifest, digest, args.stage, steps, settings)
+
+
+def launch(args: argparse.Namespace) -> dict[str, Any]:
+    import sagemaker  # the `launch` extra: the SDK is not needed anywhere else
+
+    session = sagemaker.Session()
+    request = build_request(args, settings_from(args, session.boto_session),
+                            manifest_digest(args.manifest, session.boto_session))
+    session.sagemaker_client.create_training_job(**request)
+    print(f"started {args.job_name}: {request['ResourceConfig']['InstanceCount']} x "
+          f"{request['ResourceConfig']['InstanceType']}", flush=True)
+    if args.wait:
+        session.logs_for_job(args.job_name, wait=True)  # streams the job's logs until it ends
+    return request
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--manifest", required=True, help="s3:// URI of a SageMaker ManifestFile (manifests/<job>.manifest)")
+    parser.add_argument("--job-name", required=True, help="unique per account and region, at most 63 characters")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--settings-from-function", help="the deployed StartTrainingFunction's name")
+    source.add_argument("--env-json", help="a JSON file of the StartTrainingFunction's variables")
+    parser.add_argument("--stage", type=int, default=0, help="which run-plan stage to run")
+    parser.add_argument("--steps", type=int, default=0, help="the lineage step total to train to (default: the stage's)")
+    parser.add_argument("--wait", action="store_true", help="stream the job's logs until it ends")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    launch(parse_args())

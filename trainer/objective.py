@@ -1,0 +1,75 @@
+"""The latent-diffusion training objective, the diffusers recipe: noise the image latents at random
+timesteps and regress the UNet's prediction onto the scheduler's target.
+
+Options:
+- prediction type (the noise scheduler's `prediction_type`): `epsilon` targets the noise,
+  `v_prediction` the velocity `alpha_t * noise - sigma_t * x0`.
+- noise offset: adds `offset * N(0, 1)` per image and channel to the noise, so the model can learn
+  to change an image's overall brightness (Guttenberg, "Diffusion with offset noise", 2023).
+- min-SNR weighting: each sample's loss weighted by `min(SNR_t, gamma) / SNR_t` (epsilon) or
+  `/ (SNR_t + 1)` (v-prediction), so the many easy low-noise timesteps do not dominate
+  (Hang et al., "Efficient Diffusion Training via Min-SNR Weighting Strategy", 2023).
+
+Every random draw of a micro-batch (VAE posterior sample, noise, timesteps) comes from a generator
+seeded by (seed, step, rank, micro-batch): a step computes the same loss whether or not the job
+was resumed before it.
+"""
+
+import contextlib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainer.models import Models, encode_captions
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPUs (trained weights stay fp32); full precision on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
+    """The generator for one micro-batch's random draws."""
+    state = np.random.SeedSequence([seed, step, rank, micro]).generate_state(1, np.uint64)[0]
+    return torch.Generator(device).manual_seed(int(state) & (2**63 - 1))
+
+
+def diffusion_loss(unet, models: Models, batch: dict, device: torch.device, generator: torch.Generator,
+                   noise_offset: float = 0.0, snr_gamma: float | None = None) -> torch.Tensor:
+    """The mean (optionally min-SNR weighted) squared error of the UNet's prediction on one micro-batch."""
+    scheduler = models.noise_scheduler
+    with torch.no_grad(), autocast(device):
+        if "latents" in batch:  # precomputed (already sampled and scaled): the VAE is skipped
+            latents = batch["latents"].to(device, non_blocking=True).float()
+        else:
+            pixel_values = batch["pixel_values"].to(device, non_blocking=True)
+            posterior = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist
+            latents = posterior.sample(generator=generator).float() * models.vae.config.scaling_factor  # unit variance
+        context, pooled = encode_captions(models, batch["caption"], device)
+    noise = torch.randn(latents.shape, generator=generator, device=device)
+    if noise_offset:
+        noise += noise_offset * torch.randn((*latents.shape[:2], 1, 1), generator=generator, device=device)
+    timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), generator=generator, device=device)
+    noisy_latents = scheduler.add_noise(latents, noise, timesteps)
+    v_prediction = scheduler.config.prediction_type == "v_prediction"
+    target = scheduler.get_velocity(latents, noise, timesteps) if v_prediction else noise
+    added_conditions = None
+    if models.sdxl:
+        added_conditions = {"text_embeds": pooled, "time_ids": batch["time_ids"].to(device, non_blocking=True)}
+    with autocast(device):
+        prediction = unet(noisy_latents, timesteps, context, added_cond_kwargs=added_conditions).sample
+    per_sample = F.mse_loss(prediction.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    if snr_gamma:
+        per_sample = per_sample * min_snr_weights(scheduler, timesteps, snr_gamma, v_prediction)
+    return per_sample.mean()
+
+
+def min_snr_weights(scheduler, timesteps: torch.Tensor, gamma: float, v_prediction: bool) -> torch.Tensor:
+    """min(SNR, gamma) / SNR for epsilon targets, min(SNR, gamma) / (SNR + 1) for velocity targets."""
+    alphas_cumprod = scheduler.alphas_cumprod.to(timesteps.device)[timesteps]
+    snr = alphas_cumprod / (1 - alphas_cumprod)
+    clipped = torch.clamp(snr, max=gamma)
+    return clipped / (snr + 1) if v_prediction else clipped / snr

@@ -1,0 +1,100 @@
+"""Progressive resolution: a run is a list of stages (resolution, batch size, learning rate, steps).
+
+A run config is `configs/runs/<name>.json` (or a path to such a file):
+
+    {"description": "...",
+     "stages": [{"resolution": 256, "batch_size": 128, "learning_rate": 1e-4, "steps": 200000, "warmup_steps": 10000},
+                {"resolution": 512, "batch_size": 32, "learning_rate": 1e-4, "steps": 100000}]}
+
+Without one, `--steps`, `--batch-size`, `--resolution` and `--learning-rate` make a single stage.
+Steps are counted over the whole run (1-based): the stage of a step, its learning rate and its data
+are pure functions of the step, so a resumed job lands in the right stage with nothing else saved.
+The learning rate warms up linearly over a stage's first `warmup_steps`, then stays constant.
+"""
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNS_DIR = Path(__file__).resolve().parent / "configs" / "runs"
+STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps"}
+
+
+@dataclass(frozen=True)
+class Stage:
+    resolution: int
+    batch_size: int  # images per micro-batch per process
+    learning_rate: float
+    steps: int
+    warmup_steps: int = 0
+    first_step: int = 1  # the run's step number of this stage's first step
+
+
+class RunPlan:
+    """The stages of a run, placed end to end."""
+
+    def __init__(self, stages: list[dict]):
+        if not stages:
+            raise ValueError("a run config needs at least one stage")
+        self.stages: list[Stage] = []
+        first = 1
+        for number, fields in enumerate(stages):
+            unknown = set(fields) - STAGE_FIELDS
+            if unknown:
+                raise ValueError(f"stage {number}: unknown fields {sorted(unknown)}; a stage has {sorted(STAGE_FIELDS)}")
+            stage = Stage(**fields, first_step=first)
+            if min(stage.resolution, stage.batch_size, stage.steps) <= 0 or stage.learning_rate <= 0:
+                raise ValueError(f"stage {number}: resolution, batch_size, steps and learning_rate must be positive")
+            self.stages.append(stage)
+            first += stage.steps
+        self.total_steps = first - 1
+        self._firsts = [stage.first_step for stage in self.stages]
+
+    def stage_index(self, step: int) -> int:
+        """The stage that trains `step` (1-based); past the end, the last stage."""
+        return max(0, bisect.bisect_right(self._firsts, step) - 1)
+
+    def stage(self, step: int) -> Stage:
+        return self.stages[self.stage_index(step)]
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of `step`: the stage's, ramped up over its warm-up steps."""
+        stage = self.stage(step)
+        if stage.warmup_steps <= 0:
+            return stage.learning_rate
+        return stage.learning_rate * min(1.0, (step - stage.first_step + 1) / stage.warmup_steps)
+
+    def describe(self) -> list[dict]:
+        return [
+            {"stage": number, "first_step": s.first_step, "steps": s.steps, "resolution": s.resolution,
+             "batch_size": s.batch_size, "learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps}
+            for number, s in enumerate(self.stages)
+        ]
+
+
+def read_run_config(name: str) -> dict:
+    """`configs/runs/<name>.json`, or the JSON file `name` names."""
+    path = Path(name) if name.endswith(".json") else RUNS_DIR / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in RUNS_DIR.glob("*.json"))
+        raise ValueError(f"unknown run config {name!r}; presets: {', '.join(known)} (or a path to a .json file)")
+    return json.loads(path.read_text())
+
+
+def plan_from_args(run_config: str | None, steps: int | None, batch_size: int | None, resolution: int | None,
+                   learning_rate: float | None, warmup_steps: int, default_resolution: int) -> RunPlan:
+    """The run's stages: the run config's, or one stage from the single-stage arguments."""
+    if run_config:
+        given = [name for name, value in (("steps", steps), ("batch-size", batch_size), ("resolution", resolution),
+                                          ("learning-rate", learning_rate)) if value is not None]
+        if given:
+            raise ValueError(f"run-config {run_config!r} sets the stages; drop {', '.join(given)} (each stage has its own)")
+        return RunPlan(read_run_config(run_config)["stages"])
+    return RunPlan([{
+        "resolution": resolution or default_resolution,
+        "batch_size": batch_size or 4,
+        "learning_rate": learning_rate or 1e-4,
+        "steps": 1000 if steps is None else steps,
+        "warmup_steps": warmup_steps,
+    }])
