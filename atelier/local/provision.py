@@ -147,6 +147,8 @@ class Provisioner:
             s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=props["PublicAccessBlockConfiguration"])
         if "VersioningConfiguration" in props:
             s3.put_bucket_versioning(Bucket=name, VersioningConfiguration=props["VersioningConfiguration"])
+        if "LifecycleConfiguration" in props:
+            s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration=_lifecycle(props["LifecycleConfiguration"]))
         notifications = props.get("NotificationConfiguration", {})
         if notifications:
             s3.put_bucket_notification_configuration(Bucket=name, NotificationConfiguration=_notifications(notifications))
@@ -306,6 +308,21 @@ def _rate_seconds(expression: str) -> int:
         raise TemplateError(f"only rate(...) schedules run locally, not {expression!r}")
     unit = {"minute": 60, "hour": 3600, "day": 86400}[match.group(2).rstrip("s")]
     return int(match.group(1)) * unit
+
+
+def _lifecycle(config: dict[str, Any]) -> dict[str, Any]:
+    """CloudFormation's LifecycleConfiguration shape -> the S3 API's (the rule kinds used here)."""
+    rules = []
+    for rule in config["Rules"]:
+        out: dict[str, Any] = {"ID": rule.get("Id", ""), "Status": rule["Status"],
+                               "Filter": {"Prefix": rule.get("Prefix", "")}}
+        if "ExpirationInDays" in rule:
+            out["Expiration"] = {"Days": int(rule["ExpirationInDays"])}
+        if "AbortIncompleteMultipartUpload" in rule:
+            out["AbortIncompleteMultipartUpload"] = {
+                "DaysAfterInitiation": int(rule["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"])}
+        rules.append(out)
+    return {"Rules": rules}
 
 
 def _encryption(config: dict[str, Any]) -> dict[str, Any]:

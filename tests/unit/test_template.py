@@ -235,3 +235,11 @@ def test_function_code_imports_only_the_lambda_runtime_and_its_requirements() ->
     assert {path: sorted(names - allowed) for path, names in imported_top_level_modules().items()
             if names - allowed} == {}
 
+
+
+def test_the_data_bucket_expires_orphan_segments_and_aborts_stale_uploads(stack) -> None:
+    import boto3
+    rules = boto3.client("s3").get_bucket_lifecycle_configuration(Bucket=stack.outputs["DataBucketName"])["Rules"]
+    assert {r["ID"]: (r["Filter"].get("Prefix"), r.get("Expiration", {}).get("Days"),
+                      r.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation")) for r in rules} == {
+        "OrphanSegments": ("segments/", 7, None), "IncompleteUploads": ("", None, 2)}
