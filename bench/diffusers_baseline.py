@@ -96,7 +96,7 @@ def run_peer(args) -> dict:
     mean = (seen[steps[-1]] - seen[steps[0]]) / (steps[-1] - steps[0])
     return {"img_per_s": round(args.batch / median, 2), "img_per_s_window_mean": round(args.batch / mean, 2),
             "median_step_s": round(median, 4), "timed_steps": steps[-1] - steps[0], "warmup_steps": args.warmup,
-            "first_step_s": round(seen[min(seen)] - started, 1)}
+            "first_step_s": round(seen[1] - started, 1) if 1 in seen else None}
 
 
 def main() -> None:
