@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import boto3
 from botocore.exceptions import ClientError
 
+from core import aws
 from core.uploads import PARTNER_PATTERN, SIDECAR_SUFFIX
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class Status:
 
 def pipeline_status(outputs: dict[str, str]) -> Status:
     status = Status()
-    for item in _scan(outputs["PipelineTableName"]):
+    for item in aws.scan(outputs["PipelineTableName"]):
         kind = item.get("kind")
         if kind == "upload":
             status.uploads[item["status"]] += 1
@@ -128,14 +129,6 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
     status.jobs.sort(key=lambda j: j["created"])
     status.endpoints = _endpoints(outputs["EndpointName"])
     return status
-
-
-def _scan(table: str) -> Iterator[dict[str, Any]]:
-    from boto3.dynamodb.types import TypeDeserializer
-    deserializer = TypeDeserializer()
-    for page in boto3.client("dynamodb").get_paginator("scan").paginate(TableName=table):
-        for item in page["Items"]:
-            yield {k: deserializer.deserialize(v) for k, v in item.items()}
 
 
 def _job(item: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import boto3
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
@@ -21,14 +22,22 @@ _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
 
-@functools.cache
 def client(service: str) -> Any:
+    """A cached client, one per service and per endpoint/credential environment: a process whose
+    environment changes (the local stack, the CLI's --local, tests) never reuses a stale one."""
+    return _client(service, tuple(os.environ.get(name, "") for name in (
+        "AWS_ENDPOINT_URL", f"AWS_ENDPOINT_URL_{service.upper().replace('-', '_')}", "AWS_DEFAULT_REGION",
+        "AWS_REGION", "AWS_ACCESS_KEY_ID")))
+
+
+@functools.cache
+def _client(service: str, environment: tuple[str, ...]) -> Any:
     return boto3.client(service, config=_RETRIES)
 
 
 def reset_clients() -> None:
-    """Forget cached clients (tests change endpoints and credentials between cases)."""
-    client.cache_clear()
+    """Forget cached clients (moto's in-process mock must patch the ones tests use)."""
+    _client.cache_clear()
     transfer_client.cache_clear()
 
 
@@ -166,15 +175,14 @@ def query_index(table: str, index: str, partition: str) -> list[dict[str, Any]]:
     return items
 
 
+def scan(table: str, **filters: Any) -> Iterator[dict[str, Any]]:
+    """Every item of the table (or those `filters` select), page by page."""
+    for page in client("dynamodb").get_paginator("scan").paginate(TableName=table, **filters):
+        yield from (_from_item(i) for i in page["Items"])
+
+
 def scan_prefix(table: str, prefix: str) -> list[dict[str, Any]]:
-    paginator = client("dynamodb").get_paginator("scan")
-    items: list[dict[str, Any]] = []
-    for page in paginator.paginate(
-        TableName=table, FilterExpression="begins_with(pk, :p)",
-        ExpressionAttributeValues={":p": {"S": prefix}},
-    ):
-        items.extend(_from_item(i) for i in page["Items"])
-    return items
+    return list(scan(table, FilterExpression="begins_with(pk, :p)", ExpressionAttributeValues={":p": {"S": prefix}}))
 
 
 def _names_used(names: dict[str, str] | None, expression: str) -> dict[str, Any]:
