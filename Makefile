@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch; on machines with a local wheel cache this installs without a download.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint local clean
+.PHONY: demo test lint local clean checkov-env browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed"'
@@ -20,7 +20,39 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/atelier demo
 
-test: $(STAMP)
+# img2dataset (for the import tests) in a virtual environment of its own: see pyproject.toml.
+I2D       := .venv-img2dataset
+I2D_STAMP := $(I2D)/.installed
+
+$(I2D_STAMP): pyproject.toml $(STAMP)
+	$(PYTHON) -m venv $(I2D)
+	$(I2D)/bin/pip install --quiet $$($(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["img2dataset"])')
+	touch $(I2D_STAMP)
+
+# checkov pins an old boto3, so it gets its own environment; tests/unit/test_checkov.py runs it.
+CHECKOV       := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV)/.installed
+
+$(CHECKOV_STAMP):
+	$(PYTHON) -m venv $(CHECKOV)
+	$(CHECKOV)/bin/pip install --quiet "checkov==3.3.30"
+	touch $(CHECKOV_STAMP)
+
+checkov-env: $(CHECKOV_STAMP)
+
+# The headless browser tests/trainer/test_report.py renders training reports in: Debian's
+# chromium-headless-shell, installed when this runs as root with apt (as on CI); elsewhere
+# `sudo make browser`, or that one test skips and says why.
+BROWSER_STAMP := $(VENV)/.browser
+
+$(BROWSER_STAMP): $(STAMP)
+	@command -v chromium-headless-shell >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null; } || \
+	  echo "note: no chromium-headless-shell; the report rendering test will skip (sudo make browser)"
+	touch $(BROWSER_STAMP)
+
+test: $(STAMP) $(I2D_STAMP) $(CHECKOV_STAMP) $(BROWSER_STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
@@ -29,5 +61,8 @@ lint: $(STAMP)
 local: $(STAMP)
 	$(VENV)/bin/atelier local up
 
+browser:
+	apt-get update -qq && apt-get install -y --no-install-recommends chromium-headless-shell
+
 clean:
-	rm -rf $(VENV) .atelier demo-output .pytest_cache
+	rm -rf $(VENV) $(I2D) $(CHECKOV) .atelier demo-output .pytest_cache

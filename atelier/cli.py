@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -16,11 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from atelier import client
+from atelier.progress import progress
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE = REPO / ".atelier" / "local"
 console = Console()
 errors = Console(stderr=True)
+# atelier/<area>.py modules with a `register(commands)` that adds their subcommands
+COMMAND_AREAS = ("cli_deploy", "cli_import", "cli_provenance", "cli_reliability", "cli_report")
 
 
 # --- local stack ----------------------------------------------------------------------------------
@@ -58,7 +62,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from atelier.demo import DemoFailed, DemoOptions, run_demo
     try:
         result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
-                                      images=args.images, stage_timeout_s=args.stage_timeout, keep_running=args.keep))
+                                      images=args.images, stage_timeout_s=args.stage_timeout, keep_running=args.keep,
+                                      quiet=args.quiet))
     except DemoFailed as exc:
         errors.print(f"[bold red]demo failed[/]: {exc}")
         return 1
@@ -70,16 +75,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     bucket = client.stack_outputs(args.stack)["UploadsBucketName"]
+    files = client.files_to_upload(args.path)
     count = 0
-    for key in client.upload(args.path, args.partner, bucket):
-        count += 1
-        errors.print(f"uploaded s3://{bucket}/{key}")
+    with progress(args.quiet, transfer=True) as bar:
+        task = bar.add_task(f"{len(files)} files -> s3://{bucket}/{args.partner}/",
+                            total=sum(f.stat().st_size for f in files))
+        for _ in client.upload(args.path, args.partner, bucket, on_bytes=lambda n: bar.advance(task, n)):
+            count += 1
     console.print(f"{count} objects uploaded for partner {args.partner}")
     return 0
 
 
 def cmd_partner_add(args: argparse.Namespace) -> int:
-    partner = client.add_partner(client.stack_outputs(args.stack), args.partner_id, args.license, args.prefix, args.terms)
+    partner = client.add_partner(client.stack_outputs(args.stack), args.partner_id, args.license, args.prefix, args.terms,
+                                 args.not_after, args.use)
     console.print(f"partner {partner.partner_id}: licenses {', '.join(partner.licenses)}; "
                   f"prefixes {', '.join(p or '(all)' for p in partner.prefixes)}")
     return 0
@@ -100,17 +109,21 @@ def cmd_partner_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """One table (or JSON document); with --watch, again every N seconds until Ctrl-C (JSON: one line each)."""
     outputs = client.stack_outputs(args.stack)
-    while True:
-        status = client.pipeline_status(outputs)
-        if args.json:
-            print(json.dumps(status.to_json(), indent=1))
-            return 0
-        console.clear() if args.watch else None
-        console.print(status_table(status))
-        if not args.watch:
-            return 0
-        time.sleep(args.watch)
+    try:
+        while True:
+            status = client.pipeline_status(outputs)
+            if args.json:
+                print(json.dumps(status.to_json(), indent=None if args.watch else 1), flush=True)
+            else:
+                console.clear() if args.watch else None
+                console.print(status_table(status))
+            if not args.watch:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def status_table(status: client.Status) -> Table:
@@ -124,9 +137,19 @@ def status_table(status: client.Status) -> Table:
     for job in status.jobs:
         table.add_row("training job", f"{job['name']}: {job['status']} ({job['shards']} shards)"
                       + (f" - {job['failure']}" if job.get("failure") else ""))
+    for model in status.models[-5:]:
+        table.add_row("model", model_line(model))
     for endpoint in status.endpoints or [{"name": "-", "status": "none", "config": None}]:
         table.add_row("endpoint", f"{endpoint['name']}: {endpoint['status']} ({endpoint.get('config') or '-'})")
     return table
+
+
+def model_line(model: dict) -> str:
+    """One candidate: its state, the gate's scores and why."""
+    loss = f", val loss {model['val_loss']:.4f}" if model.get("val_loss") is not None else ""
+    versus = (f" vs {model['production_val_loss']:.4f} ({model['production_model']})"
+              if model.get("production_val_loss") is not None else "")
+    return f"{model['model']}: {model['status']}{loss}{versus}" + (f" - {model['reason']}" if model.get("reason") else "")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -145,6 +168,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--stack", default=os.environ.get("ATELIER_STACK", "atelier"), help="CloudFormation stack name")
     top.add_argument("--local", action="store_true", help="use the running local stack (atelier local up)")
     top.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="local stack state folder")
+    top.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they go to stderr)")
     commands = top.add_subparsers(dest="command", required=True)
 
     local = commands.add_parser("local", help="the embedded local stack").add_subparsers(dest="local_command", required=True)
@@ -173,6 +197,9 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("--license", action="append", required=True, help="a license id; repeat for several")
     add.add_argument("--prefix", action="append", default=[], help="key prefix under <partner>/ it may upload to")
     add.add_argument("--terms", default="", help="free text: contract reference, expiry, ...")
+    add.add_argument("--not-after", default="", help="YYYY-MM-DD: no manifest built after this day trains on its samples")
+    add.add_argument("--use", action="append", default=[], help="a use its licenses allow (e.g. research); repeat for "
+                     "several; none: any use")
     add.set_defaults(func=cmd_partner_add)
     listing = partner.add_parser("list", help="the registered partners")
     listing.add_argument("--json", action="store_true")
@@ -180,7 +207,8 @@ def parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="uploads, rejects, shards, training jobs and endpoints")
     status.add_argument("--json", action="store_true")
-    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=0.0, help="refresh every N seconds")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=0.0,
+                        help="refresh every N seconds (default 2) until Ctrl-C; with --json one line per refresh")
     status.set_defaults(func=cmd_status)
 
     generate = commands.add_parser("generate", help="draw an image with the deployed endpoint")
@@ -190,6 +218,10 @@ def parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--steps", type=int, default=20)
     generate.set_defaults(func=cmd_generate)
+
+    # Each area's commands live in their own module; each adds its subcommands here.
+    for area in COMMAND_AREAS:
+        importlib.import_module(f"atelier.{area}").register(commands)
     return top
 
 

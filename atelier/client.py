@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import boto3
 from botocore.exceptions import ClientError
@@ -19,7 +19,9 @@ from core import aws
 from core.uploads import PARTNER_PATTERN, SIDECAR_SUFFIX
 
 if TYPE_CHECKING:
-    from core.licensing import Partner
+    from core.attribution import Attribution
+    from core.licensing import Partner, Revocation
+    from core.provenance import Affected, Lineage, Stack
 
 
 class PipelineError(RuntimeError):
@@ -51,35 +53,120 @@ def files_to_upload(path: Path) -> list[Path]:
     return [p for p in every if p.suffix == SIDECAR_SUFFIX] + [p for p in every if p.suffix != SIDECAR_SUFFIX]
 
 
-def upload(path: Path, partner: str, bucket: str) -> Iterator[str]:
-    """Upload a file or a folder under `<partner>/`, yielding each key as it is written."""
+def upload(path: Path, partner: str, bucket: str, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Upload a file or a folder under `<partner>/`, yielding each key as it is written (`on_bytes`: per chunk sent)."""
     if not PARTNER_PATTERN.fullmatch(partner):
         raise PipelineError(f"partner id {partner!r} must be lower-case letters, digits and '-' (at most 64)")
     s3 = boto3.client("s3")
     root = path if path.is_dir() else path.parent
     for file in files_to_upload(path):
         key = f"{partner}/{file.relative_to(root).as_posix()}"
-        s3.upload_file(str(file), bucket, key)
+        s3.upload_file(str(file), bucket, key, Callback=on_bytes)
         yield key
 
 
 # --- partners -----------------------------------------------------------------------------------
 
 def add_partner(outputs: dict[str, str], partner_id: str, licenses: list[str], prefixes: list[str],
-                terms: str) -> "Partner":
-    """Register (or replace) a partner and the licenses it grants."""
-    from core.licensing import Partner, put_partner
+                terms: str, not_after: str = "", uses: list[str] | None = None) -> "Partner":
+    """Register (or replace) a partner and the licenses it grants; `not_after` and `uses` limit
+    training on every one of them (core.licensing.Terms)."""
+    from pydantic import ValidationError
+
+    from core.licensing import Partner, Terms, put_partner
     if not PARTNER_PATTERN.fullmatch(partner_id):
         raise PipelineError(f"partner id {partner_id!r} must be lower-case letters, digits and '-' (at most 64)")
     if not licenses:
         raise PipelineError("a partner needs at least one --license")
+    try:
+        rules = (Terms(not_after=not_after, uses=tuple(uses or ())),) if not_after or uses else ()
+    except ValidationError as exc:
+        raise PipelineError(f"--not-after {not_after!r} must be a date, YYYY-MM-DD") from exc
     return put_partner(outputs["PipelineTableName"], Partner(
-        partner_id=partner_id, licenses=tuple(licenses), prefixes=tuple(prefixes or [""]), terms=terms))
+        partner_id=partner_id, licenses=tuple(licenses), prefixes=tuple(prefixes or [""]), terms=terms, rules=rules))
 
 
 def partners(outputs: dict[str, str]) -> list["Partner"]:
     from core.licensing import list_partners
     return list_partners(outputs["PipelineTableName"])
+
+
+# --- provenance (docs/provenance.md) --------------------------------------------------------------
+
+def places(outputs: dict[str, str]) -> "Stack":
+    from core.provenance import Stack
+    return Stack(table=outputs["PipelineTableName"], data_bucket=outputs["DataBucketName"],
+                 models_bucket=outputs["ModelsBucketName"])
+
+
+def training_job_of(outputs: dict[str, str], model: str) -> str:
+    """The training job behind an endpoint, a SageMaker model (its `atelier:training-job` tag) or a job name."""
+    from core.provenance import TRAINING_JOB_TAG
+    endpoint = aws.describe_endpoint(model)
+    model_name = model
+    if endpoint is not None:
+        config = aws.sagemaker_call("describe_endpoint_config", {"EndpointConfigName": endpoint["EndpointConfigName"]})
+        model_name = config["ProductionVariants"][0]["ModelName"]
+    if aws.sagemaker_exists("model", model_name):
+        arn = aws.sagemaker_call("describe_model", {"ModelName": model_name})["ModelArn"]
+        tags = {t["Key"]: t["Value"] for t in aws.sagemaker_call("list_tags", {"ResourceArn": arn}).get("Tags", [])}
+        if TRAINING_JOB_TAG not in tags:
+            raise PipelineError(f"model {model_name} has no {TRAINING_JOB_TAG} tag: it was not deployed by the pipeline")
+        return tags[TRAINING_JOB_TAG]
+    if aws.get_item(outputs["PipelineTableName"], f"JOB#{model}") is None:
+        raise PipelineError(f"{model!r} is no endpoint, SageMaker model or training job of this pipeline")
+    return model
+
+
+def lineage(outputs: dict[str, str], model: str) -> "Lineage":
+    from core.provenance import stored_lineage
+    return stored_lineage(training_job_of(outputs, model), places(outputs))
+
+
+def attribution(outputs: dict[str, str], model: str) -> "Attribution":
+    """attribution.json beside the model, or worked out now for a job that has not completed."""
+    from core.attribution import Attribution, attribution as report, read_draws
+    from core.provenance import output_key, output_uri, stored_lineage
+    job, where = training_job_of(outputs, model), places(outputs)
+    stored = aws.read_json_if_exists(where.models_bucket, output_key(job, "attribution.json"))
+    if stored:
+        return Attribution.model_validate(stored)
+    return report(stored_lineage(job, where), read_draws(where.models_bucket, job),
+                  output_uri(where.models_bucket, job, "lineage.json"))
+
+
+def takedown(outputs: dict[str, str], partner: str, license: str, sha256s: list[str],
+             reason: str) -> tuple["Revocation", list["Affected"], dict[str, list[str]]]:
+    """Record a takedown; the jobs that learned from what it covers, and their SageMaker models."""
+    from pydantic import ValidationError
+
+    from core.licensing import Revocation, revoke
+    from core.provenance import affected_by
+    try:
+        revocation = Revocation(partner=partner, license=license, sha256s=tuple(sha256s), reason=reason)
+    except ValidationError as exc:
+        raise PipelineError(f"takedown: {exc.errors()[0]['msg']} ({exc.errors()[0]['loc']})") from exc
+    recorded = revoke(outputs["PipelineTableName"], revocation)
+    affected = affected_by(recorded, places(outputs))
+    return recorded, affected, models_of({a.job for a in affected})
+
+
+def models_of(jobs: set[str]) -> dict[str, list[str]]:
+    """SageMaker models tagged with these training jobs (deploy tags each with its job)."""
+    from core.provenance import TRAINING_JOB_TAG
+    found: dict[str, list[str]] = {}
+    request: dict[str, Any] = {"MaxResults": 100}
+    while jobs:
+        page = aws.sagemaker_call("list_models", request)
+        for model in page.get("Models", []):
+            tags = aws.sagemaker_call("list_tags", {"ResourceArn": model["ModelArn"]}).get("Tags", [])
+            job = next((t["Value"] for t in tags if t["Key"] == TRAINING_JOB_TAG), None)
+            if job in jobs:
+                found.setdefault(job, []).append(model["ModelName"])
+        if not page.get("NextToken"):
+            break
+        request["NextToken"] = page["NextToken"]
+    return found
 
 
 # --- generate -----------------------------------------------------------------------------------
@@ -105,10 +192,12 @@ class Status:
     shards: Counter[str] = field(default_factory=Counter)
     jobs: list[dict[str, Any]] = field(default_factory=list)
     endpoints: list[dict[str, Any]] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"uploads": dict(self.uploads), "quarantined": dict(self.quarantined), "samples": self.samples,
-                "packed": self.packed, "shards": dict(self.shards), "jobs": self.jobs, "endpoints": self.endpoints}
+                "packed": self.packed, "shards": dict(self.shards), "jobs": self.jobs, "endpoints": self.endpoints,
+                "models": self.models}
 
 
 def pipeline_status(outputs: dict[str, str]) -> Status:
@@ -126,7 +215,10 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
             status.shards[item["status"]] += 1
         elif kind == "job":
             status.jobs.append(_job(item))
+        elif kind == "model":
+            status.models.append(model_summary(item))
     status.jobs.sort(key=lambda j: j["created"])
+    status.models.sort(key=lambda m: m["order"])
     status.endpoints = _endpoints(outputs["EndpointName"])
     return status
 
@@ -142,6 +234,40 @@ def _job(item: dict[str, Any]) -> dict[str, Any]:
     except ClientError:
         pass  # recorded, but not (or no longer) known to SageMaker
     return job
+
+
+def model_summary(item: dict[str, Any]) -> dict[str, Any]:
+    """A deploy candidate as people read it: the gate's decision, its scores and the reason."""
+    gate = json.loads(item.get("gate") or "{}")
+    scores = gate.get("scores") or {}
+    production = gate.get("production") or {}
+    return {"model": item["model"], "status": item.get("status", ""), "job": item.get("job", ""),
+            "manifest": item.get("manifest", ""), "order": int(item.get("order", 0)),
+            "decision": gate.get("decision"), "reason": item.get("reason", ""),
+            "val_loss": _number(scores.get("val_loss")), "clip_score": _number(scores.get("clip_score")),
+            "production_model": gate.get("production_model") or None,
+            "production_val_loss": _number(production.get("val_loss")),
+            "eval_job": item.get("eval_job"), "deployed_at": item.get("deployed_at")}
+
+
+def _number(value: Any) -> float | None:
+    return None if value in (None, "") else float(value)
+
+
+def models(outputs: dict[str, str]) -> list[dict[str, Any]]:
+    found = [model_summary(i) for i in aws.scan_prefix(outputs["PipelineTableName"], "MODEL#")]
+    return sorted(found, key=lambda m: m["order"])
+
+
+def rollback(outputs: dict[str, str], to: str | None, reason: str) -> dict[str, Any]:
+    """Serve the previous model again; the CLI's `atelier rollback`."""
+    from core.deploy import EndpointBusy, rollback as roll_back
+    from core.errors import BadMessage
+    try:
+        result = roll_back(outputs["PipelineTableName"], outputs["EndpointName"], to, reason)
+    except (BadMessage, EndpointBusy) as exc:
+        raise PipelineError(str(exc)) from exc
+    return {"action": result.action, "model": result.model, "change": result.reason}
 
 
 def _endpoints(name: str) -> list[dict[str, Any]]:

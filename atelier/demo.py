@@ -18,13 +18,15 @@ from typing import Callable
 
 from rich.console import Console
 
-from atelier import client
+from atelier import client, evalset
 from atelier.catalog import LICENSE, make_catalog, write_catalog
 from atelier.local.stack import LocalStack, StackOptions
+from atelier.progress import progress
 
 console = Console(stderr=True)
 PARTNER = "demo-partner"
 PROMPT = "a red circle on a blue background"
+EVAL_IMAGES = 6  # held-out pictures the deploy gate scores every candidate on
 
 
 class DemoFailed(RuntimeError):
@@ -39,6 +41,7 @@ class DemoOptions:
     images: int = 16
     stage_timeout_s: float = 600.0
     keep_running: bool = False
+    quiet: bool = False  # no progress bar
 
 
 def run_demo(options: DemoOptions) -> dict:
@@ -70,8 +73,14 @@ def drive(stack: LocalStack, options: DemoOptions) -> dict:
 
 def _upload_catalog(stack: LocalStack, count: int) -> None:
     client.add_partner(stack.outputs, PARTNER, [LICENSE], [], "synthetic demo catalog")
+    catalog = make_catalog(count + EVAL_IMAGES)
     with tempfile.TemporaryDirectory() as folder:
-        write_catalog(make_catalog(count), Path(folder))
+        write_catalog(catalog[count:], Path(folder))  # held out: never uploaded for training
+        uri = evalset.upload(evalset.samples_from_folder(Path(folder), PARTNER), stack.outputs["DataBucketName"],
+                             "eval/", "demo-heldout")
+    console.print(f"evaluation set: {EVAL_IMAGES} held-out images -> {uri}")
+    with tempfile.TemporaryDirectory() as folder:
+        write_catalog(catalog[:count], Path(folder))
         keys = list(client.upload(Path(folder), PARTNER, stack.outputs["UploadsBucketName"]))
     console.print(f"uploaded {len(keys)} objects ({count} images with sidecars) as partner {PARTNER!r}")
 
@@ -83,20 +92,25 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
         ("shards sealed", lambda s: sum(s.shards.values()) > 0),
         ("training job started", lambda s: bool(s.jobs)),
         ("training job completed", lambda s: _job_done(s)),
+        ("model passed the evaluation gate", lambda s: any(m["status"] in {"passed", "deployed"} for m in s.models)),
         ("endpoint in service", lambda s: any(e["status"] == "InService" for e in s.endpoints)),
     ]
     status = client.pipeline_status(stack.outputs)
-    for name, reached in stages:
-        deadline = time.monotonic() + options.stage_timeout_s
-        while not reached(status):
-            stack.check()
-            _fail_on_failure(status, stack)
-            if time.monotonic() > deadline:
-                raise DemoFailed(f"stalled waiting for: {name} ({options.stage_timeout_s:.0f} s); "
-                                 f"status {json.dumps(status.to_json())}; logs in {stack.options.state_dir / 'logs'}")
-            time.sleep(1)
-            status = client.pipeline_status(stack.outputs)
-        console.print(f"[{time.monotonic() - started:5.0f} s] {name}: {_summary(status)}")
+    with progress(options.quiet) as bar:
+        task = bar.add_task("stages", total=len(stages))
+        for name, reached in stages:
+            bar.update(task, description=f"waiting: {name}")
+            deadline = time.monotonic() + options.stage_timeout_s
+            while not reached(status):
+                stack.check()
+                _fail_on_failure(status, stack)
+                if time.monotonic() > deadline:
+                    raise DemoFailed(f"stalled waiting for: {name} ({options.stage_timeout_s:.0f} s); "
+                                     f"status {json.dumps(status.to_json())}; logs in {stack.options.state_dir / 'logs'}")
+                time.sleep(1)
+                status = client.pipeline_status(stack.outputs)
+            bar.console.print(f"[{time.monotonic() - started:5.0f} s] {name}: {_summary(status)}")
+            bar.advance(task)
     return status
 
 
@@ -112,6 +126,10 @@ def _fail_on_failure(status: client.Status, stack: LocalStack) -> None:
     for endpoint in status.endpoints:
         if endpoint["status"] == "Failed":
             raise DemoFailed(f"endpoint {endpoint['name']} failed: {endpoint.get('failure')}")
+    for model in status.models:
+        if model["status"] in {"held-back", "eval-failed"}:
+            raise DemoFailed(f"model {model['model']} {model['status']}: {model['reason']}; "
+                             f"logs in {stack.options.state_dir / 'sagemaker'}")
     if status.quarantined:
         raise DemoFailed(f"uploads were quarantined: {dict(status.quarantined)}")
 

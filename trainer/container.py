@@ -5,7 +5,10 @@ SageMaker training toolkit would (a custom image has no toolkit), and runs train
 process on one host with a CPU or one GPU, otherwise under torchrun with one process per GPU (and,
 with several hosts, the first host leading the rendezvous). A failure's reason goes to
 <root>/output/failure (SageMaker's FailureReason is its first 1,024 characters; a reason the
-trainer wrote there itself is kept) and the exit status is 1. `serve` answers /ping and /invocations with the pipeline in <root>/model.
+trainer wrote there itself is kept) and the exit status is 1. With the hyperparameter `task=evaluate`
+(absent or `train`: training), `train` runs trainer.evaluate instead, in this process, with the other
+hyperparameters as its arguments: a SageMaker training job that scores a candidate model and writes
+<root>/model/evaluation.json. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 <root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
 With several hosts, $ATELIER_MASTER_ADDR and $ATELIER_MASTER_PORT, when set, replace the first host's
@@ -24,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from trainer import serve, train
+from trainer import evaluate, serve, train
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
+TASKS = ("train", "evaluate")  # the `task` hyperparameter
 
 
 def opt_ml() -> Path:
@@ -59,24 +63,41 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
     return environment
 
 
-def training_argv(root: Path) -> list[str]:
-    """The hyperparameters (all strings) as `--name value`, plus the checkpoint directory."""
+def job_task(root: Path) -> str:
+    """The `task` hyperparameter: `train` (also when absent) or `evaluate`."""
+    task = read_json(root / "input" / "config" / "hyperparameters.json", {}).get("task", "train")
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: the hyperparameter `task` is one of {', '.join(TASKS)}")
+    return task
+
+
+def hyperparameter_argv(root: Path) -> list[str]:
+    """The hyperparameters (all strings) as `--name value`, without `task` and the SageMaker SDK's own."""
     hyperparameters = read_json(root / "input" / "config" / "hyperparameters.json", {})
     argv = []
     for name, value in hyperparameters.items():
-        if not name.startswith("sagemaker_"):  # the SageMaker SDK's own settings, not ours
+        if name != "task" and not name.startswith("sagemaker_"):  # the SageMaker SDK's own settings, not ours
             argv += [f"--{name}", str(value)]
-    return argv + ["--checkpoint-dir", str(root / "checkpoints")]
+    return argv
 
 
-def parse_training_args(argv: list[str]):
-    """train.parse_args, with a rejected argument raised as an error that carries argparse's message."""
+def training_argv(root: Path) -> list[str]:
+    """The hyperparameters as `--name value`, plus the checkpoint directory."""
+    return hyperparameter_argv(root) + ["--checkpoint-dir", str(root / "checkpoints")]
+
+
+def parse_quietly(parse, argv: list[str]):
+    """parse(argv), with a rejected argument raised as an error that carries argparse's message."""
     messages = io.StringIO()
     try:
         with contextlib.redirect_stderr(messages):
-            return train.parse_args(argv)
+            return parse(argv)
     except SystemExit:
         raise ValueError(messages.getvalue().strip().splitlines()[-1]) from None
+
+
+def parse_training_args(argv: list[str]):
+    return parse_quietly(train.parse_args, argv)
 
 
 def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] | None:
@@ -94,10 +115,25 @@ def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] |
     return command + ["-m", "trainer.train", *argv]
 
 
-def run_training(root: Path) -> None:
+def prepare_job(root: Path) -> None:
+    """The SM_* variables exported, the model dir made, a previous run's failure reason gone."""
     os.environ.update(sagemaker_environment(root))
     (root / "model").mkdir(parents=True, exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)  # a reason written now is this run's
+
+
+def run_job(root: Path) -> None:
+    """What `train` runs: the job's task."""
+    prepare_job(root)
+    task = job_task(root)
+    if task == "evaluate":
+        evaluate.main(parse_quietly(evaluate.parse_args, hyperparameter_argv(root)))
+    else:
+        run_training(root)
+
+
+def run_training(root: Path) -> None:
+    """trainer.train with the job's hyperparameters: in this process, or under torchrun."""
     argv = training_argv(root)
     parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
     resources = read_json(root / "input" / "config" / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
@@ -126,7 +162,7 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     if command == "train":
         try:
-            run_training(root)
+            run_job(root)
         except Exception as error:
             write_failure(root, error)
             traceback.print_exc()

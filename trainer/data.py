@@ -29,12 +29,19 @@ How batches are drawn (BRIA's strategy, with nothing to save for resuming):
   A sample that cannot be decoded is replaced by another sample of the same bucket (chosen by a
   seeded generator, so still deterministic), reported in the batch's `corrupt` list and never
   stops the job.
+
+Exclusions and draws (docs/provenance.md): the job's manifest (`--manifest`, the `manifest` channel)
+may list per shard the samples to leave out (revoked, or no longer licensed for this use). They are
+dropped while indexing, before their records are read, so no batch and no replacement can hold
+them; the shards themselves stay as packed (immutable, their digests valid). Each batch names the
+(partner, license) of its samples, from their JSON records, for the trainer's draw counts.
 """
 
 import io
 import json
 import re
 import tarfile
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -51,6 +58,7 @@ from trainer.stages import RunPlan
 
 IMAGE_MEMBERS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}  # extension -> Pillow format
 MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
+UNKNOWN = "unknown"  # the partner or license of a sample whose record names none (img2dataset's)
 
 
 class NoShardsError(ValueError):
@@ -74,6 +82,7 @@ class ShardIndex:
     key: np.ndarray  # str
     aspect: np.ndarray  # float64: width / height
     problems: list[str] = field(default_factory=list)  # samples left out, and why
+    excluded: int = 0  # samples the manifest's exclusion list left out (never read)
 
     def __len__(self) -> int:
         return len(self.key)
@@ -88,16 +97,36 @@ def find_shards(channel_dir: str | Path) -> list[str]:
     return shards
 
 
-def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size: int = 1) -> ShardIndex:
-    """The samples this process trains on: its share of the host's shards, indexed."""
+def load_exclusions(manifest: str | Path | None) -> dict[str, frozenset[str]]:
+    """The manifest's `exclude` (shard id -> sample keys) from its JSON file, or from the one `*.json`
+    in a channel directory; empty without a manifest (or in a manifest from before exclusions)."""
+    if not manifest:
+        return {}
+    path = Path(manifest)
+    files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
+    if len(files) != 1:
+        raise ValueError(f"expected one manifest JSON in {path}, found {len(files)}")
+    exclude = json.loads(files[0].read_text()).get("exclude") or {}
+    return {str(shard): frozenset(keys) for shard, keys in exclude.items()}
+
+
+def shard_id_of(path: str) -> str:
+    """The shard id a manifest names a shard by: its file name without `.tar` (`shards/<id>.tar`)."""
+    return Path(path).name.removesuffix(".tar")
+
+
+def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size: int = 1,
+                 exclude: Mapping[str, Collection[str]] | None = None) -> ShardIndex:
+    """The samples this process trains on: its share of the host's shards, indexed, less `exclude`."""
     shards = find_shards(channel_dir)
     split_shards = len(shards) >= local_world_size
     mine = shards[local_rank::local_world_size] if split_shards else shards
-    rows, problems = [], []
+    rows, problems, excluded = [], [], 0
     for number, path in enumerate(mine):
-        shard_rows, shard_problems = scan_shard(path)
+        shard_rows, shard_problems, skipped = _scan(path, frozenset((exclude or {}).get(shard_id_of(path), ())))
         rows += [(number, *row) for row in shard_rows]
         problems += shard_problems
+        excluded += skipped
     if not split_shards:
         rows = rows[local_rank::local_world_size]
     if not rows:
@@ -111,33 +140,43 @@ def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size:
         key=np.array(columns[2], dtype=str),
         aspect=np.array(columns[3], dtype=np.float64),
         problems=problems,
+        excluded=excluded,
     )
 
 
-def scan_shard(path: str) -> tuple[list[tuple[int, str, float]], list[str]]:
+def scan_shard(path: str, exclude: Collection[str] = frozenset()) -> tuple[list[tuple[int, str, float]], list[str]]:
     """(rows (sample number, key, aspect), problems) from wids' index of one shard.
 
     wids reads only the tar headers; then only each sample's JSON record is read (and the image
-    header of a sample whose record gives no size).
+    header of a sample whose record gives no size). Samples keyed in `exclude` are not read at all.
     """
+    rows, problems, _ = _scan(path, frozenset(exclude))
+    return rows, problems
+
+
+def _scan(path: str, exclude: frozenset[str]) -> tuple[list[tuple[int, str, float]], list[str], int]:
+    """scan_shard's rows and problems, and how many samples `exclude` left out."""
     name = Path(path).name
     try:
         shard = IndexedTarSamples(path=path)
     except Exception as error:  # noqa: BLE001 - wids raises struct.error, ValueError, ... for a tar it cannot walk
         # e.g. a shard cut off inside a tar header: wids indexes all of a shard or none of it
-        return [], [f"{name}: wids cannot index it ({type(error).__name__}: {error})"]
+        return [], [f"{name}: wids cannot index it ({type(error).__name__}: {error})"], 0
     tar = shard.reader  # wids' MMIndexedTar: (name, header offset, size) of each member over the mapped shard
     try:
         if len(tar.by_name) != len(tar.by_index):  # wids numbers members by unique name but reads them by position
-            return [], [f"{name}: repeated member names, which wids would pair with the wrong members"]
-        rows, problems = [], []
+            return [], [f"{name}: repeated member names, which wids would pair with the wrong members"], 0
+        rows, problems, skipped = [], [], 0
         for number, members in enumerate(shard.samples):
+            if exclude and splitname(tar.by_index[members[0]][0])[0] in exclude:  # the key, from the header alone
+                skipped += 1
+                continue
             row = sample_row(tar, members)
             if isinstance(row, str):
                 problems.append(f"{name}/{row}")
             else:
                 rows.append((number, *row))
-        return rows, problems
+        return rows, problems, skipped
     finally:
         shard.close()
 
@@ -301,6 +340,7 @@ class StepBatches(Dataset):
             "caption": [sample["caption"] for sample in samples],
             "key": [sample["key"] for sample in samples],
             "shard": [sample["shard"] for sample in samples],
+            "source": [sample["source"] for sample in samples],  # (partner, license): the trainer counts draws
             "corrupt": corrupt,
             "step": step,
             "stage": slot.stage,
@@ -318,6 +358,7 @@ class StepBatches(Dataset):
             extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
             image = decode_image(members[extension], IMAGE_MEMBERS[extension])
             caption = members["txt"].decode("utf-8")
+            source = sample_source(members.get("json"))
         except Exception as error:  # noqa: BLE001 - a bad member of any kind is skipped, never fatal
             raise CorruptSample(f"{Path(shard).name}/{key}: {type(error).__name__}: {error}") from None
         width, height = image.size
@@ -329,6 +370,7 @@ class StepBatches(Dataset):
             "caption": "" if drop_caption else caption,
             "key": key,
             "shard": Path(shard).name,
+            "source": source,
         }
 
     def read(self, row: int) -> dict[str, bytes]:
@@ -338,6 +380,16 @@ class StepBatches(Dataset):
             self._shards[number] = IndexedTarSamples(path=self.index.shards[number])
         sample = self._shards[number][int(self.index.sample[row])]
         return {extension[1:].lower(): member.getvalue() for extension, member in sample.items() if extension != "__key__"}
+
+
+def sample_source(record: bytes | None) -> tuple[str, str]:
+    """(partner, license) from a sample's JSON record (docs/metadata.md); `unknown` where it has none."""
+    try:
+        fields = json.loads(record) if record else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        fields = {}
+    fields = fields if isinstance(fields, dict) else {}
+    return (str(fields.get("partner") or UNKNOWN), str(fields.get("license") or UNKNOWN))
 
 
 def make_loader(batches: StepBatches, num_workers: int) -> DataLoader:

@@ -30,9 +30,15 @@ so the resumed job trains on exactly what the uninterrupted one would have and i
 the same; on another number of GPUs it continues with its own draws. `--resume none` starts over;
 `--resume <checkpoint dir>` picks one. Checkpoints: trainer/checkpoints.py.
 
+Provenance: `--manifest` (default $SM_CHANNEL_MANIFEST, the job's manifest JSON) lists samples to
+leave out, which the loader never reads; `draws` in atelier-training.json counts the samples drawn
+per partner and license, over all ranks and every job that resumed the same checkpoints
+(docs/provenance.md).
+
 Output: `<model-dir>` holds the pipeline (`DiffusionPipeline.from_pretrained(model_dir)`; the EMA
 weights unless `--final-weights trained`) and `atelier-training.json`; `<output-data-dir>` holds
-`loss.png` and `validation/step-N.png` (a grid of fixed prompts x seeds at each checkpoint).
+`loss.png` and `validation/step-N.png` (a grid of fixed prompts x seeds at each checkpoint); both
+hold `report.html`, the run's self-contained report (trainer/report.py).
 Logs: JSON lines on stdout (trainer/health.py). Too many non-finite steps in a row end the job
 with the reason in `$SM_OUTPUT_DIR/failure`.
 """
@@ -42,19 +48,22 @@ import json
 import os
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from diffusers import UNet2DConditionModel
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer import distributed
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
+from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
 from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
 from trainer.models import Models, build_pipeline, load_models
+from trainer.report import write_report
 from trainer.objective import autocast, diffusion_loss, step_generator
 from trainer.stages import RunPlan, plan_from_args
 
@@ -95,6 +104,19 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
     distributed.barrier()
 
 
+def draws_over_ranks(draws: Counter) -> dict[str, dict[str, int]]:
+    """Every rank's (partner, license) draw counts summed, as {partner: {license: n}} (a collective)."""
+    everyone = [draws]
+    if dist.is_initialized():
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, draws)
+    total = sum(everyone, Counter())
+    nested: dict[str, dict[str, int]] = {}
+    for (partner, license), count in sorted(total.items()):
+        nested.setdefault(partner, {})[license] = count
+    return nested
+
+
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """A plain tensor (FSDP returns the gradient norm as a replicated DTensor)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
@@ -127,22 +149,26 @@ def main(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0)  # the schedule sets every step's rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(unet.named_parameters(), args.ema_decay) if args.ema_decay > 0 else None
-    progress = {"step": 0, "loss_history": [], "corrupt": [], "shards_seen": [], "skipped_steps": 0}
+    progress = {"step": 0, "loss_history": [], "corrupt": [], "shards_seen": [], "skipped_steps": 0, "draws": {}}
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
     if resume_from is not None:
         progress = load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema)
         log(rank, event="resumed", checkpoint=str(resume_from), step=progress["step"], stage=progress["stage"])
     step, loss_history = progress["step"], progress["loss_history"]
+    history = progress.get("history", [])  # the logged figures, for the report (trainer/report.py)
+    # the draws so far (all ranks, earlier jobs of the lineage too) are carried by rank 0 alone
+    draws = Counter({(partner, license): n for partner, licenses in progress.get("draws", {}).items()
+                     for license, n in licenses.items()} if rank == 0 else {})
 
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
-    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size)
+    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size, load_exclusions(args.manifest))
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets)
     dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop)
     batches = iter(make_loader(dataset, args.num_workers))
     corrupt, shards_seen = set(progress["corrupt"]) | set(index.problems), set(progress["shards_seen"])
     log(rank, event="data", samples=len(index), shards=len(index.shards), corrupt=len(index.problems),
-        first_corrupt=index.problems[:5])
+        first_corrupt=index.problems[:5], excluded=index.excluded)
 
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
@@ -164,6 +190,7 @@ def main(args: argparse.Namespace) -> dict:
             window.images += len(batch["caption"]) * processes.world_size
             corrupt.update(batch["corrupt"])
             shards_seen.update(batch["shard"])
+            draws.update(map(tuple, batch["source"]))
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(unet.parameters(), args.max_grad_norm))
         learning_rate = optimizer.param_groups[0]["lr"]
         if distributed.all_finite(step_loss, grad_norm):  # a NaN on any rank skips the step on every rank
@@ -189,13 +216,15 @@ def main(args: argparse.Namespace) -> dict:
             mean_loss = loss_sum / good_steps if good_steps else float("nan")
             if good_steps:
                 loss_history.append((step, mean_loss))
-            log(rank, step=step, stage=stage, lr=learning_rate, **window.figures(mean_loss),
+            figures = window.figures(mean_loss)
+            history.append({"step": step, **{k: figures[k] for k in ("loss", "img_per_s", "data_wait_share")}})
+            log(rank, step=step, stage=stage, lr=learning_rate, **figures,
                 skipped_steps=progress["skipped_steps"], corrupt_samples=len(corrupt))
             window = Window()
         if checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.total_steps):
-            state = {"step": step, "stage": stage, "args": vars(args), "loss_history": loss_history,
+            state = {"step": step, "stage": stage, "args": vars(args), "loss_history": loss_history, "history": history,
                      "corrupt": sorted(distributed.union(corrupt)), "shards_seen": sorted(distributed.union(shards_seen)),
-                     "skipped_steps": progress["skipped_steps"]}
+                     "skipped_steps": progress["skipped_steps"], "draws": draws_over_ranks(draws)}
             with window.paused():
                 path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema, state, args.keep_checkpoints)
                 log(rank, event="checkpoint", step=step, dir=str(path))
@@ -204,15 +233,17 @@ def main(args: argparse.Namespace) -> dict:
     # save: the pipeline with the EMA (or trained) weights, and the run's record
     weights = weights_to_sample(unet, ema, use_ema=args.final_weights == "ema")
     record = {"args": vars(args), "steps": step, "final_loss": loss_history[-1][1] if loss_history else None,
+              "history": history,
               "stages": plan.describe(), "weights": "ema" if ema is not None and args.final_weights == "ema" else "trained",
               "skipped_steps": progress["skipped_steps"], "corrupt_samples": sorted(distributed.union(corrupt)),
-              "shards_seen": sorted(distributed.union(shards_seen))}
+              "shards_seen": sorted(distributed.union(shards_seen)), "draws": draws_over_ranks(draws)}
     if rank == 0:
         model_dir = Path(args.model_dir)
         models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
         build_pipeline(models, sampling_unet(models, weights, torch.device("cpu"))).save_pretrained(model_dir)
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
         draw_loss_curve(loss_history, health_dir / "loss.png")
+        write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it
         log(rank, event="saved", model_dir=str(model_dir), steps=step, final_loss=record["final_loss"])
     distributed.barrier()
     distributed.teardown()
@@ -241,6 +272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--checkpoint-dir", default=None,
                        help="checkpoints go here; none are written without it (SageMaker: /opt/ml/checkpoints)")
     where.add_argument("--resume", default="latest", help="'latest' (if any), 'none', or a checkpoint directory")
+    where.add_argument("--manifest", default=env.get("SM_CHANNEL_MANIFEST"),
+                       help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
+                            "read (default $SM_CHANNEL_MANIFEST)")
     model = parser.add_argument_group("model")
     model.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/ (without .json)")
     model.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory, or a channel name, to start from")

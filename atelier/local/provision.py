@@ -131,6 +131,7 @@ class Provisioner:
             "AWS::Lambda::EventInvokeConfig": self._event_invoke_config,
             "AWS::Lambda::EventSourceMapping": self._event_source_mapping,
             "AWS::Lambda::Permission": self._permission, "AWS::Events::Rule": self._rule,
+            "AWS::CloudWatch::Alarm": self._alarm,
         }
 
     # --- S3 -------------------------------------------------------------------------------------
@@ -207,6 +208,20 @@ class Provisioner:
             logs.put_retention_policy(logGroupName=name, retentionInDays=int(props["RetentionInDays"]))
         self.result.physical[logical] = name
         self.attributes[logical] = {"Arn": self._arn("logs", f"log-group:{name}:*")}
+
+    def _alarm(self, logical: str, props: dict[str, Any]) -> None:
+        """Stored in moto, which never evaluates it (the local stack's AlarmEvaluator does), without
+        actions: nothing local would receive them. Ref is the alarm name, as in CloudFormation."""
+        name = self._name(logical, props, "AlarmName")
+        request = {k: v for k, v in props.items() if k in {
+            "AlarmDescription", "Namespace", "MetricName", "Dimensions", "Statistic", "ExtendedStatistic", "Unit",
+            "ComparisonOperator", "TreatMissingData", "EvaluateLowSampleCountPercentile", "Metrics"}}
+        request.update({k: int(props[k]) for k in ("Period", "EvaluationPeriods", "DatapointsToAlarm") if k in props})
+        if "Threshold" in props:
+            request["Threshold"] = float(props["Threshold"])
+        self.client("cloudwatch").put_metric_alarm(AlarmName=name, **request)
+        self.result.physical[logical] = name
+        self.attributes[logical] = {"Arn": self._arn("cloudwatch", f"alarm:{name}")}
 
     def _role(self, logical: str, props: dict[str, Any]) -> None:
         name = self._name(logical, props, "RoleName")[:64]

@@ -67,6 +67,8 @@ class Settings:
     stop_grace_seconds: float = 120.0  # SageMaker's SIGTERM-to-SIGKILL window
     startup_timeout_seconds: float = 300.0
     invoke_timeout_seconds: float = 60.0  # SageMaker's invocation timeout
+    alarm_poll_seconds: float = 1.0  # how often a deployment reads its rollback alarms while baking
+    metrics_flush_seconds: float = 1.0  # endpoint metrics go to CloudWatch this often (SageMaker: 60)
 
     def arn(self, kind: str, name: str) -> str:
         # SageMaker lower-cases the name inside its ARNs.

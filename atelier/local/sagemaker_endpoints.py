@@ -1,14 +1,21 @@
 """Models, endpoint configs and endpoints; each endpoint a local serving container on a loopback port.
 
 CreateEndpoint downloads the model's ModelDataUrl, starts the container with `serve` and waits for
-GET /ping. UpdateEndpoint starts the new container beside the old one and switches traffic only once
-it answers /ping (blue/green, all at once); when it never does, the old one keeps serving (rollback).
+GET /ping. UpdateEndpoint is a blue/green deployment as SageMaker's: the new (green) container
+starts beside the old (blue) one, which keeps serving; once green answers /ping, traffic shifts per
+the DeploymentConfig (all at once, canary, linear), each step followed by a baking period during
+which the AutoRollbackConfiguration alarms are polled in CloudWatch. An alarm in ALARM sends all
+traffic back to blue and retires green (automatic rollback); a green that never answers /ping is
+retired the same way. After the final baking period blue is retired. Every endpoint status change
+and deployment stage is an EventBridge event; every invocation counts in CloudWatch metrics.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import logging
+import re
 import shutil
 import tarfile
 import threading
@@ -27,7 +34,9 @@ from atelier.local.sagemaker_common import (
     Settings,
     check_name,
     container_env,
+    convert_times,
     download,
+    epoch_millis,
     free_port,
     log_tail,
     page,
@@ -36,11 +45,22 @@ from atelier.local.sagemaker_common import (
     validation_error,
     write_state,
 )
+from atelier.local.sagemaker_deployments import (
+    alarm_names,
+    check_deployment_config,
+    execution_timeout,
+    routing_type,
+    traffic_plan,
+)
+from atelier.local.sagemaker_telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
 RETIRE_GRACE_SECONDS = 10.0
 PING_INTERVAL_SECONDS = 0.2
+EVENT_SOURCE = "aws.sagemaker"
+ENDPOINT_EVENT = "SageMaker Endpoint State Change"
+DEPLOYMENT_EVENT = "SageMaker Endpoint Deployment State Change"
 
 
 class DeployFailure(Exception):
@@ -70,6 +90,15 @@ class EndpointConfig:
     arn: str
     variants: list[dict[str, Any]]
     creation_time: datetime = field(default_factory=utc_now)
+
+    @property
+    def variant(self) -> dict[str, Any]:
+        return self.variants[0]
+
+    @property
+    def instance_count(self) -> int:
+        """The first variant's InitialInstanceCount: the fleet size canary and linear steps are measured on."""
+        return int(self.variant.get("InitialInstanceCount", 1))
 
     def describe(self) -> dict[str, Any]:
         return {"EndpointConfigName": self.name, "EndpointConfigArn": self.arn,
@@ -158,6 +187,48 @@ class Server:
 
 
 @dataclass
+class Deployment:
+    """A CreateEndpoint or UpdateEndpoint in flight: the new fleet, its share of the invocations and its
+    stage, shown as DescribeEndpoint's PendingDeploymentSummary."""
+
+    config: EndpointConfig
+    deployment_config: dict[str, Any] | None
+    capacity: int  # the instance count canary and linear sizes are measured on
+    start_time: datetime = field(default_factory=utc_now)
+    server: Server | None = None
+    share: float = 0.0
+    stage: str = "Creating"
+    stage_message: str = "Launching 1 instance(s)."
+    stage_time: datetime = field(default_factory=utc_now)
+    _credit: float = 0.0
+
+    def takes_next(self) -> bool:
+        """Whether the next invocation goes to the new fleet: exactly `share` of them, evenly spread
+        (deterministic, so a test can count them)."""
+        if self.server is None or self.share <= 0:
+            return False
+        self._credit += self.share
+        if self._credit >= 1 - 1e-9:
+            self._credit -= 1
+            return True
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        variant = self.config.variant
+        weight = float(variant.get("InitialVariantWeight", 1.0))
+        pending: dict[str, Any] = {
+            "VariantName": variant["VariantName"], "CurrentWeight": weight, "DesiredWeight": weight,
+            "CurrentInstanceCount": 1 if self.server else 0, "DesiredInstanceCount": 1,
+            "VariantStatus": [{"Status": self.stage, "StatusMessage": self.stage_message,
+                               "StartTime": self.stage_time}]}
+        if variant.get("InstanceType"):
+            pending["InstanceType"] = variant["InstanceType"]
+        if self.server:
+            pending["DeployedImages"] = variant_summary(self.server)["DeployedImages"]
+        return {"EndpointConfigName": self.config.name, "StartTime": self.start_time, "ProductionVariants": [pending]}
+
+
+@dataclass
 class Endpoint:
     name: str
     arn: str
@@ -166,8 +237,17 @@ class Endpoint:
     creation_time: datetime = field(default_factory=utc_now)
     last_modified: datetime | None = None
     failure_reason: str | None = None
-    server: Server | None = None
+    server: Server | None = None  # the live (blue) container
+    deployment: Deployment | None = None
+    deployment_config: dict[str, Any] | None = None  # LastDeploymentConfig
+    tags: dict[str, str] = field(default_factory=dict)
     deleted: threading.Event = field(default_factory=threading.Event)
+
+    def route(self) -> Server | None:
+        """The container the next invocation goes to: the new fleet for its share, else the live one."""
+        if self.deployment is not None and self.deployment.takes_next():
+            return self.deployment.server
+        return self.server
 
     def describe(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -179,6 +259,10 @@ class Endpoint:
             document["ProductionVariants"] = [variant_summary(self.server)]
         if self.failure_reason:
             document["FailureReason"] = self.failure_reason
+        if self.deployment_config:
+            document["LastDeploymentConfig"] = self.deployment_config
+        if self.deployment:
+            document["PendingDeploymentSummary"] = self.deployment.summary()
         return document
 
     def summary(self) -> dict[str, Any]:
@@ -200,6 +284,7 @@ class Hosting:
         self._threads: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._closing = False
+        self._telemetry = Telemetry(clients, settings.metrics_flush_seconds)
 
     # --- models ----------------------------------------------------------------------------------
 
@@ -233,6 +318,9 @@ class Hosting:
     def create_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
         name = check_name(require(request, "EndpointConfigName"), "endpointConfigName")
         variants = require(request, "ProductionVariants")
+        if not variants:
+            raise validation_error("1 validation error detected: Value '[]' at 'productionVariants' failed to satisfy "
+                                   "constraint: Member must have length greater than or equal to 1")
         for variant in variants:
             require(variant, "VariantName")
             self._model(require(variant, "ModelName"))
@@ -259,14 +347,18 @@ class Hosting:
     def create_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         name = check_name(require(request, "EndpointName"), "endpointName")
         config = self._config(require(request, "EndpointConfigName"))
-        endpoint = Endpoint(name, self._settings.arn("endpoint", name), config.name)
+        # Kept for later updates (RetainDeploymentConfig); a create itself is never blue/green.
+        deployment_config = self._checked_deployment_config(request.get("DeploymentConfig"), config.instance_count)
+        endpoint = Endpoint(name, self._settings.arn("endpoint", name), config.name,
+                            deployment_config=deployment_config, tags=tag_map(request.get("Tags")))
         with self._lock:
             self._refuse_when_closing()
             if name in self._endpoints:
                 raise validation_error(f'Cannot create already existing endpoint "{endpoint.arn}".')
             self._endpoints[name] = endpoint
-            self._start_deployment(endpoint, config)
-            self._persist_endpoint(endpoint)
+            endpoint.deployment = Deployment(config, None, config.instance_count)
+            self._changed(endpoint)
+            self._start_deployment(endpoint, endpoint.deployment)
         return {"EndpointArn": endpoint.arn}
 
     def describe_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -275,22 +367,35 @@ class Hosting:
 
     def update_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         config = self._config(require(request, "EndpointConfigName"))
+        endpoint = self._endpoint(require(request, "EndpointName"))
+        if request.get("DeploymentConfig") is not None and request.get("RetainDeploymentConfig"):
+            raise validation_error("DeploymentConfig cannot be specified when RetainDeploymentConfig is true.")
+        retained = self._config(endpoint.config_name) if request.get("RetainAllVariantProperties") else config
+        if request.get("RetainDeploymentConfig"):
+            deployment_config = endpoint.deployment_config
+        else:
+            deployment_config = self._checked_deployment_config(request.get("DeploymentConfig"),
+                                                                retained.instance_count)
         with self._lock:
             self._refuse_when_closing()
-            endpoint = self._endpoint(require(request, "EndpointName"))
+            endpoint = self._endpoint(endpoint.name)
             if endpoint.status != "InService":
                 state = "failed" if endpoint.status == "Failed" else "in-progress"
                 raise validation_error(f'Cannot update {state} endpoint "{endpoint.arn}".')
             endpoint.status, endpoint.failure_reason, endpoint.last_modified = "Updating", None, utc_now()
-            self._start_deployment(endpoint, config)
-            self._persist_endpoint(endpoint)
+            endpoint.deployment_config = deployment_config
+            endpoint.deployment = Deployment(config, deployment_config, retained.instance_count)
+            self._changed(endpoint)
+            self._start_deployment(endpoint, endpoint.deployment)
         return {"EndpointArn": endpoint.arn}
 
     def delete_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             endpoint = self._endpoint(require(request, "EndpointName"))
             del self._endpoints[endpoint.name]
-            endpoint.deleted.set()  # a deployment in flight stops its container itself
+            endpoint.deleted.set()  # a deployment in flight stops its new container itself
+            endpoint.status, endpoint.deployment, endpoint.last_modified = "Deleting", None, utc_now()
+            self._announce(endpoint, ENDPOINT_EVENT)
             server, endpoint.server = endpoint.server, None
             self._endpoint_file(endpoint.name).unlink(missing_ok=True)
         if server:
@@ -312,17 +417,23 @@ class Hosting:
     # --- runtime ----------------------------------------------------------------------------------
 
     def invoke(self, name: str, body: bytes, headers: dict[str, str]) -> Invocation:
-        """InvokeEndpoint: forward to the live container; its errors come back as ModelError."""
+        """InvokeEndpoint: forward to the container the endpoint routes to; its errors come back as
+        ModelError. Counted in the endpoint's metrics, which a background thread sends."""
         with self._lock:
             endpoint = self._endpoints.get(name)
-            server = endpoint.server if endpoint else None
+            server = endpoint.route() if endpoint else None
             if server is None:
                 raise ApiError("ValidationError", f"Endpoint {name} of account {self._settings.account_id} not found.")
             server.enter()  # counted before the lock is released, so a switch-over drains it
+        started = time.perf_counter()
         try:
             status, reply_headers, reply = self._forward(server, name, body, headers)
+        except ApiError:  # a timeout or a broken connection: the container failed the request
+            self._telemetry.record_invocation(name, server.variant, 500, time.perf_counter() - started)
+            raise
         finally:
             server.leave()
+        self._telemetry.record_invocation(name, server.variant, status, time.perf_counter() - started)
         if not 200 <= status < 300:
             raise self._model_error(name, status, reply)
         return Invocation(reply, reply_headers.get("content-type", "application/octet-stream"), server.variant,
@@ -365,22 +476,24 @@ class Hosting:
             thread.start()
         for thread in [*stoppers, *threads]:
             thread.join(timeout=grace_seconds + 30)
+        self._telemetry.close()  # the last events and metrics, while moto is still up
 
     # --- deployments ------------------------------------------------------------------------------
 
-    def _start_deployment(self, endpoint: Endpoint, config: EndpointConfig) -> None:
-        self._in_background(self._deploy, endpoint, config, name=f"deploy-{endpoint.name}-{config.name}")
+    def _start_deployment(self, endpoint: Endpoint, deployment: Deployment) -> None:
+        self._in_background(self._deploy, endpoint, deployment,
+                            name=f"deploy-{endpoint.name}-{deployment.config.name}")
 
-    def _deploy(self, endpoint: Endpoint, config: EndpointConfig) -> None:
+    def _deploy(self, endpoint: Endpoint, deployment: Deployment) -> None:
         try:
-            server = self._launch(endpoint, config)
+            server = self._launch(endpoint, deployment.config)
         except DeployFailure as failure:
-            self._deployment_failed(endpoint, str(failure))
+            self._deployment_failed(endpoint, deployment, str(failure))
         except Exception as error:  # the runner broke: report it on the endpoint
-            logger.exception("deploying %s to %s failed", config.name, endpoint.name)
-            self._deployment_failed(endpoint, f"InternalFailure: local runner: {error}")
+            logger.exception("deploying %s to %s failed", deployment.config.name, endpoint.name)
+            self._deployment_failed(endpoint, deployment, f"InternalFailure: local runner: {error}")
         else:
-            self._go_live(endpoint, config, server)
+            self._roll_out(endpoint, deployment, server)
 
     def _launch(self, endpoint: Endpoint, config: EndpointConfig) -> Server:
         """Model data into <root>/opt_ml/model, then the container, then /ping until it answers."""
@@ -432,8 +545,9 @@ class Hosting:
         port = free_port()
         image = model.container["Image"]
         argv = self._settings.command(image, "serve")
-        env = container_env({"ATELIER_OPT_ML": str(root / "opt_ml"), "SAGEMAKER_BIND_TO_PORT": str(port),
-                             "SAGEMAKER_BIND_HOST": "127.0.0.1"}, model.container.get("Environment", {}))
+        # the model's environment first: as on SageMaker, it cannot move the platform's port or paths
+        env = container_env(model.container.get("Environment", {}), {
+            "ATELIER_OPT_ML": str(root / "opt_ml"), "SAGEMAKER_BIND_TO_PORT": str(port), "SAGEMAKER_BIND_HOST": "127.0.0.1"})
         try:
             process = ContainerProcess(argv, env, self._settings.cwd, root / "logs.txt")
         except OSError as error:
@@ -443,28 +557,115 @@ class Hosting:
             self._servers.add(server)
         return server
 
-    def _go_live(self, endpoint: Endpoint, config: EndpointConfig, server: Server) -> None:
-        """Switch traffic to the new container in one step, then retire the old one."""
-        retired: Server | None
+    def _roll_out(self, endpoint: Endpoint, deployment: Deployment, server: Server) -> None:
+        """Shift traffic to the healthy new container step by step, baking after each step while the
+        rollback alarms are polled; then retire the old container, or on an alarm roll back."""
         with self._lock:
-            if endpoint.deleted.is_set():
-                retired = server  # deleted while deploying: nobody will route to it
+            if endpoint.deployment is not deployment:  # deleted while deploying: nobody will route to it
+                retired: Server | None = server
             else:
-                retired, endpoint.server = endpoint.server, server
-                endpoint.config_name, endpoint.status = config.name, "InService"
+                deployment.server, retired = server, None
+        if retired:
+            return self._retire(server)
+        if endpoint.server is None:  # a create: nothing to shift traffic from
+            return self._complete(endpoint, deployment)
+        config = deployment.deployment_config
+        alarms = alarm_names(config)
+        timeout = execution_timeout(config)
+        elapsed = (utc_now() - deployment.start_time).total_seconds()
+        deadline = time.monotonic() - elapsed + timeout if timeout else None
+        partial = "canary capacity" if routing_type(config) == "CANARY" else "partial capacity"
+        for step in traffic_plan(config, deployment.capacity):
+            capacity = "full capacity" if step.share >= 1 else f"{partial} of {step.share:.0%} of invocations"
+            self._set_stage(endpoint, deployment, "ActivatingTraffic", f"Activating traffic on {capacity}.",
+                            share=step.share)
+            if step.bake_seconds:
+                self._set_stage(endpoint, deployment, "Baking", f"Baking for {step.bake_seconds} seconds "
+                                f"({step.bake_member}) with traffic enabled on {capacity}.")
+            reason = self._bake(endpoint, step.bake_seconds, alarms, deadline)
+            if endpoint.deleted.is_set():
+                return self._retire(server)
+            if reason:
+                return self._roll_back(endpoint, deployment, reason)
+        self._complete(endpoint, deployment)
+
+    def _bake(self, endpoint: Endpoint, seconds: float, alarms: list[str], deadline: float | None) -> str | None:
+        """Wait out a baking period polling the alarms (once at least); why to roll back, or None."""
+        end = time.monotonic() + seconds
+        while True:
+            firing = self._alarms_firing(alarms)
+            if firing:
+                return (f"Rolled back: CloudWatch alarm(s) {', '.join(firing)} in the AutoRollbackConfiguration "
+                        "went into ALARM during the deployment.")
+            if deadline is not None and time.monotonic() >= deadline:
+                return "Rolled back: the deployment exceeded MaximumExecutionTimeoutInSeconds."
+            remaining = end - time.monotonic()
+            if remaining <= 0 or endpoint.deleted.wait(min(remaining, self._settings.alarm_poll_seconds)):
+                return None
+
+    def _alarms_firing(self, names: list[str]) -> list[str]:
+        """The named alarms now in ALARM (DescribeAlarms on CloudWatch); none when CloudWatch cannot answer."""
+        if not names:
+            return []
+        try:
+            states = self._alarm_states(names)
+        except Exception:  # an unreachable CloudWatch does not roll a deployment back
+            logger.warning("could not read the rollback alarms %s", names, exc_info=True)
+            return []
+        return sorted(name for name, state in states.items() if state == "ALARM")
+
+    def _alarm_states(self, names: list[str]) -> dict[str, str]:
+        answer = self._clients.get("cloudwatch").describe_alarms(AlarmNames=names)
+        alarms = [*answer.get("MetricAlarms", []), *answer.get("CompositeAlarms", [])]
+        return {alarm["AlarmName"]: alarm["StateValue"] for alarm in alarms}
+
+    def _set_stage(self, endpoint: Endpoint, deployment: Deployment, stage: str, message: str,
+                   share: float | None = None) -> None:
+        with self._lock:
+            if endpoint.deployment is not deployment:
+                return
+            deployment.stage, deployment.stage_message, deployment.stage_time = stage, message, utc_now()
+            if share is not None:
+                deployment.share = share
+            self._persist_endpoint(endpoint)
+            self._announce(endpoint, DEPLOYMENT_EVENT)
+
+    def _complete(self, endpoint: Endpoint, deployment: Deployment) -> None:
+        """All traffic on the new container, which becomes the live one; the old one is retired."""
+        with self._lock:
+            if endpoint.deployment is not deployment:
+                retired = deployment.server
+            else:
+                retired, endpoint.server = endpoint.server, deployment.server
+                endpoint.config_name, endpoint.status, endpoint.deployment = deployment.config.name, "InService", None
                 endpoint.failure_reason, endpoint.last_modified = None, utc_now()
-                self._persist_endpoint(endpoint)
+                self._changed(endpoint)
         if retired:
             self._retire(retired)
 
-    def _deployment_failed(self, endpoint: Endpoint, reason: str) -> None:
+    def _roll_back(self, endpoint: Endpoint, deployment: Deployment, reason: str) -> None:
+        """All traffic back to the old container at once, the new one retired, the endpoint InService on
+        its previous config with the reason as FailureReason."""
+        with self._lock:
+            if endpoint.deployment is deployment:
+                deployment.share = 0.0
+                self._set_stage(endpoint, deployment, "Deleting", f"Terminating 1 instance(s). {reason}")
+                endpoint.status, endpoint.deployment = "InService", None
+                endpoint.failure_reason, endpoint.last_modified = reason, utc_now()
+                self._changed(endpoint)
+        logger.warning("endpoint %s: %s", endpoint.name, reason)
+        if deployment.server:
+            self._retire(deployment.server)
+
+    def _deployment_failed(self, endpoint: Endpoint, deployment: Deployment, reason: str) -> None:
         """A failed create leaves the endpoint Failed; a failed update keeps the old container serving."""
         with self._lock:
-            if endpoint.deleted.is_set():
+            if endpoint.deployment is not deployment:
                 return
             endpoint.status = "InService" if endpoint.server else "Failed"
+            endpoint.deployment = None
             endpoint.failure_reason, endpoint.last_modified = reason[:1024], utc_now()
-            self._persist_endpoint(endpoint)
+            self._changed(endpoint)
         logger.warning("endpoint %s: %s", endpoint.name, reason)
 
     def _retire(self, server: Server, grace: float = RETIRE_GRACE_SECONDS, drain: float | None = None) -> None:
@@ -502,6 +703,20 @@ class Hosting:
             raise validation_error(f'Could not find endpoint "{self._settings.arn("endpoint", name)}".')
         return endpoint
 
+    def _checked_deployment_config(self, config: Any, instance_count: int) -> dict[str, Any] | None:
+        """A DeploymentConfig as the API checks it, its rollback alarms included (they must exist)."""
+        if config is None:
+            return None
+        check_deployment_config(config, instance_count)
+        names = alarm_names(config)
+        if names:
+            known = self._alarm_states(names)
+            missing = [name for name in names if name not in known]
+            if missing:
+                raise validation_error(f"The following CloudWatch alarms in the AutoRollbackConfiguration do not "
+                                       f"exist: {', '.join(missing)}.")
+        return config
+
     def _refuse_when_closing(self) -> None:
         if self._closing:
             raise ApiError("ServiceUnavailable", "The local SageMaker is shutting down", 503)
@@ -516,6 +731,19 @@ class Hosting:
         """Called under the lock, so files change in the order the endpoint did."""
         write_state(self._endpoint_file(endpoint.name), endpoint.describe())
 
+    def _changed(self, endpoint: Endpoint) -> None:
+        """The endpoint's status changed: its state file and its event. Called under the lock, so
+        events are queued in the order of the changes."""
+        self._persist_endpoint(endpoint)
+        self._announce(endpoint, ENDPOINT_EVENT)
+
+    def _announce(self, endpoint: Endpoint, detail_type: str) -> None:
+        """Queue the event; the detail is the Describe document as SageMaker's events carry it."""
+        detail = convert_times({**endpoint.describe(), "Tags": endpoint.tags}, epoch_millis)
+        detail["EndpointStatus"] = event_status(endpoint.status)
+        self._telemetry.put_event({"Source": EVENT_SOURCE, "DetailType": detail_type, "Resources": [endpoint.arn],
+                                   "Detail": json.dumps(detail)})
+
     def _endpoint_file(self, name: str) -> Path:
         return self._settings.state_dir / "endpoints" / name / "endpoint.json"
 
@@ -525,3 +753,13 @@ def variant_summary(server: Server) -> dict[str, Any]:
             "DeployedImages": [{"SpecifiedImage": server.image, "ResolvedImage": server.image,
                                 "ResolutionTime": server.started}],
             "CurrentWeight": 1.0, "DesiredWeight": 1.0, "CurrentInstanceCount": 1, "DesiredInstanceCount": 1}
+
+
+def event_status(status: str) -> str:
+    """Endpoint events spell the status in capitals (InService -> IN_SERVICE), as AWS's examples show."""
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", status).upper()
+
+
+def tag_map(tags: list[dict[str, str]] | None) -> dict[str, str]:
+    """Tags as events carry them: {key: value}."""
+    return {tag["Key"]: tag["Value"] for tag in tags or []}

@@ -21,9 +21,12 @@ from typing import Any
 
 import boto3
 
+from atelier.local.alarms import AlarmEvaluator
+from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.sagemaker import LocalSageMaker, Settings
 from atelier.local.template import expand, load_overrides
+from atelier.local.worker import SCHEDULE_SCALE_ENV
 
 log = logging.getLogger("atelier.local")
 MOTO_ACCOUNT = "123456789012"  # moto's default account id
@@ -44,6 +47,11 @@ class StackOptions:
     overrides: dict[str, str] = field(default_factory=dict)
     moto_port: int = 5100  # fixed by default so events/env.json can name it for `sam local invoke`
     sagemaker_port: int = 5101
+    alarm_evaluation_seconds: float = 5.0  # moto never evaluates alarms; the local evaluator does, this often
+    # Opt-in, for tests and benchmarks (default: the template as it is, AWS's timings, no faults):
+    property_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # logical id -> properties
+    schedule_scale: float = 1.0  # rate(...) schedules fire this much more often (0.05: every 3 s for 1 minute)
+    chaos_file: Path | None = None  # fault injection (atelier/local/chaos.py)
 
     @property
     def state_file(self) -> Path:
@@ -55,6 +63,7 @@ class LocalStack:
         self.options = options
         self.moto: subprocess.Popen[bytes] | None = None
         self.sagemaker: LocalSageMaker | None = None
+        self.alarms: AlarmEvaluator | None = None
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.provisioned: Provisioned | None = None
         self.env: dict[str, str] = {}
@@ -73,6 +82,7 @@ class LocalStack:
                                                  account_id=MOTO_ACCOUNT, cwd=opts.root))
         self.sagemaker.start(port=_port_or_free(opts.sagemaker_port))
         self._set_env(self.sagemaker.client_environment())
+        self.alarms = AlarmEvaluator(region=opts.region, interval_seconds=opts.alarm_evaluation_seconds).start()
         self._write_state()
         for logical_id in sorted({s.function for s in self.provisioned.sources}):
             self.workers[logical_id] = self._start_worker(logical_id)
@@ -84,6 +94,9 @@ class LocalStack:
         for process in self.workers.values():
             _wait_or_kill(process, 15)
         self.workers.clear()
+        if self.alarms is not None:
+            self.alarms.stop()
+            self.alarms = None
         if self.sagemaker is not None:
             self.sagemaker.close(grace_seconds=10)
             self.sagemaker = None
@@ -137,6 +150,8 @@ class LocalStack:
         opts = self.options
         overrides = {**load_overrides(opts.root / "samconfig.toml", opts.config_env), **opts.overrides}
         expanded = expand(opts.root / "template.yaml", overrides, opts.stack, opts.region, MOTO_ACCOUNT)
+        for logical, properties in opts.property_overrides.items():  # e.g. small Timeouts in the chaos test
+            expanded.resources[logical].setdefault("Properties", {}).update(properties)
         session = boto3.session.Session(region_name=opts.region)
         provisioned = Provisioner(expanded, opts.stack, opts.region, MOTO_ACCOUNT, session.client).provision()
         for logical, why in provisioned.skipped.items():
@@ -153,7 +168,17 @@ class LocalStack:
         return subprocess.Popen(
             [sys.executable, "-m", "atelier.local.worker", str(self.options.state_file), logical_id],
             stdout=self.log_path(logical_id).open("wb"), stderr=subprocess.STDOUT,
-            cwd=self.options.root, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            cwd=self.options.root, env={**os.environ, "PYTHONUNBUFFERED": "1", **self._worker_options()},
+            start_new_session=True)
+
+    def _worker_options(self) -> dict[str, str]:
+        """The opt-in worker settings, as environment variables (none by default)."""
+        options = {}
+        if self.options.schedule_scale != 1.0:
+            options[SCHEDULE_SCALE_ENV] = str(self.options.schedule_scale)
+        if self.options.chaos_file is not None:
+            options[CHAOS_ENV] = str(self.options.chaos_file)
+        return options
 
     def _set_env(self, values: dict[str, str]) -> None:
         for key, value in values.items():

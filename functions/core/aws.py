@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import re
+import tarfile
 from typing import Any, Iterator
 
 import boto3
@@ -254,6 +255,52 @@ def sagemaker_call(operation: str, request: dict[str, Any]) -> dict[str, Any]:
     return getattr(client("sagemaker"), operation)(**request)
 
 
+def describe_training_job(name: str) -> dict[str, Any] | None:
+    try:
+        return client("sagemaker").describe_training_job(TrainingJobName=name)
+    except ClientError as exc:
+        if error_code(exc) in {"ValidationException", "ResourceNotFound"}:
+            return None
+        raise
+
+
+def sagemaker_tags(arn: str) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for page in client("sagemaker").get_paginator("list_tags").paginate(ResourceArn=arn):
+        tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
+    return tags
+
+
+def read_tar_member(uri: str, member: str, max_bytes: int = 16 * 2**20) -> bytes:
+    """One small member of a (gzipped) tar in S3, read as a stream: a model artefact is not loaded whole."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    body = client("s3").get_object(Bucket=bucket, Key=key)["Body"]
+    with tarfile.open(fileobj=body, mode="r|*") as archive:
+        for info in archive:
+            if info.isfile() and info.name.removeprefix("./") == member:
+                if info.size > max_bytes:
+                    raise ValueError(f"{uri}:{member} is {info.size} bytes, over {max_bytes}")
+                extracted = archive.extractfile(info)
+                return extracted.read() if extracted else b""
+    raise FileNotFoundError(f"{uri} has no member {member}")
+
+
+def register_scalable_target(resource_id: str, minimum: int, maximum: int) -> None:
+    client("application-autoscaling").register_scalable_target(
+        ServiceNamespace="sagemaker", ResourceId=resource_id,
+        ScalableDimension="sagemaker:variant:DesiredInstanceCount", MinCapacity=minimum, MaxCapacity=maximum)
+
+
+def put_target_tracking_policy(resource_id: str, name: str, target: float) -> None:
+    client("application-autoscaling").put_scaling_policy(
+        PolicyName=name, ServiceNamespace="sagemaker", ResourceId=resource_id,
+        ScalableDimension="sagemaker:variant:DesiredInstanceCount", PolicyType="TargetTrackingScaling",
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": target,
+            "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+            "ScaleInCooldown": 300, "ScaleOutCooldown": 60})
+
+
 # --- S3 streaming and multipart (the pack stage) -------------------------------------------------
 
 class UploadGone(RuntimeError):
@@ -354,3 +401,21 @@ def batch_get_items(table: str, pks: list[str], attributes: list[str] | None = N
                 found[value["pk"]] = value
             request = response.get("UnprocessedKeys") or {}
     return found
+
+
+# --- listing (the audit and the sweep) -----------------------------------------------------------
+
+def list_objects(bucket: str, prefix: str = "") -> Iterator[dict[str, Any]]:
+    """Every current object under `prefix`: Key, Size, ETag, LastModified, page by page."""
+    for page in client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        yield from page.get("Contents", [])
+
+
+def read_prefix_if_exists(bucket: str, key: str, max_bytes: int) -> bytes | None:
+    """At most the first `max_bytes` of an object (one ranged GET); None when it does not exist."""
+    try:
+        return read_object(bucket, key, max_bytes=max_bytes)
+    except ClientError as exc:
+        if error_code(exc) in {"NoSuchKey", "404"}:
+            return None
+        raise

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_lambda_powertools import Logger
+from pydantic import ValidationError
 
-from core import aws, dedup, licensing, metadata, records, uploads
+from core import aws, dedup, licensing, metadata, records, telemetry, uploads
 from core.errors import RejectedUpload
 from core.models import Sample, Sidecar, UploadRef
 from core.settings import IngestSettings
@@ -37,6 +38,26 @@ def ingest_notification(body: str, settings: IngestSettings) -> list[Outcome]:
 
 
 def ingest_upload(upload: UploadRef, settings: IngestSettings) -> Outcome:
+    """One upload, its log lines correlated by its key (pack's lines for its sample carry it too)."""
+    with telemetry.correlated(upload.key):
+        outcome = _ingest(upload, settings)
+    _record(outcome)
+    return outcome
+
+
+def _record(outcome: Outcome) -> None:
+    """The outcome's metrics; a redelivery ("repeat") and a sidecar count nothing."""
+    if outcome.status == "accepted":
+        telemetry.count(telemetry.UPLOADS_ACCEPTED)
+        if outcome.near_duplicate_of:
+            telemetry.count(telemetry.UPLOADS_NEAR_DUPLICATE)
+    elif outcome.status == "quarantined":
+        telemetry.count_by(telemetry.UPLOADS_REJECTED, telemetry.REASON, outcome.reason or "unknown")
+        if outcome.reason == "duplicate":
+            telemetry.count(telemetry.UPLOADS_DUPLICATE)
+
+
+def _ingest(upload: UploadRef, settings: IngestSettings) -> Outcome:
     if uploads.is_sidecar(upload.key):
         return Outcome(upload.key, "sidecar")  # read when its image arrives
     done = _already_handled(upload, settings)
@@ -46,7 +67,7 @@ def ingest_upload(upload: UploadRef, settings: IngestSettings) -> Outcome:
     try:
         uploads.partner_of(upload.key)
         upload = _with_object_facts(upload, settings)
-        sidecar = Sidecar.model_validate(aws.read_json_if_exists(upload.bucket, uploads.sidecar_key(upload.key)) or {})
+        sidecar = _sidecar(upload, settings)
         license_id = licensing.license_for(licensing.get_partner(settings.table, partner), partner,
                                            upload.key, sidecar.license)
         data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes)
@@ -54,6 +75,15 @@ def ingest_upload(upload: UploadRef, settings: IngestSettings) -> Outcome:
     except RejectedUpload as rejected:
         return quarantine(upload, partner, rejected, settings)
     return _accept(upload, described, settings)
+
+
+def _sidecar(upload: UploadRef, settings: IngestSettings) -> Sidecar:
+    """The sidecar, read only up to its size limit, bounded in depth and caption length."""
+    raw = aws.read_prefix_if_exists(upload.bucket, uploads.sidecar_key(upload.key), settings.max_sidecar_bytes + 1)
+    try:
+        return Sidecar.model_validate(uploads.parse_sidecar(raw, settings.max_sidecar_bytes, settings.max_sidecar_depth))
+    except ValidationError as exc:
+        raise RejectedUpload("bad_sidecar", f"caption, license and source must be strings: {exc.errors()[0]['loc']}") from exc
 
 
 def _already_handled(upload: UploadRef, settings: IngestSettings) -> Outcome | None:

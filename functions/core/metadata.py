@@ -54,6 +54,9 @@ def describe(data: bytes, upload: UploadRef, partner: str, sidecar: Sidecar, lic
     check_geometry(decoded.width, decoded.height, settings)
     sha256 = hashlib.sha256(data).hexdigest()
     caption, caption_source = caption_of(sidecar, decoded.text)
+    if len(caption) > settings.max_caption_chars:
+        raise RejectedUpload("caption_too_long", f"{caption_source} caption of {len(caption)} characters "
+                                                 f"> {settings.max_caption_chars}")
     derivative: bytes | None = None
     content_width, content_height = decoded.width, decoded.height
     if decoded.reencode:

@@ -114,19 +114,44 @@ class ShardRef(Frozen):
     weight: float = 1.0  # relative sampling weight of the shard's samples
 
 
+class LeftOut(Frozen):
+    """A shard (`sha256` empty) or one sample of it that a manifest leaves out, and why (docs/provenance.md)."""
+
+    shard_id: str
+    sha256: str = ""  # the sample key; "" for the whole shard
+    partner: str = ""
+    license: str = ""
+    reason: str
+
+
 class Manifest(Frozen):
-    """Exactly the shards one training job reads; its hash names the job."""
+    """Exactly the shards one training job reads; its hash names the job.
+
+    `exclude` lists, per shard, the samples the trainer skips (revoked or no longer licensed for
+    this use): shards stay immutable and their digests valid. `left_out` says why, for those
+    samples and for whole shards left out. Both are absent from manifests made before them.
+    """
 
     bucket: str
     prefix: str
     shards: tuple[ShardRef, ...]
     lineage: str = ""
     sequence: int = 0  # the lineage's n-th manifest: the same shards again (after a failure) name a new job
+    exclude: dict[str, tuple[str, ...]] = {}  # shard_id -> sample keys the trainer never reads
+    left_out: tuple[LeftOut, ...] = ()
 
     @property
     def digest(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        fields = self.model_dump(mode="json")
+        for name in ("exclude", "left_out"):  # empty: the digest a manifest had before these fields
+            if not fields[name]:
+                del fields[name]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def excluded(self) -> int:
+        return sum(len(keys) for keys in self.exclude.values())
 
     @property
     def samples(self) -> int:

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from aws_lambda_powertools import Logger
 
-from core import aws, journal, records, seal, segments, shards
+from core import aws, journal, records, seal, segments, shards, telemetry
 from core.journal import Head, OpenShard, Pending
 from core.models import Sample, ShardSealed
 from core.settings import PackSettings
@@ -138,7 +138,20 @@ def _commit(head: Head, written: segments.Written, settings: PackSettings) -> bo
                                             "samples": written.segment.samples, "bytes": written.segment.size})
     _mark(keys, shard.shard_id, settings)
     journal.clear_pending(settings.table, Head(head.version + 1, shard, None, head.sealing))
+    _report_packed(written, shard.shard_id)
     return True
+
+
+def _report_packed(written: segments.Written, shard_id: str) -> None:
+    """One line per sample under its upload key (ingest's correlation id), and the stage's metrics."""
+    telemetry.count(telemetry.SAMPLES_PACKED, written.segment.samples)
+    telemetry.count(telemetry.SEGMENT_BYTES, written.segment.size, telemetry.MetricUnit.Bytes)
+    for sample in written.samples:
+        with telemetry.correlated(sample.key, sha256=sample.sha256):
+            logger.info("sample packed", extra={"shard": shard_id, "segment": written.segment.key})
+        latency = telemetry.seconds_since(sample.uploaded_at)
+        if latency is not None:
+            telemetry.count(telemetry.UPLOAD_TO_SHARD_SECONDS, latency, telemetry.MetricUnit.Seconds)
 
 
 def _mark(keys: list[str], shard_id: str, settings: PackSettings) -> None:

@@ -8,10 +8,12 @@ from core.models import Sample, ShardSealed, UploadRef
 
 PENDING_SHARDS = "SHARDS#pending"
 PENDING_INDEX = "gsi1"
+REVOCATIONS = "REVOCATIONS"  # the sparse index partition of the takedowns (docs/provenance.md)
 UploadStatus = Literal["accepted", "quarantined"]
 # Why an upload is quarantined (docs/metadata.md); `atelier status` counts them.
 QUARANTINE_REASONS = ("empty", "truncated", "corrupt", "not_an_image", "unsupported_format", "too_small",
-                      "bad_aspect", "too_many_pixels", "too_large", "unlicensed", "duplicate", "bad_key", "gone")
+                      "bad_aspect", "too_many_pixels", "too_large", "unlicensed", "duplicate", "bad_key", "gone",
+                      "bad_sidecar", "caption_too_long")
 
 
 def sample_pk(sha256: str) -> str:
@@ -33,6 +35,26 @@ def sealed_pk(shard_id: str) -> str:
 
 def job_pk(job_name: str) -> str:
     return f"JOB#{job_name}"
+
+
+def model_pk(model_name: str) -> str:
+    """A deploy candidate: its evaluation, the gate's decision and its rollout (core.deploy)."""
+    return f"MODEL#{model_name}"
+
+
+def endpoint_pk(endpoint_name: str) -> str:
+    """What an endpoint is meant to serve, its order and its rollout history (core.deploy)."""
+    return f"ENDPOINT#{endpoint_name}"
+
+
+def revocation_pk(revocation_id: str) -> str:
+    return f"REVOKED#{revocation_id}"
+
+
+def revocation_item(revocation_id: str, at: str, record: str) -> dict[str, Any]:
+    """A takedown (core.licensing.Revocation), listed in the sparse index partition `REVOCATIONS`."""
+    return {"pk": revocation_pk(revocation_id), "kind": "revocation", "gsi1pk": REVOCATIONS,
+            "gsi1sk": f"{at}#{revocation_id}", "record": record}
 
 
 def sample_item(sample: Sample) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Iterator
 
 from aws_lambda_powertools import Logger
 
-from core import aws, journal, records, segments, shards
+from core import aws, journal, records, segments, shards, telemetry
 from core.journal import SealState
 from core.models import ShardSealed
 from core.settings import PackSettings
@@ -28,14 +28,18 @@ MAX_PART_BYTES = 5 << 30  # S3's largest part
 
 def finish(shard_id: str, settings: PackSettings) -> ShardSealed | None:
     """Run the remaining steps of one seal; the shard if this call announced it."""
-    state = journal.load_seal(settings.table, shard_id)
-    announced = None
-    while state is not None and state.status != "done":
-        step = _STEPS[state.status](state, settings)
-        if step and journal.advance(settings.table, state, step[0], **step[1]) and step[0] == "announced":
-            announced = state.sealed
+    with telemetry.correlated(shard_id):
         state = journal.load_seal(settings.table, shard_id)
-    journal.forget_sealing(settings.table, shard_id)
+        announced = None
+        while state is not None and state.status != "done":
+            step = _STEPS[state.status](state, settings)
+            if step and journal.advance(settings.table, state, step[0], **step[1]) and step[0] == "announced":
+                announced = state.sealed
+            state = journal.load_seal(settings.table, shard_id)
+        journal.forget_sealing(settings.table, shard_id)
+    if announced is not None:  # counted once: only one invocation moves the seal to "announced"
+        telemetry.count(telemetry.SHARDS_SEALED)
+        telemetry.count(telemetry.SHARD_BYTES, announced.size, telemetry.MetricUnit.Bytes)
     return announced
 
 

@@ -10,6 +10,7 @@ race, a crash before the commit) are garbage for the bucket's lifecycle rules.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import uuid
 from collections import Counter
@@ -156,6 +157,26 @@ def write_segment(candidates: Iterable[Sample], bucket: str, budget: int, slots:
     segment = Segment(key=key, version_id=version_id, index_version_id=index_version_id, size=upload.size,
                       samples=len(written))
     return Written(segment, tuple(written),
+                   Counter(e.partner for e in entries), Counter(e.aspect for e in entries))
+
+
+def write_segment_of(samples: Iterable[tuple[Sample, bytes]], bucket: str, part_bytes: int) -> Written:
+    """A segment of samples whose stored bytes are already in hand (imports: core.imports), sorted
+    by key as the packer sorts its own; the same members, headers and index as `write_segment`."""
+    key = f"{SEGMENT_PREFIX}{uuid.uuid4().hex}.tar"
+    upload = StreamUpload(bucket, key, "application/x-tar", part_bytes)
+    ordered = sorted(samples, key=lambda pair: pair[0].sha256)
+    try:
+        entries = [_write_sample(upload, sample, len(data), io.BytesIO(data)) for sample, data in ordered]
+        version_id = upload.close()
+    except BaseException:
+        upload.abort()
+        raise
+    index = json.dumps({"segment": key, "samples": [e.model_dump() for e in entries]}, separators=(",", ":"))
+    index_version_id = aws.put_bytes(bucket, index_key_of(key), index.encode(), "application/json")
+    segment = Segment(key=key, version_id=version_id, index_version_id=index_version_id, size=upload.size,
+                      samples=len(entries))
+    return Written(segment, tuple(sample for sample, _ in ordered),
                    Counter(e.partner for e in entries), Counter(e.aspect for e in entries))
 
 

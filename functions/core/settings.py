@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from core.errors import ConfigError
@@ -85,6 +85,10 @@ class IngestSettings:
     max_aspect_ratio: float
     jpeg_quality: int
     near_duplicate_distance: int
+    # Input limits besides bytes and pixels (docs/reliability.md); template.yaml sets all three.
+    max_sidecar_bytes: int = 65536
+    max_sidecar_depth: int = 4
+    max_caption_chars: int = 2000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "IngestSettings":
@@ -104,6 +108,9 @@ class IngestSettings:
             max_aspect_ratio=_bounded("MAX_ASPECT_RATIO", _float(env, "MAX_ASPECT_RATIO"), 1.0),
             jpeg_quality=int(_bounded("STORE_JPEG_QUALITY", _int(env, "STORE_JPEG_QUALITY"), 50, 100)),
             near_duplicate_distance=_near_distance(_int(env, "NEAR_DUPLICATE_DISTANCE")),
+            max_sidecar_bytes=int(_bounded("MAX_SIDECAR_BYTES", _int(env, "MAX_SIDECAR_BYTES"), 2, 1 << 20)),
+            max_sidecar_depth=int(_bounded("MAX_SIDECAR_DEPTH", _int(env, "MAX_SIDECAR_DEPTH"), 1, 64)),
+            max_caption_chars=int(_bounded("MAX_CAPTION_CHARS", _int(env, "MAX_CAPTION_CHARS"), 1, 100_000)),
         )
 
 
@@ -172,6 +179,7 @@ class TrainingSettings:
     security_groups: tuple[str, ...]
     kms_key: str
     stages: tuple[Stage, ...]  # one job per stage, chained; a plain run is one stage
+    use: str = "commercial"  # what the models are for; partner terms may allow only some uses (core.licensing)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
@@ -196,6 +204,7 @@ class TrainingSettings:
             security_groups=_list(env.get("TRAINING_SECURITY_GROUPS", "")),
             kms_key=env.get("TRAINING_KMS_KEY", ""),
             stages=_run_plan(env.get("TRAINING_RUN_PLAN", "") or "[]", base, default_stage),
+            use=env.get("TRAINING_USE", "") or "commercial",  # a TrainingUse parameter may set it
         )
         if bool(settings.subnets) != bool(settings.security_groups):
             raise ConfigError("TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS go together (a VPC config needs both)")
@@ -255,9 +264,32 @@ def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:
 class DeploySettings:
     table: str
     role_arn: str
-    image_uri: str
+    image_uri: str  # the inference image
     endpoint_name: str
     instance_type: str
+    # the evaluation job (the training image run with task=evaluate)
+    training_image_uri: str = ""
+    eval_instance_type: str = "ml.g5.xlarge"
+    eval_data_uri: str = ""  # s3://bucket/prefix/ of the held-out shards
+    clip_model_uri: str = ""  # a CLIP model for the CLIP score; empty: no scorer
+    eval_hyperparameters: dict[str, str] = field(default_factory=dict)
+    models_bucket: str = ""
+    max_eval_runtime_s: int = 3600
+    # the gate
+    gate_max_loss: float = 1.0
+    gate_max_loss_ratio: float = 1.05
+    gate_min_clip_delta: float = 0.5
+    # the rollout
+    rollback_alarms: tuple[str, ...] = ()
+    traffic_routing: str = "ALL_AT_ONCE"
+    canary_percent: int = 10
+    wait_interval_s: int = 300
+    bake_s: int = 600
+    max_rollout_s: int = 3600
+    min_instances: int = 1
+    max_instances: int = 2
+    invocations_per_instance: int = 60
+    kms_key: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "DeploySettings":
@@ -267,6 +299,26 @@ class DeploySettings:
             image_uri=_require(env, "INFERENCE_IMAGE_URI"),
             endpoint_name=_require(env, "ENDPOINT_NAME"),
             instance_type=_require(env, "ENDPOINT_INSTANCE_TYPE"),
+            training_image_uri=_require(env, "TRAINING_IMAGE_URI"),
+            eval_instance_type=_require(env, "EVAL_INSTANCE_TYPE"),
+            eval_data_uri=_require(env, "EVAL_DATA_URI"),
+            clip_model_uri=env.get("CLIP_MODEL_URI", ""),
+            eval_hyperparameters=_hyperparameters(env.get("EVAL_HYPERPARAMETERS") or "{}", "EVAL_HYPERPARAMETERS"),
+            models_bucket=_require(env, "MODELS_BUCKET"),
+            max_eval_runtime_s=int(_bounded("MAX_EVAL_RUNTIME_S", _int(env, "MAX_EVAL_RUNTIME_S"), 60, 432000)),
+            gate_max_loss=_bounded("GATE_MAX_LOSS", _float(env, "GATE_MAX_LOSS"), 0.0),
+            gate_max_loss_ratio=_bounded("GATE_MAX_LOSS_RATIO", _float(env, "GATE_MAX_LOSS_RATIO"), 0.0),
+            gate_min_clip_delta=_bounded("GATE_MIN_CLIP_DELTA", _float(env, "GATE_MIN_CLIP_DELTA"), 0.0),
+            rollback_alarms=_list(env.get("ROLLBACK_ALARMS", "")),
+            traffic_routing=_choice(env, "TRAFFIC_ROUTING", ("ALL_AT_ONCE", "CANARY", "LINEAR")),
+            canary_percent=int(_bounded("CANARY_PERCENT", _int(env, "CANARY_PERCENT"), 1, 50)),
+            wait_interval_s=int(_bounded("WAIT_INTERVAL_S", _int(env, "WAIT_INTERVAL_S"), 0, 3600)),
+            bake_s=int(_bounded("BAKE_S", _int(env, "BAKE_S"), 0, 3600)),
+            max_rollout_s=int(_bounded("MAX_ROLLOUT_S", _int(env, "MAX_ROLLOUT_S"), 600, 28800)),
+            min_instances=int(_bounded("MIN_INSTANCES", _int(env, "MIN_INSTANCES"), 1)),
+            max_instances=int(_bounded("MAX_INSTANCES", _int(env, "MAX_INSTANCES"), 1)),
+            invocations_per_instance=int(_bounded("INVOCATIONS_PER_INSTANCE", _int(env, "INVOCATIONS_PER_INSTANCE"), 1)),
+            kms_key=env.get("KMS_KEY_ARN", ""),
         )
 
 
@@ -282,3 +334,41 @@ def _hyperparameters(raw: str, name: str = "TRAINING_HYPERPARAMETERS") -> dict[s
     if nested:
         raise ConfigError(f"{name} must be flat; {nested} hold objects or lists")
     return {str(k): str(v) for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    table: str
+    uploads_bucket: str
+    uploads_queue_url: str
+    grace_s: int  # an upload younger than this may still have its notification on the way
+    lookback_s: int  # uploads older than this are the audit's business, not the sweep's
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "SweepSettings":
+        grace = int(_bounded("SWEEP_GRACE_S", _int(env, "SWEEP_GRACE_S"), 0))
+        return cls(
+            table=_require(env, "PIPELINE_TABLE"),
+            uploads_bucket=_require(env, "UPLOADS_BUCKET"),
+            uploads_queue_url=_require(env, "UPLOADS_QUEUE_URL"),
+            grace_s=grace,
+            lookback_s=int(_bounded("SWEEP_LOOKBACK_S", _int(env, "SWEEP_LOOKBACK_S"), grace + 1)),
+        )
+
+
+@dataclass(frozen=True)
+class ImportSettings:
+    """ImportFunction: ingest's acceptance policy for every sample, the packer's shard machinery."""
+
+    ingest: IngestSettings
+    pack: PackSettings
+    chunk_bytes: int = 16 << 20  # accepted samples held before they are written as one segment
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "ImportSettings":
+        # An import hands nothing to the pack queue: it writes its shards itself (docs/import.md).
+        ingest = IngestSettings.from_env({**env, "PACK_QUEUE_URL": env.get("PACK_QUEUE_URL") or "none"})
+        pack = PackSettings(table=ingest.table, data_bucket=ingest.data_bucket,
+                            event_bus=_require(env, "EVENT_BUS_NAME"), shard_target_bytes=0, shard_max_samples=0,
+                            shard_max_age_s=0)  # one imported shard per source tar: no size policy applies
+        return cls(ingest=ingest, pack=pack)

@@ -10,7 +10,11 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   the same manifest, an error if it is another.
 - A job's end (the SageMaker state-change event) releases the lock: Completed marks its new shards
   trained and starts the next stage or the next manifest; Failed and Stopped return its shards to
-  pending, so the next job takes them.
+  pending, so the next job takes them. A Completed job's lineage and attribution are written
+  beside its model (core.attribution).
+- Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
+  (core.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
+  and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
 """
 
 from __future__ import annotations
@@ -20,17 +24,19 @@ import json
 import random
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from aws_lambda_powertools import Logger
 
-from core import aws, records
+from core import attribution, aws, licensing, records
 from core.models import Manifest, ShardRef, ShardSealed
+from core.provenance import Verdict, screen_shard
 from core.settings import Stage, TrainingSettings
 
 logger = Logger(child=True)
 MANIFEST_PREFIX = "manifests/"
 CHANNEL = "train"
+MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TRAINED_SHARDS = "SHARDS#trained"
 FINAL_STAGE_TAG = "atelier:final-stage"
@@ -61,16 +67,32 @@ def job_name_for(manifest: Manifest, stage_index: int = 0) -> str:
 
 
 def manifest_from(pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings,
-                  sequence: int) -> Manifest | None:
-    """The oldest `quota` pending shards plus a replay share of trained ones; None below quota."""
+                  sequence: int, screen: Callable[[ShardRef], Verdict] | None = None) -> Manifest | None:
+    """The oldest `quota` pending shards that `screen` leaves something of, plus a replay share of
+    trained ones; None below quota. Samples and shards screened out are listed with their reasons."""
     if len(pending) < settings.quota:
         return None
-    chosen = sorted(pending, key=lambda s: (s.sealed_at, s.shard_id))[:settings.quota]
-    new = [ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples,
-                    partners=tuple(s.partners)) for s in chosen]
-    replay = replay_shards(new, trained, settings.replay_share)
+    new: list[ShardRef] = []
+    verdicts: dict[str, Verdict] = {}
+    for s in sorted(pending, key=lambda s: (s.sealed_at, s.shard_id)):
+        if len(new) == settings.quota:
+            break
+        ref = ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples, partners=tuple(s.partners))
+        verdicts[s.shard_id] = screen(ref) if screen else Verdict()
+        if not verdicts[s.shard_id].whole:
+            new.append(ref)
+    if len(new) < settings.quota:
+        return None
+    replay = []
+    for ref in replay_shards(new, trained, settings.replay_share):
+        verdicts[ref.shard_id] = screen(ref) if screen else Verdict()
+        if not verdicts[ref.shard_id].whole:
+            replay.append(ref)
     return Manifest(bucket=settings.data_bucket, prefix="shards/", shards=tuple(new + replay),
-                    lineage=settings.lineage, sequence=sequence)
+                    lineage=settings.lineage, sequence=sequence,
+                    exclude={i: v.keys for i, v in verdicts.items() if v.keys and not v.whole},
+                    left_out=tuple(sorted((e for v in verdicts.values() for e in v.left_out),
+                                          key=lambda e: (e.shard_id, e.sha256))))
 
 
 def replay_shards(new: list[ShardRef], trained: list[ShardRef], share: float) -> list[ShardRef]:
@@ -96,7 +118,9 @@ def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
 
 
 def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
-                         steps_target: int, settings: TrainingSettings) -> dict[str, Any]:
+                         steps_target: int, settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
+    """CreateTrainingJob's request; with `exclusions_uri` (the manifest JSON) a second channel
+    `manifest` brings the exclusion list to every instance (trainer --manifest)."""
     stage = settings.stages[stage_index]
     request: dict[str, Any] = {
         "TrainingJobName": name,
@@ -128,6 +152,15 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
                  {"Key": "atelier:stage", "Value": stage.name},
                  {"Key": FINAL_STAGE_TAG, "Value": str(stage_index == len(settings.stages) - 1).lower()}],
     }
+    if exclusions_uri:
+        request["InputDataConfig"].append({
+            "ChannelName": MANIFEST_CHANNEL,
+            "InputMode": "File",
+            "ContentType": "application/json",
+            "DataSource": {"S3DataSource": {
+                "S3DataType": "S3Prefix", "S3Uri": exclusions_uri, "S3DataDistributionType": "FullyReplicated",
+            }},
+        })
     if settings.keep_alive_s:
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
     if settings.subnets:
@@ -159,6 +192,8 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
                        {":s": status, ":status": status, ":r": reason or ""},
                        condition="attribute_not_exists(settled)", names={"#st": "status"}):
         _settle(job, status, settings)
+    if status == "Completed":  # every delivery (idempotent), so a crash after settling is made good
+        attribution.record_model(name, settings)
     return advance(settings)
 
 
@@ -203,18 +238,47 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
     trained = [ShardRef.model_validate_json(i["ref"])
                for i in aws.query_index(settings.table, records.PENDING_INDEX, TRAINED_SHARDS)]
     sequence = int(lock["sequence"]) + 1
-    manifest = manifest_from(pending, trained, settings, sequence)
+    screen = _Screen(pending, trained, settings) if len(pending) >= settings.quota else None
+    manifest = manifest_from(pending, trained, settings, sequence, screen)
     if manifest is None:
         return Decision("waiting", pending=len(pending))
     name = job_name_for(manifest)
     _write_manifest(manifest, name, settings)
     if not _claim(manifest, name, int(lock["sequence"]), int(lock["steps_done"]), queue, settings):
         return Decision("already-claimed", pending=len(pending))
+    if screen:  # the shards this manifest left out whole, with why, leave the pending index
+        _exclude_shards(screen.verdicts, {s.shard_id for s in pending}, settings)
     if queue:
         logger.info("manifest queued behind the running job", extra={"job": name})
         return Decision("queued", name, pending=len(pending))
     _ensure_started(name, settings)
     return Decision("started", name, pending=len(pending))
+
+
+class _Screen:
+    """The registry's terms and the takedowns as of now, applied to a shard at most once."""
+
+    def __init__(self, pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings) -> None:
+        partners = {p for s in pending for p in s.partners} | {p for s in trained for p in s.partners}
+        self.rules = licensing.rules_for(settings.table, partners, settings.use)
+        self.settings = settings
+        self.verdicts: dict[str, Verdict] = {}
+
+    def __call__(self, shard: ShardRef) -> Verdict:
+        if shard.shard_id not in self.verdicts:
+            self.verdicts[shard.shard_id] = screen_shard(shard, self.rules, self.settings.data_bucket, self.settings.table)
+        return self.verdicts[shard.shard_id]
+
+
+def _exclude_shards(verdicts: dict[str, Verdict], pending: set[str], settings: TrainingSettings) -> None:
+    """Pending shards with nothing left to train on leave the pending index for good, with the reason
+    (after the claim: a crash before this leaves them pending, and the next manifest lists them again)."""
+    for shard_id, verdict in verdicts.items():
+        if verdict.whole and shard_id in pending:
+            aws.update_item(settings.table, records.shard_pk(shard_id),
+                            "SET #s = :excluded, excluded_reason = :r REMOVE gsi1pk, gsi1sk",
+                            {":excluded": "excluded", ":r": verdict.left_out[0].reason, ":pending": "pending"},
+                            condition="#s = :pending", names={"#s": "status"})
 
 
 def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -> None:
@@ -241,7 +305,8 @@ def _claim(manifest: Manifest, name: str, sequence: int, steps_done: int, queue:
     job = {**records.job_item(name, f"{MANIFEST_PREFIX}{name}.json", [s.shard_id for s in manifest.new_shards],
                               datetime.now(timezone.utc).isoformat(timespec="seconds")),
            "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
-           "stage": 0, "base": name, "steps_base": steps_done, "replay": [s.shard_id for s in manifest.shards if s.role == "replay"]}
+           "stage": 0, "base": name, "steps_base": steps_done, "replay": [s.shard_id for s in manifest.shards if s.role == "replay"],
+           "sequence": manifest.sequence, "excludes": manifest.excluded}
     return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
                                 names={"#s": "status", "#q": "queue", "#seq": "sequence"})
 
@@ -318,7 +383,9 @@ def _ensure_started(name: str, settings: TrainingSettings) -> None:
     stage = int(job.get("stage", 0))
     base = job.get("base", name)
     manifest_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest"
-    request = training_job_request(name, manifest_uri, job["digest"], stage, _steps_target(job, stage, settings), settings)
+    exclusions_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.json" if job.get("excludes") else ""
+    request = training_job_request(name, manifest_uri, job["digest"], stage, _steps_target(job, stage, settings), settings,
+                                   exclusions_uri)
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name})
         return

@@ -63,3 +63,30 @@ def sidecar_key(key: str) -> str:
     """`partner/a/b.jpg` -> `partner/a/b.json`."""
     stem = key.rsplit(".", 1)[0] if "." in key.rsplit("/", 1)[-1] else key
     return stem + SIDECAR_SUFFIX
+
+
+def parse_sidecar(raw: bytes | None, max_bytes: int, max_depth: int) -> dict:
+    """A sidecar's JSON object, refused (`bad_sidecar`) when over `max_bytes` or nested deeper
+    than `max_depth`. `raw` is at most max_bytes + 1 bytes of it (a ranged read), None if absent."""
+    if raw is None:
+        return {}
+    if len(raw) > max_bytes:
+        raise RejectedUpload("bad_sidecar", f"the sidecar is over {max_bytes} bytes")
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RejectedUpload("bad_sidecar", f"the sidecar is not JSON: {str(exc)[:200]}") from exc
+    if not isinstance(value, dict):
+        raise RejectedUpload("bad_sidecar", "the sidecar is not a JSON object")
+    if _depth(value) > max_depth:
+        raise RejectedUpload("bad_sidecar", f"the sidecar's JSON is nested deeper than {max_depth}")
+    return value
+
+
+def _depth(value: object) -> int:
+    """Nesting depth: a scalar is 0, `{}` and `{"a": 1}` are 1."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0

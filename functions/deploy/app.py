@@ -1,17 +1,33 @@
-"""DeployFunction: SageMaker training job state changes -> recorded; Completed -> endpoint."""
+"""DeployFunction: training jobs, evaluation jobs, model artefacts and endpoint state changes ->
+the evaluation gate and a safe endpoint rollout (core.deploy; docs/deploy.md)."""
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.deploy import job_state_from_event, on_job_state
+from core.deploy import DeployResult, job_state_from_event, on_artefact_published, on_endpoint_state, on_job_state
+from core.errors import BadMessage
 from core.settings import DeploySettings
 
 logger = Logger()
+metrics = Metrics()
 
 
-@logger.inject_lambda_context
+def route(event: EventBridgeEvent, settings: DeploySettings) -> DeployResult:
+    """Each rule's events to their step; anything else is a configuration error."""
+    if event.detail_type == "SageMaker Training Job State Change":
+        return on_job_state(job_state_from_event(event.detail), settings)
+    if event.detail_type in {"SageMaker Endpoint State Change", "SageMaker Endpoint Deployment State Change"}:
+        return on_endpoint_state(str(event.detail.get("EndpointName", "")), settings)
+    if event.detail_type == "Object Created":
+        return on_artefact_published(event.detail["bucket"]["name"], event.detail["object"]["key"], settings)
+    raise BadMessage(f"no deploy step for {event.source} / {event.detail_type}")
+
+
+# Log lines are correlated by the training job, the endpoint or the artefact the event is about.
+@metrics.log_metrics
+@logger.inject_lambda_context(correlation_id_path="detail.TrainingJobName || detail.EndpointName || detail.object.key")
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
-    result = on_job_state(job_state_from_event(event.detail), DeploySettings.from_env())
-    return {"action": result.action, "endpoint_config": result.endpoint_config}
+    result = route(event, DeploySettings.from_env())
+    return {"action": result.action, "model": result.model, "reason": result.reason}

@@ -5,7 +5,6 @@ fails its record, which then retries and ends in the DLQ.
 """
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -19,12 +18,9 @@ processor = BatchProcessor(event_type=EventType.SQS)
 
 
 def record_handler(record: SQSRecord) -> None:
-    for outcome in ingest_notification(record.body, IngestSettings.from_env()):
-        logger.info("upload handled", extra={"key": outcome.key, "status": outcome.status, "reason": outcome.reason})
-        if outcome.status in ("accepted", "quarantined"):
-            metrics.add_metric(name=f"Uploads{outcome.status.title()}", unit=MetricUnit.Count, value=1)
-        if outcome.reason:
-            metrics.add_metric(name=f"Quarantined_{outcome.reason}", unit=MetricUnit.Count, value=1)
+    for outcome in ingest_notification(record.body, IngestSettings.from_env()):  # metrics: core.telemetry
+        logger.info("upload handled", extra={"key": outcome.key, "status": outcome.status, "reason": outcome.reason,
+                                             "correlation_id": outcome.key})
 
 
 @metrics.log_metrics

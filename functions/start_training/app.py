@@ -1,19 +1,23 @@
 """StartTrainingFunction: "Shard Sealed" events count towards the quota; a training job's end
 (Completed, Failed, Stopped) frees its lineage for the next stage or the next manifest."""
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from core import telemetry
 from core.models import ShardSealed
 from core.settings import TrainingSettings
 from core.training import Decision, on_job_finished, on_shard_sealed
 
 logger = Logger()
+metrics = Metrics()
 
 
 # The envelope is read leniently (moto's EventBridge leaves out `account`); the detail strictly.
-@logger.inject_lambda_context
+# Log lines are correlated by the shard, or the training job, the event is about.
+@metrics.log_metrics
+@logger.inject_lambda_context(correlation_id_path="detail.shard_id || detail.TrainingJobName")
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     settings = TrainingSettings.from_env()
@@ -21,8 +25,12 @@ def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         detail = event.detail
         decision = on_job_finished(detail["TrainingJobName"], detail["TrainingJobStatus"],
                                    detail.get("FailureReason"), settings)
+        if decision.action != "not-ours":  # evaluation jobs end here too
+            telemetry.count(telemetry.TRAINING_JOBS_FINISHED[detail["TrainingJobStatus"]])  # the rule's three states
     else:
         decision = on_shard_sealed(ShardSealed.model_validate(event.detail), settings)
+    if decision.action == "started":
+        telemetry.count(telemetry.TRAINING_JOBS_STARTED)
     logger.info("training decision", extra={"action": decision.action, "job": decision.job_name,
                                             "pending": decision.pending})
     return {"action": decision.action, "job": decision.job_name}

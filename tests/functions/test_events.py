@@ -17,7 +17,7 @@ from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 
 HANDLERS = {"ingest": "IngestFunction", "pack": "PackFunction", "start_training": "StartTrainingFunction",
-            "deploy": "DeployFunction"}
+            "deploy": "DeployFunction", "import": "ImportFunction"}
 
 
 def event_names() -> list[str]:
@@ -60,9 +60,52 @@ def arrange(name: str, event: dict, stack: Provisioned) -> None:
         for record in event.get("Records", []):  # the seal timer's event has none
             sample = json.loads(record["body"])
             s3.put_object(Bucket=sample["bucket"], Key=sample["key"], Body=b"image bytes of " + sample["key"].encode())
-    elif name.startswith("deploy_") and "completed" in name:
-        s3.put_object(Bucket=stack.outputs["ModelsBucketName"],
-                      Key=event["detail"]["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
+    elif name.startswith("deploy_"):
+        arrange_deploy(name, event, stack)
+    elif name.startswith("import_"):
+        arrange_import(event, stack)
+
+
+def arrange_import(event: dict, stack: Provisioned) -> None:
+    """The staged tar each message names (two samples, one caption missing) and its batch record."""
+    from core import aws, imports
+    from tests.functions.import_helpers import webdataset_tar
+    pictures = [encode(picture("circle", "red", "blue"), "png"), encode(picture("square", "white", "black"), "jpg")]
+    for record in event["Records"]:
+        message = imports.ImportShard.model_validate_json(record["body"])
+        body = webdataset_tar([{"__key__": b"000000", "png": pictures[0], "txt": b"a red circle on a blue background"},
+                               {"__key__": b"000001", "jpg": pictures[1]}])
+        boto3.client("s3").put_object(Bucket=message.bucket, Key=message.key, Body=body)
+        aws.put_item(stack.outputs["PipelineTableName"], imports.batch_item(
+            message.batch_id, message.partner, message.license, "events/import_shard.json", 1))
+
+
+def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
+    """The model artefact; for the evaluation's end, the candidate it scored and its evaluation.json;
+    for the artefact's S3 event, the Completed job it belongs to."""
+    s3, models = boto3.client("s3"), stack.outputs["ModelsBucketName"]
+    job = load_event("deploy_job_completed")["detail"]
+    s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
+    if name == "deploy_evaluation_completed":
+        from core.deploy import job_state_from_event, on_job_state
+        from core.settings import DeploySettings
+        on_job_state(job_state_from_event(job), DeploySettings.from_env(stack.functions["DeployFunction"].environment))
+        document = json.dumps({"schema": 1, "eval_set": {"digest": "e" * 64, "samples": 4},
+                               "models": {"candidate": {"val_loss": 0.1, "clip_score": None}}}).encode()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            info = tarfile.TarInfo("evaluation.json")
+            info.size = len(document)
+            archive.addfile(info, io.BytesIO(document))
+        s3.put_object(Bucket=models, Key=event["detail"]["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3],
+                      Body=buffer.getvalue())
+    if name == "deploy_model_artefact_created":
+        boto3.client("sagemaker").create_training_job(
+            TrainingJobName=job["TrainingJobName"], RoleArn=stack.outputs.get("SageMakerRoleArn", "arn:aws:iam::123456789012:role/r"),
+            AlgorithmSpecification={"TrainingImage": "atelier-trainer:latest", "TrainingInputMode": "File"},
+            OutputDataConfig={"S3OutputPath": f"s3://{models}/training/"},
+            ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
+            StoppingCondition={"MaxRuntimeInSeconds": 60}, Tags=[{"Key": "atelier:manifest", "Value": "ab" * 32}])
 
 
 @pytest.mark.parametrize("name", event_names())
@@ -87,8 +130,17 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     "start_training_shard_sealed": lambda e: {"action": "waiting", "job": None},  # quota is 2
     # moto's EventBridge delivers events without `account`
     "start_training_moto_shard_sealed": lambda e: {"action": "waiting", "job": None},
-    "deploy_job_completed": lambda e: {"action": "created", "endpoint_config": e["detail"]["TrainingJobName"]},
-    "deploy_job_failed": lambda e: {"action": "recorded", "endpoint_config": None},
+    # a candidate: its evaluation job starts
+    "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
+    "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final stage True"},
+    # the evaluation passed the gate: the first model creates the endpoint
+    "deploy_evaluation_completed": lambda e: {"action": "created", "model": e["detail"]["Tags"]["atelier:candidate"],
+                                              "reason": ""},
+    # the artefact of a Completed job: the same candidate as its Completed event
+    "deploy_model_artefact_created": lambda e: {"action": "evaluating", "model": e["detail"]["object"]["key"].split("/")[1],
+                                                "reason": ""},
+    "deploy_endpoint_in_service": lambda e: {"action": "recorded", "model": None, "reason": "endpoint gone"},
+    "import_shard": lambda e: {"batchItemFailures": []},
 }
 
 

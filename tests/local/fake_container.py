@@ -10,7 +10,8 @@ restored), `fail` (text for output/failure, exit 1), `exit-code` (exit with it, 
 serve: a stdlib HTTP server on SAGEMAKER_BIND_HOST:SAGEMAKER_BIND_TO_PORT. GET /ping answers 200;
 POST /invocations with JSON {"prompt"} answers {"prompt", "model": model/reply.txt}. The model's
 Environment steers it: FAKE_SERVE=crash exits at once, FAKE_SERVE=unhealthy never passes /ping,
-FAKE_READY_DELAY (seconds) delays the first 200 from /ping.
+FAKE_READY_DELAY (seconds) delays the first 200 from /ping, FAKE_INVOKE_STATUS (an HTTP status)
+answers every valid /invocations with that status and the body "injected failure".
 
 Both write their pid to <ATELIER_OPT_ML>/<mode>.pid so tests can check nothing outlives the stack.
 """
@@ -75,6 +76,7 @@ def serve() -> int:
         return 3
     reply = (ROOT / "model" / "reply.txt").read_text()
     ready_at = time.monotonic() + float(os.environ.get("FAKE_READY_DELAY", "0"))
+    invoke_status = int(os.environ.get("FAKE_INVOKE_STATUS", "200"))
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -85,6 +87,8 @@ def serve() -> int:
             request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path != "/invocations" or "prompt" not in request:
                 return self._send(400, b"prompt is required", "text/plain")
+            if invoke_status != 200:
+                return self._send(invoke_status, b"injected failure", "text/plain")
             answer = {"prompt": request["prompt"], "model": reply, "accept": self.headers.get("Accept")}
             self._send(200, json.dumps(answer).encode(), "application/json")
 

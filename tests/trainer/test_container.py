@@ -115,7 +115,7 @@ def test_train_writes_the_pipeline_checkpoints_and_health_output(tmp_path, shard
     assert (root / "model" / "model_index.json").is_file()
     assert json.loads((root / "model" / "atelier-training.json").read_text())["steps"] == 2
     assert (root / "checkpoints" / "latest").read_text() == "step-00000002"
-    assert sorted(path.name for path in (root / "output" / "data").iterdir()) == ["loss.png", "validation"]
+    assert sorted(path.name for path in (root / "output" / "data").iterdir()) == ["loss.png", "report.html", "validation"]
     assert not (root / "output" / "failure").exists()
 
 
@@ -184,7 +184,8 @@ def wait_for_ping(port: int, process: subprocess.Popen, seconds: float = 120) ->
             if connection.getresponse().status == 200:
                 return
         except OSError:
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)  # not listening yet, or 503 while the pipeline loads
     pytest.fail("the server never answered /ping")
 
 

@@ -279,6 +279,15 @@ def test_health_a_loss_curve_and_a_validation_grid_per_checkpoint(trained):
     assert Image.open(health / "validation" / grids[0]).size == (32, 64)  # 1 seed x 2 prompts at 32 px
 
 
+def test_the_run_s_report_is_written_beside_the_model_with_every_logged_step_and_grid(trained):
+    model_dir = trained["model_dir"]
+    page = (model_dir / "report.html").read_text()
+    history = json.loads((model_dir / "atelier-training.json").read_text())["history"]
+    assert [h["step"] for h in history] == [1, 2, 3]  # --log-every 1 over three steps
+    assert page == (model_dir / "health" / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 2 and page.count("<polyline") == 3
+
+
 def test_the_same_seed_trains_the_same_weights(tmp_path, shards_dir, trained, train_args):
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "3", "--checkpoint-every", "2",
                           "--validation-prompts", "a red dog|a blue cat"))

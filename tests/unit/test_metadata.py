@@ -18,7 +18,7 @@ from core.settings import IngestSettings
 
 ENV = {
     "PIPELINE_TABLE": "atelier-PipelineTable", "PACK_QUEUE_URL": "https://sqs/pack", "DATA_BUCKET": "atelier-data",
-    "MAX_UPLOAD_BYTES": "209715200", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
+    "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
     "MIN_SHORT_SIDE": "32", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "1024", "STORE_JPEG_QUALITY": "95",
     "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
 }

@@ -43,7 +43,7 @@ TRAINING_ENV = {
 TRAINING_OPTIONAL = ("TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS", "TRAINING_KMS_KEY", "TRAINING_RUN_PLAN")
 TRAINING_REQUIRED = {k: v for k, v in TRAINING_ENV.items() if k not in TRAINING_OPTIONAL}
 INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "DATA_BUCKET": "d",
-              "MAX_UPLOAD_BYTES": "209715200", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
+              "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
               "MIN_SHORT_SIDE": "256", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "2048", "STORE_JPEG_QUALITY": "95",
               "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3"}
 INGEST_SETTINGS = IngestSettings(
@@ -56,9 +56,18 @@ PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "defaul
 PACK_SETTINGS = dict(table="t", data_bucket="d", event_bus="default", shard_target_bytes=1073741824,
                      shard_max_samples=10000, shard_max_age_s=3600)
 DEPLOY_ENV = {"PIPELINE_TABLE": "t", "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/r",
-              "INFERENCE_IMAGE_URI": "img", "ENDPOINT_NAME": "atelier", "ENDPOINT_INSTANCE_TYPE": "ml.g5.xlarge"}
+              "INFERENCE_IMAGE_URI": "img", "ENDPOINT_NAME": "atelier", "ENDPOINT_INSTANCE_TYPE": "ml.g5.xlarge",
+              "TRAINING_IMAGE_URI": "train-img", "EVAL_INSTANCE_TYPE": "ml.g5.2xlarge", "EVAL_DATA_URI": "s3://d/eval/",
+              "CLIP_MODEL_URI": "s3://m/clip/", "EVAL_HYPERPARAMETERS": '{"seed": "1"}', "MODELS_BUCKET": "m",
+              "MAX_EVAL_RUNTIME_S": "600", "GATE_MAX_LOSS": "0.9", "GATE_MAX_LOSS_RATIO": "1.02",
+              "GATE_MIN_CLIP_DELTA": "0.25", "ROLLBACK_ALARMS": "a-5xx, a-latency", "TRAFFIC_ROUTING": "LINEAR",
+              "CANARY_PERCENT": "20", "WAIT_INTERVAL_S": "60", "BAKE_S": "120", "MAX_ROLLOUT_S": "1800",
+              "MIN_INSTANCES": "2", "MAX_INSTANCES": "6", "INVOCATIONS_PER_INSTANCE": "30", "KMS_KEY_ARN": ""}
+# may be empty: no CLIP scorer, no extra evaluation hyperparameters, no alarms, no KMS key
+DEPLOY_OPTIONAL = {"CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN"}
+DEPLOY_REQUIRED = {k: v for k, v in DEPLOY_ENV.items() if k not in DEPLOY_OPTIONAL}
 ALL = [(TrainingSettings, TRAINING_REQUIRED), (IngestSettings, INGEST_ENV), (PackSettings, PACK_ENV),
-       (DeploySettings, DEPLOY_ENV)]
+       (DeploySettings, DEPLOY_REQUIRED)]
 
 
 def test_training_settings_from_a_full_environment() -> None:
@@ -82,7 +91,23 @@ def test_pack_settings_from_a_full_environment() -> None:
 def test_deploy_settings_from_a_full_environment() -> None:
     assert DeploySettings.from_env(DEPLOY_ENV) == DeploySettings(
         table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img", endpoint_name="atelier",
-        instance_type="ml.g5.xlarge")
+        instance_type="ml.g5.xlarge", training_image_uri="train-img", eval_instance_type="ml.g5.2xlarge",
+        eval_data_uri="s3://d/eval/", clip_model_uri="s3://m/clip/", eval_hyperparameters={"seed": "1"},
+        models_bucket="m", max_eval_runtime_s=600, gate_max_loss=0.9, gate_max_loss_ratio=1.02,
+        gate_min_clip_delta=0.25, rollback_alarms=("a-5xx", "a-latency"), traffic_routing="LINEAR",
+        canary_percent=20, wait_interval_s=60, bake_s=120, max_rollout_s=1800, min_instances=2, max_instances=6,
+        invocations_per_instance=30, kms_key="")
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("TRAFFIC_ROUTING", "ROLLING", "is not one of"),
+    ("CANARY_PERCENT", "60", "outside 1..50"),
+    ("GATE_MAX_LOSS_RATIO", "nan", "not a finite number"),
+    ("EVAL_HYPERPARAMETERS", '{"a": [1]}', "must be flat"),
+])
+def test_deploy_settings_reject_bad_values(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DeploySettings.from_env({**DEPLOY_ENV, name: value})
 
 
 def test_from_env_reads_the_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

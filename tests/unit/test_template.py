@@ -60,7 +60,8 @@ def test_cfn_lint_passes() -> None:
 # --- queues and event sources -------------------------------------------------------------------
 
 def test_the_template_has_sqs_event_sources(resources: dict[str, dict[str, Any]]) -> None:
-    assert sorted(of_type(resources, "AWS::Lambda::EventSourceMapping")) == ["IngestFunctionUploads",
+    assert sorted(of_type(resources, "AWS::Lambda::EventSourceMapping")) == ["ImportFunctionShards",
+                                                                             "IngestFunctionUploads",
                                                                              "PackFunctionSamples"]
 
 
@@ -161,10 +162,12 @@ def test_every_rule_target_that_is_a_function_has_a_dead_letter_queue(resources:
     lambda_targets = [(rule, t) for rule, props in of_type(resources, "AWS::Events::Rule").items()
                       for t in props.get("Targets", []) if t["Arn"].removesuffix(".Arn") in functions]
 
-    # Shard Sealed, job finished (start-training), job state changes (deploy), the pack seal timer
+    # Shard Sealed and job finished (start-training); job state changes, model artefacts and endpoint
+    # state changes (deploy); the pack seal timer; the reconciliation sweep's schedule
     assert sorted(rule for rule, _ in lambda_targets) == [
-        "DeployFunctionTrainingJobStateChange", "PackFunctionSealTimer", "StartTrainingFunctionJobFinished",
-        "StartTrainingFunctionShardSealed"]
+        "DeployFunctionEndpointStateChange", "DeployFunctionModelArtefactCreated", "DeployFunctionTrainingJobStateChange",
+        "PackFunctionSealTimer", "StartTrainingFunctionJobFinished", "StartTrainingFunctionShardSealed",
+        "SweepFunctionSchedule"]
     assert [rule for rule, t in lambda_targets if "Arn" not in t.get("DeadLetterConfig", {})] == []
 
 
@@ -175,7 +178,8 @@ def function_environments(resources: dict[str, dict[str, Any]]) -> dict[str, dic
 def test_functions_get_no_endpoint_override_by_default(resources: dict[str, dict[str, Any]]) -> None:
     environments = function_environments(resources)
 
-    assert len(environments) == 4
+    assert sorted(environments) == ["DeployFunction", "ImportFunction", "IngestFunction", "PackFunction",
+                                    "StartTrainingFunction", "SweepFunction"]
     assert {name: sorted(k for k in env if k.startswith("AWS_ENDPOINT_URL")) for name, env in environments.items()} \
         == {name: [] for name in environments}
 

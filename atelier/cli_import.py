@@ -1,0 +1,204 @@
+"""`atelier` commands for importing existing WebDataset shards (img2dataset output, any webdataset
+tars): one ImportQueue message per tar, ImportFunction does the work (docs/import.md)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import boto3
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from atelier import client
+from core import aws
+from core.uploads import PARTNER_PATTERN
+
+if TYPE_CHECKING:  # core.imports needs the functions extra (Powertools, Pillow): imported when used
+    from core import imports
+
+console = Console()
+errors = Console(stderr=True)
+STAGING_PREFIX = "imports/"
+SIDECAR_SUFFIXES = (".parquet", "_stats.json")  # img2dataset's, staged beside their tar
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add this area's subcommands to the `atelier` parser."""
+    run = commands.add_parser("import", help="import existing WebDataset shards (an s3:// prefix or a local folder)")
+    run.add_argument("source", help="s3://bucket/prefix/ or a folder of .tar shards (img2dataset output or any webdataset)")
+    run.add_argument("--partner", required=True, help="the registered partner the images are licensed from")
+    run.add_argument("--license", required=True, help="the license (one the partner holds) every sample is used under")
+    run.add_argument("--batch", help="batch id; default: derived from source, partner and license, so a rerun resumes")
+    run.add_argument("--wait", action="store_true", help="follow progress until every shard is done, then report")
+    run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.set_defaults(func=cmd_import)
+
+    report = commands.add_parser("import-report", help="an import batch's progress and report")
+    report.add_argument("batch")
+    report.add_argument("--wait", action="store_true")
+    report.add_argument("--json", action="store_true")
+    report.set_defaults(func=cmd_import_report)
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from core import imports
+    outputs = client.stack_outputs(args.stack)
+    table = outputs["PipelineTableName"]
+    check_license(table, args.partner, args.license)
+    batch_id = args.batch or default_batch_id(args.source, args.partner, args.license)
+    sources = list_sources(args.source, outputs, batch_id)
+    if not sources:
+        raise client.PipelineError(f"no .tar shards under {args.source}")
+    done = {s.source for s in (imports.batch_report(table, batch_id) or imports.BatchReport(batch_id=batch_id)).shards}
+    start_batch(table, batch_id, args.partner, args.license, args.source, len(sources))
+    todo = [(bucket, key) for bucket, key in sources if f"s3://{bucket}/{key}" not in done]
+    send_messages(outputs["ImportQueueUrl"], [imports.ImportShard(
+        batch_id=batch_id, bucket=bucket, key=key, partner=args.partner, license=args.license) for bucket, key in todo])
+    errors.print(f"import {batch_id}: {len(sources)} shards, {len(todo)} queued ({len(sources) - len(todo)} done before)")
+    return _show(outputs, batch_id, args)
+
+
+def cmd_import_report(args: argparse.Namespace) -> int:
+    return _show(client.stack_outputs(args.stack), args.batch, args)
+
+
+def _show(outputs: dict[str, str], batch_id: str, args: argparse.Namespace) -> int:
+    from core import imports
+    report = wait_for(outputs, batch_id) if args.wait else imports.batch_report(outputs["PipelineTableName"], batch_id)
+    if report is None:
+        raise client.PipelineError(f"no import batch {batch_id!r}")
+    if args.json:
+        print(json.dumps(report_json(report), indent=1))
+    else:
+        console.print(report_table(report))
+    return 0 if report.complete or not args.wait else 1
+
+
+# --- what the commands do -------------------------------------------------------------------------
+
+def check_license(table: str, partner_id: str, license_id: str) -> None:
+    from core import licensing
+    if not PARTNER_PATTERN.fullmatch(partner_id):
+        raise client.PipelineError(f"partner id {partner_id!r} must be lower-case letters, digits and '-' (at most 64)")
+    partner = licensing.get_partner(table, partner_id)
+    if partner is None:
+        raise client.PipelineError(f"partner {partner_id!r} is not registered: `atelier partner add {partner_id} "
+                                   f"--license {license_id}` first")
+    if license_id not in partner.licenses:
+        raise client.PipelineError(f"partner {partner_id!r} holds {list(partner.licenses)}, not {license_id!r}")
+
+
+def default_batch_id(source: str, partner: str, license_id: str) -> str:
+    where = source if source.startswith("s3://") else str(Path(source).resolve())
+    return "imp-" + hashlib.sha256(f"{where}|{partner}|{license_id}".encode()).hexdigest()[:16]
+
+
+def list_sources(source: str, outputs: dict[str, str], batch_id: str) -> list[tuple[str, str]]:
+    """(bucket, key) of every tar to import; a local folder is staged under the data bucket first."""
+    if source.startswith("s3://"):
+        bucket, _, prefix = source.removeprefix("s3://").partition("/")
+        pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return [(bucket, o["Key"]) for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".tar")]
+    folder = Path(source)
+    if not folder.is_dir():
+        raise client.PipelineError(f"{source} is neither s3://bucket/prefix nor a folder")
+    bucket, s3 = outputs["DataBucketName"], boto3.client("s3")
+    staged = []
+    for tar in sorted(folder.rglob("*.tar")):
+        key = f"{STAGING_PREFIX}{batch_id}/{tar.relative_to(folder).as_posix()}"
+        for sidecar in (tar.with_suffix(".parquet"), tar.with_name(tar.stem + "_stats.json")):
+            if sidecar.exists():
+                s3.upload_file(str(sidecar), bucket, key.removesuffix(".tar") + sidecar.name.removeprefix(tar.stem))
+        if aws.head_object(bucket, key) is None or aws.head_object(bucket, key)["ContentLength"] != tar.stat().st_size:
+            s3.upload_file(str(tar), bucket, key)
+        staged.append((bucket, key))
+    return staged
+
+
+def start_batch(table: str, batch_id: str, partner: str, license_id: str, source: str, total: int) -> None:
+    """The batch record; a rerun keeps its counters and only updates the shard count."""
+    from core import imports
+    if not aws.put_item_if_absent(table, imports.batch_item(batch_id, partner, license_id, source, total)):
+        aws.update_item(table, imports.batch_pk(batch_id), "SET shards_total = :t", {":t": total})
+
+
+def send_messages(queue_url: str, messages: list["imports.ImportShard"]) -> None:
+    sqs = boto3.client("sqs")
+    for start in range(0, len(messages), 10):
+        chunk = messages[start:start + 10]
+        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=[
+            {"Id": str(i), "MessageBody": m.model_dump_json()} for i, m in enumerate(chunk)])
+        if response.get("Failed"):
+            raise client.PipelineError(f"SQS refused {len(response['Failed'])} messages: {response['Failed'][0]}")
+
+
+def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0) -> "imports.BatchReport | None":
+    """Follow the batch until every shard is counted (or failed for good into ImportDLQ)."""
+    from core import imports
+    table = outputs["PipelineTableName"]
+    report = imports.batch_report(table, batch_id, with_shards=False)
+    if report is None:
+        return None
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[samples]}"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    started, first = time.monotonic(), report.finished
+    with Progress(*columns, console=errors, transient=False) as progress:
+        task = progress.add_task(f"import {batch_id}", total=report.shards_total, completed=report.finished,
+                                 samples="", rate="")
+        while True:
+            failed = dead_letters(outputs)
+            elapsed = max(time.monotonic() - started, 1e-6)
+            progress.update(task, total=report.shards_total, completed=report.finished,
+                            samples=f"{report.samples_accepted} accepted, {report.samples_duplicate} duplicate, "
+                                    f"{report.samples_rejected} rejected",
+                            rate=f"{(report.finished - first) / elapsed:.2f} shards/s" + (
+                                f", {failed} in the DLQ" if failed else ""))
+            if report.complete or report.finished + failed >= report.shards_total:
+                break
+            time.sleep(poll_s)
+            report = imports.batch_report(table, batch_id, with_shards=False) or report
+    return imports.batch_report(table, batch_id)
+
+
+def dead_letters(outputs: dict[str, str]) -> int:
+    if not outputs.get("ImportDLQUrl"):
+        return 0
+    attributes = boto3.client("sqs").get_queue_attributes(QueueUrl=outputs["ImportDLQUrl"],
+                                                          AttributeNames=["ApproximateNumberOfMessages"])
+    return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+
+def report_json(report: "imports.BatchReport") -> dict:
+    value = report.model_dump(mode="json")
+    value["shards"] = [s.model_dump(mode="json") for s in report.shards]
+    value["complete"] = report.complete
+    return value
+
+
+def report_table(report: "imports.BatchReport") -> Table:
+    table = Table(title=f"Import {report.batch_id} ({report.partner}, {report.license})")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("shards", f"{report.finished} of {report.shards_total} ({report.shards_rejected} rejected whole)")
+    for reason, count in sorted(report.shard_reasons.items()):
+        table.add_row(f"  shards rejected: {reason}", str(count))
+    table.add_row("samples read", str(report.samples_read))
+    table.add_row("accepted", str(report.samples_accepted))
+    table.add_row("  without a caption (flagged)", str(report.captions_missing))
+    table.add_row("duplicate (left out)", str(report.samples_duplicate))
+    table.add_row("rejected", str(report.samples_rejected))
+    for reason, count in sorted(report.reasons.items()):
+        table.add_row(f"  {reason}", str(count))
+    truncated = sum(s.truncated for s in report.shards)
+    if truncated:
+        table.add_row("tars cut short (kept what came before)", str(truncated))
+    return table

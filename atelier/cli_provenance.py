@@ -1,0 +1,94 @@
+"""`atelier` commands for lineage, takedowns, attribution (docs/provenance.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from atelier import client
+
+console = Console()
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    found = client.lineage(client.stack_outputs(args.stack), args.model)
+    if args.json:
+        print(found.model_dump_json(indent=1))
+        return 0
+    table = Table(title=f"{args.model}: learned from (training job {found.job}, lineage {found.lineage})")
+    for column in ("manifest", "digest", "jobs", "shards", "excluded"):
+        table.add_column(column)
+    for manifest in found.manifests:
+        table.add_row(str(manifest.sequence), manifest.digest[:16],
+                      ", ".join(f"{j.name} ({j.status})" for j in manifest.jobs),
+                      str(len(manifest.shards)), str(sum(s.excluded for s in manifest.shards)))
+    console.print(table)
+    counts = Counter((s.partner, s.license or "?") for s in found.samples)
+    console.print(f"{len(found.samples)} samples: " + ", ".join(
+        f"{partner}/{license} {n}" for (partner, license), n in sorted(counts.items())))
+    console.print("--json lists every shard and sample (sha256, partner, license, upload key and version)")
+    return 0
+
+
+def cmd_attribution(args: argparse.Namespace) -> int:
+    report = client.attribution(client.stack_outputs(args.stack), args.model)
+    if args.json:
+        print(report.model_dump_json(indent=1))
+        return 0
+    table = Table(title=f"{args.model}: attribution (training job {report.job})")
+    for column in ("partner", "license", "samples", "share", "draws", "share of draws"):
+        table.add_column(column)
+    for share in report.shares:
+        table.add_row(share.partner, share.license, str(share.samples), f"{share.sample_share:.1%}",
+                      "?" if share.draws is None else str(share.draws),
+                      "?" if share.draw_share is None else f"{share.draw_share:.1%}")
+    console.print(table)
+    console.print(f"chart: {report.lineage_uri.removesuffix('lineage.json')}attribution.png")
+    return 0
+
+
+def cmd_takedown(args: argparse.Namespace) -> int:
+    revocation, affected, models = client.takedown(client.stack_outputs(args.stack), args.partner, args.license,
+                                                   args.sha256, args.reason)
+    if args.json:
+        print(json.dumps({"revocation": revocation.model_dump(), "affected": [a.model_dump() for a in affected],
+                          "models": models}, indent=1))
+        return 0
+    scope = f"{args.partner}" + (f", license {args.license}" if args.license else "") + (
+        f", {len(args.sha256)} samples" if args.sha256 else ", every sample")
+    console.print(f"takedown recorded ({scope}): no later manifest includes what it covers")
+    if not affected:
+        console.print("no training job learned from it")
+        return 0
+    table = Table(title="trained (or queued) before the takedown")
+    for column in ("training job", "status", "stage", "covered samples", "SageMaker models"):
+        table.add_column(column)
+    for job in affected:
+        table.add_row(job.job, job.status, str(job.stage), str(job.samples), ", ".join(models.get(job.job, [])) or "-")
+    console.print(table)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add this area's subcommands to the `atelier` parser."""
+    lineage = commands.add_parser("lineage", help="what a model learned from: jobs, manifests, shards, samples")
+    lineage.add_argument("model", help="an endpoint name, a SageMaker model name or a training job name")
+    lineage.add_argument("--json", action="store_true", help="the whole lineage.json")
+    lineage.set_defaults(func=cmd_lineage)
+
+    attribution = commands.add_parser("attribution", help="a model's samples and draws per partner and license")
+    attribution.add_argument("model", help="an endpoint name, a SageMaker model name or a training job name")
+    attribution.add_argument("--json", action="store_true")
+    attribution.set_defaults(func=cmd_attribution)
+
+    takedown = commands.add_parser("takedown", help="revoke a partner's samples: left out of every later manifest")
+    takedown.add_argument("--partner", required=True)
+    takedown.add_argument("--license", default="", help="only samples under this license")
+    takedown.add_argument("--sha256", nargs="+", default=[], help="only these samples (their sha256)")
+    takedown.add_argument("--reason", required=True, help="recorded with the takedown and in every manifest after it")
+    takedown.add_argument("--json", action="store_true")
+    takedown.set_defaults(func=cmd_takedown)

@@ -1,0 +1,56 @@
+"""`atelier` commands for partner reports and training reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from atelier import client, reports
+
+console = Console()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    outputs = client.stack_outputs(args.stack)
+    if args.job:
+        page = reports.job_report(outputs, args.job)
+        if args.output is None:
+            sys.stdout.buffer.write(page)
+        else:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_bytes(page)
+            Console(stderr=True).print(f"training report of {args.job} -> {args.output} (open it in a browser)")
+        return 0
+    report = reports.partner_report(outputs, args.partner)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    console.print(f"[bold]{report['partner']}[/]: {report['uploads']} uploads, {report['accepted']} accepted, "
+                  f"{report['packed']} in shards; rejected: "
+                  + (", ".join(f"{k} {v}" for k, v in sorted(report["rejected"].items())) or "none"))
+    table = Table(title=f"Uploads of {report['partner']}")
+    for column in ("key", "status", "reason", "shard", "jobs"):
+        table.add_column(column)
+    for item in report["items"]:
+        table.add_row(item["key"], item["status"], item["reason"] or "", (item["shard"] or "")[:16],
+                      ", ".join(item["jobs"]))
+    console.print(table)
+    for job in report["jobs"]:
+        console.print(f"job {job['job']}: {job['status']}" + (f" -> model {job['model']}" if job["model"] else ""))
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add this area's subcommands to the `atelier` parser."""
+    report = commands.add_parser("report", help="a partner's uploads and where they went, or a training job's report")
+    which = report.add_mutually_exclusive_group(required=True)
+    which.add_argument("--partner", help="uploads, accepted, rejected (why), shards, training jobs and models")
+    which.add_argument("--job", help="the training job's HTML report (loss, throughput, validation grids, gate)")
+    report.add_argument("--json", action="store_true", help="with --partner: the report as JSON")
+    report.add_argument("-o", "--output", type=Path, help="with --job: the file to write (default stdout)")
+    report.set_defaults(func=cmd_report)

@@ -1,0 +1,88 @@
+"""Reports for people: what became of one partner's uploads, and a training job's HTML report.
+
+Both read what the pipeline already records (the table, the job's S3 output) through AWS APIs.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections import Counter, defaultdict
+from pathlib import PurePosixPath
+from typing import Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from atelier.client import PipelineError
+from core import aws
+
+REPORT_NAME = "report.html"  # trainer/report.py's REPORT
+
+
+def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
+    """Every upload of `partner`: accepted or rejected (why), the shard it is in, the jobs that trained on it."""
+    uploads, samples, shards, jobs = [], {}, {}, []
+    bucket_prefix = f"UPLOAD#{outputs['UploadsBucketName']}/"
+    for item in aws.scan(outputs["PipelineTableName"]):
+        kind = item.get("kind")
+        if kind == "upload" and item.get("partner") == partner:
+            uploads.append(item)
+        elif kind == "sample" and item.get("partner") == partner:
+            samples[item["pk"].removeprefix("SAMPLE#")] = item.get("packed_in")
+        elif kind == "shard":
+            shards[item["pk"].removeprefix("SHARD#")] = item
+        elif kind == "job":
+            jobs.append(item)
+    jobs_of_shard: dict[str, list[str]] = defaultdict(list)
+    for job in sorted(jobs, key=lambda j: j.get("at", "")):
+        for shard_id in [*job.get("shards", []), *job.get("replay", [])]:
+            jobs_of_shard[shard_id].append(job["pk"].removeprefix("JOB#"))
+    items = []
+    for upload in sorted(uploads, key=lambda u: u["pk"]):
+        shard = samples.get(upload.get("sha256") or "") if upload["status"] == "accepted" else None
+        items.append({"key": upload["pk"].removeprefix(bucket_prefix), "status": upload["status"],
+                      "reason": upload.get("reason"), "detail": upload.get("detail"), "sha256": upload.get("sha256"),
+                      "uploaded_at": upload.get("at"), "shard": shard, "jobs": jobs_of_shard.get(shard or "", [])})
+    used_shards = sorted({i["shard"] for i in items if i["shard"]})
+    used_jobs = {name for shard in used_shards for name in jobs_of_shard.get(shard, [])}
+    return {
+        "partner": partner,
+        "uploads": len(items),
+        "accepted": sum(i["status"] == "accepted" for i in items),
+        "rejected": dict(Counter(i["reason"] or "unknown" for i in items if i["status"] == "quarantined")),
+        "packed": sum(bool(i["shard"]) for i in items),
+        "shards": [{"shard": s, "status": shards.get(s, {}).get("status", "packing"),
+                    "samples": sum(i["shard"] == s for i in items), "jobs": jobs_of_shard.get(s, [])}
+                   for s in used_shards],
+        "jobs": [{"job": j["pk"].removeprefix("JOB#"), "status": j.get("status"), "model": j.get("model_data") or None}
+                 for j in sorted(jobs, key=lambda j: j.get("at", "")) if j["pk"].removeprefix("JOB#") in used_jobs],
+        "items": items,
+    }
+
+
+def job_report(outputs: dict[str, str], job: str) -> bytes:
+    """The job's report.html, from its output data (small) or else its model artefact (read as a stream)."""
+    bucket = outputs["ModelsBucketName"]
+    for archive in ("output.tar.gz", "model.tar.gz"):
+        key = f"training/{job}/output/{archive}"
+        try:
+            body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"]
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("NoSuchKey", "404", "AccessDenied"):
+                continue
+            raise
+        found = report_from_tar(body)
+        if found is not None:
+            return found
+    raise PipelineError(f"no {REPORT_NAME} for job {job!r} under s3://{bucket}/training/{job}/output/: "
+                        "has it finished? (`atelier status` lists jobs)")
+
+
+def report_from_tar(stream: Any) -> bytes | None:
+    """The first report.html in a gzipped tar read front to back (nothing is written to disk)."""
+    with tarfile.open(fileobj=stream, mode="r|gz") as tar:
+        for member in tar:
+            if member.isfile() and PurePosixPath(member.name).name == REPORT_NAME:
+                extracted = tar.extractfile(member)
+                return extracted.read() if extracted else None
+    return None

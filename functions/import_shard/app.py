@@ -1,0 +1,34 @@
+"""ImportFunction: one ImportQueue message per existing WebDataset tar -> its valid, new samples
+as one pipeline shard, sealed and announced like a packed one (docs/import.md).
+
+Bad samples are quarantined and duplicates left out (successful outcomes); a malformed message or
+an unexpected error fails its record alone, which retries (idempotently) and ends in ImportDLQ.
+"""
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import ValidationError
+
+from core.errors import BadMessage
+from core.imports import ImportShard, import_shard
+from core.settings import ImportSettings
+
+logger = Logger()
+processor = BatchProcessor(event_type=EventType.SQS)
+
+
+def record_handler(record: SQSRecord) -> None:
+    try:
+        message = ImportShard.model_validate_json(record.body)
+    except ValidationError as exc:
+        raise BadMessage(f"not an import message: {exc}") from exc
+    report = import_shard(message, ImportSettings.from_env())
+    logger.info("import message handled", extra={"source": report.source, "status": report.status,
+                                                  "shard": report.shard_id, "accepted": report.accepted})
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict, context: LambdaContext) -> dict:
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,0 +1,23 @@
+"""SweepFunction: on a schedule, re-drive uploads that have no ingest record after a grace period.
+
+A lost S3 notification delays a sample by at most one grace period plus one schedule period;
+it never drops it (core.sweep).
+"""
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from core.settings import SweepSettings
+from core.sweep import sweep
+
+logger = Logger()
+metrics = Metrics()
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context
+def lambda_handler(event: dict, context: LambdaContext) -> dict:
+    report = sweep(SweepSettings.from_env())
+    metrics.add_metric(name="UploadsRedriven", unit=MetricUnit.Count, value=len(report.redriven))
+    return {"listed": report.listed, "redriven": list(report.redriven)}

@@ -1,0 +1,399 @@
+"""core.deploy against moto with the template's resources: candidates, the gate, the rollout.
+
+moto runs training jobs to Completed at once and sends no events, and does not implement
+UpdateEndpoint: the tests deliver the events themselves (evaluation results as the trainer writes
+them) and record UpdateEndpoint calls. tests/e2e/test_deploy.py runs the same steps for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import tarfile
+from typing import Any, Callable
+
+import boto3
+import pytest
+from tests.support import load_event
+
+from atelier.local.provision import Provisioned
+from core import aws, records
+from core.deploy import (JobState, deployment_config, evaluation_job_name, job_state_from_event, model_request,
+                         on_artefact_published, on_endpoint_state, on_job_state, rollback)
+from core.errors import BadMessage
+from core.settings import DeploySettings
+
+JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
+ENDED = 1795953900000
+
+
+@pytest.fixture
+def settings(stack: Provisioned, function_env: Callable[[str], dict[str, str]]) -> DeploySettings:
+    function_env("DeployFunction")
+    return DeploySettings.from_env()
+
+
+@pytest.fixture
+def updates(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """UpdateEndpoint calls, recorded and applied to moto's endpoint (moto does not implement it)."""
+    calls: list[dict[str, Any]] = []
+    real_call = aws.sagemaker_call
+    real_describe = aws.describe_endpoint
+    serving: dict[str, str] = {}
+
+    def call(operation: str, request: dict[str, Any]) -> dict[str, Any]:
+        if operation == "update_endpoint":
+            calls.append(request)
+            serving[request["EndpointName"]] = request["EndpointConfigName"]
+            return {}
+        return real_call(operation, request)
+
+    def describe(name: str) -> dict[str, Any] | None:
+        found = real_describe(name)
+        return {**found, "EndpointConfigName": serving.get(name, found["EndpointConfigName"])} if found else None
+
+    monkeypatch.setattr(aws, "sagemaker_call", call)
+    monkeypatch.setattr(aws, "describe_endpoint", describe)
+    return calls
+
+
+def completed(name: str = JOB, ended: int = ENDED, **tags: str) -> JobState:
+    detail = {**load_event("deploy_job_completed")["detail"], "TrainingJobName": name, "TrainingEndTime": ended,
+              "ModelArtifacts": {"S3ModelArtifacts": f"s3://models/training/{name}/output/model.tar.gz"},
+              "Tags": {"atelier:manifest": "ab" * 32, **tags}}
+    return job_state_from_event(detail)
+
+
+def evaluation_finished(settings: DeploySettings, model: str, val_loss: float | None,
+                        baseline_loss: float | None = None, status: str = "Completed",
+                        digest: str = "e" * 64, clip: float | None = None, baseline_clip: float | None = None) -> JobState:
+    """The evaluation job's end, with the evaluation.json trainer/evaluate.py writes in its artefact."""
+    item = aws.get_item(settings.table, records.model_pk(model)) or {}
+    name = item.get("eval_job") or evaluation_job_name(model)
+    key = f"evaluations/{name}/output/model.tar.gz"
+    models: dict[str, Any] = {"candidate": {"val_loss": val_loss, "clip_score": clip}}
+    if baseline_loss is not None:
+        models["baseline"] = {"val_loss": baseline_loss, "clip_score": baseline_clip}
+    document = json.dumps({"schema": 1, "eval_set": {"digest": digest, "samples": 4}, "models": models}).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("evaluation.json")
+        info.size = len(document)
+        archive.addfile(info, io.BytesIO(document))
+    boto3.client("s3").put_object(Bucket=settings.models_bucket, Key=key, Body=buffer.getvalue())
+    return job_state_from_event({
+        "TrainingJobName": name, "TrainingJobStatus": status, "TrainingEndTime": ENDED,
+        "ModelArtifacts": {"S3ModelArtifacts": f"s3://{settings.models_bucket}/{key}"} if status == "Completed" else None,
+        "FailureReason": None if status == "Completed" else "AlgorithmError: no eval shards",
+        "Tags": {"atelier:role": "evaluation", "atelier:candidate": model}})
+
+
+def model_record(settings: DeploySettings, name: str) -> dict[str, Any]:
+    return aws.get_item(settings.table, records.model_pk(name)) or {}
+
+
+def training_jobs() -> list[str]:
+    return sorted(j["TrainingJobName"] for j in boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"])
+
+
+def deploy_first(settings: DeploySettings, name: str = JOB, ended: int = ENDED, loss: float = 0.1) -> None:
+    """A candidate that passes the gate and creates the endpoint."""
+    assert on_job_state(completed(name, ended), settings).action == "evaluating"
+    assert on_job_state(evaluation_finished(settings, name, loss), settings).action == "created"
+
+
+# --- candidates -------------------------------------------------------------------------------------
+
+def test_a_completed_final_job_starts_its_evaluation_on_the_held_out_set(settings: DeploySettings) -> None:
+    result = on_job_state(completed(), settings)
+
+    job = boto3.client("sagemaker").describe_training_job(TrainingJobName=f"{JOB}-eval")
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
+    assert (result.action, result.model) == ("evaluating", JOB)
+    assert channels == {"candidate": f"s3://models/training/{JOB}/output/model.tar.gz",
+                        "eval": settings.eval_data_uri}  # no production yet: no baseline channel
+    assert job["HyperParameters"]["task"] == "evaluate"
+    assert model_record(settings, JOB)["status"] == "evaluating"
+
+
+def test_a_duplicate_completed_event_starts_one_evaluation(settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)
+
+    again = on_job_state(completed(), settings)
+
+    assert (again.action, training_jobs()) == ("duplicate", [f"{JOB}-eval"])
+
+
+@pytest.mark.parametrize("status", ["Failed", "Stopped"])
+def test_failed_and_stopped_jobs_are_recorded_and_never_evaluated(settings: DeploySettings, status: str) -> None:
+    # GIVEN the pipeline's record of the job
+    aws.put_item(settings.table, {"pk": records.job_pk(JOB), "status": "InProgress"})
+    state = dataclasses.replace(completed(), status=status, failure_reason="MaxRuntimeExceeded")
+
+    result = on_job_state(state, settings)
+
+    assert result.action == "recorded"
+    assert aws.get_item(settings.table, records.job_pk(JOB))["status"] == status
+    assert training_jobs() == [] and model_record(settings, JOB) == {}
+
+
+def test_a_job_the_pipeline_did_not_start_gets_no_job_record(settings: DeploySettings) -> None:
+    # a JOB# record would make the start-training stage treat the job as its own
+    on_job_state(dataclasses.replace(completed(), status="Failed"), settings)
+
+    assert aws.get_item(settings.table, records.job_pk(JOB)) is None
+
+
+def test_an_earlier_run_plan_stage_is_recorded_not_evaluated(settings: DeploySettings) -> None:
+    result = on_job_state(completed(**{"atelier:final-stage": "false"}), settings)
+
+    assert (result.action, training_jobs()) == ("recorded", [])
+
+
+def test_the_artefact_of_a_completed_job_is_the_same_candidate_as_its_completed_event(settings: DeploySettings,
+                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("core.deploy.describe_job", lambda name: completed(name))
+
+    first = on_artefact_published(settings.models_bucket, f"training/{JOB}/output/model.tar.gz", settings)
+    second = on_job_state(completed(), settings)
+
+    assert (first.action, second.action, training_jobs()) == ("evaluating", "duplicate", [f"{JOB}-eval"])
+
+
+def test_the_artefact_of_a_stopped_job_is_never_a_candidate(settings: DeploySettings,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # SageMaker uploads a Stopped job's model too
+    monkeypatch.setattr("core.deploy.describe_job", lambda name: dataclasses.replace(completed(name), status="Stopped"))
+
+    result = on_artefact_published(settings.models_bucket, f"training/{JOB}/output/model.tar.gz", settings)
+
+    assert (result.action, training_jobs()) == ("recorded", [])
+
+
+def test_an_object_that_is_not_a_model_artefact_is_a_bad_message(settings: DeploySettings) -> None:
+    with pytest.raises(BadMessage, match="not a training job's model artefact"):
+        on_artefact_published(settings.models_bucket, f"training/{JOB}/output/output.tar.gz", settings)
+
+
+# --- the gate -----------------------------------------------------------------------------------
+
+def test_a_passing_first_model_creates_the_endpoint_with_a_safe_rollout(settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)
+
+    result = on_job_state(evaluation_finished(settings, JOB, 0.1), settings)
+
+    sagemaker = boto3.client("sagemaker")
+    model = sagemaker.describe_model(ModelName=JOB)
+    record = model_record(settings, JOB)
+    assert (result.action, result.model) == ("created", JOB)
+    assert sagemaker.describe_endpoint(EndpointName=settings.endpoint_name)["EndpointConfigName"] == JOB
+    assert model["PrimaryContainer"]["Environment"] == {
+        "ATELIER_MODEL_ID": JOB, "ATELIER_MANIFEST_DIGEST": "ab" * 32,
+        "ATELIER_ATTRIBUTION_URI": f"s3://{settings.models_bucket}/training/{JOB}/output/attribution.json"}
+    assert record["status"] == "deployed"
+    assert json.loads(record["gate"])["decision"] == "passed"
+
+
+def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)
+
+    result = on_job_state(evaluation_finished(settings, JOB, settings.gate_max_loss * 2), settings)
+
+    record = model_record(settings, JOB)
+    assert result.action == "held-back"
+    assert (record["status"], record["model_data"]) == ("held-back", f"s3://models/training/{JOB}/output/model.tar.gz")
+    assert "above the limit" in record["reason"]
+    assert aws.describe_endpoint(settings.endpoint_name) is None
+
+
+def test_a_non_finite_loss_is_held_back(settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)
+
+    result = on_job_state(evaluation_finished(settings, JOB, None), settings)
+
+    assert (result.action, result.reason) == ("held-back", "validation loss is not finite")
+
+
+def test_a_failed_evaluation_is_never_served(settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)
+
+    result = on_job_state(evaluation_finished(settings, JOB, 0.1, status="Failed"), settings)
+
+    assert (result.action, model_record(settings, JOB)["status"]) == ("eval-failed", "eval-failed")
+    assert aws.describe_endpoint(settings.endpoint_name) is None
+
+
+def test_the_second_candidate_is_evaluated_against_production(settings: DeploySettings) -> None:
+    deploy_first(settings)
+
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+
+    job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-second-eval")
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
+    assert channels["baseline"] == f"s3://models/training/{JOB}/output/model.tar.gz"
+
+
+def test_a_model_worse_than_production_is_held_back(settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+
+    result = on_job_state(evaluation_finished(settings, "atelier-second", 0.2, baseline_loss=0.1), settings)
+
+    assert result.action == "held-back"
+    assert "2.000x production's" in result.reason
+    assert updates == []
+    assert model_record(settings, JOB)["status"] == "deployed"
+
+
+def test_a_clip_score_far_below_production_is_held_back(settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+
+    result = on_job_state(evaluation_finished(settings, "atelier-second", 0.1, baseline_loss=0.1,
+                                              clip=20.0, baseline_clip=25.0), settings)
+
+    assert result.action == "held-back" and "CLIP score 20.00 trails" in result.reason
+
+
+def test_a_better_model_replaces_production_blue_green_with_alarm_rollback(settings: DeploySettings,
+                                                                           updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+
+    result = on_job_state(evaluation_finished(settings, "atelier-second", 0.09, baseline_loss=0.1), settings)
+
+    assert (result.action, result.model) == ("updated", "atelier-second")
+    assert updates == [{"EndpointName": settings.endpoint_name, "EndpointConfigName": "atelier-second",
+                        "DeploymentConfig": deployment_config(settings)}]
+    alarms = updates[0]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+    assert [a["AlarmName"] for a in alarms] == list(settings.rollback_alarms) and len(alarms) == 2
+
+
+def test_a_duplicate_evaluation_event_deploys_once(settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+    finished = evaluation_finished(settings, "atelier-second", 0.09, baseline_loss=0.1)
+
+    first, again = on_job_state(finished, settings), on_job_state(finished, settings)
+
+    assert (first.action, again.action, len(updates)) == ("updated", "duplicate", 1)
+
+
+def test_an_older_model_never_replaces_a_newer_one(settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings, ended=ENDED + 5000)
+
+    late = on_job_state(completed("atelier-older", ENDED), settings)
+
+    assert (late.action, updates) == ("superseded", [])
+    assert training_jobs() == [f"{JOB}-eval"]
+
+
+def test_a_newer_model_that_passed_first_keeps_the_endpoint(settings: DeploySettings, updates: list) -> None:
+    # GIVEN two candidates evaluating at once, the newer passing first
+    deploy_first(settings)
+    on_job_state(completed("atelier-b", ENDED + 1000), settings)
+    on_job_state(completed("atelier-c", ENDED + 2000), settings)
+    on_job_state(evaluation_finished(settings, "atelier-c", 0.09, baseline_loss=0.1), settings)
+
+    # WHEN the older one passes afterwards
+    result = on_job_state(evaluation_finished(settings, "atelier-b", 0.09, baseline_loss=0.1), settings)
+
+    # THEN it does not replace the newer one
+    assert result.action == "superseded"
+    assert [u["EndpointConfigName"] for u in updates] == ["atelier-c"]
+
+
+def test_production_changed_during_evaluation_means_evaluating_again(settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-b", ENDED + 1000), settings)
+    on_job_state(completed("atelier-c", ENDED + 2000), settings)
+    on_job_state(evaluation_finished(settings, "atelier-b", 0.09, baseline_loss=0.1), settings)
+
+    # c was scored against the first model, which no longer serves, on another evaluation set than b's record
+    result = on_job_state(evaluation_finished(settings, "atelier-c", 0.08, baseline_loss=0.1, digest="f" * 64), settings)
+
+    job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-c-ev1")
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
+    assert result.action == "evaluating"
+    assert channels["baseline"] == "s3://models/training/atelier-b/output/model.tar.gz"
+
+
+def test_a_busy_endpoint_leaves_the_model_passed_until_it_is_in_service(settings: DeploySettings, updates: list,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+    describe = aws.describe_endpoint
+    monkeypatch.setattr(aws, "describe_endpoint", lambda name: {**describe(name), "EndpointStatus": "Updating"})
+
+    waiting = on_job_state(evaluation_finished(settings, "atelier-second", 0.09, baseline_loss=0.1), settings)
+    monkeypatch.setattr(aws, "describe_endpoint", describe)
+    in_service = on_endpoint_state(settings.endpoint_name, settings)
+
+    assert (waiting.action, model_record(settings, "atelier-second")["status"]) == ("waiting", "deployed")
+    assert (in_service.action, in_service.model) == ("updated", "atelier-second")
+
+
+# --- rollback and the endpoint's own events ---------------------------------------------------------
+
+def test_rollback_restores_the_previous_model(settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+    on_job_state(evaluation_finished(settings, "atelier-second", 0.09, baseline_loss=0.1), settings)
+
+    result = rollback(settings.table, settings.endpoint_name)
+
+    assert (result.action, result.model) == ("rolled-back", JOB)
+    assert updates[-1] == {"EndpointName": settings.endpoint_name, "EndpointConfigName": JOB,
+                           "DeploymentConfig": deployment_config(settings)}
+    assert model_record(settings, "atelier-second")["status"] == "rolled-back"
+    # and a duplicate event of the rolled-back model does not bring it back
+    assert on_job_state(completed("atelier-second", ENDED + 1000), settings).action == "duplicate"
+
+
+def test_rollback_without_an_earlier_model_is_a_clear_error(settings: DeploySettings) -> None:
+    deploy_first(settings)
+
+    with pytest.raises(BadMessage, match="no earlier model"):
+        rollback(settings.table, settings.endpoint_name)
+
+
+def test_an_automatic_rollback_is_recorded_when_the_endpoint_is_in_service(settings: DeploySettings,
+                                                                           updates: list, monkeypatch) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+    on_job_state(evaluation_finished(settings, "atelier-second", 0.09, baseline_loss=0.1), settings)
+    # GIVEN SageMaker rolled the update back on an alarm: the first config serves again
+    describe = aws.describe_endpoint
+    monkeypatch.setattr(aws, "describe_endpoint", lambda name: {**describe(name), "EndpointConfigName": JOB})
+
+    result = on_endpoint_state(settings.endpoint_name, settings)
+
+    assert (result.action, result.model) == ("rolled-back", JOB)
+    assert model_record(settings, "atelier-second")["status"] == "rolled-back"
+    assert aws.get_item(settings.table, records.endpoint_pk(settings.endpoint_name))["model"] == JOB
+
+
+def test_an_endpoint_in_service_gets_autoscaling_on_invocations(settings: DeploySettings) -> None:
+    deploy_first(settings)
+
+    on_endpoint_state(settings.endpoint_name, settings)
+
+    scaling = boto3.client("application-autoscaling")
+    target = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    policy = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+    assert [(t["ResourceId"], t["MinCapacity"], t["MaxCapacity"]) for t in target] == [
+        (f"endpoint/{settings.endpoint_name}/variant/AllTraffic", settings.min_instances, settings.max_instances)]
+    assert policy[0]["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"][
+        "PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
+
+
+def test_model_request_names_the_job_and_manifest() -> None:
+    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+                              endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models")
+
+    request = model_request(completed(), settings)
+
+    assert request["ModelName"] == JOB
+    assert {t["Key"]: t["Value"] for t in request["Tags"]} == {"atelier:training-job": JOB, "atelier:manifest": "ab" * 32}
+    assert request["EnableNetworkIsolation"] is True

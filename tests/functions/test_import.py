@@ -1,0 +1,288 @@
+"""ImportFunction under moto: existing WebDataset tars validated, deduplicated, rewritten as sealed shards."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import boto3
+import moto.s3.models
+import pytest
+from PIL import Image
+
+from atelier.catalog import make_catalog
+from atelier.local.provision import Provisioned
+from atelier.local.runtime import sqs_event
+from core import aws, imports, records, seal
+from core.imports import ImportShard, import_shard
+from core.settings import ImportSettings
+from tests.functions.import_helpers import IMG2DATASET, run_img2dataset, sample_of, webdataset_tar
+from tests.functions.pack_helpers import check_shard, sealed_shards
+
+BATCH = "batch-1"
+# distinct pictures: the catalog repeats a shape and ground often enough for near duplicates (dHash)
+ITEMS = [item for n, item in enumerate(make_catalog(16, seed=3)) if n not in (4, 11, 12)]
+
+
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 4 << 10)
+
+
+@pytest.fixture
+def settings(stack: Provisioned, partner: str, function_env: Callable) -> ImportSettings:
+    function_env("ImportFunction")
+    base = ImportSettings.from_env()
+    return dataclasses.replace(base, chunk_bytes=6 << 10,
+                               pack=dataclasses.replace(base.pack, min_part_bytes=4 << 10, part_bytes=8 << 10))
+
+
+def put_tar(stack: Provisioned, name: str, body: bytes) -> ImportShard:
+    bucket = stack.outputs["DataBucketName"]
+    boto3.client("s3").put_object(Bucket=bucket, Key=f"imports/{BATCH}/{name}", Body=body)
+    return ImportShard(batch_id=BATCH, bucket=bucket, key=f"imports/{BATCH}/{name}", partner="partner-a",
+                       license="CC-BY-4.0")
+
+
+def start_batch(stack: Provisioned, total: int) -> None:
+    aws.put_item(stack.outputs["PipelineTableName"], imports.batch_item(BATCH, "partner-a", "CC-BY-4.0", "tests", total))
+
+
+def quarantined(stack: Provisioned) -> dict[str, str]:
+    return {i["pk"].rsplit("#", 1)[1]: i["reason"] for i in aws.scan_prefix(stack.outputs["PipelineTableName"], "UPLOAD#")
+            if i["status"] == "quarantined"}
+
+
+def announced(stack: Provisioned) -> list[dict]:
+    source = next(s for s in stack.sources if s.function == "StartTrainingFunction" and "ShardSealed" in s.rule_arn)
+    sqs, found = boto3.client("sqs"), []
+    while messages := sqs.receive_message(QueueUrl=source.queue_url, MaxNumberOfMessages=10).get("Messages"):
+        found += [json.loads(m["Body"]) for m in messages]
+        sqs.delete_message_batch(QueueUrl=source.queue_url, Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+    return found
+
+
+def ingest_upload(stack: Provisioned, function_env: Callable, key: str, body: bytes) -> None:
+    """An upload accepted by ingest, as a partner's upload would be."""
+    from core.ingest import ingest_upload as ingest
+    from core.models import UploadRef
+    from core.settings import IngestSettings
+    function_env("IngestFunction")
+    boto3.client("s3").put_object(Bucket=stack.outputs["UploadsBucketName"], Key=key, Body=body)
+    assert ingest(UploadRef(bucket=stack.outputs["UploadsBucketName"], key=key), IngestSettings.from_env()).status == "accepted"
+    function_env("ImportFunction")
+
+
+# --- validation and quarantine ---------------------------------------------------------------------
+
+def test_a_shard_with_bad_samples_keeps_the_good_ones_and_says_why_for_the_rest(stack, settings) -> None:
+    # GIVEN a tar of four good samples, a corrupt image, a sample without image, and one without caption
+    no_caption = sample_of("s6", ITEMS[5])
+    del no_caption["txt"]
+    no_caption["json"] = b'{"url": "https://example.org/s6"}'
+    body = webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(4)] + [
+        {"__key__": b"bad", "webp": ITEMS[4].image[:200] + b"\0" * 50, "txt": b"broken"},  # a corrupt member
+        {"__key__": b"lonely", "txt": b"a caption without its picture"},
+        no_caption])
+    # WHEN it is imported
+    report = import_shard(put_tar(stack, "mixed.tar", body), settings)
+    # THEN five samples are in the shard, the two bad ones are quarantined with their reasons
+    assert (report.status, report.samples_read, report.accepted, report.captions_missing) == ("imported", 7, 5, 1)
+    assert report.quarantined == {"corrupt": 1, "no_image": 1}
+    assert quarantined(stack) == {"bad": "corrupt", "lonely": "no_image"}
+
+
+def test_the_imported_shard_is_a_packed_shard_byte_for_byte_with_a_matching_index(stack, settings) -> None:
+    body = webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(6)])
+    report = import_shard(put_tar(stack, "good.tar", body), settings)
+    [(shard_id, shard)] = sealed_shards(settings.pack).items()
+    assert shard_id == report.shard_id
+    samples = {i["pk"].removeprefix("SAMPLE#"): i for i in aws.scan_prefix(settings.ingest.table, "SAMPLE#")}
+    from core.models import Sample
+    check_shard(settings.pack, shard_id, shard, {k: Sample.model_validate_json(i["record"]) for k, i in samples.items()})
+    assert {i.get("packed_in") for i in samples.values()} == {shard_id}
+    # provenance and license in every record, the source URL from the tar's own metadata
+    records_in_shard = [json.loads(data) for name, data in shard.members if name.endswith(".json")]
+    assert {(r["partner"], r["license"], r["bucket"]) for r in records_in_shard} == {
+        ("partner-a", "CC-BY-4.0", stack.outputs["DataBucketName"])}
+    assert sorted(r["source"] for r in records_in_shard) == sorted(
+        f"https://example.org/s{n}.{ITEMS[n].name.rsplit('.', 1)[1]}" for n in range(6))
+    assert sorted(r["caption"] for r in records_in_shard) == sorted(ITEMS[n].sidecar["caption"] for n in range(6))
+    [event] = announced(stack)
+    assert (event["source"], event["detail-type"], event["detail"]["shard_id"], event["detail"]["samples"]) == (
+        "atelier.pack", "Shard Sealed", shard_id, 6)
+
+
+def test_a_truncated_tar_keeps_the_samples_before_the_break(stack, settings) -> None:
+    body = webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(4)])
+    cut = body[:len(body) // 2 + 100]  # inside the members of a later sample
+    report = import_shard(put_tar(stack, "cut.tar", cut), settings)
+    assert report.truncated and report.quarantined == {"truncated": 1}
+    assert report.accepted == report.samples_read - 1 >= 1 and report.status == "imported"
+
+
+def test_a_tar_cut_at_a_member_boundary_loses_only_its_last_sample(stack, settings) -> None:
+    body = webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(4)]).rstrip(b"\0")  # no end blocks
+    report = import_shard(put_tar(stack, "cut-clean.tar", body), settings)
+    assert (report.truncated, report.quarantined, report.accepted) == (True, {"truncated": 1}, 3)
+
+
+def test_an_object_that_is_not_a_tar_is_rejected_whole(stack, settings) -> None:
+    report = import_shard(put_tar(stack, "page.tar", b"<html>not a tar</html>" * 40), settings)
+    assert (report.status, report.reason, report.shard_id) == ("rejected", "not_a_tar", None)
+
+
+def test_a_partner_without_the_license_imports_nothing(stack, settings) -> None:
+    message = put_tar(stack, "s.tar", webdataset_tar([sample_of("s0", ITEMS[0])])).model_copy(update={"license": "other"})
+    report = import_shard(message, settings)
+    assert (report.status, report.reason) == ("rejected", "unlicensed") and sealed_shards(settings.pack) == {}
+
+
+# --- duplicates --------------------------------------------------------------------------------------
+
+def test_duplicates_of_uploaded_images_are_left_out(stack, settings, function_env) -> None:
+    # GIVEN two images a partner uploaded and ingest accepted
+    ingest_upload(stack, function_env, "partner-a/one.png", ITEMS[0].image)
+    ingest_upload(stack, function_env, "partner-a/two.png", ITEMS[1].image)
+    again = io.BytesIO()
+    Image.open(io.BytesIO(ITEMS[1].image)).convert("RGB").save(again, "JPEG", quality=70)
+    resized_with_original_hash = io.BytesIO()
+    Image.open(io.BytesIO(ITEMS[0].image)).convert("RGB").resize((90, 90)).save(resized_with_original_hash, "PNG")
+    import hashlib
+    # WHEN a shard holds the same bytes, a re-encode, img2dataset's resize carrying the original's
+    # sha256, the same bytes twice, and two new images
+    body = webdataset_tar([
+        sample_of("same", ITEMS[0]),
+        {"__key__": b"reencoded", "jpg": again.getvalue(), "txt": b"again"},
+        {"__key__": b"resized", "png": resized_with_original_hash.getvalue(), "txt": b"resized",
+         "json": json.dumps({"sha256": hashlib.sha256(ITEMS[0].image).hexdigest()}).encode()},
+        sample_of("new1", ITEMS[2]), sample_of("new1copy", ITEMS[2]), sample_of("new2", ITEMS[3])])
+    report = import_shard(put_tar(stack, "dups.tar", body), settings)
+    # THEN only the two new images are in the shard
+    assert report.accepted == 2 and report.duplicates == 4
+    reasons = quarantined(stack)
+    assert (reasons["same"], reasons["resized"], reasons["new1copy"], reasons["reencoded"]) == (
+        "duplicate", "duplicate", "duplicate", "near_duplicate")
+    [shard] = sealed_shards(settings.pack).values()
+    assert len(shard.members) == 6
+
+
+# --- idempotency ------------------------------------------------------------------------------------
+
+def test_a_redelivered_message_imports_the_shard_once_and_counts_it_once(stack, settings, function_env,
+                                                                         lambda_context) -> None:
+    start_batch(stack, 1)
+    message = put_tar(stack, "once.tar", webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(3)]))
+    from import_shard.app import lambda_handler
+    source = next(s for s in stack.sources if s.function == "ImportFunction")
+    event = sqs_event([{"MessageId": "m-1", "ReceiptHandle": "r", "Body": message.model_dump_json(), "MD5OfBody": ""}],
+                      source, "us-east-1")
+    results = [lambda_handler(event, lambda_context) for _ in range(3)]
+    assert results == [{"batchItemFailures": []}] * 3
+    assert len(sealed_shards(settings.pack)) == 1 and len(announced(stack)) == 1
+    report = imports.batch_report(settings.ingest.table, BATCH)
+    assert (report.shards_done, report.samples_accepted, len(report.shards)) == (1, 3, 1)
+
+
+def test_a_crash_after_the_commit_is_finished_by_the_redelivery(stack, settings, monkeypatch) -> None:
+    start_batch(stack, 1)
+    message = put_tar(stack, "crash.tar", webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(3)]))
+    real = seal.finish
+
+    def crash(shard_id: str, pack: Any) -> None:
+        raise ConnectionError("the invocation died while sealing")
+
+    monkeypatch.setattr(seal, "finish", crash)
+    with pytest.raises(ConnectionError):
+        import_shard(message, settings)
+    monkeypatch.setattr(seal, "finish", real)
+    reads: list[str] = []
+    monkeypatch.setattr(imports, "read_samples", lambda *a: reads.append("read") or iter(()))
+    report = import_shard(message, settings)
+    assert reads == [] and report.accepted == 3  # resumed from the records, not streamed again
+    [shard] = sealed_shards(settings.pack).values()
+    assert len(shard.members) == 9
+    assert imports.batch_report(settings.ingest.table, BATCH).samples_accepted == 3
+
+
+def test_the_same_tar_in_a_new_batch_brings_no_sample_twice(stack, settings) -> None:
+    body = webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(3)])
+    first = import_shard(put_tar(stack, "twice.tar", body), settings)
+    second = import_shard(put_tar(stack, "twice.tar", body).model_copy(update={"batch_id": "batch-2"}), settings)
+    assert (first.accepted, second.accepted, second.duplicates, second.status) == (3, 0, 3, "empty")
+
+
+# --- the batch report ---------------------------------------------------------------------------------
+
+def test_the_batch_report_adds_up_its_shards_by_reason(stack, settings) -> None:
+    start_batch(stack, 2)
+    import_shard(put_tar(stack, "a.tar", webdataset_tar([sample_of("a0", ITEMS[0]), sample_of("a1", ITEMS[0])])),
+                 settings)
+    import_shard(put_tar(stack, "b.tar", b"not a tar" * 100), settings)
+    report = imports.batch_report(settings.ingest.table, BATCH)
+    assert (report.complete, report.shards_done, report.shards_rejected) == (True, 1, 1)
+    assert (report.samples_read, report.samples_accepted, report.samples_duplicate) == (2, 1, 1)
+    assert (report.reasons, report.shard_reasons) == ({"duplicate": 1}, {"not_a_tar": 1})
+
+
+# --- img2dataset's own output --------------------------------------------------------------------------
+
+@pytest.mark.skipif(not IMG2DATASET.exists(), reason=f"img2dataset is not installed at {IMG2DATASET} (make test builds it)")
+def test_shards_downloaded_by_img2dataset_import_with_its_metadata(stack, settings, tmp_path: Path) -> None:
+    # GIVEN img2dataset's output for 6 served images and one URL that 404s, 4 samples a shard
+    output = run_img2dataset(ITEMS[:6], tmp_path / "out", per_shard=4, missing=1)
+    tars = sorted(output.glob("*.tar"))
+    assert len(tars) == 2 and all(t.with_suffix(".parquet").exists() for t in tars)
+    s3 = boto3.client("s3")
+    reports = []
+    for tar in tars:
+        for sidecar in (tar, tar.with_name(tar.stem + "_stats.json")):
+            s3.upload_file(str(sidecar), stack.outputs["DataBucketName"], f"imports/{BATCH}/{sidecar.name}")
+        reports.append(import_shard(ImportShard(batch_id=BATCH, bucket=stack.outputs["DataBucketName"],
+                                                key=f"imports/{BATCH}/{tar.name}", partner="partner-a",
+                                                license="CC-BY-4.0"), settings))
+    # THEN every downloaded image is a sample, with its URL and caption; img2dataset's stats are kept
+    assert sum(r.accepted for r in reports) == 6 and all(r.quarantined == {} for r in reports)
+    assert sum(r.source_stats["failed_to_download"] for r in reports) == 1
+    by_caption = {json.loads(data)["caption"]: json.loads(data) for shard in sealed_shards(settings.pack).values()
+                  for name, data in shard.members if name.endswith(".json")}
+    assert sorted(by_caption) == sorted(item.sidecar["caption"] for item in ITEMS[:6])
+    assert all(r["source"].startswith("http://127.0.0.1:") for r in by_caption.values())
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------
+
+def test_the_cli_queues_one_message_per_tar_resumes_and_reports(stack, settings, tmp_path, monkeypatch, capsys,
+                                                                 lambda_context) -> None:
+    from atelier import client
+    from atelier.cli import main
+    from import_shard.app import lambda_handler
+    monkeypatch.setattr(client, "stack_outputs", lambda name: stack.outputs)
+    folder = tmp_path / "laion"
+    (folder / "part").mkdir(parents=True)
+    (folder / "00000.tar").write_bytes(webdataset_tar([sample_of("a", ITEMS[0]), sample_of("b", ITEMS[1])]))
+    (folder / "00000_stats.json").write_text(json.dumps({"count": 3, "successes": 2, "failed_to_download": 1}))
+    (folder / "part" / "00001.tar").write_bytes(webdataset_tar([sample_of("c", ITEMS[2]), sample_of("d", ITEMS[1])]))
+    command = ["import", str(folder), "--partner", "partner-a", "--license", "CC-BY-4.0", "--batch", "cli-1"]
+    # WHEN the import is started, its messages delivered, and the same command run again with --wait
+    assert main(command) == 0
+    sqs, url = boto3.client("sqs"), stack.outputs["ImportQueueUrl"]
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    source = next(s for s in stack.sources if s.function == "ImportFunction")
+    assert lambda_handler(sqs_event(messages, source, "us-east-1"), lambda_context) == {"batchItemFailures": []}
+    capsys.readouterr()
+    assert main(command + ["--wait", "--json"]) == 0
+    # THEN two tars were staged and queued once each, and the report adds them up
+    printed = capsys.readouterr()
+    report = json.loads(printed.out)
+    assert len(messages) == 2 and "0 queued (2 done before)" in printed.err
+    assert (report["shards_total"], report["shards_done"], report["samples_accepted"], report["samples_duplicate"]) == (
+        2, 2, 3, 1)
+    assert report["complete"] and sorted(s["source"].rsplit("/", 1)[1] for s in report["shards"]) == ["00000.tar", "00001.tar"]
+    assert [s["source_stats"] for s in report["shards"] if s["source"].endswith("00000.tar")] == [
+        {"count": 3, "successes": 2, "failed_to_download": 1}]
+    assert main(["import", str(folder), "--partner", "partner-a", "--license", "other"]) == 2  # a PipelineError
