@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from atelier import client, dlq
+from atelier.progress import progress
 
 console = Console()
 DEFAULT_WINDOW = timedelta(days=1)
@@ -26,9 +27,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
     outputs = client.stack_outputs(args.stack)
     until = args.until or datetime.now(timezone.utc)
     since = args.since or until - DEFAULT_WINDOW
-    report = audit.gather(audit.Targets(outputs["UploadsBucketName"], outputs["DataBucketName"],
-                                        outputs["PipelineTableName"]),
-                          since, until, args.grace, verify_bytes=not args.skip_bytes)
+    with progress(args.quiet or args.json) as bar:
+        task = bar.add_task("auditing shards", total=None)
+        report = audit.gather(audit.Targets(outputs["UploadsBucketName"], outputs["DataBucketName"],
+                                            outputs["PipelineTableName"]),
+                              since, until, args.grace, verify_bytes=not args.skip_bytes,
+                              on_shard=lambda done, total: bar.update(task, completed=done, total=total))
     if args.json:
         print(audit.to_json(report))
     else:

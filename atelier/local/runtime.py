@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from atelier.local.chaos import Chaos
 from atelier.local.provision import EventSource, FunctionSpec
 
 log = logging.getLogger("atelier.local.runtime")
@@ -112,9 +113,11 @@ class Poller:
     """Polls one event source for one function, in the calling (main) thread."""
 
     def __init__(self, source: EventSource, spec: FunctionSpec, handler: Callable[[dict, Any], Any],
-                 sqs: Any, region: str, account: str, wait_s: int = 1, schedule_scale: float = 1.0) -> None:
+                 sqs: Any, region: str, account: str, wait_s: int = 1, schedule_scale: float = 1.0,
+                 chaos: Chaos | None = None) -> None:
         self.source, self.spec, self.handler = source, spec, handler
         self.sqs, self.region, self.account, self.wait_s = sqs, region, account, wait_s
+        self.chaos = chaos  # opt-in delivery faults (atelier/local/chaos.py); None: Lambda's behaviour
         self.schedule_every = source.schedule_s * schedule_scale
         self.next_fire = time.monotonic() + self.schedule_every
 
@@ -159,6 +162,10 @@ class Poller:
         return batch
 
     def _deliver_batch(self, messages: list[dict[str, Any]]) -> None:
+        if self.chaos is not None:
+            messages = self.chaos.perturb(messages, self._send_copy)
+            if self.chaos.deliver_twice():
+                self._invoke_ignoring_outcome(sqs_event(messages, self.source, self.region))
         ids = {m["MessageId"] for m in messages}
         try:
             response = invoke(self.handler, sqs_event(messages, self.source, self.region), self.spec,
@@ -168,18 +175,37 @@ class Poller:
             log.error("%s failed on a batch of %d: %s", self.spec.logical_id, len(messages), exc)
             failed = ids
         done = [m for m in messages if m["MessageId"] not in failed]
+        if self.chaos is not None and self.chaos.lose_delete():
+            done = []
         self._delete(done)
         if failed:
             log.warning("%s: %d of %d messages returned to the queue", self.spec.logical_id, len(failed), len(ids))
 
     def _deliver_event(self, message: dict[str, Any]) -> None:
+        if self.chaos is not None:
+            self.chaos.perturb([message], self._send_copy)
+            if self.chaos.deliver_twice():
+                self._invoke_ignoring_outcome(json.loads(message["Body"]))
         try:
             invoke(self.handler, json.loads(message["Body"]), self.spec, self.region, self.account)
         except (Exception, LambdaTimeout) as exc:
             log.error("%s failed on event %s: %s (retried after the visibility timeout)",
                       self.spec.logical_id, message["MessageId"], exc)
             return
+        if self.chaos is not None and self.chaos.lose_delete():
+            return
         self._delete([message])
+
+    def _invoke_ignoring_outcome(self, event: dict[str, Any]) -> None:
+        """An extra delivery (chaos): whatever it does, the real one follows."""
+        try:
+            invoke(self.handler, event, self.spec, self.region, self.account)
+        except (Exception, LambdaTimeout) as exc:
+            log.error("%s failed on a repeated delivery: %s", self.spec.logical_id, exc)
+
+    def _send_copy(self, message: dict[str, Any], delay_s: int) -> None:
+        """The message once more, as a second notification of the same thing would arrive (chaos)."""
+        self.sqs.send_message(QueueUrl=self.source.queue_url, MessageBody=message["Body"], DelaySeconds=delay_s)
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:
         for start in range(0, len(messages), SQS_RECEIVE_MAX):

@@ -15,8 +15,11 @@ from pathlib import Path
 
 import boto3
 
+from atelier.local.chaos import CHAOS_ENV, GENERATION_ENV, Chaos, supervise
 from atelier.local.provision import Provisioned
 from atelier.local.runtime import Poller, load_handler
+
+SCHEDULE_SCALE_ENV = "ATELIER_LOCAL_SCHEDULE_SCALE"
 
 
 def run(state_file: Path, logical_id: str) -> None:
@@ -24,9 +27,16 @@ def run(state_file: Path, logical_id: str) -> None:
     spec = provisioned.functions[logical_id]
     os.environ.update(spec.environment)
     os.environ["AWS_LAMBDA_FUNCTION_NAME"] = spec.name
+    chaos = Chaos.from_env(logical_id)  # opt-in fault injection (tests/e2e/test_chaos.py)
+    if chaos is not None:
+        chaos.install()
     handler = load_handler(spec)
+    if chaos is not None:
+        handler = chaos.wrap(handler)
     sqs = boto3.client("sqs")
-    pollers = [Poller(s, spec, handler, sqs, provisioned.region, provisioned.account)
+    schedule_scale = float(os.environ.get(SCHEDULE_SCALE_ENV, "1"))  # opt-in: faster timers in tests
+    pollers = [Poller(s, spec, handler, sqs, provisioned.region, provisioned.account, schedule_scale=schedule_scale,
+                      chaos=chaos)
                for s in provisioned.sources if s.function == logical_id]
     stopping = False
 
@@ -42,5 +52,7 @@ def run(state_file: Path, logical_id: str) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get(CHAOS_ENV) and GENERATION_ENV not in os.environ:
+        sys.exit(supervise(["-m", "atelier.local.worker", *sys.argv[1:]]))  # restarts what a `kill` fault ends
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run(Path(sys.argv[1]), sys.argv[2])

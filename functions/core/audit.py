@@ -17,7 +17,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, Iterable, Literal
+from typing import Any, BinaryIO, Callable, Iterable, Literal
 
 from pydantic import BaseModel
 
@@ -178,8 +178,9 @@ class Targets:
 
 
 def gather(targets: Targets, since: datetime, until: datetime, grace_s: float, verify_bytes: bool = True,
-           now: datetime | None = None) -> Report:
-    """Audit the uploads made in [since, until) and every shard sealed since `since`."""
+           now: datetime | None = None, on_shard: Callable[[int, int], None] | None = None) -> Report:
+    """Audit the uploads made in [since, until) and every shard sealed since `since`;
+    `on_shard(done, total)` follows the shards (re-hashing them is the long part)."""
     now = now or datetime.now(timezone.utc)
     report = Report(since=since.isoformat(), until=until.isoformat(), grace_s=grace_s)
     facts = [UploadFact(o["Key"], str(o.get("ETag", "")).strip('"'), o["LastModified"])
@@ -193,9 +194,10 @@ def gather(targets: Targets, since: datetime, until: datetime, grace_s: float, v
                aws.batch_get_items(targets.table, [records.sample_pk(s) for s in accepted], ["pk", "packed_in"]).items()}
     sealed = [ShardSealed.model_validate_json(i["record"]) for i in aws.scan_prefix(targets.table, "SEALED#")]
     facts_of_shards = []
-    for shard in sorted(sealed, key=lambda s: s.sealed_at):
-        if datetime.fromisoformat(shard.sealed_at) < since:
-            continue
+    in_window = [s for s in sorted(sealed, key=lambda s: s.sealed_at) if datetime.fromisoformat(s.sealed_at) >= since]
+    for done, shard in enumerate(in_window):
+        if on_shard:
+            on_shard(done, len(in_window))
         index = aws.read_json_if_exists(shard.bucket, shard.index_key or shards.index_key(shard.shard_id))
         if index is None:
             report.violations.append(Violation(kind="missing_index", subject=shard.shard_id,
@@ -206,6 +208,8 @@ def gather(targets: Targets, since: datetime, until: datetime, grace_s: float, v
             problems = _verify_object(shard, index)
             report.shards_verified += 1
             report.violations += [Violation(kind="corrupt", subject=shard.shard_id, detail=p) for p in problems]
+    if on_shard:
+        on_shard(len(in_window), len(in_window))
     return reconcile(facts, upload_records, samples, facts_of_shards, now, report)
 
 
