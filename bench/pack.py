@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/pack.py                 # the recorded run (about 10 minutes, 2 cores)
     .venv/bin/python bench/pack.py --sizes-mib 100 --repeats 1   # a quick look
+    git archive HEAD functions | tar -x -C /tmp/before && .venv/bin/python bench/pack.py --before /tmp/before/functions
 
 moto runs as its own process (`python -m moto.server`); each measured packer runs in a fresh
 child process that makes the calls PackFunction makes (`core.pack.pack_samples`, one call per
@@ -43,7 +44,7 @@ def sample_bytes(n: int, mean_mib: float) -> bytes:
 
 def child_packer(config: dict[str, Any]) -> dict[str, Any]:
     """Pack `config["samples"]` as PackFunction would, in batches; report CPU, RSS and the shard."""
-    sys.path[:0] = [str(REPO / "functions")]
+    sys.path[:0] = [config.get("functions", str(REPO / "functions"))]  # --before: another tree's packer
     from core import aws
     from core.models import Sample
     from core.pack import pack_samples, seal_due
@@ -187,7 +188,7 @@ def main(args: argparse.Namespace) -> None:
     try:
         # 1. CPU: the packer vs webdataset's TarWriter on the same samples, alternating.
         count = max(2, int(args.cpu_mib / args.image_mib))
-        ours, verified, theirs = [], [], []
+        ours, verified, theirs, before = [], [], [], []
         for repeat in range(0 if args.skip_cpu else args.repeats + 1):  # the first round warms up and is dropped
             pinned = make_world(moto.url, f"cpu-{repeat}", count, args.image_mib, pinned=True)
             unpinned = make_world(moto.url, f"cpu-verified-{repeat}", count, args.image_mib, pinned=False)
@@ -195,13 +196,18 @@ def main(args: argparse.Namespace) -> None:
             a = run_child("packer", config, moto.url)
             b = run_child("tarwriter", {**pinned, "out": str(Path(tempfile.mkdtemp()) / "wds.tar")}, moto.url)
             c = run_child("packer", {**unpinned, "target": 64 << 30, "batch": args.batch}, moto.url)
+            d = run_child("packer", {**make_world(moto.url, f"cpu-before-{repeat}", count, args.image_mib, pinned=True),
+                                     "target": 64 << 30, "batch": args.batch, "functions": args.before},
+                          moto.url) if args.before else None
             print(f"# round {repeat}: packer {a['bytes'] / 1e6 / a['cpu_s']:.0f} MB/cpu-s, "
-                  f"TarWriter {b['bytes'] / 1e6 / b['cpu_s']:.0f}, verified {c['bytes'] / 1e6 / c['cpu_s']:.0f}",
-                  file=sys.stderr, flush=True)
+                  f"TarWriter {b['bytes'] / 1e6 / b['cpu_s']:.0f}, verified {c['bytes'] / 1e6 / c['cpu_s']:.0f}"
+                  + (f", before {d['bytes'] / 1e6 / d['cpu_s']:.0f}" if d else ""), file=sys.stderr, flush=True)
             if repeat:
                 ours.append(a["bytes"] / 1e6 / a["cpu_s"])
                 theirs.append(b["bytes"] / 1e6 / b["cpu_s"])
                 verified.append(c["bytes"] / 1e6 / c["cpu_s"])
+                if d:
+                    before.append(d["bytes"] / 1e6 / d["cpu_s"])
         cpu_config = {"shard_mib": args.cpu_mib, "image_mib": args.image_mib, "samples": count, "batch": args.batch,
                       "repeats": args.repeats, "statistic": "median"}
         if ours:
@@ -212,6 +218,11 @@ def main(args: argparse.Namespace) -> None:
                  cpu_config, baseline="webdataset.TarWriter")
             line("pack.mb_per_cpu_s_verified", statistics.median(verified), "MB/cpu-s",
                  {**cpu_config, "note": "unpinned reads: every image re-hashed (sha256) against its record"})
+        if before:
+            line("pack.mb_per_cpu_s_before", statistics.median(before), "MB/cpu-s",
+                 {**cpu_config, "note": f"the packer of {args.before}, same rounds (--before)"})
+            line("pack.ratio_vs_before", statistics.median(o / b for o, b in zip(ours, before)), "ratio",
+                 cpu_config, baseline=f"the packer of {args.before}")
         # 2. Peak RSS vs shard size.
         peaks: dict[int, float] = {}
         for size_mib in args.sizes_mib:
@@ -266,6 +277,8 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=64, help="samples per invocation (PackBatchSize)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[100, 1024, 4096])
     parser.add_argument("--skip-cpu", action="store_true", help="only the peak-RSS runs")
+    parser.add_argument("--before", help="another tree's functions/ folder (e.g. `git archive HEAD functions`), "
+                                         "whose packer runs in the same rounds")
     COMMIT, VERSIONS = _commit(), _versions()
     MACHINE = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "gpu": None}
     main(parser.parse_args())

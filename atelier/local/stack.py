@@ -140,7 +140,7 @@ class LocalStack:
     def _start_moto(self) -> str:
         port = _port_or_free(self.options.moto_port)
         self.moto = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "atelier.local.moto_server", "127.0.0.1", str(port)],
             stdout=self.log_path("moto").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         _wait_for_http(f"{url}/moto-api/", self.moto, timeout_s=60)

@@ -7,6 +7,7 @@ same code reaches real AWS or the local stack.
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from typing import Any, Iterator
 import boto3
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, IncompleteReadError
 
 _RETRIES = Config(retries={"max_attempts": 5, "mode": "standard"})
 _serializer = TypeSerializer()
@@ -48,11 +49,14 @@ def transfer_client() -> Any:
 
     On AWS (HTTPS) boto3 already skips payload signing for streaming S3 bodies; plain-HTTP
     endpoints (the local stack) would otherwise hash every byte once more just to sign it.
-    Uploads that carry their own integrity ask for CRC32 explicitly (`ChecksumAlgorithm`).
+    Checksums are computed or validated only when an operation requires one or a caller asks for
+    CRC32 (`checksum=True`): segment and shard bytes are covered end to end by the shard digest
+    instead (docs/pack.md, "Integrity"). `max_pool_connections` keeps a connection per thread.
     """
     config = _RETRIES.merge(Config(s3={"payload_signing_enabled": False},
                                    request_checksum_calculation="when_required",
-                                   response_checksum_validation="when_required"))
+                                   response_checksum_validation="when_required",
+                                   max_pool_connections=16))
     return boto3.client("s3", config=config)
 
 
@@ -316,11 +320,53 @@ def _multipart_call(operation: str, **kwargs: Any) -> dict[str, Any]:
         raise
 
 
-def open_object(bucket: str, key: str, version_id: str = "") -> tuple[int, Any]:
-    """(size, streaming body) of an object, of exactly `version_id` when given."""
+def open_object(bucket: str, key: str, version_id: str = "") -> tuple[int, "Download"]:
+    """(size, stream) of an object, of exactly `version_id` when given."""
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, **({"VersionId": version_id} if version_id else {})}
     response = transfer_client().get_object(**kwargs)
-    return int(response["ContentLength"]), response["Body"]
+    size = int(response["ContentLength"])
+    return size, Download(response["Body"], size)
+
+
+class Download:
+    """An object's body whose `readinto` puts the bytes straight into the caller's buffer.
+
+    botocore's `StreamingBody.readinto` goes through urllib3's, which reads into a new bytes
+    object and copies it over. When an http.client response lies underneath (a real connection;
+    moto's in-process mock has none), it is read directly: socket -> buffer, and the connection
+    goes back to the pool once the body is read whole, as urllib3 does. Use `read` or `readinto`,
+    not both.
+    """
+
+    def __init__(self, body: Any, size: int) -> None:
+        self.body, self.size, self.left = body, size, size
+        raw = getattr(body, "_raw_stream", None)
+        direct = getattr(raw, "_fp", None)
+        self.direct = direct if isinstance(direct, http.client.HTTPResponse) and hasattr(raw, "release_conn") \
+            else None
+
+    def readinto(self, buffer: memoryview) -> int:
+        if self.direct is None:
+            return int(self.body.readinto(buffer))
+        count = self.direct.readinto(buffer[:self.left]) if self.left and len(buffer) else 0
+        if not count and self.left and len(buffer):  # what StreamingBody raises on a short body
+            raise IncompleteReadError(actual_bytes=self.size - self.left, expected_bytes=self.size)
+        self.left -= count
+        if not self.left:
+            self.body._raw_stream.release_conn()
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self.body.read(None if size < 0 else size))
+
+    def close(self) -> None:
+        self.body.close()
+
+    def __enter__(self) -> "Download":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_range(bucket: str, key: str, start: int, end: int, version_id: str = "") -> bytes:
@@ -345,11 +391,35 @@ def create_multipart(bucket: str, key: str, content_type: str, metadata: dict[st
     return str(response["UploadId"])
 
 
-def upload_part(bucket: str, key: str, upload_id: str, number: int, body: bytes,
+class _PartBody:
+    """A part's bytes as the stream botocore sends: reads of a size are views of the caller's buffer,
+    so urllib3 hands them to the socket without a copy (a `bytes` body is copied into a BytesIO and
+    read back a block at a time). Seekable, so a retried request starts again from the top."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.view = memoryview(data)
+        self.position = 0
+
+    def read(self, size: int | None = -1) -> bytes | memoryview:
+        end = len(self.view) if size is None or size < 0 else min(len(self.view), self.position + size)
+        chunk = self.view[self.position:end]
+        self.position = end
+        return chunk if size is not None and size >= 0 else bytes(chunk)  # read(): a whole copy (moto's mock)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.position = max(0, min(len(self.view), offset + (0, self.position, len(self.view))[whence]))
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+
+def upload_part(bucket: str, key: str, upload_id: str, number: int, body: bytes | bytearray,
                 checksum: bool = True) -> dict[str, Any]:
-    """Upload one part; returns its entry for `complete_multipart`."""
+    """Upload one part; returns its entry for `complete_multipart`. `body` is sent from where it
+    lies (no copy) and must not change until this returns."""
     response = _multipart_call("upload_part", Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                               Body=body, **({"ChecksumAlgorithm": "CRC32"} if checksum else {}))
+                               Body=_PartBody(body), **({"ChecksumAlgorithm": "CRC32"} if checksum else {}))
     part = {"PartNumber": number, "ETag": response["ETag"]}
     if checksum:
         part["ChecksumCRC32"] = response["ChecksumCRC32"]

@@ -15,14 +15,13 @@ import json
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from botocore.exceptions import ClientError
 from core import aws, shards
 from core.models import Frozen, Sample
 
 SEGMENT_PREFIX = "segments/"
-READ_CHUNK = 1 << 20
 
 
 class SampleUnavailable(ValueError):
@@ -83,37 +82,67 @@ def index_key_of(segment_key: str) -> str:
 # --- streaming uploads --------------------------------------------------------------------------
 
 class StreamUpload:
-    """Bytes -> one S3 object: one PUT when it stays small, else multipart; about one part in memory."""
+    """Bytes -> one S3 object: one PUT when it stays small, else multipart; one part in memory.
 
-    def __init__(self, bucket: str, key: str, content_type: str, part_bytes: int) -> None:
-        self.bucket, self.key, self.content_type, self.part_bytes = bucket, key, content_type, part_bytes
-        self.chunks: list[bytes] = []
-        self.buffered = 0
+    The part is one preallocated buffer, reused: bytes are copied into it once (a stream's bytes
+    are read straight into it) and a full part is sent from it without another copy.
+    `checksum` asks S3 to check a CRC32 of every request body (docs/pack.md, "Integrity").
+    """
+
+    def __init__(self, bucket: str, key: str, content_type: str, part_bytes: int, checksum: bool = True) -> None:
+        self.bucket, self.key, self.content_type, self.checksum = bucket, key, content_type, checksum
+        self.buffer = bytearray(part_bytes)
+        self.view = memoryview(self.buffer)
+        self.filled = 0  # bytes of the buffer not yet sent
         self.size = 0
         self.upload_id = ""
         self.parts: list[dict[str, Any]] = []
 
     def write(self, data: bytes) -> None:
-        """Take `data` by reference (no copy until the part is sent)."""
-        self.chunks.append(data)
-        self.buffered += len(data)
-        self.size += len(data)
-        if self.buffered >= self.part_bytes:
-            self._flush()
+        source = memoryview(data)
+        while source:
+            taken = min(len(source), len(self.buffer) - self.filled)
+            self.view[self.filled:self.filled + taken] = source[:taken]
+            source = source[taken:]
+            self._advance(taken)
 
-    def _flush(self) -> None:
+    def write_from(self, stream: Any, size: int, observe: Callable[[memoryview], Any] | None = None) -> int:
+        """Read `size` bytes from `stream` (`readinto`) straight into the part; returns how many it had.
+
+        `observe` sees each run of bytes read (a hash), without a copy.
+        """
+        left = size
+        while left:
+            room = self.view[self.filled:self.filled + min(left, len(self.buffer) - self.filled)]
+            count = stream.readinto(room)
+            if not count:
+                break
+            if observe:
+                observe(room[:count])
+            left -= count
+            self._advance(count)
+        return size - left
+
+    def _advance(self, count: int) -> None:
+        self.filled += count
+        self.size += count
+        if self.filled == len(self.buffer):
+            self._flush(self.buffer)  # the buffer itself: sent without a copy, reused once the call returns
+
+    def _flush(self, body: bytes | bytearray) -> None:
         if not self.upload_id:
-            self.upload_id = aws.create_multipart(self.bucket, self.key, self.content_type)
-        body = b"".join(self.chunks)
-        self.chunks, self.buffered = [], 0
-        self.parts.append(aws.upload_part(self.bucket, self.key, self.upload_id, len(self.parts) + 1, body))
+            self.upload_id = aws.create_multipart(self.bucket, self.key, self.content_type, checksum=self.checksum)
+        self.parts.append(aws.upload_part(self.bucket, self.key, self.upload_id, len(self.parts) + 1, body,
+                                          checksum=self.checksum))
+        self.filled = 0
 
     def close(self) -> str:
         """Finish the object; returns its version id."""
+        rest = bytes(self.view[:self.filled])
         if not self.upload_id:
-            return aws.put_bytes(self.bucket, self.key, b"".join(self.chunks), self.content_type)
-        if self.buffered:
-            self._flush()
+            return aws.put_bytes(self.bucket, self.key, rest, self.content_type, checksum=self.checksum)
+        if rest:
+            self._flush(rest)
         return aws.complete_multipart(self.bucket, self.key, self.upload_id, self.parts)
 
     def abort(self) -> None:
@@ -131,7 +160,7 @@ def write_segment(candidates: Iterable[Sample], bucket: str, budget: int, slots:
     empty shard takes any sample). None when not even the first fits.
     """
     key = f"{SEGMENT_PREFIX}{uuid.uuid4().hex}.tar"
-    upload = StreamUpload(bucket, key, "application/x-tar", part_bytes)
+    upload = StreamUpload(bucket, key, "application/x-tar", part_bytes, checksum=False)
     written: list[Sample] = []
     entries: list[SampleEntry] = []
     try:
@@ -164,7 +193,7 @@ def write_segment_of(samples: Iterable[tuple[Sample, bytes]], bucket: str, part_
     """A segment of samples whose stored bytes are already in hand (imports: core.imports), sorted
     by key as the packer sorts its own; the same members, headers and index as `write_segment`."""
     key = f"{SEGMENT_PREFIX}{uuid.uuid4().hex}.tar"
-    upload = StreamUpload(bucket, key, "application/x-tar", part_bytes)
+    upload = StreamUpload(bucket, key, "application/x-tar", part_bytes, checksum=False)
     ordered = sorted(samples, key=lambda pair: pair[0].sha256)
     try:
         entries = [_write_sample(upload, sample, len(data), io.BytesIO(data)) for sample, data in ordered]
@@ -222,16 +251,10 @@ def _write_image(upload: StreamUpload, sample: Sample, size: int, body: Any) -> 
     upload.write(header)
     expected = shards.image_sha256(sample)
     digest = None if _pinned_version(sample) else hashlib.sha256()
-    left = size
     with body:
-        while left:
-            chunk = body.read(min(left, READ_CHUNK))
-            if not chunk:
-                raise SampleUnavailable(sample, f"the object ended {left} bytes early")
-            if digest:
-                digest.update(chunk)
-            upload.write(chunk)
-            left -= len(chunk)
+        copied = upload.write_from(body, size, digest.update if digest else None)
+    if copied < size:
+        raise SampleUnavailable(sample, f"the object ended {size - copied} bytes early")
     if digest and digest.hexdigest() != expected:
         raise SampleUnavailable(sample, f"stored bytes hash to {digest.hexdigest()}, the record says {expected}")
     upload.write(bytes(shards.padding(size)))

@@ -1,0 +1,149 @@
+"""Chaos on the whole local stack: nothing lost, nothing duplicated, every shard intact.
+
+One stack, several seeded runs. In each, 20..40 generated pictures (and a broken file and an exact
+duplicate, both to be quarantined) are uploaded while the workers die at random AWS requests
+(raise, kill -> cold start, stall past the function's Timeout so the runtime's timeout fires
+mid-batch) and deliveries are shuffled, repeated, duplicated late and lose their deletes
+(atelier/local/chaos.py). Then the faults stop, the DLQs are redriven as the runbook says, and once
+the pipeline is quiet `core.audit` must find every upload quarantined or in exactly one sealed,
+byte-exact shard; every shard must read back with tarfile and webdataset; the DLQs must be empty
+but for failed timer ticks (the next tick redoes their work). Timeouts and visibility timeouts are
+a few seconds (property overrides) so a crashed batch comes back quickly; training never starts
+(TrainingQuota 1000). ATELIER_CHAOS_RUNS=N runs more; ATELIER_CHAOS_SEED=S replays a seed's draws
+(the interleaving with real time is not replayed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from atelier import client, dlq
+from atelier.local import traffic
+from atelier.local.chaos import ChaosConfig
+from atelier.local.stack import LocalStack, StackOptions
+from core import audit, aws
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+RUNS = int(os.environ.get("ATELIER_CHAOS_RUNS", "3"))
+SEED = int(os.environ.get("ATELIER_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 31))))
+PARTNER = "chaos"
+OVERRIDES = {"TrainingQuota": "1000", "ShardMaxAgeSeconds": "4", "ShardMaxSamples": "8", "PackBatchSize": "8",
+             "PackBatchWindowSeconds": "1"}
+# Lambda timeouts and visibility timeouts of seconds, not minutes: a crashed batch is back soon.
+PROPERTIES = {"IngestFunction": {"Timeout": 6}, "PackFunction": {"Timeout": 8}, "StartTrainingFunction": {"Timeout": 6},
+              "SweepFunction": {"Timeout": 6}, "UploadsQueue": {"VisibilityTimeout": 8},
+              "PackQueue": {"VisibilityTimeout": 10}}
+REDRIVEN = ("UploadsDLQ", "PackDLQ", "StartTrainingDLQ")  # replayed after the storm (docs/reliability.md)
+TIMER_DLQS = ("PackScheduleDLQ", "SweepScheduleDLQ")  # a failed tick: the next one does its work
+QUIET_S = 180
+
+
+@pytest.fixture(scope="module")
+def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    state = tmp_path_factory.mktemp("chaos")
+    chaos_file = state / "chaos.json"
+    _configure(chaos_file, ChaosConfig())
+    options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0, overrides=OVERRIDES,
+                           property_overrides=PROPERTIES, schedule_scale=0.05, chaos_file=chaos_file)
+    with LocalStack(options) as stack:
+        yield stack
+
+
+@pytest.fixture(autouse=True)
+def stack_env(chaos_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point boto3 at the local stack again (the shared fixtures clear AWS_ENDPOINT_URL*)."""
+    for key, value in chaos_stack.env.items():
+        monkeypatch.setenv(key, value)
+    aws.reset_clients()
+
+
+def test_storms_lose_and_duplicate_nothing(chaos_stack: LocalStack) -> None:
+    stack, outputs = chaos_stack, chaos_stack.outputs
+    chaos_file = stack.options.chaos_file
+    assert chaos_file is not None
+    print(f"chaos seed {SEED} (ATELIER_CHAOS_SEED={SEED} replays the draws), {RUNS} runs")
+    client.add_partner(outputs, PARTNER, ["CC-BY-4.0"], [], "chaos test")
+    began, clock = _utc_now(), time.monotonic()
+    totals: Counter[str] = Counter()
+    for run in range(RUNS):
+        totals += _storm(stack, chaos_file, SEED + run)
+    # THEN over all runs: every upload's fate is sound, every shard reads back, the DLQs are clean
+    report = _audit(outputs, began)
+    assert report.ok, [v.model_dump() for v in report.violations]
+    assert report.pending == [] and report.shards_verified == report.shards > 0
+    assert (report.uploads, report.accepted, report.quarantined) == (totals["uploads"], totals["accepted"],
+                                                                     totals["quarantined"])
+    shards = traffic.sealed(outputs["PipelineTableName"])
+    assert [p for shard in shards for p in traffic.read_back(shard)] == []
+    assert sum(s.samples for s in shards) == totals["accepted"]
+    for name in REDRIVEN + ("DeployDLQ",):
+        assert traffic.receive_all(outputs[f"{name}Url"]) == [], f"{name} is not empty"
+    ticks = [json.loads(m["Body"]) for name in TIMER_DLQS for m in traffic.receive_all(outputs[f"{name}Url"])]
+    assert all(t.get("detail-type") == "Scheduled Event" for t in ticks), "a timer DLQ holds something else"
+    faults = Counter(json.loads(line)["fault"] for line in chaos_file.with_name("chaos.json.log").read_text().splitlines())
+    timeouts = sum(p.read_text(errors="replace").count("Task timed out") for p in (stack.options.state_dir / "logs").glob("*.log"))
+    summary = {"test": "chaos", "seed": SEED, "runs": RUNS, "seconds": round(time.monotonic() - clock, 1),
+               "uploads": report.uploads, "accepted": report.accepted, "quarantined": report.quarantined,
+               "shards": report.shards, "lost": sum(v.kind == "lost" for v in report.violations),
+               "duplicated": sum(v.kind == "duplicated" for v in report.violations),
+               "faults": dict(sorted(faults.items())), "faults_total": sum(faults.values()),
+               "runtime_timeouts": timeouts, "dlq_redriven": totals["redriven"], "timer_dlq_ticks": len(ticks)}
+    print(json.dumps(summary))
+    assert faults["raise"] + faults["kill"] + faults["stall"] > 0 and faults["duplicate"] > 0
+    assert timeouts >= faults["stall"]  # every stall ended in the runtime's timeout
+
+
+def _storm(stack: LocalStack, chaos_file: Path, seed: int) -> Counter[str]:
+    """One run: uploads under faults, then calm, redrive and quiet; its audit must be clean."""
+    outputs, rng = stack.outputs, random.Random(seed)
+    # GIVEN faults at every boundary
+    _configure(chaos_file, ChaosConfig(
+        enabled=True, seed=seed, crash_rate=0.35, max_call=rng.randint(4, 24), shuffle=True, redeliver_rate=0.15,
+        duplicate_rate=0.1, max_delay_s=4, lose_delete_rate=0.1))
+    began = _utc_now()
+    good = traffic.uploads(PARTNER, rng.randint(20, 40), seed, sidecar_share=0.3)
+    bad = [traffic.Upload(f"{PARTNER}/{seed}/broken.jpg", b"not a picture at all"),
+           traffic.Upload(f"{PARTNER}/{seed}/copy-of-first.{good[0].key.rsplit('.', 1)[1]}", good[0].body)]
+    # WHEN they are uploaded and the storm has run its course
+    for upload in good + bad:
+        traffic.put(outputs["UploadsBucketName"], upload)
+    queues = [outputs["UploadsQueueUrl"], outputs["PackQueueUrl"]]
+    traffic.wait_until(lambda: traffic.queue_depth(queues) == 0, QUIET_S, check=stack.check)
+    _configure(chaos_file, ChaosConfig(enabled=False, seed=seed))
+    redriven = sum(dlq.redrive(dlq.lookup(outputs, name), limit=10_000).moved for name in REDRIVEN)
+    quiet = traffic.wait_until(lambda: traffic.queue_depth(queues) == 0 and not _audit(outputs, began, False).pending,
+                               QUIET_S, check=stack.check)
+    # THEN every upload is quarantined or in exactly one sound shard
+    report = _audit(outputs, began)
+    assert quiet, f"seed {seed}: still pending after {QUIET_S} s: {[p.model_dump() for p in report.pending]}"
+    assert report.ok, f"seed {seed}: {[v.model_dump() for v in report.violations]}"
+    assert (report.uploads, report.accepted, report.quarantined) == (len(good) + 2, len(good), 2), f"seed {seed}"
+    return Counter(uploads=report.uploads, accepted=report.accepted, quarantined=report.quarantined,
+                   redriven=redriven)
+
+
+def _audit(outputs: dict[str, str], since: datetime, verify_bytes: bool = True) -> audit.Report:
+    targets = audit.Targets(outputs["UploadsBucketName"], outputs["DataBucketName"], outputs["PipelineTableName"])
+    return audit.gather(targets, since, _utc_now() + timedelta(minutes=5), grace_s=3600, verify_bytes=verify_bytes)
+
+
+def _configure(chaos_file: Path, config: ChaosConfig) -> None:
+    """Replace the chaos file at once (the workers read it whenever it changes)."""
+    partial = chaos_file.with_suffix(".tmp")
+    partial.write_text(json.dumps(asdict(config)))
+    partial.replace(chaos_file)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc) - timedelta(seconds=1)  # S3 LastModified has whole seconds
