@@ -11,14 +11,18 @@ data-wait timing (`trainer.health.Window`).
 
 Configurations (`--configs`, comma-separated, run in order in this one process):
 - `image512`, `image256`: image shards, VAE and text encoder online.
-- `latent512`, `latent256`: "unet-only, latents resident": precomputed-latent batches already on
-  the GPU (random latents, `batch["latents"]`, the trainer's latent path in diffusion_loss), text
-  encoder online. It is the upper bound a latent-shard reader must reach, NOT a latent-shard figure
-  (the trainer has no latent-shard reader yet).
+- `latent512`, `latent256`: latent shards written by trainer/encode.py (`--encode 512,256` first
+  encodes the image shards with the same models and reports `train.encode_img_per_s_<res>`), read
+  through the trainer's loader; the UNet and the text encoder (on the stored token ids) run.
+- `resident512`, `resident256`: "unet-only, latents resident": random latents already on the GPU
+  (`batch["latents"]`), no loader; the upper bound of the latent-shard path.
 - levers on a base config, measured one at a time: `<base>+cl` (channels_last UNet),
-  `<base>+fused` (fused AdamW), `<base>+b<N>` (batch N), `<base>+compile` (torch.compile of the UNet),
-  combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` measured
-  earlier in the same process.
+  `<base>+fused` (fused AdamW), `<base>+b<N>` (batch N), `<base>+compile` (torch.compile of the UNet,
+  as `trainer.train --compile`), `<base>+cudnn` (cudnn.benchmark), combinations joined with `+`.
+  Each lever line carries `ratio_vs_plain` against `<base>` measured earlier in the same process.
+- `--profile NAME,...`: after those configurations' timed steps, 3 more under torch.profiler; a
+  `train.profile.<name>` line gives the top CUDA kernels and the shares of attention, convolution,
+  matmul, normalisation, elementwise and optimizer kernels.
 
 The first configuration also gives `train.first_step_s`: process start to the first optimizer step,
 with the same setup order as trainer.train.main (models built, moved to the GPU, optimizer, EMA,
@@ -132,19 +136,60 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 # ---------------------------------------------------------------- the step
 
 
+SOURCES = ("image", "latent", "resident")
+LEVERS = ("cl", "fused", "compile", "cudnn")
+
+
 def parse_config(name: str) -> dict:
     """'latent512+fused+b64' -> source, resolution, levers."""
     base, *levers = name.split("+")
-    source = "image" if base.startswith("image") else "latent"
+    source = next(source for source in SOURCES if base.startswith(source))
     config = {"name": name, "base": base, "source": source, "resolution": int(base[len(source):]),
               "channels_last": "cl" in levers, "fused_adamw": "fused" in levers, "compile": "compile" in levers,
-              "batch": None}
+              "cudnn_benchmark": "cudnn" in levers, "batch": None}
     for lever in levers:
         if lever.startswith("b") and lever[1:].isdigit():
             config["batch"] = int(lever[1:])
-        elif lever not in ("cl", "fused", "compile"):
+        elif lever not in LEVERS:
             raise ValueError(f"unknown lever {lever!r} in {name!r}")
     return config
+
+
+KERNEL_KINDS = [  # (kind, substrings of a CUDA kernel's name), first match wins
+    ("attention", ("flash", "fmha", "attention", "sdpa", "mha")),
+    ("optimizer", ("adam", "foreach", "multi_tensor", "lerp", "norm_kernel_launcher")),
+    ("normalization", ("group_norm", "groupnorm", "layer_norm", "layernorm", "native_norm", "welford", "batch_norm")),
+    ("convolution", ("conv", "implicit", "dgrad", "wgrad", "fprop", "cudnn", "winograd", "xmma_fprop")),
+    ("matmul", ("gemm", "cutlass", "matmul", "sm90_xmma", "nvjet", "cublas")),
+    ("triton (fused elementwise/norm)", ("triton",)),
+    ("elementwise", ("elementwise", "vectorized", "reduce", "copy", "fill", "cat", "index", "unrolled")),
+]
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in lowered for mark in marks)), "other")
+
+
+def profile_summary(profiler, steps: int) -> dict:
+    """Top CUDA kernels and the share of each kind of kernel, per step."""
+    kernels = {}
+    for event in profiler.events():
+        if event.device_type.name == "CUDA":  # a kernel (or memcpy/memset) on the GPU
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time_total  # microseconds
+    if not kernels:  # older event layouts: the self device time of every op
+        for event in profiler.key_averages():
+            if event.self_device_time_total > 0:
+                kernels[event.key] = kernels.get(event.key, 0.0) + event.self_device_time_total
+    total = sum(kernels.values()) or 1.0
+    shares = {}
+    for name, micros in kernels.items():
+        shares[kernel_kind(name)] = shares.get(kernel_kind(name), 0.0) + micros / total
+    top = sorted(kernels.items(), key=lambda item: -item[1])[:12]
+    return {"gpu_ms_per_step": round(total / 1000 / steps, 1),
+            "kind_share": {kind: round(share, 3) for kind, share in sorted(shares.items(), key=lambda item: -item[1])},
+            "top_kernels": [{"name": name[:90], "ms_per_step": round(micros / 1000 / steps, 2),
+                             "share": round(micros / total, 3), "kind": kernel_kind(name)} for name, micros in top]}
 
 
 def resident_latents(models, batch: int, resolution: int, device, pool: int = 4):
@@ -155,8 +200,23 @@ def resident_latents(models, batch: int, resolution: int, device, pool: int = 4)
     number = 0
     while True:
         yield {"latents": tensors[number % pool], "caption": [CAPTIONS[(number + i) % len(CAPTIONS)] for i in range(batch)],
-               "corrupt": [], "shard": []}
+               "key": [str(i) for i in range(batch)], "corrupt": [], "shard": []}
         number += 1
+
+
+def latent_batches(ctx: dict, resolution: int, plan, batch_plan_args) -> "StepBatches":
+    """The trainer's own latent-shard loader over the shards `--encode` wrote at this resolution."""
+    from trainer.data import BatchPlan, StepBatches, index_shards
+    from trainer.encode import check_latent_shards
+    from trainer.models import caption_ids
+    models, processes = ctx["models"], ctx["processes"]
+    key = f"latent_index_{resolution}"
+    if key not in ctx:
+        ctx[key] = index_shards(ctx["latent_dirs"][resolution], processes.local_rank, processes.local_world_size)
+        check_latent_shards(ctx[key], models, {resolution})  # as trainer.train does (hashes the VAE and text encoder)
+    index = ctx[key]
+    batch_plan = BatchPlan(index.aspect, plan, *batch_plan_args, models.size_multiple, True)
+    return StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False, caption_ids(models, [""])[0].numpy())
 
 
 def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: dict, first: bool) -> dict:
@@ -178,9 +238,10 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     if config["channels_last"]:
         unet.to(memory_format=torch.channels_last)
     model = distributed.wrap(unet, processes, "ddp")
-    if config["compile"]:
-        model = torch.compile(model)
-    plan = plan_from_args(None, warmup + steps, batch, resolution, None, 0, models.default_resolution)
+    torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
+    step_model = torch.compile(model, dynamic=False) if config["compile"] else model  # as trainer.train --compile
+    profile_steps = 3 if config["name"] in ctx["profile"] else 0
+    plan = plan_from_args(None, warmup + steps + profile_steps, batch, resolution, None, 0, models.default_resolution)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=True if config["fused_adamw"] else None)
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(unet.named_parameters(), 0.9999)
@@ -194,17 +255,23 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
         batch_plan = BatchPlan(index.aspect, plan, args.seed, processes.rank, 1, models.size_multiple, True)
         dataset = StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False)
         loader_iter = batches = iter(make_loader(dataset, args.num_workers))
+    elif config["source"] == "latent":
+        dataset = latent_batches(ctx, resolution, plan, (args.seed, processes.rank, 1))
+        loader_iter = batches = iter(make_loader(dataset, args.num_workers))
     else:
         batches = resident_latents(models, batch, resolution, device)
     if first:
         ctx["marks"]["loader_started"] = time.time() - PROCESS_START
 
     step_times, skipped, window = [], 0, Window()
-    window_timed = None
+    figures, profiler = None, None
     for step in range(1, plan.total_steps + 1):
         if step == warmup + 1:
             window = Window()  # the timed steps only
-            window_timed = window
+        if step == warmup + steps + 1:  # the profiled steps, after the timed ones
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         started = time.perf_counter()
         # ---- trainer.train.main's step, gradient_accumulation = 1
         step_loss = torch.zeros((), device=device)
@@ -212,10 +279,10 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
         if first and step == 1:
             ctx["marks"]["first_batch"] = time.time() - PROCESS_START
         with distributed.gradient_sync(model, True):
-            loss = diffusion_loss(model, models, batch_data, device, step_generator(args.seed, step, processes.rank, 0, device))
+            loss = diffusion_loss(step_model, models, batch_data, device, step_generator(args.seed, step, processes.rank, 0, device))
             loss.backward()
         step_loss += loss.detach()
-        window.images += len(batch_data["caption"]) * processes.world_size
+        window.images += len(batch_data["key"]) * processes.world_size
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0))
         if distributed.all_finite(step_loss, grad_norm):
             optimizer.step()
@@ -230,14 +297,20 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
         elapsed = time.perf_counter() - started  # the step ends in host syncs (.item()), so this is its wall time
         if first and step == 1:
             ctx["marks"]["first_step"] = time.time() - PROCESS_START
-        if step > warmup:
+        if warmup < step <= warmup + steps:
             step_times.append(elapsed)
+        if step == warmup + steps:
+            figures = window.figures(window.loss_sum.item() / max(window.good_steps, 1))
         if step == 1 or step == warmup or step == plan.total_steps:
             note(config=config["name"], step=step, step_s=round(elapsed, 3), loss=round(loss.item(), 4))
-    figures = window_timed.figures(window_timed.loss_sum.item() / max(window_timed.good_steps, 1))
+    profile = None
+    if profiler is not None:
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        profiler.__exit__(None, None, None)
+        profile = profile_summary(profiler, profile_steps)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
-    del optimizer, lr_schedule, ema, batches, loader_iter, model
+    del optimizer, lr_schedule, ema, batches, loader_iter, model, step_model, profiler
     if config["channels_last"]:
         unet.to(memory_format=torch.contiguous_format)
     if config["compile"]:
@@ -250,7 +323,8 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
             "img_per_s": round(batch / median, 2), "img_per_s_window_mean": figures["img_per_s"],
             "data_wait_share": figures["data_wait_share"], "peak_gpu_mem_gib": round(peak_gib, 2) if peak_gib else None,
             "timed_steps": len(step_times), "warmup_steps": warmup, "skipped_steps": skipped,
-            "step_s_min_max": [round(min(step_times), 4), round(max(step_times), 4)], "loss": figures["loss"]}
+            "step_s_min_max": [round(min(step_times), 4), round(max(step_times), 4)], "loss": figures["loss"],
+            "profile": profile}
 
 
 # ---------------------------------------------------------------- main
@@ -280,6 +354,7 @@ def commit() -> str:
 
 
 def main() -> None:
+    global PROCESS_START
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="/tmp/bench-shards")
     parser.add_argument("--make-shards", type=int, default=0, help="write this many synthetic 512-px JPEG samples first")
@@ -297,6 +372,10 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=1e9, help="seconds after process start; later configs are skipped")
     parser.add_argument("--compile-needs", type=float, default=150, help="seconds a compile config needs before the deadline")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
+    parser.add_argument("--encode", default="", help="resolutions to encode the image shards at first (trainer/encode.py)")
+    parser.add_argument("--latent-dir", default="/tmp/bench-latents")
+    parser.add_argument("--encode-batch", type=int, default=32)
+    parser.add_argument("--profile", default="", help="configurations to profile (3 steps after the timed ones)")
     args = parser.parse_args()
 
     if args.make_shards:
@@ -305,8 +384,7 @@ def main() -> None:
         note(event="shards", samples=args.make_shards, seconds=round(time.time() - made, 1))
         if not args.configs:
             return
-        global PROCESS_START  # first_step_s counts from here: shard making is the benchmark's, not the trainer's
-        PROCESS_START = time.time()
+        PROCESS_START = time.time()  # first_step_s counts from here: shard making is the benchmark's, not the trainer's
 
     import torch
 
@@ -329,7 +407,8 @@ def main() -> None:
     common = {"commit": commit(), "machine": machine, "versions": versions(), "model_config": args.model_config,
               "unet_params_m": round(params / 1e6, 1), "precision": "bf16 autocast, fp32 weights/AdamW/EMA",
               "num_workers": args.num_workers, "ema": True, "attention": "SDPA (diffusers AttnProcessor2_0)"}
-    ctx = {"args": args, "models": models, "processes": processes, "device": device, "marks": marks}
+    ctx = {"args": args, "models": models, "processes": processes, "device": device, "marks": marks,
+           "profile": set(filter(None, args.profile.split(","))), "latent_dirs": {}}
     batch_default = {512: args.batch_512, 256: args.batch_256, 1024: 8, 64: 4, 32: 8, 128: 8, 16: 8}
     plain: dict[str, float] = {}
     lines = []
@@ -341,6 +420,27 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as out:
                 out.write(text + "\n")
+
+    for resolution in [int(r) for r in args.encode.split(",") if r]:
+        from trainer.encode import encode_shards, models_identity
+        started = time.time()
+        identity = ctx.get("identity") or models_identity(models)
+        hashed = time.time() - started
+        ctx["identity"] = identity
+        summary = encode_shards(args.shards, args.latent_dir, models, resolution, device, args.encode_batch,
+                                args.num_workers, True, identity)
+        ctx["latent_dirs"][resolution] = summary["dir"]
+        rate = summary["samples_encoded"] / max(summary["seconds"], 1e-9)
+        line = {"metric": f"train.encode_img_per_s_{resolution}", "value": round(rate, 1), "unit": "img/s",
+                "config": {"samples": summary["samples_encoded"], "shards": summary["shards_written"],
+                           "seconds": summary["seconds"], "identity_hash_s": round(hashed, 1), "batch": args.encode_batch,
+                           "num_workers": args.num_workers, "corrupt": len(summary["corrupt"]), "vae": "bf16, eager",
+                           "note": "trainer.encode.encode_shards: decode + bucket crop (loader workers), VAE encoder, "
+                                   "tokenizer, safetensors + tar writing"}, **common}
+        if resolution in VAE_TFLOP:
+            line["vae_tflop_per_s"] = round(rate * VAE_TFLOP[resolution], 1)
+        emit(line)
+        PROCESS_START += time.time() - started  # the encode job is its own job: first_step_s leaves it out
 
     for number, name in enumerate(args.configs.split(",")):
         config = parse_config(name)
@@ -361,10 +461,7 @@ def main() -> None:
         resolution = result["resolution"]
         unet_tflop = UNET_TFLOP.get(resolution)
         line = {"metric": f"train.config.{name}", "value": result["img_per_s"], "unit": "img/s"}
-        goal = GOALS.get((config["source"], resolution))
         is_plain = config["name"] == config["base"]
-        if goal and is_plain:
-            line["metric"], line["goal"] = goal
         if is_plain:
             plain[config["base"]] = result["img_per_s"]
         elif config["base"] in plain:
@@ -378,12 +475,20 @@ def main() -> None:
             if config["source"] == "image" and resolution in VAE_TFLOP:
                 with_vae = result["img_per_s"] * (unet_tflop + VAE_TFLOP[resolution])
                 line["mfu_989_incl_vae"] = round(with_vae / PEAK_SPEC, 4)
-        line["config"] = {"name": name, "source": config["source"] if config["source"] == "image"
-                          else "unet-only, latents resident (random latents on the GPU; NOT latent shards)",
+        source_label = {"image": "image shards, VAE + text encoder online",
+                        "latent": "latent shards (trainer/encode.py) through the trainer's loader; text encoder online on stored ids",
+                        "resident": "unet-only, latents resident (random latents on the GPU; NOT latent shards)"}[config["source"]]
+        profile = result.pop("profile")
+        line["config"] = {"name": name, "source": source_label,
                           "channels_last": config["channels_last"], "fused_adamw": config["fused_adamw"],
-                          "torch_compile": config["compile"], **result, "config_wall_s": round(time.time() - started, 1)}
+                          "torch_compile": config["compile"], "cudnn_benchmark": config["cudnn_benchmark"], **result,
+                          "config_wall_s": round(time.time() - started, 1)}
         line.update(common)
         emit(line)
+        if profile:
+            emit({"metric": f"train.profile.{name}", "value": profile["gpu_ms_per_step"], "unit": "GPU ms/step (kernels)",
+                  "config": {"name": name, "batch": result["batch"], "profiled_steps": 3}, **profile,
+                  "commit": common["commit"], "machine": machine})
         if number == 0:
             emit({"metric": "train.first_step_s", "value": round(marks["first_step"], 1), "unit": "s", "goal": 45,
                   "config": {"name": name, "phases_s": {k: round(v, 1) for k, v in marks.items()},
@@ -391,6 +496,13 @@ def main() -> None:
             emit({"metric": "train.data_wait_share", "value": result["data_wait_share"], "unit": "share of step time",
                   "goal": 0.005, "config": {"name": name, "num_workers": args.num_workers, "batch": result["batch"],
                                             "timed_steps": result["timed_steps"]}, **common})
+    # each goal's figure: the fastest configuration of its source and resolution in this run
+    for (source, resolution), (metric, goal) in GOALS.items():
+        candidates = [line for line in lines if line.get("value") and line["metric"].startswith("train.config.")
+                      and parse_config(line["config"]["name"])["source"] == source and line["config"]["resolution"] == resolution]
+        if candidates:
+            best = max(candidates, key=lambda line: line["value"])
+            emit({**best, "metric": metric, "goal": goal, "best_of": [line["config"]["name"] for line in candidates]})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))
 
 

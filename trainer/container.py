@@ -8,7 +8,8 @@ with several hosts, the first host leading the rendezvous). A failure's reason g
 trainer wrote there itself is kept) and the exit status is 1. With the hyperparameter `task=evaluate`
 (absent or `train`: training), `train` runs trainer.evaluate instead, in this process, with the other
 hyperparameters as its arguments: a SageMaker training job that scores a candidate model and writes
-<root>/model/evaluation.json. `serve` answers /ping and /invocations with the pipeline in <root>/model.
+<root>/model/evaluation.json. With `task=encode`, trainer.encode turns the `train` channel's image
+shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig uploads them to S3). `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 <root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
 With several hosts, $ATELIER_MASTER_ADDR and $ATELIER_MASTER_PORT, when set, replace the first host's
@@ -27,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from trainer import evaluate, serve, train
+from trainer import encode, evaluate, serve, train
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
-TASKS = ("train", "evaluate")  # the `task` hyperparameter
+TASKS = ("train", "evaluate", "encode")  # the `task` hyperparameter
 
 
 def opt_ml() -> Path:
@@ -64,7 +65,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
 
 
 def job_task(root: Path) -> str:
-    """The `task` hyperparameter: `train` (also when absent) or `evaluate`."""
+    """The `task` hyperparameter: `train` (also when absent), `evaluate` or `encode`."""
     task = read_json(root / "input" / "config" / "hyperparameters.json", {}).get("task", "train")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: the hyperparameter `task` is one of {', '.join(TASKS)}")
@@ -128,6 +129,9 @@ def run_job(root: Path) -> None:
     task = job_task(root)
     if task == "evaluate":
         evaluate.main(parse_quietly(evaluate.parse_args, hyperparameter_argv(root)))
+    elif task == "encode":  # latent shards go where CheckpointConfig uploads them (trainer/encode.py)
+        argv = ["--output-dir", str(root / "checkpoints" / "latents"), *hyperparameter_argv(root)]
+        encode.main(parse_quietly(encode.parse_args, argv))
     else:
         run_training(root)
 

@@ -30,6 +30,14 @@ How batches are drawn (BRIA's strategy, with nothing to save for resuming):
   seeded generator, so still deterministic), reported in the batch's `corrupt` list and never
   stops the job.
 
+Latent shards (trainer/encode.py writes them): the same samples with `<key>.latents.safetensors`
+(the VAE's posterior parameters for the sample's bucket and centred crop at one resolution, its
+SDXL time ids, and in the header the encoder identity, resolution and bucket), `<key>.ids.npy` (the
+caption's token ids, one row per text encoder) and `<key>.json` instead of the image and caption. A
+shard's kind follows from its members' extensions; a latent sample's bucket is the one it was encoded
+for, and a latent batch carries `latent_dist` and `input_ids` where an image batch carries
+`pixel_values` and `caption` (trainer/objective.py takes either).
+
 Exclusions and draws (docs/provenance.md): the job's manifest (`--manifest`, the `manifest` channel)
 may list per shard the samples to leave out (revoked, or no longer licensed for this use). They are
 dropped while indexing, before their records are read, so no batch and no replacement can hold
@@ -40,6 +48,7 @@ them; the shards themselves stay as packed (immutable, their digests valid). Eac
 import io
 import json
 import re
+import struct
 import tarfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageOps
+from safetensors.torch import load as load_safetensors
 from torch.utils.data import DataLoader, Dataset
 from wids.wids import IndexedTarSamples, splitname
 from wids.wids_mmtar import MMIndexedTar
@@ -57,6 +67,7 @@ from trainer.buckets import assign_buckets, bucket_sizes, cover_and_crop
 from trainer.stages import RunPlan
 
 IMAGE_MEMBERS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}  # extension -> Pillow format
+LATENT_MEMBER, IDS_MEMBER = "latents.safetensors", "ids.npy"  # a latent shard's sample (trainer/encode.py)
 MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
 UNKNOWN = "unknown"  # the partner or license of a sample whose record names none (img2dataset's)
 
@@ -83,9 +94,15 @@ class ShardIndex:
     aspect: np.ndarray  # float64: width / height
     problems: list[str] = field(default_factory=list)  # samples left out, and why
     excluded: int = 0  # samples the manifest's exclusion list left out (never read)
+    encodings: frozenset = frozenset()  # latent shards: the (encoder identity, resolution) pairs they hold
 
     def __len__(self) -> int:
         return len(self.key)
+
+    @property
+    def latent(self) -> bool:
+        """Whether these are latent shards (trainer/encode.py) rather than image shards."""
+        return bool(self.encodings)
 
 
 def find_shards(channel_dir: str | Path) -> list[str]:
@@ -121,17 +138,20 @@ def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size:
     shards = find_shards(channel_dir)
     split_shards = len(shards) >= local_world_size
     mine = shards[local_rank::local_world_size] if split_shards else shards
-    rows, problems, excluded = [], [], 0
+    rows, problems, excluded, encodings = [], [], 0, set()
     for number, path in enumerate(mine):
-        shard_rows, shard_problems, skipped = _scan(path, frozenset((exclude or {}).get(shard_id_of(path), ())))
+        shard_rows, shard_problems, skipped, shard_encodings = _scan(path, frozenset((exclude or {}).get(shard_id_of(path), ())))
         rows += [(number, *row) for row in shard_rows]
         problems += shard_problems
         excluded += skipped
+        encodings |= shard_encodings
     if not split_shards:
         rows = rows[local_rank::local_world_size]
     if not rows:
         raise NoShardsError(f"no readable samples in {len(mine)} shard(s) under {channel_dir} for local rank {local_rank}"
                             + (f"; problems: {problems[:5]}" if problems else ""))
+    if None in encodings and len(encodings) > 1:
+        raise NoShardsError(f"{channel_dir} mixes image shards and latent shards; a channel holds one kind")
     columns = list(zip(*rows))
     return ShardIndex(
         shards=mine,
@@ -141,6 +161,7 @@ def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size:
         aspect=np.array(columns[3], dtype=np.float64),
         problems=problems,
         excluded=excluded,
+        encodings=frozenset(encodings - {None}),
     )
 
 
@@ -150,23 +171,24 @@ def scan_shard(path: str, exclude: Collection[str] = frozenset()) -> tuple[list[
     wids reads only the tar headers; then only each sample's JSON record is read (and the image
     header of a sample whose record gives no size). Samples keyed in `exclude` are not read at all.
     """
-    rows, problems, _ = _scan(path, frozenset(exclude))
+    rows, problems, _, _ = _scan(path, frozenset(exclude))
     return rows, problems
 
 
-def _scan(path: str, exclude: frozenset[str]) -> tuple[list[tuple[int, str, float]], list[str], int]:
-    """scan_shard's rows and problems, and how many samples `exclude` left out."""
+def _scan(path: str, exclude: frozenset[str]) -> tuple[list[tuple[int, str, float]], list[str], int, set]:
+    """scan_shard's rows and problems, how many samples `exclude` left out, and the shard's encodings
+    ((identity, resolution) of its latent samples; None for image samples)."""
     name = Path(path).name
     try:
         shard = IndexedTarSamples(path=path)
     except Exception as error:  # noqa: BLE001 - wids raises struct.error, ValueError, ... for a tar it cannot walk
         # e.g. a shard cut off inside a tar header: wids indexes all of a shard or none of it
-        return [], [f"{name}: wids cannot index it ({type(error).__name__}: {error})"], 0
+        return [], [f"{name}: wids cannot index it ({type(error).__name__}: {error})"], 0, set()
     tar = shard.reader  # wids' MMIndexedTar: (name, header offset, size) of each member over the mapped shard
     try:
         if len(tar.by_name) != len(tar.by_index):  # wids numbers members by unique name but reads them by position
-            return [], [f"{name}: repeated member names, which wids would pair with the wrong members"], 0
-        rows, problems, skipped = [], [], 0
+            return [], [f"{name}: repeated member names, which wids would pair with the wrong members"], 0, set()
+        rows, problems, skipped, encodings = [], [], 0, set()
         for number, members in enumerate(shard.samples):
             if exclude and splitname(tar.by_index[members[0]][0])[0] in exclude:  # the key, from the header alone
                 skipped += 1
@@ -175,14 +197,19 @@ def _scan(path: str, exclude: frozenset[str]) -> tuple[list[tuple[int, str, floa
             if isinstance(row, str):
                 problems.append(f"{name}/{row}")
             else:
-                rows.append((number, *row))
-        return rows, problems, skipped
+                key, aspect, encoding = row
+                rows.append((number, key, aspect))
+                encodings.add(encoding)
+        return rows, problems, skipped, encodings
     finally:
         shard.close()
 
 
-def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float] | str:
-    """(key, aspect) of one sample from its members in wids' index, or what is wrong with it."""
+def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float, tuple[str, int] | None] | str:
+    """(key, aspect, encoding) of one sample from its members in wids' index, or what is wrong with it.
+
+    A latent sample's aspect is its bucket's and its encoding (identity, resolution) comes from its
+    safetensors header; an image sample's encoding is None."""
     spans = {}
     for member in members:
         member_name, offset, size = tar.by_index[member]
@@ -190,6 +217,14 @@ def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float] | str
         if offset + tarfile.BLOCKSIZE + size > len(tar.mmapped_file):  # wids indexes a member the shard ends inside
             return f"{member_name}: cut off (the shard ends inside it)"
         spans[extension[1:].lower()] = member
+    if LATENT_MEMBER in spans:
+        if IDS_MEMBER not in spans:
+            return f"{key}: needs {IDS_MEMBER} beside {LATENT_MEMBER}; has {sorted(spans)}"
+        header = latent_header(tar.get_at_index(spans[LATENT_MEMBER])[1])
+        if header is None:
+            return f"{key}.{LATENT_MEMBER}: no readable header with encoder, resolution and bucket"
+        (width, height), encoding = header
+        return key, width / height, encoding
     image_extension = next((extension for extension in IMAGE_MEMBERS if extension in spans), None)
     if image_extension is None or "txt" not in spans:
         return f"{key}: needs an image (jpg/png/webp) and a txt member; has {sorted(spans)}"
@@ -197,7 +232,18 @@ def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float] | str
     aspect = aspect_from_metadata(record) or aspect_from_header(tar.get_at_index(spans[image_extension])[1], image_extension)
     if aspect is None:
         return f"{key}.{image_extension}: not a readable {IMAGE_MEMBERS[image_extension]} image"
-    return key, aspect
+    return key, aspect, None
+
+
+def latent_header(data: bytes) -> tuple[tuple[int, int], tuple[str, int]] | None:
+    """((bucket width, height), (encoder identity, resolution)) from a latents member's safetensors header."""
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        metadata = json.loads(bytes(data[8:8 + length]))["__metadata__"]
+        width, height = (int(side) for side in metadata["bucket"].split("x"))
+        return (width, height), (metadata["encoder"], int(metadata["resolution"]))
+    except (struct.error, ValueError, KeyError, TypeError):
+        return None
 
 
 def aspect_from_metadata(record: bytes | None) -> float | None:
@@ -233,6 +279,16 @@ def aspect_from_header(data: bytes, extension: str) -> float | None:
 # ---------------------------------------------------------------- plan
 
 
+def buckets_of(aspects: np.ndarray, resolution: int, size_multiple: int, aspect_buckets: bool) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """(bucket sizes at `resolution`, each sample's bucket); one centred square without aspect buckets."""
+    if not aspect_buckets:
+        if resolution % size_multiple:
+            raise ValueError(f"resolution {resolution} is not a multiple of {size_multiple}, the model's size multiple")
+        return [(resolution, resolution)], np.zeros(len(aspects), dtype=np.int64)
+    sizes = bucket_sizes(resolution, size_multiple)
+    return sizes, assign_buckets(aspects, sizes)
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where one micro-batch sits in its process's stream."""
@@ -256,13 +312,7 @@ class BatchPlan:
     @lru_cache(maxsize=8)
     def stage_buckets(self, stage: int) -> tuple[list[tuple[int, int]], np.ndarray]:
         """The stage's bucket sizes and each sample's bucket."""
-        resolution = self.plan.stages[stage].resolution
-        if not self.aspect_buckets:
-            if resolution % self.size_multiple:
-                raise ValueError(f"resolution {resolution} is not a multiple of {self.size_multiple}, the model's size multiple")
-            return [(resolution, resolution)], np.zeros(len(self.aspects), dtype=np.int64)
-        sizes = bucket_sizes(resolution, self.size_multiple)
-        return sizes, assign_buckets(self.aspects, sizes)
+        return buckets_of(self.aspects, self.plan.stages[stage].resolution, self.size_multiple, self.aspect_buckets)
 
     @lru_cache(maxsize=4)
     def epoch_batches(self, stage: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -304,11 +354,17 @@ class StepBatches(Dataset):
     """Item i is micro-batch i of the steps from `first_step` to `last_step`: a dict of tensors and lists."""
 
     def __init__(self, index: ShardIndex, plan: BatchPlan, first_step: int, last_step: int, caption_dropout: float,
-                 random_crop: bool):
+                 random_crop: bool, empty_ids: np.ndarray | None = None):
+        if index.latent and random_crop:
+            raise ValueError("--random-crop needs image shards: a latent shard holds one (centred) crop per sample")
+        if index.latent and not plan.aspect_buckets and not np.all(index.aspect == 1.0):
+            raise ValueError("latent shards encoded with aspect buckets need --aspect-buckets true")
+        if index.latent and caption_dropout and empty_ids is None:
+            raise ValueError("caption dropout on latent shards needs the token ids of the empty caption")
         self.index, self.plan = index, plan
         self.first_step, self.last_step = first_step, last_step
-        self.caption_dropout, self.random_crop = caption_dropout, random_crop
-        self._shards: dict[int, IndexedTarSamples] = {}  # shard number -> wids' reader, opened per process
+        self.caption_dropout, self.random_crop, self.empty_ids = caption_dropout, random_crop, empty_ids
+        self.reader = ShardReader(index)
 
     def __len__(self) -> int:
         return max(0, self.last_step - self.first_step + 1) * self.plan.accumulation
@@ -316,9 +372,6 @@ class StepBatches(Dataset):
     def __getitem__(self, item: int) -> dict:
         step, micro = divmod(item, self.plan.accumulation)
         return self.batch(self.first_step + step, micro)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_shards": {}}  # mapped shards do not cross into spawned workers
 
     def batch(self, step: int, micro: int) -> dict:
         slot = self.plan.slot(step, micro)
@@ -334,10 +387,11 @@ class StepBatches(Dataset):
                     row = rng.choice(slot.bucket_members)
             else:
                 raise CorruptSample(f"{MAX_REPLACEMENTS} unreadable samples in a row in bucket {slot.bucket}: {corrupt[-3:]}")
+        inputs = ("latent_dist", "input_ids") if self.index.latent else ("pixel_values",)
         return {
-            "pixel_values": torch.stack([sample["pixel_values"] for sample in samples]),
+            **{name: torch.stack([sample[name] for sample in samples]) for name in inputs},
             "time_ids": torch.tensor([sample["time_ids"] for sample in samples], dtype=torch.float32),
-            "caption": [sample["caption"] for sample in samples],
+            **({} if self.index.latent else {"caption": [sample["caption"] for sample in samples]}),
             "key": [sample["key"] for sample in samples],
             "shard": [sample["shard"] for sample in samples],
             "source": [sample["source"] for sample in samples],  # (partner, license): the trainer counts draws
@@ -348,33 +402,46 @@ class StepBatches(Dataset):
         }
 
     def load(self, row: int, bucket: tuple[int, int], rng: np.random.Generator) -> dict:
-        """One sample, decoded, scaled to cover the bucket and cropped; its SDXL size/crop ids."""
+        """One sample: decoded, scaled to cover the bucket and cropped, with its SDXL size/crop ids
+        (image shards), or its stored posterior, time ids and token ids (latent shards)."""
         index = self.index
         shard, key = index.shards[index.shard[row]], str(index.key[row])
         offset = (rng.random(), rng.random()) if self.random_crop else (0.5, 0.5)
-        drop_caption = rng.random() < self.caption_dropout
+        drop_caption = rng.random() < self.caption_dropout  # the same draws for either kind of shard
         try:
             members = self.read(row)
-            extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
-            image = decode_image(members[extension], IMAGE_MEMBERS[extension])
-            caption = members["txt"].decode("utf-8")
             source = sample_source(members.get("json"))
+            if index.latent:
+                tensors = load_safetensors(members[LATENT_MEMBER])
+                ids = self.empty_ids if drop_caption else np.load(io.BytesIO(members[IDS_MEMBER]))
+                loaded = {"latent_dist": tensors["latent_dist"], "time_ids": tensors["time_ids"].tolist(),
+                          "input_ids": torch.from_numpy(np.array(ids, dtype=np.int64))}
+            else:
+                extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
+                pixel_values, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_MEMBERS[extension]), bucket, offset)
+                loaded = {"pixel_values": pixel_values, "time_ids": time_ids,
+                          "caption": "" if drop_caption else members["txt"].decode("utf-8")}
         except Exception as error:  # noqa: BLE001 - a bad member of any kind is skipped, never fatal
             raise CorruptSample(f"{Path(shard).name}/{key}: {type(error).__name__}: {error}") from None
-        width, height = image.size
-        resized, (left, top) = cover_and_crop(width, height, bucket, offset)
-        image = image.resize(resized, Image.Resampling.BICUBIC).crop((left, top, left + bucket[0], top + bucket[1]))
-        return {
-            "pixel_values": to_tensor(image),
-            "time_ids": [height, width, top, left, bucket[1], bucket[0]],  # SDXL: original, crop top-left, target (h, w)
-            "caption": "" if drop_caption else caption,
-            "key": key,
-            "shard": Path(shard).name,
-            "source": source,
-        }
+        return {**loaded, "key": key, "shard": Path(shard).name, "source": source}
 
     def read(self, row: int) -> dict[str, bytes]:
         """The members of a row's sample, read by wids: lower-case extension -> bytes."""
+        return self.reader.read(row)
+
+
+class ShardReader:
+    """The members of an index's samples, read by wids; each process maps the shards it touches itself."""
+
+    def __init__(self, index: ShardIndex):
+        self.index = index
+        self._shards: dict[int, IndexedTarSamples] = {}  # shard number -> wids' reader, opened per process
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_shards": {}}  # mapped shards do not cross into spawned workers
+
+    def read(self, row: int) -> dict[str, bytes]:
+        """The members of a row's sample: lower-case extension -> bytes."""
         number = int(self.index.shard[row])
         if number not in self._shards:
             self._shards[number] = IndexedTarSamples(path=self.index.shards[number])
@@ -403,6 +470,14 @@ def make_loader(batches: StepBatches, num_workers: int) -> DataLoader:
         pin_memory=torch.cuda.is_available(),
         generator=torch.Generator(),  # never draws from the training process's global RNG
     )
+
+
+def crop_to_bucket(image: Image.Image, bucket: tuple[int, int], offset: tuple[float, float]) -> tuple[torch.Tensor, list[int]]:
+    """(pixels [3, H, W] in [-1, 1], SDXL time ids): the image scaled to cover the bucket and cropped."""
+    width, height = image.size
+    resized, (left, top) = cover_and_crop(width, height, bucket, offset)
+    image = image.resize(resized, Image.Resampling.BICUBIC).crop((left, top, left + bucket[0], top + bucket[1]))
+    return to_tensor(image), [height, width, top, left, bucket[1], bucket[0]]  # original, crop top-left, target (h, w)
 
 
 def decode_image(data: bytes, pil_format: str) -> Image.Image:

@@ -155,14 +155,26 @@ def tokenize(tokenizer, captions: list[str], device: torch.device) -> torch.Tens
     ).input_ids.to(device)
 
 
+def caption_ids(models: Models, captions: list[str]) -> torch.Tensor:
+    """The captions' token ids, [captions, text encoders, max length] (int64, CPU): what latent shards store."""
+    return torch.stack([tokenize(tokenizer, captions, torch.device("cpu")) for tokenizer in models.tokenizers], dim=1)
+
+
 @torch.no_grad()
 def encode_captions(models: Models, captions: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the UNet's context, SDXL's pooled text embedding or None), as the diffusers pipelines compute them."""
+    return encode_token_ids(models, caption_ids(models, captions), device)
+
+
+@torch.no_grad()
+def encode_token_ids(models: Models, input_ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """encode_captions from token ids [captions, text encoders, max length] (a latent batch's `input_ids`)."""
+    input_ids = input_ids.to(device, non_blocking=True)
     if not models.sdxl:
-        return models.text_encoders[0](tokenize(models.tokenizers[0], captions, device))[0], None
+        return models.text_encoders[0](input_ids[:, 0])[0], None
     hidden_states, pooled = [], None
-    for tokenizer, encoder in zip(models.tokenizers, models.text_encoders):
-        output = encoder(tokenize(tokenizer, captions, device), output_hidden_states=True)
+    for number, encoder in enumerate(models.text_encoders):
+        output = encoder(input_ids[:, number], output_hidden_states=True)
         hidden_states.append(output.hidden_states[-2])  # SDXL conditions on the penultimate layer
         pooled = output[0]  # the last encoder's projected text embedding
     return torch.cat(hidden_states, dim=-1), pooled

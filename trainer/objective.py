@@ -10,6 +10,10 @@ Options:
   `/ (SNR_t + 1)` (v-prediction), so the many easy low-noise timesteps do not dominate
   (Hang et al., "Efficient Diffusion Training via Min-SNR Weighting Strategy", 2023).
 
+A batch brings `pixel_values` (image shards: the VAE encodes them), `latent_dist` (latent shards: the
+posterior trainer/encode.py stored) or `latents` (already sampled and scaled), and `caption` or
+`input_ids` (token ids, latent shards).
+
 Every random draw of a micro-batch (VAE posterior sample, noise, timesteps) comes from a generator
 seeded by (seed, step, rank, micro-batch): a step computes the same loss whether or not the job
 was resumed before it.
@@ -20,8 +24,9 @@ import contextlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
-from trainer.models import Models, encode_captions
+from trainer.models import Models, encode_captions, encode_token_ids
 
 
 def autocast(device: torch.device):
@@ -45,10 +50,18 @@ def diffusion_loss(unet, models: Models, batch: dict, device: torch.device, gene
         if "latents" in batch:  # precomputed (already sampled and scaled): the VAE is skipped
             latents = batch["latents"].to(device, non_blocking=True).float()
         else:
-            pixel_values = batch["pixel_values"].to(device, non_blocking=True)
-            posterior = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist
-            latents = posterior.sample(generator=generator).float() * models.vae.config.scaling_factor  # unit variance
-        context, pooled = encode_captions(models, batch["caption"], device)
+            if "latent_dist" in batch:  # latent shards hold the posterior (trainer/encode.py): the VAE is skipped
+                posterior = DiagonalGaussianDistribution(batch["latent_dist"].to(device, models.vae.dtype, non_blocking=True))
+            else:
+                pixel_values = batch["pixel_values"].to(device, non_blocking=True)
+                posterior = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist
+            # drawn here, from the step's generator, whichever kind of shard: the same latents and loss; in one
+            # memory layout (the CPU's VAE returns channels-last), so the UNet's backward takes the same kernels
+            latents = posterior.sample(generator=generator).float().contiguous() * models.vae.config.scaling_factor  # unit variance
+        if "input_ids" in batch:
+            context, pooled = encode_token_ids(models, batch["input_ids"], device)
+        else:
+            context, pooled = encode_captions(models, batch["caption"], device)
     noise = torch.randn(latents.shape, generator=generator, device=device)
     if noise_offset:
         noise += noise_offset * torch.randn((*latents.shape[:2], 1, 1), generator=generator, device=device)

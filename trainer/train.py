@@ -61,8 +61,9 @@ from trainer import distributed
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
+from trainer.encode import check_latent_shards
 from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
-from trainer.models import Models, build_pipeline, load_models
+from trainer.models import Models, build_pipeline, caption_ids, load_models
 from trainer.report import write_report
 from trainer.objective import autocast, diffusion_loss, step_generator
 from trainer.stages import RunPlan, plan_from_args
@@ -143,10 +144,18 @@ def main(args: argparse.Namespace) -> dict:
                           args.lr_warmup_steps, models.default_resolution)
     models.frozen_to(device)
     unet = models.unet.to(device)
+    if args.channels_last:
+        unet.to(memory_format=torch.channels_last)
     if args.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
     model = distributed.wrap(unet, processes, args.strategy)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0)  # the schedule sets every step's rate
+    step_model = model  # what the step calls; `model` keeps DDP's / FSDP's gradient-sync switches
+    if args.compile:
+        if checkpoint_dir:  # kept with the checkpoints, so a retried job (CheckpointConfig) starts warm
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(checkpoint_dir / "compile-cache"))
+        step_model = torch.compile(model, dynamic=False)  # one graph per bucket shape
+    fused = args.fused_adamw and device.type == "cuda" and args.strategy == "ddp"
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=fused or None)  # the schedule sets every step's rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(unet.named_parameters(), args.ema_decay) if args.ema_decay > 0 else None
     progress = {"step": 0, "loss_history": [], "corrupt": [], "shards_seen": [], "skipped_steps": 0, "draws": {}}
@@ -162,12 +171,17 @@ def main(args: argparse.Namespace) -> dict:
 
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
     index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size, load_exclusions(args.manifest))
+    empty_ids = None
+    if index.latent:  # latent shards (trainer/encode.py): the VAE never runs
+        check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
+        empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets)
-    dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop)
+    dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop, empty_ids)
     batches = iter(make_loader(dataset, args.num_workers))
     corrupt, shards_seen = set(progress["corrupt"]) | set(index.problems), set(progress["shards_seen"])
-    log(rank, event="data", samples=len(index), shards=len(index.shards), corrupt=len(index.problems),
+    log(rank, event="data", kind="latent" if index.latent else "image", samples=len(index), shards=len(index.shards),
+        corrupt=len(index.problems),
         first_corrupt=index.problems[:5], excluded=index.excluded)
 
     # loop
@@ -183,11 +197,11 @@ def main(args: argparse.Namespace) -> dict:
         for micro in range(args.gradient_accumulation):
             batch = window.wait_for(batches)
             with distributed.gradient_sync(model, micro == args.gradient_accumulation - 1):
-                loss = diffusion_loss(model, models, batch, device, step_generator(args.seed, step, rank, micro, device),
+                loss = diffusion_loss(step_model, models, batch, device, step_generator(args.seed, step, rank, micro, device),
                                       args.noise_offset, args.snr_gamma)
                 (loss / args.gradient_accumulation).backward()
             step_loss += loss.detach() / args.gradient_accumulation
-            window.images += len(batch["caption"]) * processes.world_size
+            window.images += len(batch["key"]) * processes.world_size
             corrupt.update(batch["corrupt"])
             shards_seen.update(batch["shard"])
             draws.update(map(tuple, batch["source"]))
@@ -298,6 +312,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     system.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"], help="how several processes share the UNet")
     system.add_argument("--gradient-checkpointing", type=boolean, default=False, help="recompute activations: less memory, ~30%% more time")
     system.add_argument("--num-workers", type=int, default=2, help="DataLoader processes per training process")
+    system.add_argument("--compile", type=boolean, default=False,
+                        help="torch.compile the UNet step (GPU: faster steps, minutes of compiling per bucket shape "
+                             "unless the inductor cache is warm; kept in <checkpoint-dir>/compile-cache)")
+    system.add_argument("--fused-adamw", type=boolean, default=True, help="fused AdamW kernels on a GPU (DDP or one process)")
+    system.add_argument("--channels-last", type=boolean, default=False, help="channels-last UNet weights (measured slower eager)")
     data = parser.add_argument_group("data")
     data.add_argument("--aspect-buckets", type=boolean, default=True, help="batch by aspect ratio (else centre squares)")
     data.add_argument("--random-crop", type=boolean, default=False, help="random crops inside the bucket (else centred)")

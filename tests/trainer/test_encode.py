@@ -1,0 +1,152 @@
+"""trainer.encode: latent shards hold exactly what the online path computes, and train to the same loss."""
+
+import io
+import json
+import os
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import load_file
+
+from trainer import container, train
+from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
+from trainer.encode import LatentShardsError, encode_shards, latent_dir, models_identity
+from trainer.models import caption_ids, load_models
+from trainer.objective import diffusion_loss, step_generator
+from trainer.stages import RunPlan
+
+CPU = torch.device("cpu")
+RESOLUTION = 32
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_models("tiny", None, seed=0)
+
+
+@pytest.fixture(scope="module")
+def encoded(tmp_path_factory, shards_dir, models) -> dict:
+    """The conftest image shards encoded at 32 px by the tiny model (seed 0)."""
+    root = tmp_path_factory.mktemp("latents")
+    return encode_shards(shards_dir, root, models, RESOLUTION, CPU, batch_size=2, num_workers=0)
+
+
+def batches(channel, models, steps=3, dropout=0.0, latent=False):
+    index = index_shards(channel)
+    plan = RunPlan([{"resolution": RESOLUTION, "batch_size": 2, "learning_rate": 1e-4, "steps": steps}])
+    empty_ids = caption_ids(models, [""])[0].numpy() if latent else None
+    return list(make_loader(StepBatches(index, BatchPlan(index.aspect, plan, 0, 0, 1, models.size_multiple, True),
+                                        1, steps, dropout, False, empty_ids), 0))
+
+
+def members_of(path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+
+
+def test_latent_shards_mirror_the_image_shards_under_the_identity_and_resolution(encoded, shards_dir, models, samples):
+    target = latent_dir(encoded["dir"].rsplit("/", 1)[0], models_identity(models), RESOLUTION)
+    assert str(target) == encoded["dir"] and target.name == f"{models_identity(models)[:16]}-r32"
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*.tar")) == ["nested/shard-b.tar", "shard-a.tar"]
+    members = members_of(target / "shard-a.tar")
+    keys = sorted(sample["key"] for sample in samples[:3])
+    assert list(members) == [f"{key}.{ext}" for key in keys for ext in ("ids.npy", "json", "latents.safetensors")]
+    by_key = {sample["key"]: sample for sample in samples}
+    for key in keys:  # the record unchanged; the caption's ids as the tokenizer gives them
+        assert members[f"{key}.json"] == json.dumps(by_key[key]["metadata"]).encode()
+        ids = np.load(io.BytesIO(members[f"{key}.ids.npy"]))
+        assert torch.equal(torch.from_numpy(ids), caption_ids(models, [by_key[key]["caption"]])[0])
+
+
+def test_the_stored_posterior_and_its_latents_equal_the_online_path(encoded, shards_dir, models):
+    # GIVEN the same step's batch read from the image shards and from the latent shards
+    for image_batch, latent_batch in zip(batches(shards_dir, models), batches(encoded["dir"], models, latent=True)):
+        assert image_batch["key"] == latent_batch["key"]
+        # WHEN the online path encodes the images (the same bucket and crop)
+        with torch.no_grad():
+            online = models.vae.encode(image_batch["pixel_values"]).latent_dist
+        # THEN the shard holds the posterior bit for bit, and the same seed draws the same latents
+        assert torch.equal(latent_batch["latent_dist"], online.parameters)
+        assert torch.equal(latent_batch["time_ids"], image_batch["time_ids"])
+        stored = DiagonalGaussianDistribution(latent_batch["latent_dist"])
+        assert torch.equal(stored.sample(torch.Generator().manual_seed(3)), online.sample(torch.Generator().manual_seed(3)))
+
+
+def test_a_step_on_latent_shards_gives_the_image_shards_loss_exactly(encoded, shards_dir, models):
+    # half the captions dropped: the empty caption's ids stand in for "" on latent shards
+    image_batches = batches(shards_dir, models, steps=4, dropout=0.5)
+    latent_batches = batches(encoded["dir"], models, steps=4, dropout=0.5, latent=True)
+    assert any("" in batch["caption"] for batch in image_batches)
+    for step, (image_batch, latent_batch) in enumerate(zip(image_batches, latent_batches), start=1):
+        expected = diffusion_loss(models.unet, models, image_batch, CPU, step_generator(0, step, 0, 0, CPU))
+        got = diffusion_loss(models.unet, models, latent_batch, CPU, step_generator(0, step, 0, 0, CPU))
+        assert torch.equal(got, expected)
+
+
+def test_training_on_latent_shards_logs_the_losses_and_ends_with_the_weights_of_image_shards(tmp_path, encoded, shards_dir,
+                                                                                              train_args):
+    records = {}
+    for kind, channel in (("image", shards_dir), ("latent", encoded["dir"])):
+        args = train_args(channel, tmp_path / kind / "model", tmp_path / kind / "checkpoints", "--steps", "2",
+                          "--caption-dropout", "0.5", "--final-weights", "trained")
+        records[kind] = train.main(args)
+    assert [h["loss"] for h in records["latent"]["history"]] == [h["loss"] for h in records["image"]["history"]]
+    weights = [load_file(tmp_path / kind / "model" / "unet" / "diffusion_pytorch_model.safetensors") for kind in records]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+
+
+def test_a_second_encode_keeps_the_shards_already_written(tmp_path, encoded, shards_dir, models):
+    again = encode_shards(shards_dir, encoded["dir"].rsplit("/", 1)[0], models, RESOLUTION, CPU, batch_size=2, num_workers=0)
+    assert (again["dir"], again["shards_written"], again["samples_encoded"]) == (encoded["dir"], 0, 0)
+
+
+def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution(tmp_path, encoded, train_args):
+    other = train_args(encoded["dir"], tmp_path / "m1", tmp_path / "c1", "--steps", "1", "--seed", "1")
+    with pytest.raises(LatentShardsError, match="encoded by models .* not by this run's"):
+        train.main(other)
+    wrong_size = train_args(encoded["dir"], tmp_path / "m2", tmp_path / "c2", "--steps", "1", "--resolution", "64")
+    with pytest.raises(LatentShardsError, match=r"latent shards at 32 px, but the run's stages are at \[64\] px"):
+        train.main(wrong_size)
+
+
+def test_random_crops_need_image_shards(encoded, models):
+    index = index_shards(encoded["dir"])
+    plan = RunPlan([{"resolution": RESOLUTION, "batch_size": 2, "learning_rate": 1e-4, "steps": 1}])
+    with pytest.raises(ValueError, match="--random-crop needs image shards"):
+        StepBatches(index, BatchPlan(index.aspect, plan, 0, 0, 1, 8, True), 1, 1, 0.0, True)
+
+
+@pytest.fixture
+def saved_environment():
+    """The container exports SM_* into os.environ; the environment comes back as it was."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
+def test_the_container_runs_an_encode_job_into_the_checkpoint_directory(tmp_path, monkeypatch, saved_environment, shards_dir,
+                                                                        models, encoded):
+    # GIVEN a SageMaker job with task=encode and the image shards as its train channel
+    root = tmp_path / "opt-ml"
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "hyperparameters.json").write_text(json.dumps({"task": "encode", "model-config": "tiny", "seed": "0",
+                                                             "resolution": "32", "num-workers": "0"}))
+    (config / "inputdataconfig.json").write_text(json.dumps({"train": {"TrainingInputMode": "FastFile"}}))
+    shutil.copytree(shards_dir, root / "input" / "data" / "train")
+    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
+    # WHEN the image's entrypoint runs `train`
+    assert container.main(["train"]) == 0
+    # THEN the latent shards are under the checkpoint directory CheckpointConfig uploads, as encode_shards wrote them
+    target = root / "checkpoints" / "latents" / f"{models_identity(models)[:16]}-r32"
+    assert json.loads((target / "encoding.json").read_text())["samples_encoded"] == 6
+    written, expected = members_of(target / "shard-a.tar"), members_of(f"{encoded['dir']}/shard-a.tar")
+    assert written.keys() == expected.keys()
+    assert all(torch.equal(load_safetensors(written[name])["latent_dist"], load_safetensors(expected[name])["latent_dist"])
+               for name in written if name.endswith(".safetensors"))

@@ -1,0 +1,261 @@
+"""Encode image shards into latent shards once, so training runs the UNet alone.
+
+Runbook
+-------
+One process (CPU, or one GPU when there is one):
+
+    python -m trainer.encode --train-dir shards/ --output-dir latents/ --resolution 512 --model-config sd2
+
+writes `latents/<identity>-r512/<the same relative shard paths>`; train on that directory with
+`python -m trainer.train --train-dir latents/<identity>-r512 --resolution 512 ...` and the same
+`--model-config`/`--pretrained` and `--seed` (random init) as the encode job.
+
+SageMaker: a training job with the training image and the hyperparameter `task=encode` (channel
+`train`: the image shards; the other hyperparameters are this script's arguments). It writes under
+`/opt/ml/checkpoints/latents/`, which CheckpointConfig uploads object by object to
+`<CheckpointConfig.S3Uri>/latents/<identity>-r<resolution>/...` while the job runs; that S3 prefix
+is the next training job's `train` channel. A retried job gets its finished shards back from the
+same CheckpointConfig and skips them.
+
+What a latent shard holds, per sample of the image shard (same key, same order, same relative path):
+- `<key>.latents.safetensors`: `latent_dist`, the VAE's posterior parameters (mean and log-variance,
+  [2 x latent channels, h, w], in the dtype the VAE ran in: bf16 on a GPU, fp32 on a CPU) for the
+  sample's aspect bucket and centred crop at the resolution, exactly as trainer/data.py +
+  trainer/buckets.py prepare the image online; `time_ids` (SDXL's size and crop numbers); header
+  metadata `encoder` (the identity), `resolution`, `bucket` ("WxH").
+- `<key>.ids.npy`: the caption's token ids, int64 [text encoders, max length], what the online
+  path's tokenizer gives.
+- `<key>.json`: the sample's metadata record, unchanged (partner and license for the draw counts).
+Storing the posterior rather than one sample of it keeps training identical to the online path:
+the trainer draws the latents from it with each step's generator, so the same seed gives the same
+latents, noise and loss from either kind of shard (tests/trainer/test_encode.py). Bit for bit where
+the VAE gives a sample the same result in any batch: on the CPU for batches of two or more (a group
+of one is encoded twice over for that reason); on a GPU cuDNN may pick other kernels for another
+batch size, so there the posterior agrees to rounding, not bit for bit.
+
+The identity is the sha256 of the VAE's, text encoders' and tokenizers' configs and weights (rounded
+to bf16, so it is the same for the fp32 and the bf16 copy; the UNet is not part of it): another VAE or text encoder means another directory, and the trainer
+refuses latent shards whose identity or resolution is not its own (`check_latent_shards`).
+A shard is written under a temporary name and renamed when whole.
+"""
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save as save_safetensors
+from torch.utils.data import DataLoader, Dataset
+
+from trainer import distributed
+from trainer.data import (IDS_MEMBER, IMAGE_MEMBERS, LATENT_MEMBER, CorruptSample, ShardIndex, ShardReader,
+                          buckets_of, crop_to_bucket, decode_image, index_shards)
+from trainer.models import Models, caption_ids, load_models
+from trainer.objective import autocast
+
+
+class LatentShardsError(ValueError):
+    """Latent shards that do not belong to this run's models or resolution."""
+
+
+def models_identity(models: Models) -> str:
+    """sha256 of the VAE's, text encoders' and tokenizers' configs and weights: what latent shards depend on."""
+    digest = hashlib.sha256()
+    for name, model in [("vae", models.vae), *((f"text_encoder_{n}", m) for n, m in enumerate(models.text_encoders))]:
+        config = model.config.to_json_string() if hasattr(model.config, "to_json_string") else json.dumps(dict(model.config))
+        digest.update(f"{name}\n{config}\n".encode())
+        for key, tensor in sorted(model.state_dict().items()):
+            # rounded to bf16: the same digest whether the frozen model is held in fp32 (CPU) or bf16 (GPU)
+            tensor = tensor.detach().to("cpu", torch.bfloat16 if tensor.is_floating_point() else tensor.dtype).contiguous()
+            digest.update(f"{key} {tuple(tensor.shape)}\n".encode())
+            digest.update(tensor.view(torch.uint8).numpy())
+    for number, tokenizer in enumerate(models.tokenizers):
+        vocabulary = json.dumps(sorted(tokenizer.get_vocab().items()))
+        digest.update(f"tokenizer_{number} {tokenizer.model_max_length}\n{vocabulary}\n".encode())
+    return digest.hexdigest()
+
+
+def latent_dir(output_dir: str | Path, identity: str, resolution: int) -> Path:
+    """Where the latent shards of these models at this resolution go."""
+    return Path(output_dir) / f"{identity[:16]}-r{resolution}"
+
+
+def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int], identity: str | None = None) -> None:
+    """Latent shards must come from these models (`identity`, if already known), at the resolution of
+    every stage that reads them."""
+    identity = identity or models_identity(models)
+    for encoder, resolution in sorted(index.encodings):
+        if encoder != identity:
+            raise LatentShardsError(f"latent shards encoded by models {encoder[:16]}, not by this run's {identity[:16]}: "
+                                    "encode the image shards again with these models (python -m trainer.encode)")
+        if {resolution} != resolutions:
+            raise LatentShardsError(f"latent shards at {resolution} px, but the run's stages are at {sorted(resolutions)} px")
+
+
+# ---------------------------------------------------------------- reading images
+
+
+class ImageGroups(Dataset):
+    """Item i: a group of samples of one shard and one bucket, decoded and cropped as the trainer does online."""
+
+    def __init__(self, index: ShardIndex, groups: list[tuple[tuple[int, int], list[int]]]):
+        self.index, self.groups, self.reader = index, groups, ShardReader(index)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, item: int) -> dict:
+        bucket, rows = self.groups[item]
+        loaded, corrupt = [], []
+        for row in rows:
+            key = str(self.index.key[row])
+            try:
+                members = self.reader.read(row)
+                extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
+                pixels, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_MEMBERS[extension]), bucket, (0.5, 0.5))
+                loaded.append((row, pixels, time_ids, members["txt"].decode("utf-8"), members.get("json")))
+            except Exception as error:  # noqa: BLE001 - a bad member of any kind is left out, never fatal
+                corrupt.append(str(CorruptSample(f"{Path(self.index.shards[self.index.shard[row]]).name}/{key}: "
+                                                 f"{type(error).__name__}: {error}")))
+        return {"bucket": bucket, "rows": [entry[0] for entry in loaded],
+                "pixel_values": torch.stack([entry[1] for entry in loaded]) if loaded else None,
+                "time_ids": [entry[2] for entry in loaded], "captions": [entry[3] for entry in loaded],
+                "records": [entry[4] for entry in loaded], "corrupt": corrupt}
+
+
+def groups_of(index: ShardIndex, assignment: np.ndarray, sizes: list, batch_size: int) -> list[tuple[int, list]]:
+    """(shard number, [(bucket, rows)]) per shard: its samples by bucket, cut into batches."""
+    by_shard = []
+    for shard in range(len(index.shards)):
+        rows = np.flatnonzero(index.shard == shard)
+        groups = []
+        for bucket in np.unique(assignment[rows]):
+            members = rows[assignment[rows] == bucket].tolist()
+            groups += [(sizes[bucket], members[i:i + batch_size]) for i in range(0, len(members), batch_size)]
+        by_shard.append((shard, groups))
+    return by_shard
+
+
+# ---------------------------------------------------------------- writing
+
+
+def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids: torch.Tensor, record: bytes | None,
+                   identity: str, resolution: int, bucket: tuple[int, int]) -> list[tuple[str, bytes]]:
+    """One latent sample's members, in the order they are written."""
+    latents = save_safetensors({"latent_dist": latent_dist.contiguous(), "time_ids": torch.tensor(time_ids, dtype=torch.int64)},
+                               metadata={"encoder": identity, "resolution": str(resolution), "bucket": f"{bucket[0]}x{bucket[1]}"})
+    ids_bytes = io.BytesIO()
+    np.save(ids_bytes, ids.numpy().astype(np.int64), allow_pickle=False)
+    members = [(f"{key}.{IDS_MEMBER}", ids_bytes.getvalue())]
+    if record is not None:
+        members.append((f"{key}.json", record))
+    return members + [(f"{key}.{LATENT_MEMBER}", latents)]
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """A tar as the packer writes one (mtime 0, mode 0644), under a temporary name, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".tmp-{path.name}")  # not *.tar: a reader of the directory never sees it
+    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(partial, path)
+
+
+def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,
+                  batch_size: int = 16, num_workers: int = 2, aspect_buckets: bool = True, identity: str | None = None) -> dict:
+    """Encode every image shard under `train_dir` into `latent_dir(output_dir, ...)`; a summary of the work.
+
+    `models` are on `device` already (bf16 VAE on a GPU, models.frozen_to); shards already there are kept.
+    """
+    started = time.perf_counter()
+    identity = identity or models_identity(models)
+    target = latent_dir(output_dir, identity, resolution)
+    index = index_shards(train_dir)
+    if index.latent:
+        raise ValueError(f"{train_dir} holds latent shards already")
+    sizes, assignment = buckets_of(index.aspect, resolution, models.size_multiple, aspect_buckets)
+    outputs = {shard: target / Path(path).relative_to(Path(train_dir)) for shard, path in enumerate(index.shards)}
+    work = [(shard, groups) for shard, groups in groups_of(index, assignment, sizes, batch_size) if not outputs[shard].is_file()]
+    flat = [group for _, groups in work for group in groups]
+    shard_of_group = [shard for shard, groups in work for _ in groups]
+    loader = DataLoader(ImageGroups(index, flat), batch_size=None, num_workers=num_workers,
+                        prefetch_factor=4 if num_workers else None, pin_memory=device.type == "cuda")
+    pending: dict[int, dict[int, list]] = defaultdict(dict)  # shard -> row -> its members, until the shard is whole
+    groups_left = defaultdict(int)
+    for shard in shard_of_group:
+        groups_left[shard] += 1
+    corrupt, encoded = list(index.problems), 0
+    for shard, group in zip(shard_of_group, loader):
+        corrupt += group["corrupt"]
+        if group["rows"]:
+            pixel_values = group["pixel_values"]
+            if len(pixel_values) == 1:  # never a batch of one: the CPU's conv kernels take another path for it
+                pixel_values = pixel_values.repeat(2, 1, 1, 1)
+            with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objective.py)
+                pixel_values = pixel_values.to(device, non_blocking=True)
+                parameters = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist.parameters.cpu()
+            ids = caption_ids(models, group["captions"])
+            for number, row in enumerate(group["rows"]):
+                pending[shard][row] = sample_members(str(index.key[row]), parameters[number], group["time_ids"][number],
+                                                     ids[number], group["records"][number], identity, resolution, group["bucket"])
+            encoded += len(group["rows"])
+        groups_left[shard] -= 1
+        if groups_left[shard] == 0:  # the shard is whole: its samples in the image shard's order
+            members = pending.pop(shard, {})
+            if members:  # a shard of nothing but corrupt samples gets no latent shard
+                write_tar(outputs[shard], [member for row in sorted(members) for member in members[row]])
+    return {"identity": identity, "resolution": resolution, "dir": str(target), "shards": len(index.shards),
+            "shards_written": len(work), "samples_encoded": encoded, "corrupt": corrupt,
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(args: argparse.Namespace) -> dict:
+    processes = distributed.setup()
+    if processes.world_size > 1:
+        raise ValueError("trainer.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
+    models = load_models(args.model_config, args.pretrained, args.seed)
+    identity = models_identity(models)
+    models.frozen_to(processes.device)
+    resolution = args.resolution or models.default_resolution
+    summary = encode_shards(args.train_dir, args.output_dir, models, resolution, processes.device, args.batch_size,
+                            args.num_workers, args.aspect_buckets, identity)
+    (Path(summary["dir"]) / "encoding.json").write_text(json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
+    print(json.dumps({"event": "encoded", **{k: v for k, v in summary.items() if k != "corrupt"},
+                      "corrupt_samples": len(summary["corrupt"])}), flush=True)
+    distributed.teardown()
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from trainer.train import boolean  # one parser of hyperparameter booleans
+    env = os.environ
+    parser = argparse.ArgumentParser(description="Encode image shards into latent shards for one resolution.")
+    parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,
+                        help="the image shards (default $SM_CHANNEL_TRAIN)")
+    parser.add_argument("--output-dir", required=True, help="latent shards go to <output-dir>/<identity>-r<resolution>/")
+    parser.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/, as the training job's")
+    parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")
+    parser.add_argument("--seed", type=int, default=0, help="random init of a preset (the training job's seed)")
+    parser.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
+    parser.add_argument("--aspect-buckets", type=boolean, default=True, help="as the training job's")
+    parser.add_argument("--batch-size", type=int, default=16, help="images per VAE call")
+    parser.add_argument("--num-workers", type=int, default=4, help="processes decoding images")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main(parse_args(sys.argv[1:]))
