@@ -181,12 +181,7 @@ def write_segment(candidates: Iterable[Sample], bucket: str, budget: int, slots:
     except BaseException:
         upload.abort()
         raise
-    index = json.dumps({"segment": key, "samples": [e.model_dump() for e in entries]}, separators=(",", ":"))
-    index_version_id = aws.put_bytes(bucket, index_key_of(key), index.encode(), "application/json")
-    segment = Segment(key=key, version_id=version_id, index_version_id=index_version_id, size=upload.size,
-                      samples=len(written))
-    return Written(segment, tuple(written),
-                   Counter(e.partner for e in entries), Counter(e.aspect for e in entries))
+    return _finish(upload, version_id, entries, written)
 
 
 def write_segment_of(samples: Iterable[tuple[Sample, bytes]], bucket: str, part_bytes: int) -> Written:
@@ -201,12 +196,16 @@ def write_segment_of(samples: Iterable[tuple[Sample, bytes]], bucket: str, part_
     except BaseException:
         upload.abort()
         raise
-    index = json.dumps({"segment": key, "samples": [e.model_dump() for e in entries]}, separators=(",", ":"))
-    index_version_id = aws.put_bytes(bucket, index_key_of(key), index.encode(), "application/json")
-    segment = Segment(key=key, version_id=version_id, index_version_id=index_version_id, size=upload.size,
+    return _finish(upload, version_id, entries, [sample for sample, _ in ordered])
+
+
+def _finish(upload: StreamUpload, version_id: str, entries: list[SampleEntry], samples: list[Sample]) -> Written:
+    """The completed segment's index beside it, and what was written."""
+    index = json.dumps({"segment": upload.key, "samples": [e.model_dump() for e in entries]}, separators=(",", ":"))
+    index_version_id = aws.put_bytes(upload.bucket, index_key_of(upload.key), index.encode(), "application/json")
+    segment = Segment(key=upload.key, version_id=version_id, index_version_id=index_version_id, size=upload.size,
                       samples=len(entries))
-    return Written(segment, tuple(sample for sample, _ in ordered),
-                   Counter(e.partner for e in entries), Counter(e.aspect for e in entries))
+    return Written(segment, tuple(samples), Counter(e.partner for e in entries), Counter(e.aspect for e in entries))
 
 
 def read_index(bucket: str, segment: Segment) -> list[SampleEntry]:
