@@ -5,10 +5,12 @@ Both read what the pipeline already records (the table, the job's S3 output) thr
 
 from __future__ import annotations
 
+import json
 import tarfile
+import tempfile
 from collections import Counter, defaultdict
-from pathlib import PurePosixPath
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
 
 import boto3
 from botocore.exceptions import ClientError
@@ -17,6 +19,8 @@ from atelier.client import PipelineError
 from core import aws
 
 REPORT_NAME = "report.html"  # trainer/report.py's REPORT
+RECORD_NAME = "atelier-training.json"  # the run's record in the model artefact (history, steps)
+AFTER_TRAINING = ("evaluation.json", "lineage.json")  # written beside the artefact by deploy / start-training
 
 
 def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
@@ -61,21 +65,46 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
 
 
 def job_report(outputs: dict[str, str], job: str) -> bytes:
-    """The job's report.html, from its output data (small) or else its model artefact (read as a stream)."""
-    bucket = outputs["ModelsBucketName"]
-    for archive in ("output.tar.gz", "model.tar.gz"):
-        key = f"training/{job}/output/{archive}"
-        try:
-            body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"]
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] in ("NoSuchKey", "404", "AccessDenied"):
-                continue
-            raise
-        found = report_from_tar(body)
-        if found is not None:
-            return found
-    raise PipelineError(f"no {REPORT_NAME} for job {job!r} under s3://{bucket}/training/{job}/output/: "
+    """The job's report.html, rebuilt with what arrived after training (the gate's decision in
+    `evaluation.json`, `lineage.json`, both beside the artefact) when the run's record is there;
+    else the page the trainer wrote."""
+    bucket, prefix = outputs["ModelsBucketName"], f"training/{job}/output/"
+    with tempfile.TemporaryDirectory() as folder:
+        model_dir, health_dir = Path(folder, "model"), Path(folder, "health")
+        _extract(bucket, f"{prefix}output.tar.gz", health_dir, lambda name: name == REPORT_NAME or name.startswith("validation/"))
+        _extract(bucket, f"{prefix}model.tar.gz", model_dir, lambda name: name == RECORD_NAME, stop_after=RECORD_NAME)
+        for name in AFTER_TRAINING:
+            document = aws.read_json_if_exists(bucket, prefix + name)
+            if document is not None:
+                (model_dir / name).write_text(json.dumps(document))
+        if (model_dir / RECORD_NAME).is_file():
+            from trainer.report import build  # the trainer's own page (standard library only)
+            return build(model_dir, health_dir, job=job).encode()
+        if (health_dir / REPORT_NAME).is_file():
+            return (health_dir / REPORT_NAME).read_bytes()
+    raise PipelineError(f"no {REPORT_NAME} for job {job!r} under s3://{bucket}/{prefix}: "
                         "has it finished? (`atelier status` lists jobs)")
+
+
+def _extract(bucket: str, key: str, folder: Path, wanted: Callable[[str], bool], stop_after: str | None = None) -> None:
+    """The wanted members of a gzipped tar in S3, read front to back; nothing when it is absent."""
+    try:
+        body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"]
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] in ("NoSuchKey", "404", "AccessDenied"):
+            return
+        raise
+    with tarfile.open(fileobj=body, mode="r|gz") as tar:
+        for member in tar:
+            name = str(PurePosixPath(member.name.removeprefix("./")))
+            if not member.isfile() or not wanted(name) or ".." in PurePosixPath(name).parts:
+                continue
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            extracted = tar.extractfile(member)
+            target.write_bytes(extracted.read() if extracted else b"")
+            if name == stop_after:
+                return
 
 
 def report_from_tar(stream: Any) -> bytes | None:

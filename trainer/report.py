@@ -93,7 +93,7 @@ def gate_section(evaluation: dict | None) -> str:
     gate = evaluation.get("gate", evaluation) if isinstance(evaluation.get("gate"), dict) else evaluation
     decision = gate.get("decision") or ({True: "pass", False: "fail"}.get(gate.get("passed")) if "passed" in gate else None)
     css = {"pass": "pass", "passed": "pass", "deploy": "pass", "fail": "fail", "failed": "fail",
-           "reject": "fail", "rejected": "fail"}.get(str(decision).lower(), "none")
+           "reject": "fail", "rejected": "fail", "held-back": "fail"}.get(str(decision).lower(), "none")
     head = f'<p>decision: <span class="{css}">{html.escape(str(decision or "unknown"))}</span></p>'
     return head + _table({k: v for k, v in evaluation.items() if k != "gate"} | {
         f"gate.{k}": v for k, v in gate.items() if gate is not evaluation and k != "decision"})

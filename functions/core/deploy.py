@@ -314,11 +314,20 @@ def gate(model: dict[str, Any], evaluation: Evaluation, settings: DeploySettings
                    scores=evaluation.candidate.to_item()):
         return DeployResult("duplicate", name)
     logger.info("evaluation gate", extra={"model": name, "decision": status, "reason": decision.reason})
+    _publish_decision(model, gate_record)
     telemetry.count(telemetry.MODELS_EVALUATED)
     if not decision.passed:
         telemetry.count(telemetry.MODELS_HELD_BACK)
         return DeployResult("held-back", name, decision.reason)
     return promote(name, settings)
+
+
+def _publish_decision(model: dict[str, Any], gate_record: dict[str, Any]) -> None:
+    """`evaluation.json` beside the model artefact: the training report shows it (atelier report --job)."""
+    bucket, _, key = str(model["model_data"]).removeprefix("s3://").partition("/")
+    document = {"gate": gate_record, "model": model["model"], "evaluation_job": model.get("eval_job", "")}
+    aws.write_object(bucket, f"{key.rsplit('/', 1)[0]}/evaluation.json",
+                     json.dumps(document, indent=1).encode(), "application/json")
 
 
 def _production_scores(production: dict[str, Any] | None, model: dict[str, Any],

@@ -26,6 +26,7 @@ from core.settings import DeploySettings
 
 JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
 ENDED = 1795953900000
+MODELS = "s3://atelier-models-123456789012-us-east-1"  # the stack's models bucket
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def updates(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 def completed(name: str = JOB, ended: int = ENDED, **tags: str) -> JobState:
     detail = {**load_event("deploy_job_completed")["detail"], "TrainingJobName": name, "TrainingEndTime": ended,
-              "ModelArtifacts": {"S3ModelArtifacts": f"s3://models/training/{name}/output/model.tar.gz"},
+              "ModelArtifacts": {"S3ModelArtifacts": f"{MODELS}/training/{name}/output/model.tar.gz"},
               "Tags": {"atelier:manifest": "ab" * 32, **tags}}
     return job_state_from_event(detail)
 
@@ -111,7 +112,7 @@ def test_a_completed_final_job_starts_its_evaluation_on_the_held_out_set(setting
     job = boto3.client("sagemaker").describe_training_job(TrainingJobName=f"{JOB}-eval")
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
     assert (result.action, result.model) == ("evaluating", JOB)
-    assert channels == {"candidate": f"s3://models/training/{JOB}/output/model.tar.gz",
+    assert channels == {"candidate": f"{MODELS}/training/{JOB}/output/model.tar.gz",
                         "eval": settings.eval_data_uri}  # no production yet: no baseline channel
     assert job["HyperParameters"]["task"] == "evaluate"
     assert model_record(settings, JOB)["status"] == "evaluating"
@@ -193,6 +194,8 @@ def test_a_passing_first_model_creates_the_endpoint_with_a_safe_rollout(settings
         "ATELIER_ATTRIBUTION_URI": f"s3://{settings.models_bucket}/training/{JOB}/output/attribution.json"}
     assert record["status"] == "deployed"
     assert json.loads(record["gate"])["decision"] == "passed"
+    beside = aws.read_json_if_exists(settings.models_bucket, f"training/{JOB}/output/evaluation.json")
+    assert (beside["gate"]["decision"], beside["model"]) == ("passed", JOB)  # for the training report
 
 
 def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) -> None:
@@ -202,7 +205,7 @@ def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) 
 
     record = model_record(settings, JOB)
     assert result.action == "held-back"
-    assert (record["status"], record["model_data"]) == ("held-back", f"s3://models/training/{JOB}/output/model.tar.gz")
+    assert (record["status"], record["model_data"]) == ("held-back", f"{MODELS}/training/{JOB}/output/model.tar.gz")
     assert "above the limit" in record["reason"]
     assert aws.describe_endpoint(settings.endpoint_name) is None
 
@@ -231,7 +234,7 @@ def test_the_second_candidate_is_evaluated_against_production(settings: DeploySe
 
     job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-second-eval")
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
-    assert channels["baseline"] == f"s3://models/training/{JOB}/output/model.tar.gz"
+    assert channels["baseline"] == f"{MODELS}/training/{JOB}/output/model.tar.gz"
 
 
 def test_a_model_worse_than_production_is_held_back(settings: DeploySettings, updates: list) -> None:
@@ -316,7 +319,7 @@ def test_production_changed_during_evaluation_means_evaluating_again(settings: D
     job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-c-ev1")
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
     assert result.action == "evaluating"
-    assert channels["baseline"] == "s3://models/training/atelier-b/output/model.tar.gz"
+    assert channels["baseline"] == f"{MODELS}/training/atelier-b/output/model.tar.gz"
 
 
 def test_a_busy_endpoint_leaves_the_model_passed_until_it_is_in_service(settings: DeploySettings, updates: list,

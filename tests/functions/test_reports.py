@@ -86,6 +86,30 @@ def test_job_report_is_fetched_from_the_job_s_output_data(outputs, tmp_path: Pat
     assert (tmp_path / "r.html").read_bytes() == page
 
 
+def test_job_report_is_rebuilt_with_the_gate_decision_and_lineage_written_after_training(outputs, tmp_path: Path) -> None:
+    # GIVEN a finished job's artefacts, then the gate's decision and the lineage beside them
+    s3, bucket, prefix = boto3.client("s3"), outputs["ModelsBucketName"], "training/atelier-0002/output/"
+    record = {"steps": 4, "final_loss": 0.25, "history": [{"step": 2, "loss": 0.5, "img_per_s": 3.0},
+                                                          {"step": 4, "loss": 0.25, "img_per_s": 4.0}]}
+    s3.put_object(Bucket=bucket, Key=prefix + "model.tar.gz",
+                  Body=output_archive({"atelier-training.json": json.dumps(record).encode(), "unet/w.bin": b"0" * 64}))
+    s3.put_object(Bucket=bucket, Key=prefix + "output.tar.gz",
+                  Body=output_archive({"validation/step-00000004.png": RED, "report.html": b"<p>at training time</p>"}))
+    s3.put_object(Bucket=bucket, Key=prefix + "evaluation.json", Body=json.dumps(
+        {"gate": {"decision": "held-back", "reason": "validation loss 0.3000 is 1.200x production's"}}).encode())
+    s3.put_object(Bucket=bucket, Key=prefix + "lineage.json", Body=json.dumps({"job": "atelier-0002", "lineage": "main"}).encode())
+
+    # WHEN the report is fetched
+    assert cli.main(["report", "--job", "atelier-0002", "-o", str(tmp_path / "r.html")]) == 0
+
+    # THEN it is the trainer's page with both, and the run's curves and grid
+    page = (tmp_path / "r.html").read_text()
+    assert "Training report: atelier-0002" in page
+    assert '<span class="fail">held-back</span>' in page  # the deploy gate's decision (core.deploy)
+    assert "1.200x production" in page and "main" in page and "no lineage.json" not in page
+    assert page.count("<svg") >= 2 and "step-00000004" in page
+
+
 def test_a_job_without_a_report_says_so(outputs, capsys) -> None:
     assert cli.main(["report", "--job", "atelier-none", "-o", "unused.html"]) == 2
     assert "no report.html for job 'atelier-none'" in capsys.readouterr().err.replace("\n", "")
