@@ -41,6 +41,10 @@ DEPLOYMENTS = "Deployments"  # endpoint created or updated (emitted by core.depl
 MODELS_EVALUATED = "ModelsEvaluated"  # the gate decided (passed or held back)
 MODELS_HELD_BACK = "ModelsHeldBack"  # the gate said no, or the evaluation failed
 ROLLBACKS = "Rollbacks"  # by hand or by an alarm
+IMPORTED_SHARDS = "ImportedShards"  # dimension `status`: imported | empty | rejected (core.imports)
+IMPORTED_SAMPLES = "ImportedSamples"  # accepted into a pipeline shard
+IMPORT_DUPLICATES = "ImportDuplicates"  # left out: already in the pipeline
+IMPORT_REJECTS = "ImportRejects"  # quarantined for any other reason
 REASON = "reason"
 
 

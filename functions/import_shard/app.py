@@ -5,17 +5,19 @@ Bad samples are quarantined and duplicates left out (successful outcomes); a mal
 an unexpected error fails its record alone, which retries (idempotently) and ends in ImportDLQ.
 """
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
+from core import telemetry
 from core.errors import BadMessage
 from core.imports import ImportShard, import_shard
 from core.settings import ImportSettings
 
 logger = Logger()
+metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
 
 
@@ -24,11 +26,17 @@ def record_handler(record: SQSRecord) -> None:
         message = ImportShard.model_validate_json(record.body)
     except ValidationError as exc:
         raise BadMessage(f"not an import message: {exc}") from exc
-    report = import_shard(message, ImportSettings.from_env())
-    logger.info("import message handled", extra={"source": report.source, "status": report.status,
-                                                  "shard": report.shard_id, "accepted": report.accepted})
+    with telemetry.correlated(message.uri):  # the tar's URI follows its samples' log lines
+        report = import_shard(message, ImportSettings.from_env())
+        logger.info("import message handled", extra={"source": report.source, "status": report.status,
+                                                      "shard": report.shard_id, "accepted": report.accepted})
+    telemetry.count_by(telemetry.IMPORTED_SHARDS, "status", report.status)
+    telemetry.count(telemetry.IMPORTED_SAMPLES, report.accepted)
+    telemetry.count(telemetry.IMPORT_DUPLICATES, report.duplicates)
+    telemetry.count(telemetry.IMPORT_REJECTS, report.rejected)
 
 
+@metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

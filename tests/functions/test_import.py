@@ -188,6 +188,29 @@ def test_a_redelivered_message_imports_the_shard_once_and_counts_it_once(stack, 
     assert (report.shards_done, report.samples_accepted, len(report.shards)) == (1, 3, 1)
 
 
+def test_the_handler_publishes_import_metrics(stack, settings, function_env, lambda_context, monkeypatch,
+                                             capsys) -> None:
+    # GIVEN metrics on (the template sets the namespace) and a tar of three new samples
+    from core import telemetry
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Atelier")
+    telemetry.metrics.clear_metrics()
+    start_batch(stack, 1)
+    message = put_tar(stack, "metrics.tar", webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(3)]))
+    from import_shard.app import lambda_handler
+    source = next(s for s in stack.sources if s.function == "ImportFunction")
+    capsys.readouterr()
+
+    # WHEN the function imports it
+    lambda_handler(sqs_event([{"MessageId": "m-1", "ReceiptHandle": "r", "Body": message.model_dump_json(),
+                               "MD5OfBody": ""}], source, "us-east-1"), lambda_context)
+
+    # THEN the EMF lines count the shard by status and its samples
+    blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    shards = [b for b in blobs if "ImportedShards" in b]
+    assert [(b["status"], b["ImportedShards"]) for b in shards] == [("imported", [1.0])]
+    assert [b["ImportedSamples"] for b in blobs if "ImportedSamples" in b] == [[3.0]]
+
+
 def test_a_crash_after_the_commit_is_finished_by_the_redelivery(stack, settings, monkeypatch) -> None:
     start_batch(stack, 1)
     message = put_tar(stack, "crash.tar", webdataset_tar([sample_of(f"s{n}", ITEMS[n]) for n in range(3)]))
