@@ -1,12 +1,20 @@
-"""atelier.local.moto_server: DynamoDB requests one at a time, everything else concurrently."""
+"""atelier.local.moto_server: DynamoDB requests one at a time, everything else concurrently, and
+transactions that check every condition before writing."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from atelier.local.moto_server import SerialDynamoDB
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+from moto.dynamodb.models import DynamoDBBackend
+
+from atelier.local.moto_server import SerialDynamoDB, transact_write_items
 
 
 def slow_app(log: list[str], seconds: float = 0.05):
@@ -45,3 +53,65 @@ def test_other_requests_still_run_side_by_side() -> None:
 
     # every request started before the first one ended
     assert all(entry.startswith("start") for entry in log[:4])
+
+
+# --- TransactWriteItems without copying the table ----------------------------------------------------
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """moto's DynamoDB with the local stack's transactions, and one table holding item `kept`."""
+    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", transact_write_items)
+    with mock_aws():
+        dynamodb = boto3.client("dynamodb", region_name="us-east-1")
+        dynamodb.create_table(TableName="t", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                              AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                              BillingMode="PAY_PER_REQUEST")
+        dynamodb.put_item(TableName="t", Item={"pk": {"S": "kept"}, "n": {"N": "1"}})
+        yield dynamodb
+
+
+def keys(dynamodb: Any) -> dict[str, str]:
+    return {i["pk"]["S"]: i.get("n", {}).get("N") for i in dynamodb.scan(TableName="t")["Items"]}
+
+
+def put(pk: str) -> dict[str, Any]:
+    return {"Put": {"TableName": "t", "Item": {"pk": {"S": pk}}, "ConditionExpression": "attribute_not_exists(pk)"}}
+
+
+def bump(pk: str, expected: str) -> dict[str, Any]:
+    return {"Update": {"TableName": "t", "Key": {"pk": {"S": pk}}, "UpdateExpression": "SET n = :new",
+                       "ConditionExpression": "n = :old",
+                       "ExpressionAttributeValues": {":new": {"N": "2"}, ":old": {"N": expected}}}}
+
+
+def test_a_transaction_writes_all_of_its_items(table: Any) -> None:
+    table.transact_write_items(TransactItems=[put("new"), bump("kept", "1")])
+
+    assert keys(table) == {"kept": "2", "new": None}
+
+
+def test_a_failed_condition_writes_nothing_and_names_the_item(table: Any) -> None:
+    with pytest.raises(ClientError) as raised:
+        table.transact_write_items(TransactItems=[put("new"), bump("kept", "7")])
+
+    assert raised.value.response["Error"]["Code"] == "TransactionCanceledException"
+    assert [r["Code"] for r in raised.value.response["CancellationReasons"]] == ["None", "ConditionalCheckFailed"]
+    assert keys(table) == {"kept": "1"}
+
+
+def test_one_item_twice_in_a_transaction_is_a_validation_error(table: Any) -> None:
+    with pytest.raises(ClientError) as raised:
+        table.transact_write_items(TransactItems=[put("new"), bump("new", "1")])
+
+    assert raised.value.response["Error"]["Code"] == "ValidationException"
+    assert keys(table) == {"kept": "1"}
+
+
+def test_a_write_that_fails_after_the_checks_restores_what_was_written(table: Any) -> None:
+    # an update expression naming a value it was not given fails only when it is applied
+    broken = {"Update": {"TableName": "t", "Key": {"pk": {"S": "kept"}}, "UpdateExpression": "SET n = :missing"}}
+
+    with pytest.raises(ClientError):
+        table.transact_write_items(TransactItems=[put("new"), broken])
+
+    assert keys(table) == {"kept": "1"}
