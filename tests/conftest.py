@@ -57,6 +57,23 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
         yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
 
 
+@pytest.fixture(scope="module")
+def module_stack() -> Iterator[Provisioned]:
+    """`stack`, provisioned once for a whole module (a few seconds each time); a module that uses it
+    empties what its tests wrote itself. The credentials are set here too: `aws_credentials` runs
+    after module fixtures."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in list(os.environ):
+            if name.startswith("AWS_ENDPOINT_URL") or name in {"AWS_PROFILE", "AWS_SESSION_TOKEN"}:
+                patch.delenv(name)
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": REGION}.items():
+            patch.setenv(name, value)
+        with mock_aws():
+            expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+            yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+
+
 @pytest.fixture
 def partner(stack: Provisioned) -> str:
     """partner-a, registered with the licenses the events and pictures use."""

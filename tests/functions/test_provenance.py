@@ -7,20 +7,17 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 import random
 import tarfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import boto3
 import moto.s3.models
 import pytest
-from moto import mock_aws
 from PIL import Image
 
-from atelier.local.provision import Provisioned, Provisioner
-from atelier.local.template import expand
+from atelier.local.provision import Provisioned
 from core import attribution, aws, licensing, records
 from core.licensing import Partner, Revocation, Terms, put_partner, revoke
 from core.models import LeftOut, Manifest, Sample
@@ -29,7 +26,6 @@ from core.provenance import Affected, affected_by, lineage_of, output_key
 from core.settings import TrainingSettings
 from core.training import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
-from tests.support import ACCOUNT, REGION, REPO, STACK
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.stages import RunPlan
 
@@ -37,20 +33,10 @@ TAKEDOWN_AT = "2026-12-01T10:00:00+00:00"
 
 
 @pytest.fixture(scope="module")
-def stack(request: pytest.FixtureRequest) -> Iterator[Provisioned]:
-    """conftest's `stack` (same template and TEST_OVERRIDES), provisioned once for this module (a few
-    seconds each time); `clean` empties the table and the buckets before each test."""
-    overrides = request.config.pluginmanager.getplugin(str(REPO / "tests" / "conftest.py")).TEST_OVERRIDES
-    with pytest.MonkeyPatch.context() as patch:
-        for name in list(os.environ):  # as conftest's aws_credentials, which runs after module fixtures
-            if name.startswith("AWS_ENDPOINT_URL") or name in {"AWS_PROFILE", "AWS_SESSION_TOKEN"}:
-                patch.delenv(name)
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_DEFAULT_REGION": REGION}.items():
-            patch.setenv(name, value)
-        with mock_aws():
-            expanded = expand(REPO / "template.yaml", overrides, STACK, REGION, ACCOUNT)
-            yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+def stack(module_stack: Provisioned) -> Provisioned:
+    """conftest's `module_stack`: provisioned once here; `clean` empties the table and the buckets
+    before each test."""
+    return module_stack
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
@@ -20,11 +19,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
-from moto import mock_aws
-from tests.support import ACCOUNT, REGION, REPO, STACK, load_event
+from tests.support import ACCOUNT, REGION, load_event
 
-from atelier.local.provision import Provisioned, Provisioner
-from atelier.local.template import expand
+from atelier.local.provision import Provisioned
 from core import aws, records
 from core.models import Manifest, ShardRef, ShardSealed
 from core.settings import TrainingSettings
@@ -123,21 +120,10 @@ class _SerializedPaginator:
 
 
 @pytest.fixture(scope="module")
-def stack(request: pytest.FixtureRequest) -> Iterator[Provisioned]:
-    """conftest's `stack` (same template, same TEST_OVERRIDES), provisioned once for this module
-    rather than once a test (~1 s each); `sagemaker` empties the table and the data bucket before
-    each test. tests/conftest.py is read as pytest loaded it, not imported a second time."""
-    overrides = request.config.pluginmanager.getplugin(str(REPO / "tests" / "conftest.py")).TEST_OVERRIDES
-    with pytest.MonkeyPatch.context() as patch:
-        for name in list(os.environ):  # as conftest's aws_credentials, which runs after module fixtures
-            if name.startswith("AWS_ENDPOINT_URL") or name in {"AWS_PROFILE", "AWS_SESSION_TOKEN"}:
-                patch.delenv(name)
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_DEFAULT_REGION": REGION}.items():
-            patch.setenv(name, value)
-        with mock_aws():
-            expanded = expand(REPO / "template.yaml", overrides, STACK, REGION, ACCOUNT)
-            yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+def stack(module_stack: Provisioned) -> Provisioned:
+    """conftest's `module_stack`: provisioned once here; `sagemaker` empties the table and the data
+    bucket before each test."""
+    return module_stack
 
 
 def empty(stack: Provisioned) -> None:
