@@ -262,7 +262,19 @@ def consider_candidate(job: JobState, settings: DeploySettings) -> DeployResult:
     if production and int(production["order"]) >= job.ended_at:
         _settle(name, "superseded", f"older than production model {production['model']}", settings)
         return DeployResult("superseded", name)
+    if not has_eval_shards(settings.eval_data_uri):
+        _settle(name, "eval-failed", f"no held-out shards (*.tar) under {settings.eval_data_uri}: "
+                "add one with `atelier evalset add`; later candidates are scored on it", settings)
+        telemetry.count(telemetry.MODELS_HELD_BACK)
+        return DeployResult("eval-failed", name, "no evaluation set")
     return start_evaluation(model, production, settings)
+
+
+def has_eval_shards(uri: str) -> bool:
+    """Whether the held-out set has a shard: checked before an evaluation job (minutes of an
+    instance) is started only to fail on an empty channel."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return any(item["Key"].endswith(".tar") for item in aws.list_objects(bucket, prefix))
 
 
 def start_evaluation(model: dict[str, Any], production: dict[str, Any] | None, settings: DeploySettings,

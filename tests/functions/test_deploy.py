@@ -32,7 +32,15 @@ MODELS = "s3://atelier-models-123456789012-us-east-1"  # the stack's models buck
 @pytest.fixture
 def settings(stack: Provisioned, function_env: Callable[[str], dict[str, str]]) -> DeploySettings:
     function_env("DeployFunction")
-    return DeploySettings.from_env()
+    found = DeploySettings.from_env()
+    put_eval_shard(found.eval_data_uri)
+    return found
+
+
+def put_eval_shard(eval_data_uri: str) -> None:
+    """A held-out shard under EvalDataPrefix: without one no evaluation job is started."""
+    bucket, _, prefix = eval_data_uri.removeprefix("s3://").partition("/")
+    boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}heldout.tar", Body=bytes(1024))
 
 
 @pytest.fixture
@@ -196,6 +204,21 @@ def test_a_passing_first_model_creates_the_endpoint_with_a_safe_rollout(settings
     assert json.loads(record["gate"])["decision"] == "passed"
     beside = aws.read_json_if_exists(settings.models_bucket, f"training/{JOB}/output/evaluation.json")
     assert (beside["gate"]["decision"], beside["model"]) == ("passed", JOB)  # for the training report
+
+
+def test_without_an_evaluation_set_no_evaluation_job_starts_and_the_reason_says_how_to_add_one(
+        settings: DeploySettings) -> None:
+    bucket, _, prefix = settings.eval_data_uri.removeprefix("s3://").partition("/")
+    boto3.client("s3").delete_object(Bucket=bucket, Key=f"{prefix}heldout.tar")
+    boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}README.txt", Body=b"not a shard")
+
+    result = on_job_state(completed(), settings)
+
+    record = model_record(settings, JOB)
+    assert (result.action, record["status"]) == ("eval-failed", "eval-failed")
+    assert settings.eval_data_uri in record["reason"] and "atelier evalset add" in record["reason"]
+    assert training_jobs() == []
+    assert aws.describe_endpoint(settings.endpoint_name) is None
 
 
 def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) -> None:
