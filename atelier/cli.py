@@ -135,7 +135,7 @@ def status_table(status: client.Status) -> Table:
     table.add_row("samples", f"{status.samples} ({status.packed} packed)")
     table.add_row("shards", ", ".join(f"{k} {v}" for k, v in sorted(status.shards.items())) or "none")
     for job in status.jobs:
-        table.add_row("training job", f"{job['name']}: {job['status']} ({job['shards']} shards)"
+        table.add_row(f"{job.get('role', 'train')} job", f"{job['name']}: {job['status']} ({job['shards']} shards)"
                       + (f" - {job['failure']}" if job.get("failure") else ""))
     for model in status.models[-5:]:
         table.add_row("model", model_line(model))

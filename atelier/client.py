@@ -225,7 +225,7 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
 
 def _job(item: dict[str, Any]) -> dict[str, Any]:
     name = item["pk"].removeprefix("JOB#")
-    job = {"name": name, "status": item.get("status", ""), "shards": len(item.get("shards", [])),
+    job = {"name": name, "role": item.get("role", "train"), "status": item.get("status", ""), "shards": len(item.get("shards", [])),
            "created": item.get("at", ""), "failure": item.get("failure_reason") or None}
     try:
         described = boto3.client("sagemaker").describe_training_job(TrainingJobName=name)

@@ -90,7 +90,7 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
     stages: list[tuple[str, Callable[[client.Status], bool]]] = [
         ("every upload ingested", lambda s: sum(s.uploads.values()) >= options.images),
         ("shards sealed", lambda s: sum(s.shards.values()) > 0),
-        ("training job started", lambda s: bool(s.jobs)),
+        ("first job started (encode, then train)", lambda s: bool(s.jobs)),
         ("training job completed", lambda s: _job_done(s)),
         ("model passed the evaluation gate", lambda s: any(m["status"] in {"passed", "deployed"} for m in s.models)),
         ("endpoint in service", lambda s: any(e["status"] == "InService" for e in s.endpoints)),
@@ -115,13 +115,13 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
 
 
 def _job_done(status: client.Status) -> bool:
-    return any(j["status"] == "Completed" for j in status.jobs)
+    return any(j["status"] == "Completed" and j.get("role") == "train" for j in status.jobs)
 
 
 def _fail_on_failure(status: client.Status, stack: LocalStack) -> None:
     for job in status.jobs:
         if job["status"] in {"Failed", "Stopped"}:
-            raise DemoFailed(f"training job {job['name']} {job['status']}: {job.get('failure')}; "
+            raise DemoFailed(f"{job['role']} job {job['name']} {job['status']}: {job.get('failure')}; "
                              f"logs in {stack.options.state_dir / 'sagemaker'}")
     for endpoint in status.endpoints:
         if endpoint["status"] == "Failed":

@@ -26,7 +26,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as state:
         result = run_demo(DemoOptions(root=REPO, state_dir=Path(state), output=Path(state) / "image.png",
                                       images=args.images))
-    result["config"] = {"images": args.images, "jobs": len(result["config"]["jobs"])}
+    result["config"] = {"images": args.images, "jobs": len([j for j in result["config"]["jobs"] if j["role"] == "train"])}
     result["machine"] = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "gpu": None}
     result["versions"] = {p: version(p) for p in ("torch", "diffusers", "moto", "aws-lambda-powertools")}
     print(json.dumps(result))

@@ -112,6 +112,9 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=8)
     parser.add_argument("--output-dir", default="/tmp/peer-out")
     parser.add_argument("--ours", default=None, help="bench/train_gpu.py's JSON lines, for the ratio")
+    parser.add_argument("--ours-source", choices=("image", "latent"), default="image",
+                        help="which of our lines the ratio uses: image shards (VAE online) or latent shards "
+                             "encoded from the same images (the encode job's img/s is reported beside it)")
     parser.add_argument("--log", default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -132,18 +135,28 @@ def main() -> None:
     lines = [{"metric": f"train.diffusers_img_per_s_{args.resolution}", "value": result["img_per_s"], "unit": "img/s",
               "mfu_989": round(result["img_per_s"] * UNET_TFLOP[args.resolution] / 989, 4),
               "config": {**peer, "batch": args.batch, "resolution": args.resolution, **result}, **common}]
-    ours = None
+    ours, encode = None, None
     if args.ours and Path(args.ours).is_file():
         for text in Path(args.ours).read_text().splitlines():
             line = json.loads(text)
-            if line.get("metric") == f"train.img_per_s_{args.resolution}_image":
+            if line.get("metric") == f"train.img_per_s_{args.resolution}_{args.ours_source}":
                 ours = line
+            if line.get("metric") == f"train.encode_img_per_s_{args.resolution}":
+                encode = line["value"]
     if ours:
+        extra = {}
+        if args.ours_source == "latent" and encode:
+            # the encode job runs once per shard and resolution; each epoch after it trains on latents alone
+            extra = {"encode_img_per_s": encode, "ratio_with_encode_per_epochs": {
+                str(epochs): round(1 / (1 / ours["value"] + 1 / (encode * epochs)) / result["img_per_s"], 3)
+                for epochs in (1, 4, 10)}}
         lines.append({"metric": f"train.ratio_vs_diffusers_{args.resolution}", "value": round(ours["value"] / result["img_per_s"], 3),
                       "unit": "ratio", "goal": 2.0, "ours_img_per_s": ours["value"], "baseline_img_per_s": result["img_per_s"],
                       "ratio_window_means": round(ours["config"]["img_per_s_window_mean"] / result["img_per_s_window_mean"], 3),
-                      "baseline": peer["script"],
+                      "baseline": peer["script"], **extra,
                       "config": {"resolution": args.resolution, "batch": args.batch, "ours": ours["config"]["name"],
+                                 "ours_source": ours["config"].get("source", args.ours_source),
+                                 "ours_batch": ours["config"].get("batch"),
                                  "same_images": True, "same_lease": True}, **common})
     for line in lines:
         print(json.dumps(line), flush=True)

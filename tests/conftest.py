@@ -24,6 +24,7 @@ TEST_OVERRIDES = {
     # moto's SageMaker knows an old list of instance types only
     "TrainingInstanceType": "ml.m5.xlarge",
     "EndpointInstanceType": "ml.m5.large",
+    "EncodeInstanceType": "",  # jobs train on the image shards; the encode tests set it
     "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"}),
 }
 

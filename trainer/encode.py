@@ -70,8 +70,7 @@ def models_identity(models: Models) -> str:
     """sha256 of the VAE's, text encoders' and tokenizers' configs and weights: what latent shards depend on."""
     digest = hashlib.sha256()
     for name, model in [("vae", models.vae), *((f"text_encoder_{n}", m) for n, m in enumerate(models.text_encoders))]:
-        config = model.config.to_json_string() if hasattr(model.config, "to_json_string") else json.dumps(dict(model.config))
-        digest.update(f"{name}\n{config}\n".encode())
+        digest.update(f"{name}\n{model_config_json(model)}\n".encode())
         for key, tensor in sorted(model.state_dict().items()):
             # rounded to bf16: the same digest whether the frozen model is held in fp32 (CPU) or bf16 (GPU)
             tensor = tensor.detach().to("cpu", torch.bfloat16 if tensor.is_floating_point() else tensor.dtype).contiguous()
@@ -81,6 +80,15 @@ def models_identity(models: Models) -> str:
         vocabulary = json.dumps(sorted(tokenizer.get_vocab().items()))
         digest.update(f"tokenizer_{number} {tokenizer.model_max_length}\n{vocabulary}\n".encode())
     return digest.hexdigest()
+
+
+def model_config_json(model: torch.nn.Module) -> str:
+    """The model's architecture as canonical JSON: sorted keys, without the library's bookkeeping
+    (diffusers' `_use_default_values` is a list made from a set, so its order changes from one
+    process to the next, and the encode and the training job are two processes)."""
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    return json.dumps({k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"},
+                      sort_keys=True, default=str)
 
 
 def latent_dir(output_dir: str | Path, identity: str, resolution: int) -> Path:

@@ -178,7 +178,8 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
         return int(item["sequence"]) if "sequence" in item else manifest_of(item).sequence
 
     mine, stage = sequence_of(job), int(job.get("stage", 0))
-    lineage_jobs = [i for i in aws.scan_prefix(places.table, "JOB#") if i.get("lineage", "") == job.get("lineage", "")]
+    lineage_jobs = [i for i in aws.scan_prefix(places.table, "JOB#")  # training jobs: an encode job trains nothing
+                    if i.get("lineage", "") == job.get("lineage", "") and i.get("role") != "encode"]
     chain = sorted((i for i in lineage_jobs
                     if (i["manifest"] == job["manifest"] and int(i.get("stage", 0)) <= stage)
                     or (sequence_of(i) < mine and i.get("status") not in NOT_STARTED)),
@@ -241,6 +242,8 @@ def affected_by(revocation: Revocation, places: Places) -> list[Affected]:
     """Every job whose lineage holds a sample the takedown covers, oldest manifest first."""
     found = []
     for item in aws.scan_prefix(places.table, "JOB#"):
+        if item.get("role") == "encode":  # it trains nothing
+            continue
         name = item["pk"].removeprefix("JOB#")
         covered = stored_lineage(name, places).covered_by(revocation)
         if covered:

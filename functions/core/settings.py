@@ -180,6 +180,9 @@ class TrainingSettings:
     kms_key: str
     stages: tuple[Stage, ...]  # one job per stage, chained; a plain run is one stage
     use: str = "commercial"  # what the models are for; partner terms may allow only some uses (core.licensing)
+    # An encode job (trainer/encode.py) on this instance type turns each stage's image shards into
+    # latent shards before the stage trains; empty: the stage trains on the image shards (VAE online).
+    encode_instance_type: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
@@ -205,12 +208,15 @@ class TrainingSettings:
             kms_key=env.get("TRAINING_KMS_KEY", ""),
             stages=_run_plan(env.get("TRAINING_RUN_PLAN", "") or "[]", base, default_stage),
             use=env.get("TRAINING_USE", "") or "commercial",  # a TrainingUse parameter may set it
+            encode_instance_type=env.get("TRAINING_ENCODE_INSTANCE_TYPE", "").strip(),
         )
         if bool(settings.subnets) != bool(settings.security_groups):
             raise ConfigError("TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS go together (a VPC config needs both)")
         gpus = int(_bounded("TRAINING_GPUS_PER_INSTANCE", _int(env, "TRAINING_GPUS_PER_INSTANCE"), 0))
         for stage in settings.stages:
             check_sharding(settings.quota, stage, gpus)
+            if settings.encode_instance_type:
+                check_encodable(stage)
         return settings
 
 
@@ -241,6 +247,13 @@ def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ..
         stages.append(Stage(item["name"], str(item.get("instance_type", default.instance_type)), count,
                             {**base, **overrides}))
     return tuple(stages)
+
+
+def check_encodable(stage: Stage) -> None:
+    """Latent shards hold one centred crop per sample at the stage's resolution (trainer/encode.py)."""
+    if stage.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
+        raise ConfigError(f"stage {stage.name!r} asks for random-crop, which needs image shards: "
+                          "set TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty or drop random-crop")
 
 
 def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:

@@ -12,6 +12,11 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   trained and starts the next stage or the next manifest; Failed and Stopped return its shards to
   pending, so the next job takes them. A Completed job's lineage and attribution are written
   beside its model (core.attribution).
+- Latent shards (when an encode instance type is set): before a stage's training job, an encode
+  job `<job>-enc` (the training image, task=encode) writes the manifest's shards as latent shards
+  under `s3://<models>/encoded/<job>/`; on its Completed event every shard's latent twin is checked
+  and listed in `manifests/<job>.latents.manifest`, the training job's `train` channel. An encode job
+  that fails, or leaves a shard out, fails its training job (the shards return to pending).
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
   (core.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
@@ -41,6 +46,11 @@ CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TRAINED_SHARDS = "SHARDS#trained"
 FINAL_STAGE_TAG = "atelier:final-stage"
 MANIFEST_TAG = "atelier:manifest"
+ROLE_TAG = "atelier:role"
+ENCODE_SUFFIX = "-enc"
+ENCODED_PREFIX = "encoded/"  # in the models bucket: <job>/latents/<encoder identity>-r<res>/<shard path>
+# the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
+ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "seed", "resolution", "aspect-buckets")
 # The trainer's JSON log lines (trainer/train.py, docs/trainer.md), parsed by SageMaker into metrics.
 METRIC_DEFINITIONS = [  # equal to trainer.health.METRIC_DEFINITIONS (a test holds them together)
     {"Name": f"train:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
@@ -50,6 +60,10 @@ METRIC_DEFINITIONS = [  # equal to trainer.health.METRIC_DEFINITIONS (a test hol
 
 class JobNameCollision(RuntimeError):
     """A job of our name exists for another manifest: never silently skipped."""
+
+
+class EncodeIncomplete(ValueError):
+    """The encode job's output does not hold exactly one latent shard per shard of the manifest."""
 
 
 @dataclass(frozen=True)
@@ -117,41 +131,64 @@ def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
     return {**stage.hyperparameters, "steps": str(steps_target)}
 
 
-def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
-                         steps_target: int, settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
-    """CreateTrainingJob's request; with `exclusions_uri` (the manifest JSON) a second channel
-    `manifest` brings the exclusion list to every instance (trainer --manifest)."""
-    stage = settings.stages[stage_index]
+def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], instances: tuple[str, int],
+                 output_prefix: str, checkpoint_uri: str, tags: dict[str, str],
+                 settings: TrainingSettings) -> dict[str, Any]:
+    """What a training and an encode job's requests share: the `train` channel (a ManifestFile,
+    FastFile, ShardedByS3Key), checkpoints, retries, isolation, VPC and KMS."""
     request: dict[str, Any] = {
         "TrainingJobName": name,
         "RoleArn": settings.role_arn,
         "AlgorithmSpecification": {"TrainingImage": settings.image_uri, "TrainingInputMode": "FastFile",
                                    "MetricDefinitions": METRIC_DEFINITIONS},
-        "HyperParameters": stage_hyperparameters(stage, steps_target),
+        "HyperParameters": hyperparameters,
         "InputDataConfig": [{
             "ChannelName": CHANNEL,
             "InputMode": "FastFile",
             "ContentType": "application/x-tar",
             "DataSource": {"S3DataSource": {
-                "S3DataType": "ManifestFile", "S3Uri": manifest_uri,
+                "S3DataType": "ManifestFile", "S3Uri": train_uri,
                 "S3DataDistributionType": "ShardedByS3Key",
             }},
         }],
-        "OutputDataConfig": {"S3OutputPath": f"s3://{settings.models_bucket}/training/"},
-        "ResourceConfig": {"InstanceType": stage.instance_type, "InstanceCount": stage.instance_count,
+        "OutputDataConfig": {"S3OutputPath": f"s3://{settings.models_bucket}/{output_prefix}"},
+        "ResourceConfig": {"InstanceType": instances[0], "InstanceCount": instances[1],
                            "VolumeSizeInGB": settings.volume_gb},
         "StoppingCondition": {"MaxRuntimeInSeconds": settings.max_runtime_s},
-        # One prefix per lineage: a retried job and the lineage's next job resume from it.
-        "CheckpointConfig": {"S3Uri": f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
-                             "LocalPath": CHECKPOINT_LOCAL_PATH},
+        "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
         "RetryStrategy": {"MaximumRetryAttempts": settings.max_retries},
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
-        "Tags": [{"Key": MANIFEST_TAG, "Value": manifest_digest},
-                 {"Key": "atelier:lineage", "Value": settings.lineage},
-                 {"Key": "atelier:stage", "Value": stage.name},
-                 {"Key": FINAL_STAGE_TAG, "Value": str(stage_index == len(settings.stages) - 1).lower()}],
+        "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
     }
+    if settings.keep_alive_s:
+        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
+    if settings.subnets:
+        request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
+    if settings.kms_key:
+        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
+        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
+    return request
+
+
+def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettings) -> dict[str, str]:
+    return {MANIFEST_TAG: manifest_digest, "atelier:lineage": settings.lineage,
+            "atelier:stage": settings.stages[stage_index].name,
+            FINAL_STAGE_TAG: str(stage_index == len(settings.stages) - 1).lower()}
+
+
+def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                         steps_target: int, settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
+    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins. With
+    `exclusions_uri` (the manifest JSON) a second channel `manifest` brings the exclusion list to
+    every instance (trainer --manifest)."""
+    stage = settings.stages[stage_index]
+    request = _job_request(
+        name, manifest_uri, stage_hyperparameters(stage, steps_target), (stage.instance_type, stage.instance_count),
+        "training/",
+        # One prefix per lineage: a retried job and the lineage's next job resume from it.
+        f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
+        _stage_tags(manifest_digest, stage_index, settings), settings)
     if exclusions_uri:
         request["InputDataConfig"].append({
             "ChannelName": MANIFEST_CHANNEL,
@@ -161,14 +198,51 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
                 "S3DataType": "S3Prefix", "S3Uri": exclusions_uri, "S3DataDistributionType": "FullyReplicated",
             }},
         })
-    if settings.keep_alive_s:
-        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
-    if settings.subnets:
-        request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
-    if settings.kms_key:
-        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
-        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
     return request
+
+
+def encode_job_name(training_job: str) -> str:
+    return f"{training_job}{ENCODE_SUFFIX}"
+
+
+def encoded_prefix(training_job: str) -> str:
+    """Where the encode job's CheckpointConfig puts the latent shards: `<this>latents/<identity>-r<res>/`."""
+    return f"{ENCODED_PREFIX}{training_job}/"
+
+
+def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                       settings: TrainingSettings) -> dict[str, Any]:
+    """The training image with task=encode on one encode instance, for the stage's resolution and
+    models; its latent shards reach S3 through CheckpointConfig (trainer/encode.py)."""
+    stage = settings.stages[stage_index]
+    hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS}}
+    tags = {**_stage_tags(manifest_digest, stage_index, settings), FINAL_STAGE_TAG: "false", ROLE_TAG: "encode",
+            "atelier:training-job": training_job}
+    request = _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
+                           (settings.encode_instance_type, 1), ENCODED_PREFIX,
+                           f"s3://{settings.models_bucket}/{encoded_prefix(training_job)}", tags, settings)
+    request["AlgorithmSpecification"].pop("MetricDefinitions")  # no loss to chart
+    return request
+
+
+def latent_manifest_file(manifest: Manifest, bucket: str, prefix: str, keys: list[str]) -> list[Any]:
+    """A ManifestFile of the latent twins of the manifest's shards, from the keys found under
+    `<prefix>latents/`: one encoding directory, and every shard's twin in it."""
+    relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
+    found: dict[str, set[str]] = {}
+    for key in keys:
+        encoding, _, path = key.removeprefix(f"{prefix}latents/").partition("/")
+        if path.endswith(".tar") and not path.rsplit("/", 1)[-1].startswith("."):  # not a .tmp- part
+            found.setdefault(encoding, set()).add(path)
+    if len(found) != 1:
+        raise EncodeIncomplete(f"expected one encoding under s3://{bucket}/{prefix}latents/, found "
+                               f"{len(found)} ({', '.join(sorted(found)) or 'none'})")
+    [(encoding, paths)] = found.items()
+    missing = [path for path in relative if path not in paths]
+    if missing:
+        raise EncodeIncomplete(f"{len(missing)} of {len(relative)} shards have no latent shard under "
+                               f"s3://{bucket}/{prefix}latents/{encoding}/ (first: {missing[0]})")
+    return [{"prefix": f"s3://{bucket}/{prefix}latents/{encoding}/"}, *relative]
 
 
 # --- orchestration: events in -------------------------------------------------------------------
@@ -188,6 +262,8 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
     job = aws.get_item(settings.table, records.job_pk(name))
     if job is None or job.get("lineage", settings.lineage) != settings.lineage:
         return Decision("not-ours", name)
+    if job.get("role") == "encode":
+        return on_encode_finished(job, status, reason, settings)
     if aws.update_item(settings.table, records.job_pk(name), "SET settled = :s, #st = :status, failure_reason = :r",
                        {":s": status, ":status": status, ":r": reason or ""},
                        condition="attribute_not_exists(settled)", names={"#st": "status"}):
@@ -195,6 +271,41 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
     if status == "Completed":  # every delivery (idempotent), so a crash after settling is made good
         attribution.record_model(name, settings)
     return advance(settings)
+
+
+def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, settings: TrainingSettings) -> Decision:
+    """An encode job ended: Completed with every latent shard lets its training job start on them;
+    anything else fails the training job (its shards return to pending, the lineage goes on)."""
+    name, training_job = job["pk"].removeprefix("JOB#"), job["for_job"]
+    aws.update_item(settings.table, job["pk"], "SET settled = :s, #st = :status, failure_reason = :r",
+                    {":s": status, ":status": status, ":r": reason or ""},
+                    condition="attribute_not_exists(settled)", names={"#st": "status"})
+    if status != "Completed":
+        on_job_finished(training_job, "Failed", f"encode job {name} {status}: {reason or 'no reason given'}", settings)
+        return Decision("encode-failed", training_job)
+    try:
+        latents_uri = _write_latent_manifest(training_job, settings)
+    except EncodeIncomplete as exc:
+        on_job_finished(training_job, "Failed", f"encode job {name}: {exc}", settings)
+        return Decision("encode-failed", training_job)
+    aws.update_item(settings.table, records.job_pk(training_job), "SET latents = :u", {":u": latents_uri},
+                    condition="attribute_exists(pk)")
+    logger.info("latent shards ready", extra={"job": training_job, "encode_job": name, "latents": latents_uri})
+    advance(settings)
+    return Decision("encoded", training_job)
+
+
+def _write_latent_manifest(training_job: str, settings: TrainingSettings) -> str:
+    """`manifests/<job>.latents.manifest` from what the encode job uploaded; its URI."""
+    record = aws.get_item(settings.table, records.job_pk(training_job)) or {}
+    base = record.get("base", training_job)
+    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, f"{MANIFEST_PREFIX}{base}.json"))
+    prefix = encoded_prefix(training_job)
+    keys = [item["Key"] for item in aws.list_objects(settings.models_bucket, f"{prefix}latents/")]
+    listing = latent_manifest_file(manifest, settings.models_bucket, prefix, keys)
+    key = f"{MANIFEST_PREFIX}{training_job}.latents.manifest"
+    aws.write_object(settings.data_bucket, key, json.dumps(listing).encode(), "application/json")
+    return f"s3://{settings.data_bucket}/{key}"
 
 
 # --- orchestration: the lineage's one job at a time ---------------------------------------------
@@ -306,7 +417,8 @@ def _claim(manifest: Manifest, name: str, sequence: int, steps_done: int, queue:
                               datetime.now(timezone.utc).isoformat(timespec="seconds")),
            "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
            "stage": 0, "base": name, "steps_base": steps_done, "replay": [s.shard_id for s in manifest.shards if s.role == "replay"],
-           "sequence": manifest.sequence, "excludes": manifest.excluded}
+           "sequence": manifest.sequence, "excludes": manifest.excluded,
+           "encode": bool(settings.encode_instance_type)}  # decided once: a settings change never strands a claimed job
     return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
                                 names={"#s": "status", "#q": "queue", "#seq": "sequence"})
 
@@ -340,7 +452,7 @@ def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> Non
 def _start_next_stage(job: dict[str, Any], stage: int, settings: TrainingSettings) -> None:
     """The next stage resumes the lineage's checkpoints on the same manifest, with its own instances."""
     name = f"{job['base']}-s{stage}"
-    carried = {k: v for k, v in job.items() if k not in {"settled", "failure_reason", "model_data"}}
+    carried = {k: v for k, v in job.items() if k not in {"settled", "failure_reason", "model_data", "latents"}}
     aws.put_item_if_absent(settings.table, {**carried, "pk": records.job_pk(name), "status": "Requested",
                                             "stage": stage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :next",
@@ -383,17 +495,45 @@ def _ensure_started(name: str, settings: TrainingSettings) -> None:
     stage = int(job.get("stage", 0))
     base = job.get("base", name)
     manifest_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest"
+    if job.get("encode") and not job.get("latents"):
+        _ensure_encoding(name, job, manifest_uri, settings)
+        return
     exclusions_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.json" if job.get("excludes") else ""
-    request = training_job_request(name, manifest_uri, job["digest"], stage, _steps_target(job, stage, settings), settings,
+    train_uri = job.get("latents") or manifest_uri
+    request = training_job_request(name, train_uri, job["digest"], stage, _steps_target(job, stage, settings), settings,
                                    exclusions_uri)
     if aws.create_training_job(request):
-        logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name})
+        logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
+                                                   "latents": bool(job.get("latents"))})
         return
+    _check_ours(name, name, train_uri, settings)
+
+
+def _ensure_encoding(name: str, job: dict[str, Any], manifest_uri: str, settings: TrainingSettings) -> None:
+    """The training job's encode job runs (or has ended: then its end is handled now, in case its
+    event was lost)."""
+    encode_name = encode_job_name(name)
+    aws.put_item_if_absent(settings.table, {
+        "pk": records.job_pk(encode_name), "kind": "job", "role": "encode", "for_job": name, "status": "Requested",
+        "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    stage = int(job.get("stage", 0))
+    if aws.create_training_job(encode_job_request(name, manifest_uri, job["digest"], stage, settings)):
+        logger.info("encode job started", extra={"job": encode_name, "stage": settings.stages[stage].name})
+        return
+    existing = _check_ours(encode_name, name, manifest_uri, settings)
+    encode_record = aws.get_item(settings.table, records.job_pk(encode_name)) or {}
+    if existing["TrainingJobStatus"] in {"Completed", "Failed", "Stopped"} and "settled" not in encode_record:
+        on_encode_finished(encode_record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
+
+
+def _check_ours(name: str, training_job: str, expected_uri: str, settings: TrainingSettings) -> dict[str, Any]:
+    """An existing job of our name must read our channel; its description if it does."""
     existing = aws.sagemaker_call("describe_training_job", {"TrainingJobName": name})
     their_uri = existing["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
-    if their_uri != manifest_uri:
+    if their_uri != expected_uri:
         # Settle the job as failed (its shards return to pending, the lineage is freed, the next
         # sequence names a new job), then fail loudly: the event goes to the DLQ for a person.
-        reason = f"job name {name} is taken by a job reading {their_uri}, not {manifest_uri}"
-        on_job_finished(name, "Failed", reason, settings)
+        reason = f"job name {name} is taken by a job reading {their_uri}, not {expected_uri}"
+        on_job_finished(training_job, "Failed", reason, settings)
         raise JobNameCollision(reason)
+    return existing

@@ -18,7 +18,7 @@ from PIL import Image
 
 from atelier import client
 from atelier.catalog import make_catalog
-from atelier.demo import PARTNER, DemoOptions, drive
+from atelier.demo import DemoOptions, drive
 from atelier.local.stack import LocalStack, StackOptions
 
 pytestmark = pytest.mark.e2e
@@ -69,20 +69,26 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     stack, result, _ = chain
     sagemaker = boto3.client("sagemaker")
     every = sagemaker.list_training_jobs()["TrainingJobSummaries"]
-    jobs = [j for j in every if not j["TrainingJobName"].endswith("-eval")]
-    # one training job, and the deploy gate's evaluation of its model
+    jobs = [j for j in every if not j["TrainingJobName"].endswith(("-eval", "-enc"))]
+    # one training job, the encode job before it (samconfig [local]) and the deploy gate's evaluation
     assert [j["TrainingJobStatus"] for j in jobs] == ["Completed"]
-    assert sorted(j["TrainingJobName"] for j in every) == sorted([jobs[0]["TrainingJobName"],
-                                                                  jobs[0]["TrainingJobName"] + "-eval"])
-    job = sagemaker.describe_training_job(TrainingJobName=jobs[0]["TrainingJobName"])
-    channel = job["InputDataConfig"][0]
-    assert channel["InputMode"] == "FastFile"
-    assert channel["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
-    manifest_uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
-    bucket, key = manifest_uri.removeprefix("s3://").split("/", 1)
-    manifest = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    name = jobs[0]["TrainingJobName"]
+    assert sorted(j["TrainingJobName"] for j in every) == sorted([name, f"{name}-enc", f"{name}-eval"])
+    assert sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")["TrainingJobStatus"] == "Completed"
+    job = sagemaker.describe_training_job(TrainingJobName=name)
+    encode = sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")
     shards = boto3.client("s3").list_objects_v2(Bucket=stack.outputs["DataBucketName"], Prefix="shards/")["Contents"]
-    assert sorted(manifest[1:]) == sorted(o["Key"].removeprefix("shards/") for o in shards)
+    # the encode job read the image shards; the training job their latent twins
+    for request, kind in ((encode, "image"), (job, "latent")):
+        channel = request["InputDataConfig"][0]
+        assert channel["InputMode"] == "FastFile"
+        assert channel["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
+        bucket, key = channel["DataSource"]["S3DataSource"]["S3Uri"].removeprefix("s3://").split("/", 1)
+        manifest = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+        assert sorted(manifest[1:]) == sorted(o["Key"].removeprefix("shards/") for o in shards)
+        members = _members(manifest[0]["prefix"] + manifest[1])
+        assert any(m.endswith(".latents.safetensors") for m in members) == (kind == "latent"), members
+        assert any(m.endswith((".png", ".jpg", ".webp")) for m in members) == (kind == "image"), members
     assert job["ModelArtifacts"]["S3ModelArtifacts"].endswith(f"{job['TrainingJobName']}/output/model.tar.gz")
     # checkpoints were synced to the job's checkpoint URI
     ck_bucket, ck_prefix = job["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
@@ -90,11 +96,18 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     assert any(o["Key"].endswith("latest") for o in checkpoints)
 
 
+def _members(uri: str) -> list[str]:
+    bucket, key = uri.removeprefix("s3://").split("/", 1)
+    body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        return tar.getnames()
+
+
 def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> None:
     stack, result, output = chain
     endpoint = boto3.client("sagemaker").describe_endpoint(EndpointName=stack.outputs["EndpointName"])
     assert endpoint["EndpointStatus"] == "InService"
-    assert endpoint["EndpointConfigName"] == result["config"]["jobs"][0]["name"]
+    assert endpoint["EndpointConfigName"] == next(j["name"] for j in result["config"]["jobs"] if j["role"] == "train")
     image = Image.open(output)
     assert image.format == "PNG" and image.size[0] > 0 and image.mode == "RGB"
     again = client.generate(stack.outputs["EndpointName"], "a green square on a white background", seed=1, steps=2)

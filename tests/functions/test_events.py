@@ -6,7 +6,6 @@ import importlib
 import io
 import json
 import tarfile
-from pathlib import Path
 from typing import Any, Callable
 
 import boto3
@@ -60,6 +59,8 @@ def arrange(name: str, event: dict, stack: Provisioned) -> None:
         for record in event.get("Records", []):  # the seal timer's event has none
             sample = json.loads(record["body"])
             s3.put_object(Bucket=sample["bucket"], Key=sample["key"], Body=b"image bytes of " + sample["key"].encode())
+    elif name == "start_training_encode_completed":
+        arrange_encoded(event, stack)
     elif name.startswith("deploy_"):
         arrange_deploy(name, event, stack)
     elif name.startswith("import_"):
@@ -80,10 +81,33 @@ def arrange_import(event: dict, stack: Provisioned) -> None:
             message.batch_id, message.partner, message.license, "events/import_shard.json", 1))
 
 
+def arrange_encoded(event: dict, stack: Provisioned) -> None:
+    """The training job the encode job worked for (claimed, holding the lineage), its manifest of
+    one shard, and the latent shard the encode job uploaded."""
+    from core import aws, records
+    from core.models import Manifest, ShardRef
+    table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
+    encode_job = event["detail"]["TrainingJobName"]
+    job = encode_job.removesuffix("-enc")
+    manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
+        ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="a" * 64, samples=1, partners=("p",)),))
+    aws.write_object(data, f"manifests/{job}.json", manifest.model_dump_json().encode())
+    aws.put_item(table, {"pk": records.job_pk(job), "kind": "job", "status": "Requested", "manifest": f"manifests/{job}.json",
+                         "base": job, "stage": 0, "digest": manifest.digest, "lineage": "main", "encode": True,
+                         "shards": ["shard-1"], "steps_base": 0})
+    aws.put_item(table, {"pk": records.job_pk(encode_job), "kind": "job", "role": "encode", "for_job": job,
+                         "status": "Requested", "lineage": "main"})
+    aws.put_item(table, {"pk": "LINEAGE#main", "kind": "lineage", "sequence": 1, "steps_done": 0, "queue": [],
+                         "running_job": job})
+    boto3.client("s3").put_object(Bucket=models, Key=f"encoded/{job}/latents/0123456789abcdef-r256/shard-1.tar",
+                                  Body=b"latent shard")
+
+
 def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     """The model artefact; for the evaluation's end, the candidate it scored and its evaluation.json;
     for the artefact's S3 event, the Completed job it belongs to."""
     s3, models = boto3.client("s3"), stack.outputs["ModelsBucketName"]
+    s3.put_object(Bucket=stack.outputs["DataBucketName"], Key="eval/heldout.tar", Body=bytes(1024))  # EvalDataPrefix
     job = load_event("deploy_job_completed")["detail"]
     s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
     if name == "deploy_evaluation_completed":
@@ -130,6 +154,9 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     "start_training_shard_sealed": lambda e: {"action": "waiting", "job": None},  # quota is 2
     # moto's EventBridge delivers events without `account`
     "start_training_moto_shard_sealed": lambda e: {"action": "waiting", "job": None},
+    # latent shards ready: the training job they were encoded for starts on them
+    "start_training_encode_completed": lambda e: {"action": "encoded",
+                                                  "job": e["detail"]["TrainingJobName"].removesuffix("-enc")},
     # a candidate: its evaluation job starts
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
     "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final stage True"},

@@ -150,3 +150,17 @@ def test_the_container_runs_an_encode_job_into_the_checkpoint_directory(tmp_path
     assert written.keys() == expected.keys()
     assert all(torch.equal(load_safetensors(written[name])["latent_dist"], load_safetensors(expected[name])["latent_dist"])
                for name in written if name.endswith(".safetensors"))
+
+
+def test_the_identity_is_the_same_in_another_process():
+    # the encode job and the training job are two processes: a set's order (diffusers'
+    # `_use_default_values`) changes with PYTHONHASHSEED and must not reach the identity
+    import subprocess
+    import sys
+    code = ("from trainer.models import load_models; from trainer.encode import models_identity; "
+            "print(models_identity(load_models('tiny', None, 0)))")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    identities = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo,
+                                 env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in (1, 2, 3)}
+
+    assert len(identities) == 1 and len(identities.pop()) == 64

@@ -465,3 +465,25 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
     assert parsed.stages == (Stage("main", "ml.p5.48xlarge", 1, {
         "steps": "100000", "batch-size": "32", "resolution": "256", "learning-rate": "0.0001",
         "checkpoint-every": "1000", "seed": "0", "model-config": "sd2"}),)
+
+
+# --- training: latent shards ----------------------------------------------------------------------
+
+def test_no_encode_instance_type_trains_on_image_shards() -> None:
+    assert TrainingSettings.from_env(TRAINING_ENV).encode_instance_type == ""
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": " "}).encode_instance_type == ""
+
+
+def test_an_encode_instance_type_is_read() -> None:
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge"})
+
+    assert settings.encode_instance_type == "ml.g5.2xlarge"
+
+
+def test_random_crops_on_latent_shards_are_a_config_error_naming_the_stage() -> None:
+    plan = json.dumps([{"name": "lo"}, {"name": "hi", "hyperparameters": {"random-crop": "true"}}])
+
+    with pytest.raises(ConfigError, match="'hi' asks for random-crop"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge",
+                                   "TRAINING_RUN_PLAN": plan})
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).stages[1].name == "hi"
