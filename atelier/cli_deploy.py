@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from atelier import client
+from core import aws
 
 console = Console()
 
@@ -43,6 +45,35 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    outputs = client.stack_outputs(args.stack)
+    result = client.evaluate(outputs, args.model)
+    if args.wait:
+        result["status"] = _wait_for_decision(outputs, args.model, result["attempt"], args.timeout)
+    if args.json:
+        print(json.dumps(result))
+    elif args.wait:
+        console.print(f"{args.model}: {result['status']['status']} ({result['status']['reason']})")
+    else:
+        console.print(f"evaluation of {args.model} requested (it was eval-failed: {result['previous_reason']}); "
+                      "`atelier models` shows the gate's decision")
+    return 0
+
+
+def _wait_for_decision(outputs: dict, model: str, before: int, timeout_s: float) -> dict:
+    """Poll the model's record until the request was taken (its attempt number rose) and the
+    evaluation settled it: passed, deployed, held-back, superseded or eval-failed again."""
+    table = outputs["PipelineTableName"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = aws.get_item(table, f"MODEL#{model}") or {}
+        if int(record.get("eval_attempt", 0)) > before and record.get("status") != "evaluating":
+            return {"status": record.get("status"), "reason": record.get("reason", "")}
+        if time.monotonic() > deadline:
+            raise client.PipelineError(f"{model} is still {record.get('status')} after {timeout_s:.0f} s")
+        time.sleep(2)
+
+
 def cmd_evalset_add(args: argparse.Namespace) -> int:
     from atelier import evalset
     outputs = client.stack_outputs(args.stack)
@@ -66,6 +97,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     rollback.add_argument("--reason", default="rolled back by an operator", help="recorded with the rolled-back model")
     rollback.add_argument("--json", action="store_true")
     rollback.set_defaults(func=cmd_rollback)
+
+    evaluate = commands.add_parser("evaluate", help="evaluate an eval-failed model again (after `atelier evalset add`)")
+    evaluate.add_argument("model", help="a model name from `atelier models`")
+    evaluate.add_argument("--wait", action="store_true", help="until the gate decides")
+    evaluate.add_argument("--timeout", type=float, default=3600, help="seconds --wait waits")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(func=cmd_evaluate)
 
     evalset = commands.add_parser("evalset", help="the held-out evaluation set the deploy gate scores on").add_subparsers(
         dest="evalset_command", required=True)

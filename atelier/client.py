@@ -259,6 +259,20 @@ def models(outputs: dict[str, str]) -> list[dict[str, Any]]:
     return sorted(found, key=lambda m: m["order"])
 
 
+def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
+    """Ask DeployFunction to evaluate an eval-failed model again (`atelier evaluate`); it runs
+    under the function's role, like every other evaluation."""
+    from core.deploy import EVALUATE_REQUEST, EVALUATE_SOURCE
+    record = aws.get_item(outputs["PipelineTableName"], f"MODEL#{model}")
+    if record is None:
+        raise PipelineError(f"no model {model!r}; `atelier models` lists them")
+    if record.get("status") != "eval-failed":
+        raise PipelineError(f"model {model} is {record.get('status')}: only an eval-failed model is evaluated again")
+    aws.put_event("default", EVALUATE_SOURCE, EVALUATE_REQUEST, json.dumps({"model": model}))
+    return {"model": model, "requested": True, "previous_reason": record.get("reason", ""),
+            "attempt": int(record.get("eval_attempt", 0))}  # the request's evaluation is a later attempt
+
+
 def rollback(outputs: dict[str, str], to: str | None, reason: str) -> dict[str, Any]:
     """Serve the previous model again; the CLI's `atelier rollback`."""
     from core.deploy import EndpointBusy, rollback as roll_back

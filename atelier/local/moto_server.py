@@ -11,6 +11,11 @@ roll back), so every claim and seal slowed down as the table grew. With requests
 same all-or-nothing result needs no copy of the table: check every condition first, then write,
 keeping only the touched items to restore if a write itself fails.
 
+moto's SQS asks the clock through two naive datetimes (`unix_time_millis`) for every message of a
+queue on every SendMessage and ReceiveMessage (visible? delayed?), so with a backlog of thousands
+each call cost milliseconds and the load test slowed as its queue grew. The same test reads
+`time.time()` once per call here: the same millisecond clock, the same answers.
+
     python -m atelier.local.moto_server HOST PORT
 """
 
@@ -20,6 +25,7 @@ import copy
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 from moto.dynamodb.comparisons import get_filter_expression
@@ -28,6 +34,7 @@ from moto.dynamodb.exceptions import (ConditionalCheckFailed, MockValidationExce
                                       TransactWriteSingleOpException)
 from moto.dynamodb.models import DynamoDBBackend
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+from moto.sqs.models import Message, Queue
 from moto.server import MotoRequestHandler
 from werkzeug.serving import run_simple
 
@@ -139,9 +146,49 @@ def _write(backend: DynamoDBBackend, op_type: str, op: dict[str, Any], table: st
                             expression_attribute_names=names, expression_attribute_values=values)
 
 
+# --- SQS: one clock reading per call (see the module docstring) ----------------------------------
+
+def _now_ms() -> float:
+    """Milliseconds since the epoch: what moto's `unix_time_millis()` returns, without the datetimes."""
+    return time.time() * 1000.0
+
+
+def _message_visible(message: Message) -> bool:
+    return _now_ms() > message.visible_at
+
+
+def _message_delayed(message: Message) -> bool:
+    return _now_ms() < message.delayed_until
+
+
+def _queue_messages(queue: Queue) -> list[Message]:
+    """The visible, undelayed messages, as moto's `Queue.messages`, reading the clock once."""
+    now = _now_ms()
+    return [m for m in queue._messages if now > m.visible_at and not now < m.delayed_until]
+
+
+def _queue_not_visible(queue: Queue) -> int:
+    now = _now_ms()
+    return sum(1 for m in queue._messages if not now > m.visible_at)
+
+
+def _queue_delayed(queue: Queue) -> int:
+    now = _now_ms()
+    return sum(1 for m in queue._messages if now < m.delayed_until)
+
+
+def patch_sqs_clock() -> None:
+    Message.visible = property(_message_visible)  # type: ignore[method-assign,assignment]
+    Message.delayed = property(_message_delayed)  # type: ignore[method-assign,assignment]
+    Queue.messages = property(_queue_messages)  # type: ignore[method-assign,assignment]
+    Queue.approximate_number_of_messages_not_visible = property(_queue_not_visible)  # type: ignore[method-assign,assignment]
+    Queue.approximate_number_of_messages_delayed = property(_queue_delayed)  # type: ignore[method-assign,assignment]
+
+
 def main(host: str, port: int) -> None:
     os.environ.setdefault("MOTO_PORT", str(port))  # moto builds queue URLs and the like with it
     DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
+    patch_sqs_clock()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(host, port, SerialDynamoDB(app), threaded=True, request_handler=MotoRequestHandler)
 

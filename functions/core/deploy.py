@@ -29,6 +29,7 @@ from core.settings import DeploySettings
 logger = Logger(child=True)
 VARIANT = "AllTraffic"
 EVAL_SUFFIX = "-eval"
+EVALUATE_SOURCE, EVALUATE_REQUEST = "atelier.cli", "Evaluate Model"  # `atelier evaluate MODEL` puts this event
 ROLE_TAG = "atelier:role"
 CANDIDATE_TAG = "atelier:candidate"
 FINAL_STAGE_TAG = "atelier:final-stage"
@@ -258,16 +259,39 @@ def consider_candidate(job: JobState, settings: DeploySettings) -> DeployResult:
     model = aws.get_item(settings.table, records.model_pk(name)) or {}
     if model.get("status") != "evaluating" or model.get("eval_job"):
         return DeployResult("duplicate", name, f"already {model.get('status')}")
+    return evaluate_unless_superseded(model, settings)
+
+
+def evaluate_unless_superseded(model: dict[str, Any], settings: DeploySettings, attempt: int = 0) -> DeployResult:
+    """Start the model's evaluation, unless production is newer or there is no held-out set."""
+    name = model["model"]
     production = production_model(settings)
-    if production and int(production["order"]) >= job.ended_at:
+    if production and int(production["order"]) >= int(model["order"]):
         _settle(name, "superseded", f"older than production model {production['model']}", settings)
         return DeployResult("superseded", name)
     if not has_eval_shards(settings.eval_data_uri):
-        _settle(name, "eval-failed", f"no held-out shards (*.tar) under {settings.eval_data_uri}: "
-                "add one with `atelier evalset add`; later candidates are scored on it", settings)
+        _settle(name, "eval-failed", f"no held-out shards (*.tar) under {settings.eval_data_uri}: add them "
+                f"with `atelier evalset add`, then `atelier evaluate {name}`", settings)
         telemetry.count(telemetry.MODELS_HELD_BACK)
         return DeployResult("eval-failed", name, "no evaluation set")
-    return start_evaluation(model, production, settings)
+    return start_evaluation(model, production, settings, attempt)
+
+
+def reevaluate(name: str, settings: DeploySettings) -> DeployResult:
+    """`atelier evaluate MODEL`: an eval-failed model (no held-out set then, or a failed evaluation
+    job) is evaluated again, under a new evaluation job name; any other state is left alone."""
+    model = aws.get_item(settings.table, records.model_pk(name))
+    if model is None:
+        raise BadMessage(f"no model {name!r} (`atelier models` lists them)")
+    attempt = int(model.get("eval_attempt", 0)) + 1
+    if not aws.update_item(settings.table, records.model_pk(name),
+                           "SET #s = :evaluating, eval_attempt = :a, reason = :r REMOVE eval_job",
+                           {":evaluating": "evaluating", ":a": attempt, ":r": "evaluated again on request",
+                            ":failed": "eval-failed"}, condition="#s = :failed", names={"#s": "status"}):
+        return DeployResult("duplicate", name, f"{model.get('status')}, not eval-failed: left as it is")
+    logger.info("evaluation requested again", extra={"model": name, "attempt": attempt})
+    model = {k: v for k, v in model.items() if k != "eval_job"}
+    return evaluate_unless_superseded({**model, "status": "evaluating", "eval_attempt": attempt}, settings, attempt)
 
 
 def has_eval_shards(uri: str) -> bool:

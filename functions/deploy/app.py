@@ -5,7 +5,8 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.deploy import DeployResult, job_state_from_event, on_artefact_published, on_endpoint_state, on_job_state
+from core.deploy import (EVALUATE_REQUEST, DeployResult, job_state_from_event, on_artefact_published, on_endpoint_state,
+                         on_job_state, reevaluate)
 from core.errors import BadMessage
 from core.settings import DeploySettings
 
@@ -21,12 +22,14 @@ def route(event: EventBridgeEvent, settings: DeploySettings) -> DeployResult:
         return on_endpoint_state(str(event.detail.get("EndpointName", "")), settings)
     if event.detail_type == "Object Created":
         return on_artefact_published(event.detail["bucket"]["name"], event.detail["object"]["key"], settings)
+    if event.detail_type == EVALUATE_REQUEST:
+        return reevaluate(str(event.detail.get("model", "")), settings)
     raise BadMessage(f"no deploy step for {event.source} / {event.detail_type}")
 
 
 # Log lines are correlated by the training job, the endpoint or the artefact the event is about.
 @metrics.log_metrics
-@logger.inject_lambda_context(correlation_id_path="detail.TrainingJobName || detail.EndpointName || detail.object.key")
+@logger.inject_lambda_context(correlation_id_path="detail.TrainingJobName || detail.EndpointName || detail.object.key || detail.model")
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     result = route(event, DeploySettings.from_env())

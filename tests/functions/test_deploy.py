@@ -20,7 +20,7 @@ from tests.support import load_event
 from atelier.local.provision import Provisioned
 from core import aws, records
 from core.deploy import (JobState, deployment_config, evaluation_job_name, job_state_from_event, model_request,
-                         on_artefact_published, on_endpoint_state, on_job_state, rollback)
+                         on_artefact_published, on_endpoint_state, on_job_state, reevaluate, rollback)
 from core.errors import BadMessage
 from core.settings import DeploySettings
 
@@ -219,6 +219,66 @@ def test_without_an_evaluation_set_no_evaluation_job_starts_and_the_reason_says_
     assert settings.eval_data_uri in record["reason"] and "atelier evalset add" in record["reason"]
     assert training_jobs() == []
     assert aws.describe_endpoint(settings.endpoint_name) is None
+
+
+def test_an_eval_failed_model_is_evaluated_again_on_request_once_the_set_exists(settings: DeploySettings) -> None:
+    # GIVEN a candidate that found no held-out set
+    bucket, _, prefix = settings.eval_data_uri.removeprefix("s3://").partition("/")
+    boto3.client("s3").delete_object(Bucket=bucket, Key=f"{prefix}heldout.tar")
+    on_job_state(completed(), settings)
+    assert f"`atelier evaluate {JOB}`" in model_record(settings, JOB)["reason"]
+    # WHEN the set is added and the evaluation requested again
+    put_eval_shard(settings.eval_data_uri)
+    result = reevaluate(JOB, settings)
+
+    # THEN a new evaluation job scores it, and its result goes through the gate as any other
+    record = model_record(settings, JOB)
+    assert (result.action, record["status"], record["eval_job"], record["eval_attempt"]) == (
+        "evaluating", "evaluating", f"{JOB}-ev1", 1)
+    assert training_jobs() == [f"{JOB}-ev1"]
+    assert on_job_state(evaluation_finished(settings, JOB, 0.1), settings).action == "created"
+
+
+def test_a_request_to_evaluate_again_leaves_a_model_that_is_not_eval_failed_alone(settings: DeploySettings) -> None:
+    deploy_first(settings)
+
+    result = reevaluate(JOB, settings)
+
+    assert (result.action, model_record(settings, JOB)["status"]) == ("duplicate", "deployed")
+    assert training_jobs() == [f"{JOB}-eval"]
+
+
+def test_a_second_request_while_the_first_evaluates_starts_nothing(settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)
+    on_job_state(evaluation_finished(settings, JOB, 0.1, status="Failed"), settings)
+
+    first, second = reevaluate(JOB, settings), reevaluate(JOB, settings)
+
+    assert (first.action, second.action) == ("evaluating", "duplicate")
+    assert training_jobs() == [f"{JOB}-ev1", f"{JOB}-eval"]
+
+
+def test_a_request_for_an_unknown_model_is_a_bad_message(settings: DeploySettings) -> None:
+    with pytest.raises(BadMessage, match="no model 'atelier-nope'"):
+        reevaluate("atelier-nope", settings)
+
+
+def test_the_cli_asks_the_deploy_function_only_for_an_eval_failed_model(settings: DeploySettings, stack: Provisioned,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from atelier import client
+    sent: list[tuple] = []
+    monkeypatch.setattr(aws, "put_event", lambda *args: sent.append(args))
+    on_job_state(completed(), settings)
+    with pytest.raises(client.PipelineError, match="is evaluating: only an eval-failed model"):
+        client.evaluate(stack.outputs, JOB)
+    with pytest.raises(client.PipelineError, match="no model 'atelier-nope'"):
+        client.evaluate(stack.outputs, "atelier-nope")
+    on_job_state(evaluation_finished(settings, JOB, 0.1, status="Failed"), settings)
+
+    result = client.evaluate(stack.outputs, JOB)
+
+    assert sent == [("default", "atelier.cli", "Evaluate Model", json.dumps({"model": JOB}))]
+    assert (result["attempt"], result["previous_reason"]) == (0, f"evaluation {JOB}-eval Failed: AlgorithmError: no eval shards")
 
 
 def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) -> None:

@@ -110,6 +110,14 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     s3.put_object(Bucket=stack.outputs["DataBucketName"], Key="eval/heldout.tar", Body=bytes(1024))  # EvalDataPrefix
     job = load_event("deploy_job_completed")["detail"]
     s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
+    if name == "deploy_evaluate_request":  # a candidate whose evaluation failed
+        from core import aws, records
+        from core.deploy import job_state_from_event, on_job_state
+        from core.settings import DeploySettings
+        settings = DeploySettings.from_env(stack.functions["DeployFunction"].environment)
+        on_job_state(job_state_from_event(job), settings)
+        aws.update_item(settings.table, records.model_pk(job["TrainingJobName"]), "SET #s = :f",
+                        {":f": "eval-failed"}, names={"#s": "status"})
     if name == "deploy_evaluation_completed":
         from core.deploy import job_state_from_event, on_job_state
         from core.settings import DeploySettings
@@ -159,6 +167,8 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
                                                   "job": e["detail"]["TrainingJobName"].removesuffix("-enc")},
     # a candidate: its evaluation job starts
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
+    # an eval-failed model evaluated again on an operator's request (`atelier evaluate`)
+    "deploy_evaluate_request": lambda e: {"action": "evaluating", "model": e["detail"]["model"], "reason": ""},
     "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final stage True"},
     # the evaluation passed the gate: the first model creates the endpoint
     "deploy_evaluation_completed": lambda e: {"action": "created", "model": e["detail"]["Tags"]["atelier:candidate"],

@@ -115,3 +115,46 @@ def test_a_write_that_fails_after_the_checks_restores_what_was_written(table: An
         table.transact_write_items(TransactItems=[put("new"), broken])
 
     assert keys(table) == {"kept": "1"}
+
+
+# --- SQS: one clock reading per call -----------------------------------------------------------------
+
+@pytest.fixture
+def sqs_clock_patched() -> Iterator[None]:
+    from moto.sqs.models import Message, Queue
+
+    from atelier.local.moto_server import patch_sqs_clock
+    names = {Message: ("visible", "delayed"),
+             Queue: ("messages", "approximate_number_of_messages_not_visible", "approximate_number_of_messages_delayed")}
+    saved = {(owner, name): owner.__dict__[name] for owner, attributes in names.items() for name in attributes}
+    patch_sqs_clock()
+    yield
+    for (owner, name), value in saved.items():
+        setattr(owner, name, value)
+
+
+def counts(sqs: Any, url: str) -> tuple[int, int, int]:
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return (int(attributes["ApproximateNumberOfMessages"]), int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+            int(attributes["ApproximateNumberOfMessagesDelayed"]))
+
+
+def test_the_patched_sqs_clock_keeps_visibility_and_delays(sqs_clock_patched: None) -> None:
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="q", Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+        sqs.send_message(QueueUrl=url, MessageBody="now")
+        sqs.send_message(QueueUrl=url, MessageBody="later", DelaySeconds=1)
+        assert counts(sqs, url) == (1, 0, 1)
+
+        first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+        assert [m["Body"] for m in first] == ["now"]  # the delayed one is not yet deliverable
+        assert counts(sqs, url) == (0, 1, 1)
+        assert sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []) == []
+
+        time.sleep(1.2)  # the delay and the visibility timeout have both passed
+        again = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+        assert sorted(m["Body"] for m in again) == ["later", "now"]
+        for message in again:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        assert counts(sqs, url) == (0, 0, 0)

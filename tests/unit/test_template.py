@@ -162,10 +162,11 @@ def test_every_rule_target_that_is_a_function_has_a_dead_letter_queue(resources:
     lambda_targets = [(rule, t) for rule, props in of_type(resources, "AWS::Events::Rule").items()
                       for t in props.get("Targets", []) if t["Arn"].removesuffix(".Arn") in functions]
 
-    # Shard Sealed and job finished (start-training); job state changes, model artefacts and endpoint
-    # state changes (deploy); the pack seal timer; the reconciliation sweep's schedule
+    # Shard Sealed and job finished (start-training); job state changes, model artefacts, endpoint
+    # state changes and `atelier evaluate` requests (deploy); the pack seal timer; the sweep's schedule
     assert sorted(rule for rule, _ in lambda_targets) == [
-        "DeployFunctionEndpointStateChange", "DeployFunctionModelArtefactCreated", "DeployFunctionTrainingJobStateChange",
+        "DeployFunctionEndpointStateChange", "DeployFunctionEvaluateRequest", "DeployFunctionModelArtefactCreated",
+        "DeployFunctionTrainingJobStateChange",
         "PackFunctionSealTimer", "StartTrainingFunctionJobFinished", "StartTrainingFunctionShardSealed",
         "SweepFunctionSchedule"]
     assert [rule for rule, t in lambda_targets if "Arn" not in t.get("DeadLetterConfig", {})] == []
