@@ -108,6 +108,13 @@ def send_message(queue_url: str, body: str) -> None:
     client("sqs").send_message(QueueUrl=queue_url, MessageBody=body)
 
 
+def queue_depth(queue_url: str) -> int:
+    """Messages waiting plus in flight (SQS's approximate counts)."""
+    attributes = client("sqs").get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+    return sum(int(value) for value in attributes["Attributes"].values())
+
+
 def put_event(bus: str, source: str, detail_type: str, detail: str) -> None:
     response = client("events").put_events(
         Entries=[{"EventBusName": bus, "Source": source, "DetailType": detail_type, "Detail": detail}]

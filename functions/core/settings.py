@@ -356,16 +356,21 @@ class SweepSettings:
     uploads_queue_url: str
     grace_s: int  # an upload younger than this may still have its notification on the way
     lookback_s: int  # uploads older than this are the audit's business, not the sweep's
+    # UploadsQueue deeper than this: ingest is behind, so uploads without a record are expected and
+    # re-driving them would only add duplicates to the backlog; the run is deferred
+    max_queue_depth: int = 1000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "SweepSettings":
         grace = int(_bounded("SWEEP_GRACE_S", _int(env, "SWEEP_GRACE_S"), 0))
+        depth = _int(env, "SWEEP_MAX_QUEUE_DEPTH") if env.get("SWEEP_MAX_QUEUE_DEPTH") else 1000
         return cls(
             table=_require(env, "PIPELINE_TABLE"),
             uploads_bucket=_require(env, "UPLOADS_BUCKET"),
             uploads_queue_url=_require(env, "UPLOADS_QUEUE_URL"),
             grace_s=grace,
             lookback_s=int(_bounded("SWEEP_LOOKBACK_S", _int(env, "SWEEP_LOOKBACK_S"), grace + 1)),
+            max_queue_depth=int(_bounded("SWEEP_MAX_QUEUE_DEPTH", depth, 1)),
         )
 
 

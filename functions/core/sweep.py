@@ -5,6 +5,12 @@ queue loses them wholesale. Every run lists the uploads made between `lookback_s
 ago, and for each that has no UPLOAD# record of its current version sends UploadsQueue the
 message S3 would have sent. Ingest is idempotent on the object version, so a notification that
 was only late, or a sweep that runs twice, still records the upload once.
+
+A run is deferred while UploadsQueue holds more than `max_queue_depth` messages: ingest is behind,
+its notifications are evidently arriving, and re-driving every upload the backlog has not reached
+yet would multiply the backlog (the 10,000-upload load test grew its queue to 38,000 messages that
+way). A lost notification is then re-driven by the first run after the backlog drains (the
+lookback covers it): later, never dropped.
 """
 
 from __future__ import annotations
@@ -29,9 +35,14 @@ SWEEP_MARKER = "atelier-sweep"  # in each re-driven record, so logs can tell the
 class SweepReport:
     listed: int
     redriven: tuple[str, ...]
+    deferred_depth: int = 0  # the queue depth a deferred run found (0: the run was not deferred)
 
 
 def sweep(settings: SweepSettings, now: datetime | None = None) -> SweepReport:
+    depth = aws.queue_depth(settings.uploads_queue_url)
+    if depth > settings.max_queue_depth:
+        logger.info("sweep deferred: ingest is behind", extra={"queue_depth": depth, "max": settings.max_queue_depth})
+        return SweepReport(0, (), depth)
     now = now or datetime.now(timezone.utc)
     oldest, newest = now - timedelta(seconds=settings.lookback_s), now - timedelta(seconds=settings.grace_s)
     candidates = [o for o in aws.list_objects(settings.uploads_bucket)

@@ -20,4 +20,7 @@ metrics = Metrics()
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     report = sweep(SweepSettings.from_env())
     metrics.add_metric(name="UploadsRedriven", unit=MetricUnit.Count, value=len(report.redriven))
+    if report.deferred_depth:
+        metrics.add_metric(name="SweepsDeferred", unit=MetricUnit.Count, value=1)
+        return {"listed": 0, "redriven": [], "deferred_queue_depth": report.deferred_depth}
     return {"listed": report.listed, "redriven": list(report.redriven)}

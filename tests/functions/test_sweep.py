@@ -18,9 +18,10 @@ KEY = "partner-a/red one+two.png"  # a space and a literal '+': the re-driven ke
 @pytest.fixture
 def run(stack: Provisioned, partner: str, function_env: Callable, lambda_context: Any, monkeypatch):
     """sweep(): SweepFunction once (grace 0); ingest(): IngestFunction over what UploadsQueue holds."""
-    def sweep(grace_s: int = 0) -> dict:
+    def sweep(grace_s: int = 0, max_queue_depth: int = 1000) -> dict:
         function_env("SweepFunction")
         monkeypatch.setenv("SWEEP_GRACE_S", str(grace_s))
+        monkeypatch.setenv("SWEEP_MAX_QUEUE_DEPTH", str(max_queue_depth))
         from sweep.app import lambda_handler
         return lambda_handler({"source": "aws.events", "detail-type": "Scheduled Event"}, lambda_context)
 
@@ -92,3 +93,24 @@ def test_a_new_version_of_a_recorded_key_is_re_driven(stack, run) -> None:
         Bucket=stack.outputs["UploadsBucketName"], NotificationConfiguration={})
     put(stack, KEY, GREEN)  # overwritten; its notification is lost
     assert sweep()["redriven"] == [KEY]
+
+
+def test_a_sweep_defers_while_ingest_is_behind_and_re_drives_once_it_caught_up(stack, run) -> None:
+    sweep, ingest = run
+    # GIVEN three uploads whose notifications wait in UploadsQueue (ingest is behind), and one whose
+    # notification was lost
+    for n in range(3):
+        put(stack, f"partner-a/waiting-{n}.png", RED if n % 2 else GREEN)
+    boto3.client("s3").put_bucket_notification_configuration(
+        Bucket=stack.outputs["UploadsBucketName"], NotificationConfiguration={})
+    put(stack, KEY, RED)
+    depth = aws.queue_depth(stack.outputs["UploadsQueueUrl"])  # the three, and S3's test event
+    assert depth >= 3
+    # WHEN the sweep runs with the queue deeper than its limit
+    deferred = sweep(max_queue_depth=2)
+    # THEN it re-drives nothing (no duplicates added to the backlog) and says why
+    assert deferred == {"listed": 0, "redriven": [], "deferred_queue_depth": depth}
+    assert aws.queue_depth(stack.outputs["UploadsQueueUrl"]) == depth
+    # AND once ingest caught up, the next run re-drives the lost one only
+    ingest()
+    assert sweep(max_queue_depth=2)["redriven"] == [KEY]
