@@ -9,9 +9,11 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -42,6 +44,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         if args.port != 5100:
             console.print("  (events/env.json and samconfig.toml name port 5100: edit them for another port)")
         console.print("Ctrl-C stops it.")
+        _interrupt_on_stop_signals()
         try:
             while True:
                 stack.check()
@@ -49,6 +52,15 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             console.print("stopping")
     return 0
+
+
+def _interrupt_on_stop_signals() -> None:
+    """SIGINT and SIGTERM stop the stack cleanly, also when it was started as a background job of
+    a non-interactive shell: that job inherits SIGINT ignored, and Python keeps it ignored."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def cmd_local_env(args: argparse.Namespace) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,8 +25,11 @@ def atelier(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def local_up(tmp_path: Path) -> Iterator[Path]:
     state = tmp_path / "local"
+    # started with SIGINT ignored, as a background job of a non-interactive shell (CI) starts it:
+    # the SIGINT below must stop it all the same
     process = subprocess.Popen([sys.executable, "-m", "atelier.cli", "--state-dir", str(state), "local", "up",
-                                "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 90
     while not (state / "stack.json").exists():
         assert process.poll() is None, process.stdout.read()
