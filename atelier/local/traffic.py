@@ -21,8 +21,6 @@ from core import aws
 from core.models import ShardSealed
 
 FORMATS = (("jpg", "JPEG"), ("png", "PNG"), ("webp", "WEBP"))
-QUEUE_COUNTS = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
-                "ApproximateNumberOfMessagesDelayed")
 
 
 @dataclass(frozen=True)
@@ -76,11 +74,7 @@ def put(bucket: str, upload: Upload) -> None:
 
 def queue_depth(urls: Iterable[str]) -> int:
     """Messages visible, in flight or delayed, over the queues."""
-    sqs, total = aws.client("sqs"), 0
-    for url in urls:
-        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(QUEUE_COUNTS))["Attributes"]
-        total += sum(int(attributes.get(name, 0)) for name in QUEUE_COUNTS)
-    return total
+    return sum(aws.queue_depth(url, delayed=True) for url in urls)
 
 
 def wait_until(done: Callable[[], bool], timeout_s: float, every_s: float = 1.0, check: Callable[[], None] = lambda: None

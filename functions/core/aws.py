@@ -108,11 +108,12 @@ def send_message(queue_url: str, body: str) -> None:
     client("sqs").send_message(QueueUrl=queue_url, MessageBody=body)
 
 
-def queue_depth(queue_url: str) -> int:
-    """Messages waiting plus in flight (SQS's approximate counts)."""
-    attributes = client("sqs").get_queue_attributes(
-        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
-    return sum(int(value) for value in attributes["Attributes"].values())
+def queue_depth(queue_url: str, delayed: bool = False) -> int:
+    """Messages waiting plus in flight (SQS's approximate counts), and delayed ones if asked."""
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    names += ["ApproximateNumberOfMessagesDelayed"] if delayed else []
+    attributes = client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
+    return sum(int(attributes.get(name, 0)) for name in names)
 
 
 def put_event(bus: str, source: str, detail_type: str, detail: str) -> None:
