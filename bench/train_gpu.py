@@ -16,17 +16,42 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   through the trainer's loader; the UNet and the text encoder (on the stored token ids) run.
 - `resident512`, `resident256`: "unet-only, latents resident": random latents already on the GPU
   (`batch["latents"]`), no loader; the upper bound of the latent-shard path.
+- `image1024`, `latent1024`, `resident1024`: the same at 1024 (`--model-config sdxl`, `--image-size 1024`
+  shards, `--encode 1024`, `--batch-1024`).
 - levers on a base config, measured one at a time: `<base>+cl` (channels_last UNet),
   `<base>+fused` (fused AdamW), `<base>+b<N>` (batch N), `<base>+compile` (torch.compile of the UNet,
-  as `trainer.train --compile`), `<base>+cudnn` (cudnn.benchmark), combinations joined with `+`.
-  Each lever line carries `ratio_vs_plain` against `<base>` measured earlier in the same process.
+  as `trainer.train --compile`), `<base>+cudnn` (cudnn.benchmark), `<base>+graphs` (CUDA graphs:
+  torch.compile mode "reduce-overhead", implies compile; GPU only, a skipped line on a CPU),
+  `<base>+nopin` (the loader without pinned memory), `<base>+accum<N>` (N micro-batches per optimizer
+  step, as `trainer.train --gradient-accumulation N`: the loader plans N per step, the loss is
+  scaled by 1/N, the all-reduce runs on the last; img/s counts N x batch per step),
+  `<base>+accum<N>+sync` (the all-reduce on every micro-batch: meaningful under torchrun only),
+  combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
+  `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
+  `latent512+compile`), each when measured earlier in the same process.
 - `--profile NAME,...`: after those configurations' timed steps, 3 more under torch.profiler; a
   `train.profile.<name>` line gives the top CUDA kernels and the shares of attention, convolution,
   matmul, normalisation, elementwise and optimizer kernels.
 
+FLOPs and MFU: the fixed per-image figures of ../shared/BENCHMARKS.md (`UNET_TFLOP`, `VAE_TFLOP`) hold
+for the SD-1/2 UNet alone, so only `--model-config sd2` uses them. `--count-flops` counts the UNet's
+forward + backward (and, for image configurations, the VAE encoder's forward) per image with
+torch.utils.flop_counter.FlopCounterMode, once per resolution on a batch of one, outside the timed
+steps: `unet_tflop_per_image_counted`, and MFU from it where no fixed figure applies (`flops_basis`
+says which); for sd2 it is a cross-check beside the fixed figure.
+
+`--decode-bench N` (after the configurations): the image loader's CPU work per JPEG (trainer.data's
+decode_image + crop_to_bucket, one process, one thread as in a loader worker) against
+torchvision.io.decode_jpeg on the GPU (batched, then scaled and cropped with interpolate) on N
+JPEGs of the shards; a `train.lever.gpu_jpeg_decode` line with both, the loader's capacity
+(num_workers / CPU s per image), the fastest image configuration's img/s and a verdict.
+
 The first configuration also gives `train.first_step_s`: process start to the first optimizer step,
 with the same setup order as trainer.train.main (models built, moved to the GPU, optimizer, EMA,
 shards indexed, loader started).
+
+Under torchrun every rank prints its own lines (`rank`, `world_size`); make the shards in a single
+process first (`--make-shards N --configs ""`); rank 0 alone encodes.
 """
 
 import time
@@ -51,9 +76,11 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# FLOPs per image (../shared/BENCHMARKS.md): UNet forward + backward; VAE encoder forward.
+# FLOPs per image (../shared/BENCHMARKS.md): UNet forward + backward; VAE encoder forward. They are
+# the SD-1/2 UNet's and VAE's, so they hold for these presets alone (an sd1 preset would join them).
 UNET_TFLOP = {256: 0.54, 512: 2.41, 1024: 14.0}
 VAE_TFLOP = {256: 0.28, 512: 1.12}
+FIXED_FLOPS_PRESETS = frozenset({"sd2"})
 PEAK_SPEC, PEAK_MEASURED = 989.0, 790.0
 GOALS = {("latent", 512): ("train.img_per_s_512_latent", 200), ("latent", 256): ("train.img_per_s_256_latent", 900),
          ("image", 512): ("train.img_per_s_512_image", 110)}
@@ -137,7 +164,8 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 
 SOURCES = ("image", "latent", "resident")
-LEVERS = ("cl", "fused", "compile", "cudnn")
+LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync")
+COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
 def parse_config(name: str) -> dict:
@@ -145,14 +173,25 @@ def parse_config(name: str) -> dict:
     base, *levers = name.split("+")
     source = next(source for source in SOURCES if base.startswith(source))
     config = {"name": name, "base": base, "source": source, "resolution": int(base[len(source):]),
-              "channels_last": "cl" in levers, "fused_adamw": "fused" in levers, "compile": "compile" in levers,
-              "cudnn_benchmark": "cudnn" in levers, "batch": None}
+              "channels_last": "cl" in levers, "fused_adamw": "fused" in levers,
+              "compile": "compile" in levers or "graphs" in levers,  # CUDA graphs come through torch.compile
+              "graphs": "graphs" in levers, "cudnn_benchmark": "cudnn" in levers,
+              "pin_memory": False if "nopin" in levers else None,  # None: make_loader's own choice
+              "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1}
     for lever in levers:
-        if lever.startswith("b") and lever[1:].isdigit():
-            config["batch"] = int(lever[1:])
+        prefix = lever.rstrip("0123456789")
+        if prefix in COUNTED_LEVERS and lever != prefix:
+            config[COUNTED_LEVERS[prefix]] = int(lever[len(prefix):])
         elif lever not in LEVERS:
             raise ValueError(f"unknown lever {lever!r} in {name!r}")
+    if config["accumulation"] < 1 or (config["sync_every_micro_batch"] and config["accumulation"] == 1):
+        raise ValueError(f"{name!r}: accum<N> needs N >= 1, and sync needs accum<N> with N > 1 (one micro-batch always syncs)")
     return config
+
+
+def without_last_lever(name: str) -> str | None:
+    """'latent512+compile+graphs' -> 'latent512+compile': the configuration a lever is measured against."""
+    return name.rsplit("+", 1)[0] if "+" in name else None
 
 
 KERNEL_KINDS = [  # (kind, substrings of a CUDA kernel's name), first match wins
@@ -197,15 +236,17 @@ def resident_latents(models, batch: int, resolution: int, device, pool: int = 4)
     import torch
     side = resolution // models.vae_scale_factor
     tensors = [torch.randn(batch, models.unet.config.in_channels, side, side, device=device) for _ in range(pool)]
+    # SDXL's size/crop conditioning of an uncropped square: original size, crop top-left, target size
+    time_ids = torch.tensor([[resolution, resolution, 0, 0, resolution, resolution]] * batch, dtype=torch.float32)
     number = 0
     while True:
         yield {"latents": tensors[number % pool], "caption": [CAPTIONS[(number + i) % len(CAPTIONS)] for i in range(batch)],
-               "key": [str(i) for i in range(batch)], "corrupt": [], "shard": []}
+               "time_ids": time_ids, "key": [str(i) for i in range(batch)], "corrupt": [], "shard": []}
         number += 1
 
 
-def latent_batches(ctx: dict, resolution: int, plan, batch_plan_args) -> "StepBatches":
-    """The trainer's own latent-shard loader over the shards `--encode` wrote at this resolution."""
+def latent_batches(ctx: dict, resolution: int, plan, accumulation: int) -> "StepBatches":
+    """The trainer's own latent-shard dataset over the shards `--encode` wrote at this resolution."""
     from trainer.data import BatchPlan, StepBatches, index_shards
     from trainer.encode import check_latent_shards
     from trainer.models import caption_ids
@@ -215,8 +256,36 @@ def latent_batches(ctx: dict, resolution: int, plan, batch_plan_args) -> "StepBa
         ctx[key] = index_shards(ctx["latent_dirs"][resolution], processes.local_rank, processes.local_world_size)
         check_latent_shards(ctx[key], models, {resolution})  # as trainer.train does (hashes the VAE and text encoder)
     index = ctx[key]
-    batch_plan = BatchPlan(index.aspect, plan, *batch_plan_args, models.size_multiple, True)
+    batch_plan = BatchPlan(index.aspect, plan, ctx["args"].seed, processes.rank, accumulation, models.size_multiple, True)
     return StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False, caption_ids(models, [""])[0].numpy())
+
+
+def step_module(model, config: dict):
+    """What the step calls: the model itself, compiled as `trainer.train --compile`, or compiled with CUDA graphs."""
+    import torch
+    if config["graphs"]:  # one graph per bucket shape, replayed; the step's inputs are copied into its static buffers
+        return torch.compile(model, dynamic=False, mode="reduce-overhead")
+    return torch.compile(model, dynamic=False) if config["compile"] else model
+
+
+def start_batches(ctx: dict, config: dict, plan, batch: int) -> tuple:
+    """(the micro-batches in step order, whether the loader pins them): the trainer's loader over image or
+    latent shards, planned for `accumulation` micro-batches per step as trainer.train plans them; or resident latents."""
+    from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
+    args, models, processes = ctx["args"], ctx["models"], ctx["processes"]
+    if config["source"] == "resident":
+        return resident_latents(models, batch, config["resolution"], ctx["device"]), None
+    if config["source"] == "image":
+        if "index" not in ctx:
+            ctx["index"] = index_shards(args.shards, processes.local_rank, processes.local_world_size)
+            ctx["marks"]["shards_indexed"] = time.time() - PROCESS_START
+        index = ctx["index"]
+        batch_plan = BatchPlan(index.aspect, plan, args.seed, processes.rank, config["accumulation"], models.size_multiple, True)
+        dataset = StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False)
+    else:
+        dataset = latent_batches(ctx, config["resolution"], plan, config["accumulation"])
+    loader = make_loader(dataset, args.num_workers, pin_memory=config["pin_memory"])
+    return iter(loader), loader.pin_memory
 
 
 def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: dict, first: bool) -> dict:
@@ -224,7 +293,6 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     from torch.optim.lr_scheduler import LambdaLR
 
     from trainer import distributed
-    from trainer.data import BatchPlan, StepBatches, make_loader
     from trainer.ema import EMA
     from trainer.health import Window
     from trainer.objective import diffusion_loss, step_generator
@@ -234,32 +302,19 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     args, models, processes, device = ctx["args"], ctx["models"], ctx["processes"], ctx["device"]
     unet = models.unet
     resolution, batch = config["resolution"], config["batch"] or batch_default[config["resolution"]]
+    accumulation = config["accumulation"]
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
     if config["channels_last"]:
         unet.to(memory_format=torch.channels_last)
     model = distributed.wrap(unet, processes, "ddp")
     torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
-    step_model = torch.compile(model, dynamic=False) if config["compile"] else model  # as trainer.train --compile
+    step_model = step_module(model, config)  # `model` keeps DDP's gradient-sync switch, as in trainer.train
     profile_steps = 3 if config["name"] in ctx["profile"] else 0
     plan = plan_from_args(None, warmup + steps + profile_steps, batch, resolution, None, 0, models.default_resolution)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=True if config["fused_adamw"] else None)
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(unet.named_parameters(), 0.9999)
-    loader_iter = None
-    if config["source"] == "image":
-        if "index" not in ctx:
-            from trainer.data import index_shards
-            ctx["index"] = index_shards(args.shards, processes.local_rank, processes.local_world_size)
-            ctx["marks"]["shards_indexed"] = time.time() - PROCESS_START
-        index = ctx["index"]
-        batch_plan = BatchPlan(index.aspect, plan, args.seed, processes.rank, 1, models.size_multiple, True)
-        dataset = StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False)
-        loader_iter = batches = iter(make_loader(dataset, args.num_workers))
-    elif config["source"] == "latent":
-        dataset = latent_batches(ctx, resolution, plan, (args.seed, processes.rank, 1))
-        loader_iter = batches = iter(make_loader(dataset, args.num_workers))
-    else:
-        batches = resident_latents(models, batch, resolution, device)
+    batches, pinned = start_batches(ctx, config, plan, batch)
     if first:
         ctx["marks"]["loader_started"] = time.time() - PROCESS_START
 
@@ -273,16 +328,20 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             profiler.__enter__()
         started = time.perf_counter()
-        # ---- trainer.train.main's step, gradient_accumulation = 1
-        step_loss = torch.zeros((), device=device)
-        batch_data = window.wait_for(batches)
-        if first and step == 1:
-            ctx["marks"]["first_batch"] = time.time() - PROCESS_START
-        with distributed.gradient_sync(model, True):
-            loss = diffusion_loss(step_model, models, batch_data, device, step_generator(args.seed, step, processes.rank, 0, device))
-            loss.backward()
-        step_loss += loss.detach()
-        window.images += len(batch_data["key"]) * processes.world_size
+        if config["graphs"]:  # a new step: the graphs' output buffers from the last one may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        # ---- trainer.train.main's step
+        step_loss = torch.zeros((), device=device)  # the bench's own tensor: never a graph output kept across steps
+        for micro in range(accumulation):
+            batch_data = window.wait_for(batches)
+            if first and step == 1 and micro == 0:
+                ctx["marks"]["first_batch"] = time.time() - PROCESS_START
+            with distributed.gradient_sync(model, config["sync_every_micro_batch"] or micro == accumulation - 1):
+                loss = diffusion_loss(step_model, models, batch_data, device,
+                                      step_generator(args.seed, step, processes.rank, micro, device))
+                (loss / accumulation).backward()
+            step_loss += loss.detach() / accumulation
+            window.images += len(batch_data["key"]) * processes.world_size
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0))
         if distributed.all_finite(step_loss, grad_norm):
             optimizer.step()
@@ -302,7 +361,7 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
         if step == warmup + steps:
             figures = window.figures(window.loss_sum.item() / max(window.good_steps, 1))
         if step == 1 or step == warmup or step == plan.total_steps:
-            note(config=config["name"], step=step, step_s=round(elapsed, 3), loss=round(loss.item(), 4))
+            note(config=config["name"], step=step, step_s=round(elapsed, 3), loss=round(step_loss.item(), 4))
     profile = None
     if profiler is not None:
         torch.cuda.synchronize() if device.type == "cuda" else None
@@ -310,21 +369,273 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
         profile = profile_summary(profiler, profile_steps)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
-    del optimizer, lr_schedule, ema, batches, loader_iter, model, step_model, profiler
-    if config["channels_last"]:
-        unet.to(memory_format=torch.contiguous_format)
-    if config["compile"]:
-        torch._dynamo.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    del optimizer, lr_schedule, ema, batches, model, step_model, profiler, loss, batch_data
+    release(ctx, config)
     median = statistics.median(step_times)
-    return {"batch": batch, "resolution": resolution, "median_step_s": round(median, 4),
-            "img_per_s": round(batch / median, 2), "img_per_s_window_mean": figures["img_per_s"],
+    images_per_step = batch * accumulation
+    return {"batch": batch, "accumulation": accumulation, "images_per_step": images_per_step, "resolution": resolution,
+            "pin_memory": pinned, "median_step_s": round(median, 4),
+            "img_per_s": round(images_per_step / median, 2), "img_per_s_window_mean": figures["img_per_s"],
             "data_wait_share": figures["data_wait_share"], "peak_gpu_mem_gib": round(peak_gib, 2) if peak_gib else None,
             "timed_steps": len(step_times), "warmup_steps": warmup, "skipped_steps": skipped,
             "step_s_min_max": [round(min(step_times), 4), round(max(step_times), 4)], "loss": figures["loss"],
             "profile": profile}
+
+
+def release(ctx: dict, config: dict) -> None:
+    """Leave the UNet as the next configuration expects it (also after a failed one): contiguous, no
+    gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
+    import torch
+    unet = ctx["models"].unet
+    unet.zero_grad(set_to_none=True)
+    if config["channels_last"]:
+        unet.to(memory_format=torch.contiguous_format)
+    if config["compile"]:
+        torch._dynamo.reset()  # also drops the CUDA graph trees
+    gc.collect()
+    if ctx["device"].type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- FLOPs
+
+
+def counted_tflop(run, device) -> tuple[float, dict]:
+    """(TFLOP of the ops `run()` dispatches, by kind), from torch's FlopCounterMode (matmuls, convolutions,
+    attention; forward and backward)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    # the CPU's flash kernel for SDPA has no FLOP formula; the math backend's matmuls are the same work, counted
+    backend = sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" else contextlib.nullcontext()
+    with backend, counter:
+        run()
+    kinds: dict[str, float] = {}
+    for op, flops in counter.get_flop_counts().get("Global", {}).items():
+        kind = "attention" if "attention" in str(op) else "convolution" if "conv" in str(op) else "matmul"
+        kinds[kind] = kinds.get(kind, 0.0) + flops / 1e12
+    return counter.get_total_flops() / 1e12, {kind: significant(tflop) for kind, tflop in sorted(kinds.items())}
+
+
+def significant(value: float, digits: int = 4) -> float:
+    """`value` to `digits` significant digits (a tiny test model's TFLOP rounds to 0 at fixed decimals)."""
+    return float(f"{value:.{digits}g}")
+
+
+def count_unet(models, resolution: int, device) -> tuple[float, dict]:
+    """The UNet's forward + backward on one image at `resolution`, as diffusion_loss calls it (bf16 autocast on a GPU)."""
+    import torch
+
+    from trainer.models import encode_captions
+    from trainer.objective import autocast
+    side = resolution // models.vae_scale_factor
+    latents = torch.randn(1, models.unet.config.in_channels, side, side, device=device)
+    context, pooled = encode_captions(models, CAPTIONS[:1], device)  # outside the count: the text encoder is not the UNet's
+    added = None
+    if models.sdxl:
+        added = {"text_embeds": pooled, "time_ids": torch.tensor([[resolution, resolution, 0, 0, resolution, resolution]],
+                                                                 dtype=torch.float32, device=device)}
+
+    def step() -> None:
+        with autocast(device):
+            prediction = models.unet(latents, torch.tensor([500], device=device), context, added_cond_kwargs=added).sample
+        prediction.float().square().mean().backward()
+
+    try:
+        return counted_tflop(step, device)
+    finally:
+        models.unet.zero_grad(set_to_none=True)  # the next configuration starts from no gradients
+
+
+def count_vae_encoder(models, resolution: int, device) -> tuple[float, dict]:
+    """The VAE encoder's forward on one image at `resolution`, as the image path calls it."""
+    import torch
+
+    from trainer.objective import autocast
+    pixels = torch.rand(1, 3, resolution, resolution, device=device) * 2 - 1
+
+    def encode() -> None:
+        with torch.no_grad(), autocast(device):
+            models.vae.encode(pixels.to(models.vae.dtype))
+
+    return counted_tflop(encode, device)
+
+
+def counted_figure(ctx: dict, part: str, resolution: int) -> tuple[float, dict] | None:
+    """The counted TFLOP per image of the UNet ('unet') or the VAE encoder ('vae'): once per resolution, with --count-flops."""
+    if not ctx["args"].count_flops:
+        return None
+    counted = ctx.setdefault("counted", {})
+    if (part, resolution) not in counted:
+        started = time.time()
+        count = count_unet if part == "unet" else count_vae_encoder
+        counted[(part, resolution)] = count(ctx["models"], resolution, ctx["device"])
+        note(event="flops_counted", part=part, resolution=resolution, tflop=round(counted[(part, resolution)][0], 4),
+             seconds=round(time.time() - started, 1))
+    return counted[(part, resolution)]
+
+
+def vae_figure(ctx: dict, resolution: int) -> tuple[float | None, str | None]:
+    """(VAE encoder TFLOP per image, its basis): the fixed figure for an SD-1/2 preset, else the counted one."""
+    if ctx["args"].model_config in FIXED_FLOPS_PRESETS and resolution in VAE_TFLOP:
+        return VAE_TFLOP[resolution], "fixed: BENCHMARKS.md, SD-1/2 VAE encoder"
+    counted = counted_figure(ctx, "vae", resolution)
+    return (significant(counted[0]), "counted: FlopCounterMode, VAE encoder forward, batch 1") if counted else (None, None)
+
+
+def flops_fields(ctx: dict, source: str, resolution: int, img_per_s: float) -> dict:
+    """A configuration line's FLOP figures and MFU: from the fixed SD-1/2 figures, else from --count-flops."""
+    fixed = UNET_TFLOP.get(resolution) if ctx["args"].model_config in FIXED_FLOPS_PRESETS else None
+    counted = counted_figure(ctx, "unet", resolution)
+    fields = {}
+    if counted:
+        fields["unet_tflop_per_image_counted"] = significant(counted[0])
+        fields["unet_tflop_counted_by_kind"] = counted[1]
+    if fixed and counted:
+        fields["unet_tflop_per_image_fixed"] = fixed
+        fields["counted_vs_fixed"] = round(counted[0] / fixed, 3)
+    unet_tflop = fixed or (counted[0] if counted else None)
+    if not unet_tflop:
+        fields["flops_basis"] = "none: no fixed figure for this model config and resolution; pass --count-flops"
+        return fields
+    fields["flops_basis"] = ("fixed: BENCHMARKS.md, SD-1/2 UNet" if fixed
+                             else "counted: FlopCounterMode, UNet forward + backward, batch 1")
+    achieved = img_per_s * unet_tflop
+    fields.update(unet_tflop_per_s=significant(achieved), mfu_989=significant(achieved / PEAK_SPEC),
+                  mfu_790=significant(achieved / PEAK_MEASURED))
+    if source == "image":
+        vae_tflop, vae_basis = vae_figure(ctx, resolution)
+        if vae_tflop:
+            fields["mfu_989_incl_vae"] = significant(img_per_s * (unet_tflop + vae_tflop) / PEAK_SPEC)
+            fields["vae_flops_basis"] = vae_basis
+    return fields
+
+
+# ---------------------------------------------------------------- GPU JPEG decode
+
+
+def shard_jpegs(shards: str, count: int, resolution: int, size_multiple: int) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """(the first `count` JPEG members of the image shards, the bucket the loader crops each to at `resolution`)."""
+    from trainer.data import ShardReader, buckets_of, index_shards
+    index = index_shards(shards)
+    sizes, assignment = buckets_of(index.aspect, resolution, size_multiple, True)
+    reader, jpegs, buckets = ShardReader(index), [], []
+    for row in range(len(index)):
+        members = reader.read(row)
+        data = members.get("jpg") or members.get("jpeg")
+        if data:
+            jpegs.append(data)
+            buckets.append(sizes[assignment[row]])
+        if len(jpegs) == count:
+            break
+    return jpegs, buckets
+
+
+def cpu_decode_s(jpegs: list[bytes], buckets: list[tuple[int, int]]) -> float:
+    """Seconds per image of the image loader's work, one process on one thread (as a DataLoader worker
+    runs): trainer.data's decode_image + crop_to_bucket (scale to cover, crop, to a [-1, 1] tensor)."""
+    import torch
+
+    from trainer.data import crop_to_bucket, decode_image
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # DataLoader workers run torch on one thread each
+    try:
+        crop_to_bucket(decode_image(jpegs[0], "JPEG"), buckets[0], (0.5, 0.5))  # first-call costs out of the figure
+        started = time.perf_counter()
+        for data, bucket in zip(jpegs, buckets):
+            crop_to_bucket(decode_image(data, "JPEG"), bucket, (0.5, 0.5))
+        return (time.perf_counter() - started) / len(jpegs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def gpu_crop_to_bucket(image, bucket: tuple[int, int]):
+    """crop_to_bucket on the GPU: an image [3, H, W] uint8 scaled to cover the bucket (bicubic, antialiased,
+    clamped as Pillow's 8-bit result is), centre-cropped, in [-1, 1]."""
+    import torch.nn.functional as F
+
+    from trainer.buckets import cover_and_crop
+    (width, height), (left, top) = cover_and_crop(image.shape[2], image.shape[1], bucket, (0.5, 0.5))
+    resized = F.interpolate(image[None].float(), size=(height, width), mode="bicubic", antialias=True).clamp_(0, 255)
+    return resized[0, :, top:top + bucket[1], left:left + bucket[0]] / 127.5 - 1.0
+
+
+def gpu_decode_s(jpegs: list[bytes], buckets: list[tuple[int, int]], device, chunk: int) -> float:
+    """Seconds per image (wall, the GPU otherwise idle) of torchvision.io.decode_jpeg on the GPU, `chunk`
+    JPEGs per call (a step's batch), then gpu_crop_to_bucket; the median of three passes after a warm-up."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg  # missing, it is the decode line's error, not the run's
+    if device.type != "cuda":
+        raise RuntimeError("no CUDA device: torchvision's GPU decode needs one")
+    encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in jpegs]
+
+    def one_pass() -> None:
+        for first in range(0, len(encoded), chunk):
+            images = decode_jpeg(encoded[first:first + chunk], mode=ImageReadMode.RGB, device=device)  # as decode_image
+            for image, bucket in zip(images, buckets[first:first + chunk]):
+                gpu_crop_to_bucket(image, bucket)
+        torch.cuda.synchronize(device)
+
+    one_pass()  # nvJPEG's handles and the kernels' first launches
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) / len(jpegs)
+
+
+def decode_verdict(capacity: float, consumption: float | None, workers_needed: int | None, gpu_busy: float | None) -> str:
+    """What the figures say about moving JPEG decode onto the GPU."""
+    gpu_cost = f"~{gpu_busy:.1%} of the GPU's time at that rate" if gpu_busy is not None else "a GPU cost not measured here"
+    if consumption is None:
+        return f"no image configuration ran: the CPU loader can deliver {capacity:.0f} img/s; nothing to compare it with"
+    if capacity >= consumption:
+        return (f"the CPU loader keeps up ({capacity:.0f} img/s capacity >= {consumption:.0f} img/s consumed, "
+                f"{capacity / consumption:.1f}x headroom): GPU decode would only add GPU work ({gpu_cost})")
+    return (f"the CPU loader is short ({capacity:.0f} img/s capacity < {consumption:.0f} img/s consumed; "
+            f"{workers_needed} workers would keep up): GPU decode would relieve it for {gpu_cost}")
+
+
+def decode_bench(ctx: dict, lines: list[dict], count: int) -> dict:
+    """The `train.lever.gpu_jpeg_decode` line: CPU loader vs GPU decode on `count` JPEGs of the shards."""
+    args, models, device = ctx["args"], ctx["models"], ctx["device"]
+    image_lines = [line for line in lines if line.get("value") and line["metric"].startswith("train.config.")
+                   and parse_config(line["config"]["name"])["source"] == "image"]
+    fastest = max(image_lines, key=lambda line: line["value"]) if image_lines else None
+    resolution = fastest["config"]["resolution"] if fastest else args.image_size
+    jpegs, buckets = shard_jpegs(args.shards, count, resolution, models.size_multiple)
+    cpu_s = cpu_decode_s(jpegs, buckets)
+    capacity = args.num_workers / cpu_s
+    consumption = fastest["value"] if fastest else None
+    gpu_s, error = None, None
+    try:
+        gpu_s = gpu_decode_s(jpegs, buckets, device, fastest["config"]["batch"] if fastest else 32)
+    except ImportError as missing:
+        error = f"torchvision is not installed ({missing})"
+    except RuntimeError as failed:
+        error = f"{type(failed).__name__}: {str(failed)[:200]}"
+    gpu_busy = consumption * gpu_s if consumption and gpu_s else None
+    workers_needed = math.ceil(consumption * cpu_s) if consumption else None
+    line = {"metric": "train.lever.gpu_jpeg_decode", "value": round(gpu_s * 1000, 3) if gpu_s else None,
+            "unit": "GPU ms/image", "gpu_ms_per_image": round(gpu_s * 1000, 3) if gpu_s else None,
+            "cpu_ms_per_image": round(cpu_s * 1000, 3), "cpu_loader_capacity_img_per_s": round(capacity, 1),
+            "consumption_img_per_s": consumption, "consumption_config": fastest["config"]["name"] if fastest else None,
+            "data_wait_share": fastest["config"]["data_wait_share"] if fastest else None,
+            "workers_needed": workers_needed, "gpu_busy_share_at_consumption": round(gpu_busy, 4) if gpu_busy else None,
+            "verdict": decode_verdict(capacity, consumption, workers_needed, gpu_busy)}
+    if error:
+        line["error"] = error
+    line["config"] = {"images": len(jpegs), "resolution": resolution, "buckets": sorted({f"{w}x{h}" for w, h in buckets}),
+                      "jpeg_kib_mean": round(sum(map(len, jpegs)) / len(jpegs) / 1024, 1), "num_workers": args.num_workers,
+                      "nproc": os.cpu_count(),
+                      "cpu": "trainer.data.decode_image + crop_to_bucket (Pillow bicubic), 1 process, 1 torch thread",
+                      "gpu": "torchvision.io.decode_jpeg(list, device='cuda') per batch + interpolate (bicubic, antialias) "
+                             "+ crop; wall time with the GPU otherwise idle",
+                      "capacity": "num_workers / CPU s per image (reading the tar members and collating left out)"}
+    return line
 
 
 # ---------------------------------------------------------------- main
@@ -353,17 +664,17 @@ def commit() -> str:
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def main() -> None:
-    global PROCESS_START
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="/tmp/bench-shards")
-    parser.add_argument("--make-shards", type=int, default=0, help="write this many synthetic 512-px JPEG samples first")
+    parser.add_argument("--make-shards", type=int, default=0, help="write this many synthetic --image-size JPEG samples first")
     parser.add_argument("--imagefolder", default=None, help="also write the same JPEGs here (for the diffusers baseline)")
     parser.add_argument("--image-size", type=int, default=512)
     parser.add_argument("--model-config", default="sd2")
     parser.add_argument("--configs", default="image512,image256,latent512,latent256,latent512+cl,latent512+fused,latent512+b64")
     parser.add_argument("--batch-512", type=int, default=32)
     parser.add_argument("--batch-256", type=int, default=128)
+    parser.add_argument("--batch-1024", type=int, default=8)
     parser.add_argument("--steps", type=int, default=15, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--compile-warmup", type=int, default=4)
@@ -376,8 +687,76 @@ def main() -> None:
     parser.add_argument("--latent-dir", default="/tmp/bench-latents")
     parser.add_argument("--encode-batch", type=int, default=32)
     parser.add_argument("--profile", default="", help="configurations to profile (3 steps after the timed ones)")
+    parser.add_argument("--count-flops", action="store_true",
+                        help="count the UNet's (and VAE encoder's) FLOPs per image with FlopCounterMode, once per resolution")
+    parser.add_argument("--decode-bench", type=int, default=0, metavar="N",
+                        help="after the configurations, CPU loader vs GPU (torchvision) JPEG decode on N JPEGs of the shards")
     args = parser.parse_args()
+    if args.make_shards and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        parser.error("--make-shards writes the shards from one process: make them first without torchrun")
+    return args
 
+
+def encode_line(ctx: dict, resolution: int, common: dict) -> dict | None:
+    """Encode the image shards at `resolution` (rank 0; the other ranks wait and read them): the encode line, on rank 0."""
+    from trainer import distributed
+    from trainer.encode import encode_shards, latent_dir, models_identity
+    args, models, processes = ctx["args"], ctx["models"], ctx["processes"]
+    started = time.time()
+    identity = ctx.get("identity") or models_identity(models)
+    hashed = time.time() - started
+    ctx["identity"] = identity
+    ctx["latent_dirs"][resolution] = str(latent_dir(args.latent_dir, identity, resolution))
+    summary = None
+    if processes.rank == 0:  # ranks writing the same shards would overwrite each other's
+        summary = encode_shards(args.shards, args.latent_dir, models, resolution, ctx["device"], args.encode_batch,
+                                args.num_workers, True, identity)
+    distributed.barrier()
+    if summary is None:
+        return None
+    rate = summary["samples_encoded"] / max(summary["seconds"], 1e-9)
+    line = {"metric": f"train.encode_img_per_s_{resolution}", "value": round(rate, 1), "unit": "img/s",
+            "config": {"samples": summary["samples_encoded"], "shards": summary["shards_written"],
+                       "seconds": summary["seconds"], "identity_hash_s": round(hashed, 1), "batch": args.encode_batch,
+                       "num_workers": args.num_workers, "corrupt": len(summary["corrupt"]), "vae": "bf16, eager",
+                       "note": "trainer.encode.encode_shards: decode + bucket crop (loader workers), VAE encoder, "
+                               "tokenizer, safetensors + tar writing"}, **common}
+    vae_tflop, basis = vae_figure(ctx, resolution)
+    if vae_tflop:
+        line["vae_tflop_per_s"], line["vae_flops_basis"] = significant(rate * vae_tflop), basis
+    return line
+
+
+SOURCE_LABELS = {"image": "image shards, VAE + text encoder online",
+                 "latent": "latent shards (trainer/encode.py) through the trainer's loader; text encoder online on stored ids",
+                 "resident": "unet-only, latents resident (random latents on the GPU; NOT latent shards)"}
+
+
+def config_line(ctx: dict, config: dict, result: dict, measured: dict[str, float], wall_s: float) -> dict:
+    """A configuration's line: img/s, its ratios to the configurations it is measured against, FLOPs and MFU."""
+    name, base, value = config["name"], config["base"], result["img_per_s"]
+    line = {"metric": f"train.config.{name}", "value": value, "unit": "img/s"}
+    if name != base and base in measured:
+        line["ratio_vs_plain"], line["plain_img_per_s"] = round(value / measured[base], 3), measured[base]
+    without = without_last_lever(name)
+    if without in measured:
+        line["ratio_vs_without"] = round(value / measured[without], 3)
+        line["without"], line["without_img_per_s"] = without, measured[without]
+    line.update(flops_fields(ctx, config["source"], result["resolution"], value))
+    line["config"] = {"name": name, "source": SOURCE_LABELS[config["source"]],
+                      "channels_last": config["channels_last"], "fused_adamw": config["fused_adamw"],
+                      "torch_compile": config["compile"], "cuda_graphs": config["graphs"],
+                      "cudnn_benchmark": config["cudnn_benchmark"],
+                      "gradient_sync": "every micro-batch" if config["sync_every_micro_batch"] else "last micro-batch",
+                      "world_size": ctx["processes"].world_size, **result, "config_wall_s": round(wall_s, 1)}
+    if config["sync_every_micro_batch"] and ctx["processes"].world_size == 1:
+        line["config"]["note"] = "world size 1: no all-reduce either way; sync means something under torchrun only"
+    return line
+
+
+def main() -> None:
+    global PROCESS_START
+    args = parse_args()
     if args.make_shards:
         made = time.time()
         make_shards(Path(args.shards), args.make_shards, args.image_size, 256, Path(args.imagefolder) if args.imagefolder else None)
@@ -406,11 +785,12 @@ def main() -> None:
                "host": platform.node()}
     common = {"commit": commit(), "machine": machine, "versions": versions(), "model_config": args.model_config,
               "unet_params_m": round(params / 1e6, 1), "precision": "bf16 autocast, fp32 weights/AdamW/EMA",
-              "num_workers": args.num_workers, "ema": True, "attention": "SDPA (diffusers AttnProcessor2_0)"}
+              "num_workers": args.num_workers, "ema": True, "attention": "SDPA (diffusers AttnProcessor2_0)",
+              "rank": processes.rank, "world_size": processes.world_size}
     ctx = {"args": args, "models": models, "processes": processes, "device": device, "marks": marks,
            "profile": set(filter(None, args.profile.split(","))), "latent_dirs": {}}
-    batch_default = {512: args.batch_512, 256: args.batch_256, 1024: 8, 64: 4, 32: 8, 128: 8, 16: 8}
-    plain: dict[str, float] = {}
+    batch_default = {512: args.batch_512, 256: args.batch_256, 1024: args.batch_1024, 64: 4, 32: 8, 128: 8, 16: 8}
+    measured: dict[str, float] = {}  # img/s of every configuration run so far, by name
     lines = []
 
     def emit(line: dict) -> None:
@@ -422,69 +802,41 @@ def main() -> None:
                 out.write(text + "\n")
 
     for resolution in [int(r) for r in args.encode.split(",") if r]:
-        from trainer.encode import encode_shards, models_identity
         started = time.time()
-        identity = ctx.get("identity") or models_identity(models)
-        hashed = time.time() - started
-        ctx["identity"] = identity
-        summary = encode_shards(args.shards, args.latent_dir, models, resolution, device, args.encode_batch,
-                                args.num_workers, True, identity)
-        ctx["latent_dirs"][resolution] = summary["dir"]
-        rate = summary["samples_encoded"] / max(summary["seconds"], 1e-9)
-        line = {"metric": f"train.encode_img_per_s_{resolution}", "value": round(rate, 1), "unit": "img/s",
-                "config": {"samples": summary["samples_encoded"], "shards": summary["shards_written"],
-                           "seconds": summary["seconds"], "identity_hash_s": round(hashed, 1), "batch": args.encode_batch,
-                           "num_workers": args.num_workers, "corrupt": len(summary["corrupt"]), "vae": "bf16, eager",
-                           "note": "trainer.encode.encode_shards: decode + bucket crop (loader workers), VAE encoder, "
-                                   "tokenizer, safetensors + tar writing"}, **common}
-        if resolution in VAE_TFLOP:
-            line["vae_tflop_per_s"] = round(rate * VAE_TFLOP[resolution], 1)
-        emit(line)
+        line = encode_line(ctx, resolution, common)
+        if line:
+            emit(line)
         PROCESS_START += time.time() - started  # the encode job is its own job: first_step_s leaves it out
 
-    for number, name in enumerate(args.configs.split(",")):
+    for number, name in enumerate(name for name in args.configs.split(",") if name):
         config = parse_config(name)
         left = args.deadline - (time.time() - PROCESS_START)
-        if left < (args.compile_needs if config["compile"] else 20):
-            emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "skipped": f"{left:.0f} s left before the deadline",
-                  **common})
+        skip = None
+        if config["graphs"] and device.type != "cuda":
+            skip = "CUDA graphs need a CUDA device"
+        elif left < (args.compile_needs if config["compile"] else 20):
+            skip = f"{left:.0f} s left before the deadline"
+        if skip:
+            emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "skipped": skip, **common})
             continue
         warmup = args.compile_warmup if config["compile"] else args.warmup
-        started = time.time()
+        started, failure = time.time(), None
         try:
             result = run_config(ctx, config, args.steps, warmup, batch_default, first=number == 0)
         except torch.OutOfMemoryError as error:
-            gc.collect()
-            torch.cuda.empty_cache()
-            emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "error": f"OOM: {str(error)[:200]}", **common})
+            failure = f"OOM: {str(error)[:200]}"
+        except RuntimeError as error:  # a lever that fails (CUDA graphs, say) leaves the other configurations their run
+            if name == config["base"]:
+                raise
+            failure = f"{type(error).__name__}: {str(error)[:300]}"
+        if failure:
+            release(ctx, config)  # out here, where no traceback holds the failed step's tensors any more
+            emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "error": failure, **common})
             continue
-        resolution = result["resolution"]
-        unet_tflop = UNET_TFLOP.get(resolution)
-        line = {"metric": f"train.config.{name}", "value": result["img_per_s"], "unit": "img/s"}
-        is_plain = config["name"] == config["base"]
-        if is_plain:
-            plain[config["base"]] = result["img_per_s"]
-        elif config["base"] in plain:
-            line["ratio_vs_plain"] = round(result["img_per_s"] / plain[config["base"]], 3)
-            line["plain_img_per_s"] = plain[config["base"]]
-        if unet_tflop:
-            achieved = result["img_per_s"] * unet_tflop
-            line["unet_tflop_per_s"] = round(achieved, 1)
-            line["mfu_989"] = round(achieved / PEAK_SPEC, 4)
-            line["mfu_790"] = round(achieved / PEAK_MEASURED, 4)
-            if config["source"] == "image" and resolution in VAE_TFLOP:
-                with_vae = result["img_per_s"] * (unet_tflop + VAE_TFLOP[resolution])
-                line["mfu_989_incl_vae"] = round(with_vae / PEAK_SPEC, 4)
-        source_label = {"image": "image shards, VAE + text encoder online",
-                        "latent": "latent shards (trainer/encode.py) through the trainer's loader; text encoder online on stored ids",
-                        "resident": "unet-only, latents resident (random latents on the GPU; NOT latent shards)"}[config["source"]]
         profile = result.pop("profile")
-        line["config"] = {"name": name, "source": source_label,
-                          "channels_last": config["channels_last"], "fused_adamw": config["fused_adamw"],
-                          "torch_compile": config["compile"], "cudnn_benchmark": config["cudnn_benchmark"], **result,
-                          "config_wall_s": round(time.time() - started, 1)}
-        line.update(common)
-        emit(line)
+        line = config_line(ctx, config, result, measured, time.time() - started)
+        measured[name] = result["img_per_s"]
+        emit({**line, **common})
         if profile:
             emit({"metric": f"train.profile.{name}", "value": profile["gpu_ms_per_step"], "unit": "GPU ms/step (kernels)",
                   "config": {"name": name, "batch": result["batch"], "profiled_steps": 3}, **profile,
@@ -503,6 +855,8 @@ def main() -> None:
         if candidates:
             best = max(candidates, key=lambda line: line["value"])
             emit({**best, "metric": metric, "goal": goal, "best_of": [line["config"]["name"] for line in candidates]})
+    if args.decode_bench:
+        emit({**decode_bench(ctx, lines, args.decode_bench), **common})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))
 
 

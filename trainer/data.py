@@ -459,15 +459,16 @@ def sample_source(record: bytes | None) -> tuple[str, str]:
     return (str(fields.get("partner") or UNKNOWN), str(fields.get("license") or UNKNOWN))
 
 
-def make_loader(batches: StepBatches, num_workers: int) -> DataLoader:
-    """The micro-batches in step order, built by `num_workers` processes (each takes whole batches)."""
+def make_loader(batches: StepBatches, num_workers: int, pin_memory: bool | None = None) -> DataLoader:
+    """The micro-batches in step order, built by `num_workers` processes (each takes whole batches);
+    in pinned memory when there is a GPU to copy them to, unless `pin_memory` says otherwise."""
     return DataLoader(
         batches,
         batch_size=None,  # items are whole batches
         shuffle=False,
         num_workers=num_workers,
         prefetch_factor=4 if num_workers else None,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=torch.Generator(),  # never draws from the training process's global RNG
     )
 
