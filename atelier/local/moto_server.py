@@ -16,6 +16,12 @@ queue on every SendMessage and ReceiveMessage (visible? delayed?), so with a bac
 each call cost milliseconds and the load test slowed as its queue grew. The same test reads
 `time.time()` once per call here: the same millisecond clock, the same answers.
 
+moto's EventBridge treats a rule without an event pattern as matching every event, so a
+schedule-only rule (PackFunction's `rate(1 minute)` seal timer) also received every `Shard Sealed`
+event put on the bus. The handler refused them and they came back each visibility timeout, which
+in the 10,000-upload run kept hundreds of bogus timer events cycling through the pack worker. On
+AWS a rule with only a ScheduleExpression matches no event; here, too.
+
     python -m atelier.local.moto_server HOST PORT
 """
 
@@ -33,6 +39,7 @@ from moto.dynamodb.exceptions import (ConditionalCheckFailed, MockValidationExce
                                       TooManyTransactionsException, TransactionCanceledException,
                                       TransactWriteSingleOpException)
 from moto.dynamodb.models import DynamoDBBackend
+from moto.events.models import Rule
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from moto.sqs.models import Message, Queue
 from moto.server import MotoRequestHandler
@@ -185,10 +192,26 @@ def patch_sqs_clock() -> None:
     Queue.approximate_number_of_messages_delayed = property(_queue_delayed)  # type: ignore[method-assign,assignment]
 
 
+def _send_to_targets_unless_schedule_only(original: Callable[..., None]) -> Callable[..., None]:
+    def send_to_targets(rule: Rule, event: Any, *args: Any, **kwargs: Any) -> None:
+        if rule.scheduled_expression and not rule.event_pattern.get_pattern():
+            return  # a schedule-only rule: fired by its schedule (the local runtime), never by an event
+        original(rule, event, *args, **kwargs)
+    send_to_targets.patched = True  # type: ignore[attr-defined]
+    return send_to_targets
+
+
+def patch_schedule_rules() -> None:
+    """Events put on a bus never reach a rule that has only a ScheduleExpression, as on AWS."""
+    if not getattr(Rule.send_to_targets, "patched", False):
+        Rule.send_to_targets = _send_to_targets_unless_schedule_only(Rule.send_to_targets)  # type: ignore[method-assign]
+
+
 def main(host: str, port: int) -> None:
     os.environ.setdefault("MOTO_PORT", str(port))  # moto builds queue URLs and the like with it
     DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
     patch_sqs_clock()
+    patch_schedule_rules()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(host, port, SerialDynamoDB(app), threaded=True, request_handler=MotoRequestHandler)
 

@@ -158,3 +158,35 @@ def test_the_patched_sqs_clock_keeps_visibility_and_delays(sqs_clock_patched: No
         for message in again:
             sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
         assert counts(sqs, url) == (0, 0, 0)
+
+
+# --- EventBridge: schedule-only rules match no event ------------------------------------------------
+
+@pytest.fixture
+def schedule_rules_patched() -> Iterator[None]:
+    from moto.events.models import Rule
+
+    from atelier.local.moto_server import patch_schedule_rules
+    saved = Rule.__dict__["send_to_targets"]
+    patch_schedule_rules()
+    yield
+    Rule.send_to_targets = saved
+
+
+def rule_to_queue(events: Any, sqs: Any, name: str, **rule: Any) -> str:
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    events.put_rule(Name=name, **rule)
+    events.put_targets(Rule=name, Targets=[{"Id": "q", "Arn": arn}])
+    return url
+
+
+def test_an_event_reaches_pattern_rules_and_never_a_schedule_only_rule(schedule_rules_patched: None) -> None:
+    with mock_aws():
+        events = boto3.client("events", region_name="us-east-1")
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        timer = rule_to_queue(events, sqs, "timer", ScheduleExpression="rate(1 minute)")
+        sealed = rule_to_queue(events, sqs, "sealed", EventPattern='{"detail-type": ["Shard Sealed"]}')
+        events.put_events(Entries=[{"Source": "atelier.pack", "DetailType": "Shard Sealed", "Detail": "{}"}])
+        assert counts(sqs, sealed)[0] == 1
+        assert counts(sqs, timer)[0] == 0  # unpatched moto delivers it here too
