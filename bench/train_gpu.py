@@ -26,6 +26,8 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   step, as `trainer.train --gradient-accumulation N`: the loader plans N per step, the loss is
   scaled by 1/N, the all-reduce runs on the last; img/s counts N x batch per step),
   `<base>+accum<N>+sync` (the all-reduce on every micro-batch: meaningful under torchrun only),
+  `<base>+fp32` (bf16 autocast off: the UNet and text encoder in fp32, to measure what bf16 gives),
+  `<base>+mathattn` (diffusers' classic AttnProcessor instead of SDPA, to measure what SDPA gives),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
   `latent512+compile`), each when measured earlier in the same process.
@@ -164,7 +166,7 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 
 SOURCES = ("image", "latent", "resident")
-LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync")
+LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn")
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
@@ -177,7 +179,8 @@ def parse_config(name: str) -> dict:
               "compile": "compile" in levers or "graphs" in levers,  # CUDA graphs come through torch.compile
               "graphs": "graphs" in levers, "cudnn_benchmark": "cudnn" in levers,
               "pin_memory": False if "nopin" in levers else None,  # None: make_loader's own choice
-              "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1}
+              "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1,
+              "fp32": "fp32" in levers, "math_attention": "mathattn" in levers}
     for lever in levers:
         prefix = lever.rstrip("0123456789")
         if prefix in COUNTED_LEVERS and lever != prefix:
@@ -306,6 +309,7 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
     if config["channels_last"]:
         unet.to(memory_format=torch.channels_last)
+    switch_precision_and_attention(ctx, config, on=True)
     model = distributed.wrap(unet, processes, "ddp")
     torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
     step_model = step_module(model, config)  # `model` keeps DDP's gradient-sync switch, as in trainer.train
@@ -382,12 +386,33 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
             "profile": profile}
 
 
+def switch_precision_and_attention(ctx: dict, config: dict, on: bool) -> None:
+    """The `fp32` and `mathattn` levers (switched on before a configuration, back off after it): they
+    undo one of the trainer's defaults, bf16 autocast or SDPA attention, to measure what it gives."""
+    import contextlib
+
+    import torch
+    from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
+
+    import trainer.objective as objective
+    models = ctx["models"]
+    if config["fp32"]:
+        ctx.setdefault("autocast", objective.autocast)
+        objective.autocast = (lambda device: contextlib.nullcontext()) if on else ctx["autocast"]
+        frozen_dtype = torch.float32 if on else (torch.bfloat16 if ctx["device"].type == "cuda" else torch.float32)
+        for encoder in models.text_encoders:  # their output feeds the UNet: the same dtype as its weights
+            encoder.to(frozen_dtype)
+    if config["math_attention"]:
+        models.unet.set_attn_processor(AttnProcessor() if on else AttnProcessor2_0())
+
+
 def release(ctx: dict, config: dict) -> None:
     """Leave the UNet as the next configuration expects it (also after a failed one): contiguous, no
     gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
     import torch
     unet = ctx["models"].unet
     unet.zero_grad(set_to_none=True)
+    switch_precision_and_attention(ctx, config, on=False)
     if config["channels_last"]:
         unet.to(memory_format=torch.contiguous_format)
     if config["compile"]:
