@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from atelier import client
-from atelier.progress import progress
+from atelier.progress import output_flags, progress
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE = REPO / ".atelier" / "local"
@@ -75,11 +75,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
                                       images=args.images, stage_timeout_s=args.stage_timeout, keep_running=args.keep,
-                                      quiet=args.quiet))
+                                      quiet=args.quiet or args.json))
     except DemoFailed as exc:
         errors.print(f"[bold red]demo failed[/]: {exc}")
         return 1
-    print(json.dumps(result))
+    print(json.dumps(result))  # with or without --json: scripts and bench/demo.py read this line
     return 0
 
 
@@ -88,13 +88,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_upload(args: argparse.Namespace) -> int:
     bucket = client.stack_outputs(args.stack)["UploadsBucketName"]
     files = client.files_to_upload(args.path)
-    count = 0
-    with progress(args.quiet, transfer=True) as bar:
-        task = bar.add_task(f"{len(files)} files -> s3://{bucket}/{args.partner}/",
-                            total=sum(f.stat().st_size for f in files))
+    size, count, started = sum(f.stat().st_size for f in files), 0, time.monotonic()
+    with progress(args.quiet or args.json, transfer=True) as bar:
+        task = bar.add_task(f"{len(files)} files -> s3://{bucket}/{args.partner}/", total=size)
         for _ in client.upload(args.path, args.partner, bucket, on_bytes=lambda n: bar.advance(task, n)):
             count += 1
-    console.print(f"{count} objects uploaded for partner {args.partner}")
+    if args.json:
+        print(json.dumps({"partner": args.partner, "destination": f"s3://{bucket}/{args.partner}/", "objects": count,
+                          "bytes": size, "seconds": round(time.monotonic() - started, 3)}))
+    else:
+        console.print(f"{count} objects uploaded for partner {args.partner}")
     return 0
 
 
@@ -156,12 +159,18 @@ def status_table(status: client.Status) -> Table:
     return table
 
 
+SCORES = (("val loss", "val_loss", ".4f"), ("CLIP", "clip_score", ".2f"))  # label, model_summary key, format
+
+
 def model_line(model: dict) -> str:
-    """One candidate: its state, the gate's scores and why."""
-    loss = f", val loss {model['val_loss']:.4f}" if model.get("val_loss") is not None else ""
-    versus = (f" vs {model['production_val_loss']:.4f} ({model['production_model']})"
-              if model.get("production_val_loss") is not None else "")
-    return f"{model['model']}: {model['status']}{loss}{versus}" + (f" - {model['reason']}" if model.get("reason") else "")
+    """One candidate: its state, the gate's decision, its scores against production's, and why."""
+    decision = f"; gate {model['decision']}" if model.get("decision") else ""
+    scores = "".join(f", {label} {model[key]:{form}}" + (f" vs {model['production_' + key]:{form}}"
+                                                         if model.get("production_" + key) is not None else "")
+                     for label, key, form in SCORES if model.get(key) is not None)
+    versus = f" (production {model['production_model']})" if model.get("production_model") else ""
+    return (f"{model['model']}: {model['status']}{decision}{scores}{versus}"
+            + (f" - {model['reason']}" if model.get("reason") else ""))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -181,6 +190,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--local", action="store_true", help="use the running local stack (atelier local up)")
     top.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="local stack state folder")
     top.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they go to stderr)")
+    top.set_defaults(json=False)  # a long command's --json (output_flags) sets it
     commands = top.add_subparsers(dest="command", required=True)
 
     local = commands.add_parser("local", help="the embedded local stack").add_subparsers(dest="local_command", required=True)
@@ -190,14 +200,16 @@ def parser() -> argparse.ArgumentParser:
     local.add_parser("env", help="print the exports that point boto3 at the running local stack").set_defaults(
         func=cmd_local_env)
 
-    demo = commands.add_parser("demo", help="upload -> shards -> training -> endpoint -> image, on the local stack")
+    demo = commands.add_parser("demo", help="upload -> shards -> training -> endpoint -> image, on the local stack",
+                               parents=[output_flags()])
     demo.add_argument("--images", type=int, default=16)
     demo.add_argument("--output", type=Path, default=REPO / "demo-output" / "image.png")
     demo.add_argument("--stage-timeout", type=float, default=600.0, help="seconds a stage may take")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
     demo.set_defaults(func=cmd_demo, state_dir=REPO / ".atelier" / "demo")
 
-    upload = commands.add_parser("upload", help="upload an image or a folder (sidecar .json files first)")
+    upload = commands.add_parser("upload", help="upload an image or a folder (sidecar .json files first)",
+                                 parents=[output_flags()])
     upload.add_argument("path", type=Path)
     upload.add_argument("--partner", required=True)
     upload.set_defaults(func=cmd_upload)

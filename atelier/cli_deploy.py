@@ -22,12 +22,13 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps(found, indent=1))
         return 0
     table = Table(title="Models (deploy candidates)")
-    for column in ("model", "status", "val loss", "production", "CLIP", "reason"):
+    for column in ("model", "status", "decision", "val loss", "CLIP", "production (val loss, CLIP)", "reason"):
         table.add_column(column)
     for m in found:
-        table.add_row(m["model"], m["status"], _number(m["val_loss"]),
-                      f"{_number(m['production_val_loss'])} ({m['production_model']})" if m["production_model"] else "-",
-                      _number(m["clip_score"], "{:.2f}"), m["reason"])
+        production = (f"{m['production_model']} ({_number(m['production_val_loss'])}, "
+                      f"{_number(m['production_clip_score'], '{:.2f}')})" if m["production_model"] else "-")
+        table.add_row(m["model"], m["status"], m["decision"] or "-", _number(m["val_loss"]),
+                      _number(m["clip_score"], "{:.2f}"), production, m["reason"])
     console.print(table)
     return 0
 
@@ -76,9 +77,13 @@ def _wait_for_decision(outputs: dict, model: str, before: int, timeout_s: float)
 
 def cmd_evalset_add(args: argparse.Namespace) -> int:
     from atelier import evalset
+    from core.licensing import get_partner
     outputs = client.stack_outputs(args.stack)
+    partner = get_partner(outputs["PipelineTableName"], args.partner)
+    if partner is None:
+        raise client.PipelineError(f"partner {args.partner!r} is not registered: `atelier partner add` first")
     try:
-        samples = evalset.samples_from_folder(args.folder, args.partner)
+        samples = evalset.samples_from_folder(args.folder, args.partner, partner.licenses)
     except evalset.EvalSetError as exc:
         raise client.PipelineError(str(exc)) from exc
     uri = evalset.upload(samples, outputs["DataBucketName"], args.prefix, args.name)

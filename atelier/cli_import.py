@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from atelier import client
+from atelier.progress import output_flags
 from core import aws
 from core.uploads import PARTNER_PATTERN
 
@@ -30,19 +31,19 @@ SIDECAR_SUFFIXES = (".parquet", "_stats.json")  # img2dataset's, staged beside t
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `atelier` parser."""
-    run = commands.add_parser("import", help="import existing WebDataset shards (an s3:// prefix or a local folder)")
+    run = commands.add_parser("import", help="import existing WebDataset shards (an s3:// prefix or a local folder)",
+                              parents=[output_flags()])
     run.add_argument("source", help="s3://bucket/prefix/ or a folder of .tar shards (img2dataset output or any webdataset)")
     run.add_argument("--partner", required=True, help="the registered partner the images are licensed from")
     run.add_argument("--license", required=True, help="the license (one the partner holds) every sample is used under")
     run.add_argument("--batch", help="batch id; default: derived from source, partner and license, so a rerun resumes")
     run.add_argument("--wait", action="store_true", help="follow progress until every shard is done, then report")
-    run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.set_defaults(func=cmd_import)
 
-    report = commands.add_parser("import-report", help="an import batch's progress and report")
+    report = commands.add_parser("import-report", help="an import batch's progress and report",
+                                 parents=[output_flags()])
     report.add_argument("batch")
     report.add_argument("--wait", action="store_true")
-    report.add_argument("--json", action="store_true")
     report.set_defaults(func=cmd_import_report)
 
 
@@ -72,7 +73,8 @@ def cmd_import_report(args: argparse.Namespace) -> int:
 
 def _show(outputs: dict[str, str], batch_id: str, args: argparse.Namespace) -> int:
     from core import imports
-    report = wait_for(outputs, batch_id) if args.wait else imports.batch_report(outputs["PipelineTableName"], batch_id)
+    report = (wait_for(outputs, batch_id, quiet=args.quiet or args.json) if args.wait
+              else imports.batch_report(outputs["PipelineTableName"], batch_id))
     if report is None:
         raise client.PipelineError(f"no import batch {batch_id!r}")
     if args.json:
@@ -140,8 +142,9 @@ def send_messages(queue_url: str, messages: list["imports.ImportShard"]) -> None
             raise client.PipelineError(f"SQS refused {len(response['Failed'])} messages: {response['Failed'][0]}")
 
 
-def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0) -> "imports.BatchReport | None":
-    """Follow the batch until every shard is counted (or failed for good into ImportDLQ)."""
+def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0,
+             quiet: bool = False) -> "imports.BatchReport | None":
+    """Follow the batch until every shard is counted (or failed for good into ImportDLQ); `quiet`: no bar."""
     from core import imports
     table = outputs["PipelineTableName"]
     report = imports.batch_report(table, batch_id, with_shards=False)
@@ -151,7 +154,7 @@ def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0) -> "im
                TextColumn("{task.fields[samples]}"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
     started, first = time.monotonic(), report.finished
-    with Progress(*columns, console=errors, transient=False) as progress:
+    with Progress(*columns, console=errors, transient=False, disable=quiet) as progress:
         task = progress.add_task(f"import {batch_id}", total=report.shards_total, completed=report.finished,
                                  samples="", rate="")
         while True:

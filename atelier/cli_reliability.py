@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from atelier import client, dlq
-from atelier.progress import progress
+from atelier.progress import output_flags, progress
 
 console = Console()
 DEFAULT_WINDOW = timedelta(days=1)
@@ -84,13 +84,13 @@ def cmd_dlq_redrive(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `atelier` parser."""
-    audit = commands.add_parser("audit", help="check that every upload is in exactly one intact shard or quarantined")
+    audit = commands.add_parser("audit", help="check that every upload is in exactly one intact shard or quarantined",
+                                parents=[output_flags()])
     audit.add_argument("--since", type=_when, help="ISO time; default a day before --until")
     audit.add_argument("--until", type=_when, help="ISO time; default now")
     audit.add_argument("--grace", type=float, default=7200.0,
                        help="seconds an upload may still be on its way (default 7200: ShardMaxAgeSeconds + margin)")
     audit.add_argument("--skip-bytes", action="store_true", help="check the indexes only, not the shards' bytes")
-    audit.add_argument("--json", action="store_true")
     audit.set_defaults(func=cmd_audit)
 
     queues = commands.add_parser("dlq", help="inspect and replay dead letters").add_subparsers(

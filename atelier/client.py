@@ -247,6 +247,7 @@ def model_summary(item: dict[str, Any]) -> dict[str, Any]:
             "val_loss": _number(scores.get("val_loss")), "clip_score": _number(scores.get("clip_score")),
             "production_model": gate.get("production_model") or None,
             "production_val_loss": _number(production.get("val_loss")),
+            "production_clip_score": _number(production.get("clip_score")),
             "eval_job": item.get("eval_job"), "deployed_at": item.get("deployed_at")}
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+from rich.progress import Progress, TaskID
 
 from atelier import client, evalset
 from atelier.catalog import LICENSE, make_catalog, write_catalog
@@ -76,8 +77,8 @@ def _upload_catalog(stack: LocalStack, count: int) -> None:
     catalog = make_catalog(count + EVAL_IMAGES)
     with tempfile.TemporaryDirectory() as folder:
         write_catalog(catalog[count:], Path(folder))  # held out: never uploaded for training
-        uri = evalset.upload(evalset.samples_from_folder(Path(folder), PARTNER), stack.outputs["DataBucketName"],
-                             "eval/", "demo-heldout")
+        samples = evalset.samples_from_folder(Path(folder), PARTNER, (LICENSE,))
+        uri = evalset.upload(samples, stack.outputs["DataBucketName"], "eval/", "demo-heldout")
     console.print(f"evaluation set: {EVAL_IMAGES} held-out images -> {uri}")
     with tempfile.TemporaryDirectory() as folder:
         write_catalog(catalog[:count], Path(folder))
@@ -97,13 +98,15 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
     ]
     status = client.pipeline_status(stack.outputs)
     with progress(options.quiet) as bar:
-        task = bar.add_task("stages", total=len(stages))
+        task, training = bar.add_task("stages", total=len(stages)), {}
         for name, reached in stages:
             bar.update(task, description=f"waiting: {name}")
             deadline = time.monotonic() + options.stage_timeout_s
             while not reached(status):
                 stack.check()
                 _fail_on_failure(status, stack)
+                if not options.quiet:
+                    _show_training(bar, stack, status, training)
                 if time.monotonic() > deadline:
                     raise DemoFailed(f"stalled waiting for: {name} ({options.stage_timeout_s:.0f} s); "
                                      f"status {json.dumps(status.to_json())}; logs in {stack.options.state_dir / 'logs'}")
@@ -112,6 +115,35 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
             bar.console.print(f"[{time.monotonic() - started:5.0f} s] {name}: {_summary(status)}")
             bar.advance(task)
     return status
+
+
+def _show_training(bar: Progress, stack: LocalStack, status: client.Status, tasks: dict[str, TaskID]) -> None:
+    """A bar per training job from its container log's last line: steps, img/s, the trainer's ETA."""
+    assert stack.sagemaker is not None
+    for job in status.jobs:
+        if job.get("role") != "train" or job["status"] not in {"InProgress", "Completed"}:
+            continue
+        figures = training_figures(stack.sagemaker.training_log_tail(job["name"]))
+        if figures is None:
+            continue
+        eta = "-" if figures["eta_s"] is None else f"{figures['eta_s']:.0f} s"
+        if job["name"] not in tasks:
+            tasks[job["name"]] = bar.add_task(job["name"], total=figures["steps"])
+        bar.update(tasks[job["name"]], completed=figures["step"], total=figures["steps"],
+                   description=f"training {job['name']}: {figures['img_per_s']:g} img/s, trainer's eta {eta}")
+
+
+def training_figures(log: str) -> dict | None:
+    """The last training line (trainer/train.py: step, steps, progress, img_per_s, eta_s) in a log."""
+    for line in reversed(log.splitlines()):
+        start = line.find("{")
+        if start < 0 or '"eta_s"' not in line:
+            continue
+        try:
+            return json.loads(line[start:])
+        except json.JSONDecodeError:  # the tail's first line may be cut
+            continue
+    return None
 
 
 def _job_done(status: client.Status) -> bool:

@@ -33,21 +33,38 @@ class EvalSample:
     source: str
 
 
-def samples_from_folder(folder: Path, partner: str) -> list[EvalSample]:
-    """Images with a `.json` sidecar (caption, license) or a `.txt` caption beside them."""
+def samples_from_folder(folder: Path, partner: str, licenses: tuple[str, ...]) -> list[EvalSample]:
+    """Images with a `.json` sidecar (caption, license) or a `.txt` caption beside them; each
+    sidecar's license must be one of `licenses` (those the partner holds in the registry)."""
     found = []
     for image in sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
         sidecar = image.with_suffix(".json")
-        meta = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
-        caption = meta.get("caption") or (image.with_suffix(".txt").read_text().strip()
-                                          if image.with_suffix(".txt").is_file() else "")
-        if not caption or not meta.get("license"):
+        meta = _sidecar(sidecar)
+        caption = str(meta.get("caption") or "").strip() or (image.with_suffix(".txt").read_text().strip()
+                                                             if image.with_suffix(".txt").is_file() else "")
+        license = meta.get("license")
+        if not caption or not isinstance(license, str) or not license.strip():
             raise EvalSetError(f"{image}: an evaluation sample needs a caption and a license (in {sidecar.name})")
+        if license.strip() not in licenses:
+            raise EvalSetError(f"{image}: license {license!r} is not one partner {partner!r} holds ({list(licenses)})")
         found.append(EvalSample(image.read_bytes(), image.suffix.lower().lstrip(".").replace("jpeg", "jpg"),
-                                caption, meta["license"], partner, meta.get("source", "")))
+                                caption, license.strip(), partner, str(meta.get("source", ""))))
     if not found:
         raise EvalSetError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     return found
+
+
+def _sidecar(path: Path) -> dict:
+    """A sidecar's fields; none without one. A sidecar that is not a JSON object is an EvalSetError."""
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EvalSetError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise EvalSetError(f"{path}: a sidecar is a JSON object with caption and license")
+    return meta
 
 
 def build_tar(samples: list[EvalSample]) -> bytes:

@@ -1,8 +1,8 @@
 """Progress bars for long commands: on stderr (stdout stays machine-readable), off with `--quiet`.
 
-Other commands use it the same way:
+A long command takes `-q/--quiet` and `--json` from `output_flags()` and uses the bar the same way:
 
-    with progress(args.quiet) as bar:
+    with progress(args.quiet or args.json) as bar:
         task = bar.add_task("auditing", total=len(keys))
         for key in keys:
             ...
@@ -11,6 +11,7 @@ Other commands use it the same way:
 
 from __future__ import annotations
 
+import argparse
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -38,3 +39,14 @@ def progress(quiet: bool = False, transfer: bool = False) -> Iterator[Progress]:
                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=stderr,
                   disable=quiet) as bar:
         yield bar
+
+
+def output_flags() -> argparse.ArgumentParser:
+    """`-q/--quiet` and `--json` for a long command (`parents=[output_flags()]`). Left out, they
+    keep the top-level values: a subcommand's own defaults would overwrite `atelier -q upload`."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="no progress bar (it goes to stderr)")
+    flags.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="one JSON object on stdout, and no progress bar")
+    return flags

@@ -1,31 +1,31 @@
 """Reports for people: what became of one partner's uploads, and a training job's HTML report.
 
-Both read what the pipeline already records (the table, the job's S3 output) through AWS APIs.
+Both read what the pipeline already records (the table, manifests, each model's lineage, the job's
+S3 output) through AWS APIs.
 """
 
 from __future__ import annotations
 
 import json
 import tarfile
-import tempfile
 from collections import Counter, defaultdict
-from pathlib import Path, PurePosixPath
+from contextlib import suppress
+from pathlib import PurePosixPath
 from typing import Any, Callable
 
-import boto3
-from botocore.exceptions import ClientError
-
+from atelier import client
 from atelier.client import PipelineError
-from core import aws
+from core import aws, provenance, training_report
+from core.models import Manifest
+from core.training_report import REPORT
 
-REPORT_NAME = "report.html"  # trainer/report.py's REPORT
-RECORD_NAME = "atelier-training.json"  # the run's record in the model artefact (history, steps)
 AFTER_TRAINING = ("evaluation.json", "lineage.json")  # written beside the artefact by deploy / start-training
 
 
 def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
-    """Every upload of `partner`: accepted or rejected (why), the shard it is in, the jobs that trained on it."""
-    uploads, samples, shards, jobs = [], {}, {}, []
+    """Every upload of `partner`: accepted or rejected (why), the shard it is in, the jobs that trained
+    on it and the models that hold it."""
+    uploads, samples, shards, jobs, models = [], {}, {}, [], []
     bucket_prefix = f"UPLOAD#{outputs['UploadsBucketName']}/"
     for item in aws.scan(outputs["PipelineTableName"]):
         kind = item.get("kind")
@@ -35,20 +35,32 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
             samples[item["pk"].removeprefix("SAMPLE#")] = item.get("packed_in")
         elif kind == "shard":
             shards[item["pk"].removeprefix("SHARD#")] = item
-        elif kind == "job":
+        elif kind == "job" and item.get("role") != "encode":  # an encode job trains nothing
             jobs.append(item)
-    jobs_of_shard: dict[str, list[str]] = defaultdict(list)
-    for job in sorted(jobs, key=lambda j: j.get("at", "")):
+        elif kind == "model":
+            models.append(item)
+    jobs.sort(key=lambda j: (j.get("at", ""), int(j.get("sequence", 0)), int(j.get("stage", 0)), _name(j)))
+    models.sort(key=lambda m: (int(m.get("order", 0)), m["model"]))
+    jobs_of_shard: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for job in jobs:
         for shard_id in [*job.get("shards", []), *job.get("replay", [])]:
-            jobs_of_shard[shard_id].append(job["pk"].removeprefix("JOB#"))
+            jobs_of_shard[shard_id].append(job)
+    left_out = _left_out(outputs["DataBucketName"])
+    mine = {u["sha256"]: samples.get(u["sha256"]) for u in uploads if u["status"] == "accepted" and u.get("sha256")}
+    holding = _models_holding(outputs, {sha: shard for sha, shard in mine.items() if shard}, models)
     items = []
     for upload in sorted(uploads, key=lambda u: u["pk"]):
-        shard = samples.get(upload.get("sha256") or "") if upload["status"] == "accepted" else None
+        sha = upload.get("sha256") or ""
+        shard = mine.get(sha) if upload["status"] == "accepted" else None
+        trained = [_name(j) for j in jobs_of_shard.get(shard or "", []) if sha not in left_out(j, shard or "")]
         items.append({"key": upload["pk"].removeprefix(bucket_prefix), "status": upload["status"],
                       "reason": upload.get("reason"), "detail": upload.get("detail"), "sha256": upload.get("sha256"),
-                      "uploaded_at": upload.get("at"), "shard": shard, "jobs": jobs_of_shard.get(shard or "", [])})
+                      "uploaded_at": upload.get("at"), "shard": shard, "jobs": trained,
+                      "models": holding.get(sha, []) if shard else []})
     used_shards = sorted({i["shard"] for i in items if i["shard"]})
-    used_jobs = {name for shard in used_shards for name in jobs_of_shard.get(shard, [])}
+    held = [m for m in models if any(m["model"] in i["models"] for i in items)]
+    model_of_job = {m.get("job"): m["model"] for m in models}
+    named = {name for i in items for name in i["jobs"]} | {m.get("job") for m in held}  # and the jobs behind the models
     return {
         "partner": partner,
         "uploads": len(items),
@@ -56,62 +68,85 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
         "rejected": dict(Counter(i["reason"] or "unknown" for i in items if i["status"] == "quarantined")),
         "packed": sum(bool(i["shard"]) for i in items),
         "shards": [{"shard": s, "status": shards.get(s, {}).get("status", "packing"),
-                    "samples": sum(i["shard"] == s for i in items), "jobs": jobs_of_shard.get(s, [])}
+                    "samples": sum(i["shard"] == s for i in items), "jobs": [_name(j) for j in jobs_of_shard.get(s, [])]}
                    for s in used_shards],
-        "jobs": [{"job": j["pk"].removeprefix("JOB#"), "status": j.get("status"), "model": j.get("model_data") or None}
-                 for j in sorted(jobs, key=lambda j: j.get("at", "")) if j["pk"].removeprefix("JOB#") in used_jobs],
+        "jobs": [{"job": _name(j), "status": j.get("status"), "model": model_of_job.get(_name(j))}
+                 for j in jobs if _name(j) in named],
+        "models": [{"model": m["model"], "job": m.get("job"), "status": m.get("status"),
+                    "samples": sum(m["model"] in i["models"] for i in items)} for m in held],
         "items": items,
     }
 
 
+def _name(job: dict[str, Any]) -> str:
+    return job["pk"].removeprefix("JOB#")
+
+
+def _left_out(data_bucket: str) -> Callable[[dict[str, Any], str], set[str]]:
+    """The samples of a shard that a job's manifest left out (read once per manifest)."""
+    manifests: dict[str, Manifest] = {}
+
+    def left_out(job: dict[str, Any], shard_id: str) -> set[str]:
+        if job["manifest"] not in manifests:
+            manifests[job["manifest"]] = Manifest.model_validate_json(aws.read_object(data_bucket, job["manifest"]))
+        return set(manifests[job["manifest"]].exclude.get(shard_id, ()))
+    return left_out
+
+
+def _models_holding(outputs: dict[str, str], samples: dict[str, str], models: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """sample sha256 -> the models (deploy candidates, oldest first) whose lineage holds it: its own
+    manifest through every stage, and every earlier manifest of its lineage the model resumed from
+    (core.provenance), less what those manifests left out. `samples` maps each sample to its shard."""
+    holding: dict[str, list[str]] = defaultdict(list)
+    if not samples:
+        return holding
+    places = client.places(outputs)
+    for model in models:
+        try:
+            lineage = provenance.stored_lineage(model.get("job") or model["model"], places)
+        except provenance.UnknownModel:  # a candidate of a job this pipeline did not start
+            continue
+        listed = {source.sha256 for source in lineage.samples}
+        # a shard without an index has its samples unlisted; a manifest leaves such a shard whole or out
+        unindexed = {s.shard_id for m in lineage.manifests for s in m.shards if not s.index_uri}
+        for sha, shard in samples.items():
+            if sha in listed or shard in unindexed:
+                holding[sha].append(model["model"])
+    return holding
+
+
 def job_report(outputs: dict[str, str], job: str) -> bytes:
-    """The job's report.html, rebuilt with what arrived after training (the gate's decision in
-    `evaluation.json`, `lineage.json`, both beside the artefact) when the run's record is there;
-    else the page the trainer wrote."""
-    bucket, prefix = outputs["ModelsBucketName"], f"training/{job}/output/"
-    with tempfile.TemporaryDirectory() as folder:
-        model_dir, health_dir = Path(folder, "model"), Path(folder, "health")
-        _extract(bucket, f"{prefix}output.tar.gz", health_dir, lambda name: name == REPORT_NAME or name.startswith("validation/"))
-        _extract(bucket, f"{prefix}model.tar.gz", model_dir, lambda name: name == RECORD_NAME, stop_after=RECORD_NAME)
-        for name in AFTER_TRAINING:
-            document = aws.read_json_if_exists(bucket, prefix + name)
-            if document is not None:
-                (model_dir / name).write_text(json.dumps(document))
-        if (model_dir / RECORD_NAME).is_file():
-            from trainer.report import build  # the trainer's own page (standard library only)
-            return build(model_dir, health_dir, job=job).encode()
-        if (health_dir / REPORT_NAME).is_file():
-            return (health_dir / REPORT_NAME).read_bytes()
-    raise PipelineError(f"no {REPORT_NAME} for job {job!r} under s3://{bucket}/{prefix}: "
+    """The job's report.html: the pipeline's own, beside the artefact once the gate has decided;
+    before that, rendered the same way from what the job left (core.deploy.report_data; an older
+    trainer's record in model.tar.gz), with `evaluation.json` and `lineage.json` if there; else the
+    page the trainer wrote."""
+    bucket, folder = outputs["ModelsBucketName"], f"training/{job}/output"
+    if aws.head_object(bucket, f"{folder}/{REPORT}") is not None:
+        return aws.read_object(bucket, f"{folder}/{REPORT}")
+    from core.deploy import report_data
+    run, grids = report_data(bucket, folder)
+    if run is None and aws.head_object(bucket, f"{folder}/model.tar.gz") is not None:
+        with suppress(FileNotFoundError):  # an older trainer's page carries no figures: its record, streamed up to it
+            record = aws.read_tar_member(f"s3://{bucket}/{folder}/model.tar.gz", training_report.RECORD)
+            run = training_report.run_data(json.loads(record))
+    if run is not None:
+        evaluation, lineage = (aws.read_json_if_exists(bucket, f"{folder}/{name}") for name in AFTER_TRAINING)
+        return training_report.page(job, run, grids, evaluation, lineage).encode()
+    if aws.head_object(bucket, f"{folder}/output.tar.gz") is not None:
+        _, body = aws.open_object(bucket, f"{folder}/output.tar.gz")
+        with body:
+            page = report_from_tar(body)
+        if page is not None:
+            return page
+    raise PipelineError(f"no {REPORT} for job {job!r} under s3://{bucket}/{folder}/: "
                         "has it finished? (`atelier status` lists jobs)")
-
-
-def _extract(bucket: str, key: str, folder: Path, wanted: Callable[[str], bool], stop_after: str | None = None) -> None:
-    """The wanted members of a gzipped tar in S3, read front to back; nothing when it is absent."""
-    try:
-        body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"]
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] in ("NoSuchKey", "404", "AccessDenied"):
-            return
-        raise
-    with tarfile.open(fileobj=body, mode="r|gz") as tar:
-        for member in tar:
-            name = str(PurePosixPath(member.name.removeprefix("./")))
-            if not member.isfile() or not wanted(name) or ".." in PurePosixPath(name).parts:
-                continue
-            target = folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            extracted = tar.extractfile(member)
-            target.write_bytes(extracted.read() if extracted else b"")
-            if name == stop_after:
-                return
 
 
 def report_from_tar(stream: Any) -> bytes | None:
     """The first report.html in a gzipped tar read front to back (nothing is written to disk)."""
     with tarfile.open(fileobj=stream, mode="r|gz") as tar:
         for member in tar:
-            if member.isfile() and PurePosixPath(member.name).name == REPORT_NAME:
+            if member.isfile() and PurePosixPath(member.name).name == REPORT:
                 extracted = tar.extractfile(member)
                 return extracted.read() if extracted else None
     return None

@@ -11,11 +11,17 @@ writes `latents/<identity>-r512/<the same relative shard paths>`; train on that 
 `--model-config`/`--pretrained` and `--seed` (random init) as the encode job.
 
 SageMaker: a training job with the training image and the hyperparameter `task=encode` (channel
-`train`: the image shards; the other hyperparameters are this script's arguments). It writes under
+`train`: the image shards; channel `manifest`, when the manifest excludes samples: the training
+job's own; the other hyperparameters are this script's arguments). It writes under
 `/opt/ml/checkpoints/latents/`, which CheckpointConfig uploads object by object to
 `<CheckpointConfig.S3Uri>/latents/<identity>-r<resolution>/...` while the job runs; that S3 prefix
 is the next training job's `train` channel. A retried job gets its finished shards back from the
 same CheckpointConfig and skips them.
+
+Exclusions (docs/provenance.md): samples the manifest's `exclude` lists (`--manifest`, default
+$SM_CHANNEL_MANIFEST) are dropped while indexing, exactly as trainer/data.py does for training:
+never read or decoded, and absent from the latent shard, which then holds fewer samples than its
+image shard. The trainer applies the same list to the latent shards again (same keys, same shard ids).
 
 What a latent shard holds, per sample of the image shard (same key, same order, same relative path):
 - `<key>.latents.safetensors`: `latent_dist`, the VAE's posterior parameters (mean and log-variance,
@@ -48,6 +54,7 @@ import sys
 import tarfile
 import time
 from collections import defaultdict
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +64,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainer import distributed
 from trainer.data import (IDS_MEMBER, IMAGE_MEMBERS, LATENT_MEMBER, CorruptSample, ShardIndex, ShardReader,
-                          buckets_of, crop_to_bucket, decode_image, index_shards)
+                          buckets_of, crop_to_bucket, decode_image, index_shards, load_exclusions)
 from trainer.models import Models, caption_ids, load_models
 from trainer.objective import autocast
 
@@ -181,15 +188,17 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
 
 
 def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,
-                  batch_size: int = 16, num_workers: int = 2, aspect_buckets: bool = True, identity: str | None = None) -> dict:
-    """Encode every image shard under `train_dir` into `latent_dir(output_dir, ...)`; a summary of the work.
+                  batch_size: int = 16, num_workers: int = 2, aspect_buckets: bool = True, identity: str | None = None,
+                  exclude: Mapping[str, Collection[str]] | None = None) -> dict:
+    """Encode every image shard under `train_dir`, less `exclude` (shard id -> sample keys, never
+    read), into `latent_dir(output_dir, ...)`; a summary of the work.
 
     `models` are on `device` already (bf16 VAE on a GPU, models.frozen_to); shards already there are kept.
     """
     started = time.perf_counter()
     identity = identity or models_identity(models)
     target = latent_dir(output_dir, identity, resolution)
-    index = index_shards(train_dir)
+    index = index_shards(train_dir, exclude=exclude)
     if index.latent:
         raise ValueError(f"{train_dir} holds latent shards already")
     sizes, assignment = buckets_of(index.aspect, resolution, models.size_multiple, aspect_buckets)
@@ -224,7 +233,7 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
             if members:  # a shard of nothing but corrupt samples gets no latent shard
                 write_tar(outputs[shard], [member for row in sorted(members) for member in members[row]])
     return {"identity": identity, "resolution": resolution, "dir": str(target), "shards": len(index.shards),
-            "shards_written": len(work), "samples_encoded": encoded, "corrupt": corrupt,
+            "shards_written": len(work), "samples_encoded": encoded, "samples_excluded": index.excluded, "corrupt": corrupt,
             "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -240,7 +249,7 @@ def main(args: argparse.Namespace) -> dict:
     models.frozen_to(processes.device)
     resolution = args.resolution or models.default_resolution
     summary = encode_shards(args.train_dir, args.output_dir, models, resolution, processes.device, args.batch_size,
-                            args.num_workers, args.aspect_buckets, identity)
+                            args.num_workers, args.aspect_buckets, identity, load_exclusions(args.manifest))
     (Path(summary["dir"]) / "encoding.json").write_text(json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
     print(json.dumps({"event": "encoded", **{k: v for k, v in summary.items() if k != "corrupt"},
                       "corrupt_samples": len(summary["corrupt"])}), flush=True)
@@ -254,6 +263,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Encode image shards into latent shards for one resolution.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,
                         help="the image shards (default $SM_CHANNEL_TRAIN)")
+    parser.add_argument("--manifest", default=env.get("SM_CHANNEL_MANIFEST"),
+                        help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
+                             "read nor encoded (default $SM_CHANNEL_MANIFEST)")
     parser.add_argument("--output-dir", required=True, help="latent shards go to <output-dir>/<identity>-r<resolution>/")
     parser.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/, as the training job's")
     parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")

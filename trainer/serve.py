@@ -18,7 +18,9 @@ several. Every PNG carries text chunks: atelier:model-id, atelier:manifest, atel
 (from $ATELIER_MODEL_ID, $ATELIER_MANIFEST_DIGEST, $ATELIER_ATTRIBUTION_URI, which DeployFunction
 sets in the model's container environment; the manifest falls back to `manifest_digest` in the
 model's atelier-training.json, then each to "unknown"), atelier:prompt, atelier:negative-prompt,
-atelier:seed, atelier:steps, atelier:guidance.
+atelier:seed, atelier:steps, atelier:guidance. With $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY set,
+every PNG also carries a signed C2PA manifest with the model id, manifest and attribution
+(trainer/credentials.py); credentials that cannot sign fail at start.
 
 Bounds (ServeSettings, from the environment once at start): $SERVE_MAX_STEPS (200),
 $SERVE_MAX_SIDE (2048), $SERVE_MAX_IMAGES (4), $SERVE_MAX_BODY_BYTES (65536),
@@ -36,7 +38,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -44,6 +46,8 @@ import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
+
+from trainer.credentials import Credentials, sign_png
 
 PNG, JSON = "image/png", "application/json"
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range; image i's seed wraps around inside it
@@ -264,8 +268,10 @@ def generate(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.
     ).images
 
 
-def png_bytes(image: Image.Image, generation: Generation, seed: int, provenance: Provenance) -> bytes:
-    """The image as PNG with its provenance and settings in text chunks (iTXt when not Latin-1)."""
+def png_bytes(image: Image.Image, generation: Generation, seed: int, provenance: Provenance,
+              credentials: Credentials | None = None) -> bytes:
+    """The image as PNG with its provenance and settings in text chunks (iTXt when not Latin-1),
+    and a signed C2PA manifest when there are credentials."""
     info = PngInfo()
     for key, value in (
         ("atelier:model-id", provenance.model_id),
@@ -280,7 +286,9 @@ def png_bytes(image: Image.Image, generation: Generation, seed: int, provenance:
         info.add_text(key, value)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", pnginfo=info)
-    return buffer.getvalue()
+    if credentials is None:
+        return buffer.getvalue()
+    return sign_png(buffer.getvalue(), asdict(provenance), credentials)
 
 
 def json_body(pngs: list[bytes], seeds: list[int], provenance: Provenance) -> bytes:
@@ -321,14 +329,15 @@ class InferenceHandler(BaseHTTPRequestHandler):
         if pipeline is None:
             self.respond_error(503, "loading the model")
             return
+        provenance, credentials = self.server.provenance, self.server.credentials
         try:
             with self.server.lock:  # one generation at a time: the pipeline is not thread-safe
                 images = generate(pipeline, generation)
-        except Exception as error:  # the endpoint reports the failure and keeps serving
+            pngs = [png_bytes(image, generation, seed, provenance, credentials)
+                    for image, seed in zip(images, generation.seeds)]
+        except Exception as error:  # the endpoint reports the failure (C2PA signing's too) and keeps serving
             self.respond_error(500, f"{type(error).__name__}: {error}")
             return
-        provenance = self.server.provenance
-        pngs = [png_bytes(image, generation, seed, provenance) for image, seed in zip(images, generation.seeds)]
         if content_type == PNG:
             self.respond(200, pngs[0], PNG)
         else:
@@ -360,14 +369,14 @@ class InferenceHandler(BaseHTTPRequestHandler):
 
 
 class InferenceServer(ThreadingHTTPServer):
-    """Listens at once; answers 503 until `pipeline` is set."""
+    """Listens at once; answers 503 until `pipeline` is set; signs images when given credentials."""
 
     daemon_threads = True
 
     def __init__(self, host: str, port: int, settings: ServeSettings, provenance: Provenance,
-                 pipeline: DiffusionPipeline | None = None):
+                 pipeline: DiffusionPipeline | None = None, credentials: Credentials | None = None):
         super().__init__((host, port), InferenceHandler)
-        self.settings, self.provenance = settings, provenance
+        self.settings, self.provenance, self.credentials = settings, provenance, credentials
         self.pipeline = pipeline
         self.lock = threading.Lock()
 
@@ -375,9 +384,10 @@ class InferenceServer(ThreadingHTTPServer):
 def main(model_dir: str | Path) -> None:
     """Listen, load the pipeline, then answer /ping and /invocations until stopped."""
     settings, provenance = ServeSettings.from_env(), Provenance.from_env(model_dir)
+    credentials = Credentials.from_env()
     host = os.environ.get("SAGEMAKER_BIND_HOST", "0.0.0.0")
     port = int(os.environ.get("SAGEMAKER_BIND_TO_PORT", 8080))
-    with InferenceServer(host, port, settings, provenance) as server:
+    with InferenceServer(host, port, settings, provenance, credentials=credentials) as server:
         thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
         thread.start()
         print(json.dumps({"event": "loading", "model_dir": str(model_dir), "host": host, "port": port}), flush=True)
@@ -387,7 +397,8 @@ def main(model_dir: str | Path) -> None:
             server.shutdown()
             raise
         print(json.dumps({"event": "serving", "model_dir": str(model_dir), "host": host, "port": port,
-                          "model_id": provenance.model_id, "manifest": provenance.manifest}), flush=True)
+                          "model_id": provenance.model_id, "manifest": provenance.manifest,
+                          "c2pa": credentials is not None}), flush=True)
         thread.join()
 
 

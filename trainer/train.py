@@ -39,8 +39,9 @@ Output: `<model-dir>` holds the pipeline (`DiffusionPipeline.from_pretrained(mod
 weights unless `--final-weights trained`) and `atelier-training.json`; `<output-data-dir>` holds
 `loss.png` and `validation/step-N.png` (a grid of fixed prompts x seeds at each checkpoint); both
 hold `report.html`, the run's self-contained report (trainer/report.py).
-Logs: JSON lines on stdout (trainer/health.py). Too many non-finite steps in a row end the job
-with the reason in `$SM_OUTPUT_DIR/failure`.
+Logs: JSON lines on stdout (trainer/health.py); each training line also carries `steps` (the total),
+`progress` (steps done / total) and `eta_s` (seconds left at the step rate since the line before).
+Too many non-finite steps in a row end the job with the reason in `$SM_OUTPUT_DIR/failure`.
 """
 
 import argparse
@@ -48,6 +49,7 @@ import json
 import os
 import random
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -116,6 +118,13 @@ def draws_over_ranks(draws: Counter) -> dict[str, dict[str, int]]:
     for (partner, license), count in sorted(total.items()):
         nested.setdefault(partner, {})[license] = count
     return nested
+
+
+def progress_and_eta(step: int, total: int, window_steps: int, window_s: float) -> dict:
+    """How far the run is and the seconds left at the step rate since the last log line (None: no rate yet)."""
+    rate = window_steps / window_s if window_steps > 0 and window_s > 0 else 0.0
+    return {"steps": total, "progress": round(step / total, 4),
+            "eta_s": round((total - step) / rate, 1) if rate else None}
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -187,7 +196,7 @@ def main(args: argparse.Namespace) -> dict:
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
         backend=processes.backend, strategy=args.strategy, sdxl=models.sdxl, stages=plan.describe())
-    window, skipped_in_a_row, stage = Window(), 0, None
+    window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
     while step < plan.total_steps:
         step += 1
         if plan.stage_index(step) != stage:
@@ -233,8 +242,9 @@ def main(args: argparse.Namespace) -> dict:
             figures = window.figures(mean_loss)
             history.append({"step": step, **{k: figures[k] for k in ("loss", "img_per_s", "data_wait_share")}})
             log(rank, step=step, stage=stage, lr=learning_rate, **figures,
-                skipped_steps=progress["skipped_steps"], corrupt_samples=len(corrupt))
-            window = Window()
+                skipped_steps=progress["skipped_steps"], corrupt_samples=len(corrupt),
+                **progress_and_eta(step, plan.total_steps, step - logged_step, time.perf_counter() - window.start))
+            window, logged_step = Window(), step
         if checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.total_steps):
             state = {"step": step, "stage": stage, "args": vars(args), "loss_history": loss_history, "history": history,
                      "corrupt": sorted(distributed.union(corrupt)), "shards_seen": sorted(distributed.union(shards_seen)),

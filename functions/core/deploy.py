@@ -21,7 +21,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from core import aws, records, telemetry
+from core import aws, records, telemetry, training_report
 from core.errors import BadMessage
 from core.gate import Evaluation, Scores, Thresholds, decide, parse_evaluation
 from core.settings import DeploySettings
@@ -350,20 +350,44 @@ def gate(model: dict[str, Any], evaluation: Evaluation, settings: DeploySettings
                    scores=evaluation.candidate.to_item()):
         return DeployResult("duplicate", name)
     logger.info("evaluation gate", extra={"model": name, "decision": status, "reason": decision.reason})
-    _publish_decision(model, gate_record)
+    document = _publish_decision(model, gate_record)
     telemetry.count(telemetry.MODELS_EVALUATED)
     if not decision.passed:
         telemetry.count(telemetry.MODELS_HELD_BACK)
-        return DeployResult("held-back", name, decision.reason)
-    return promote(name, settings)
+        result = DeployResult("held-back", name, decision.reason)
+    else:
+        result = promote(name, settings)
+    _publish_report(model, document)  # last: a report that fails to render never holds a rollout up
+    return result
 
 
-def _publish_decision(model: dict[str, Any], gate_record: dict[str, Any]) -> None:
+def _publish_decision(model: dict[str, Any], gate_record: dict[str, Any]) -> dict[str, Any]:
     """`evaluation.json` beside the model artefact: the training report shows it (atelier report --job)."""
     bucket, _, key = str(model["model_data"]).removeprefix("s3://").partition("/")
     document = {"gate": gate_record, "model": model["model"], "evaluation_job": model.get("eval_job", "")}
     aws.write_object(bucket, f"{key.rsplit('/', 1)[0]}/evaluation.json",
                      json.dumps(document, indent=1).encode(), "application/json")
+    return document
+
+
+def _publish_report(model: dict[str, Any], evaluation: dict[str, Any]) -> None:
+    """The complete training report, `report.html` beside the model artefact: the run (report_data),
+    the gate's decision and lineage.json."""
+    bucket, _, key = str(model["model_data"]).removeprefix("s3://").partition("/")
+    folder = key.rsplit("/", 1)[0]
+    run, grids = report_data(bucket, folder)
+    page = training_report.page(model["job"], run, grids, evaluation, aws.read_json_if_exists(bucket, f"{folder}/lineage.json"))
+    aws.write_object(bucket, f"{folder}/{training_report.REPORT}", page.encode(), "text/html; charset=utf-8")
+
+
+def report_data(bucket: str, folder: str) -> tuple[dict[str, Any] | None, list[tuple[str, bytes]]]:
+    """The run's figures and validation grids a training job left in `folder`, from its output.tar.gz
+    (the trainer's report.html carries the figures; a page from an older trainer has none: None)."""
+    if aws.head_object(bucket, f"{folder}/output.tar.gz") is None:
+        return None, []
+    _, body = aws.open_object(bucket, f"{folder}/output.tar.gz")
+    with body:
+        return training_report.read_output(body)
 
 
 def _production_scores(production: dict[str, Any] | None, model: dict[str, Any],

@@ -74,6 +74,7 @@ class ShardReport(BaseModel):
     accepted: int = 0
     quarantined: dict[str, int] = {}  # reason -> samples (duplicates included)
     captions_missing: int = 0  # accepted, flagged: no caption in the tar nor in the image
+    size_mismatches: int = 0  # accepted, flagged: the .json's width/height are not the decoded image's
     truncated: bool = False  # the tar broke off; the samples before the break were kept
     source_stats: dict[str, Any] = {}  # img2dataset's own <shard>_stats.json counts, when present
 
@@ -250,7 +251,7 @@ class _Reader:
         upload = self._upload(source.key)
         sha256 = None
         try:
-            described, original_sha256 = _describe(source, upload, self.message, self.settings)
+            described, original_sha256, claimed_size = _describe(source, upload, self.message, self.settings)
             sha256 = described.sample.sha256
             sample = self._admit(described.sample, original_sha256)
         except RejectedUpload as rejected:
@@ -264,6 +265,10 @@ class _Reader:
             return
         dedup.remember(self.settings.ingest.table, sample.sha256, sample.phash)
         self.report.captions_missing += sample.caption_source == "missing"
+        if not _same_size(claimed_size, sample):
+            self.report.size_mismatches += 1
+            logger.warning("the tar's width/height disagree with the image", extra={
+                "sample": upload.key, "claimed": claimed_size, "decoded": [sample.width, sample.height]})
         content = described.derivative if described.derivative is not None else source.members[_image_extension(source)]
         self.chunk.append((sample, content))
         self.chunk_bytes += len(content)
@@ -310,8 +315,9 @@ class _Reader:
 
 
 def _describe(source: SourceSample, upload: UploadRef, message: ImportShard,
-              settings: ImportSettings) -> tuple[metadata.Described, str | None]:
-    """Ingest's decision for one sample, fed with what the tar already says (caption, URL, sha256)."""
+              settings: ImportSettings) -> tuple[metadata.Described, str | None, tuple[int, int] | None]:
+    """Ingest's decision for one sample, fed with what the tar already says (caption, URL, sha256);
+    img2dataset's original sha256 and its width/height, for the checks against the decoded image."""
     if source.problem is not None:
         raise source.problem
     extension = _image_extension(source)
@@ -326,7 +332,15 @@ def _describe(source: SourceSample, upload: UploadRef, message: ImportShard,
     described = metadata.describe(source.members[extension], upload, message.partner, sidecar, message.license,
                                   settings.ingest)
     original = str(meta.get("sha256") or "").lower()
-    return described, original if _SHA256.match(original) and original != described.sample.sha256 else None
+    width, height = meta.get("width"), meta.get("height")
+    claimed = (width, height) if type(width) is int and type(height) is int else None
+    return described, original if _SHA256.match(original) and original != described.sample.sha256 else None, claimed
+
+
+def _same_size(claimed: tuple[int, int] | None, sample: Sample) -> bool:
+    """No claim, or the decoded size either way round: img2dataset measures before EXIF orientation
+    (OpenCV's IMREAD_UNCHANGED), the safe decode after it."""
+    return claimed is None or claimed in {(sample.width, sample.height), (sample.height, sample.width)}
 
 
 def _ends_cleanly(message: ImportShard, size: int, version: str) -> bool:
@@ -402,7 +416,7 @@ def _count(message: ImportShard, report: ShardReport, settings: ImportSettings) 
     counters = {"shards_done": int(report.status != "rejected"), "shards_rejected": int(report.status == "rejected"),
                 "samples_read": report.samples_read, "samples_accepted": report.accepted,
                 "samples_duplicate": report.duplicates, "samples_rejected": report.rejected,
-                "captions_missing": report.captions_missing,
+                "captions_missing": report.captions_missing, "size_mismatches": report.size_mismatches,
                 **{f"reason_{reason}": n for reason, n in report.quarantined.items()}}
     if report.reason:
         counters[f"shard_reason_{report.reason}"] = 1
@@ -431,6 +445,7 @@ class BatchReport(BaseModel):
     samples_duplicate: int = 0
     samples_rejected: int = 0
     captions_missing: int = 0
+    size_mismatches: int = 0
     reasons: dict[str, int] = {}  # sample quarantine reason -> count
     shard_reasons: dict[str, int] = {}  # whole-tar rejection reason -> count
     shards: list[ShardReport] = []

@@ -16,7 +16,8 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   job `<job>-enc` (the training image, task=encode) writes the manifest's shards as latent shards
   under `s3://<models>/encoded/<job>/`; on its Completed event every shard's latent twin is checked
   and listed in `manifests/<job>.latents.manifest`, the training job's `train` channel. An encode job
-  that fails, or leaves a shard out, fails its training job (the shards return to pending).
+  that fails, or leaves a shard out, fails its training job (the shards return to pending). It gets
+  the training job's `manifest` channel too: an excluded sample is never encoded.
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
   (core.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
@@ -133,9 +134,11 @@ def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
 
 def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], instances: tuple[str, int],
                  output_prefix: str, checkpoint_uri: str, tags: dict[str, str],
-                 settings: TrainingSettings) -> dict[str, Any]:
+                 settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
     """What a training and an encode job's requests share: the `train` channel (a ManifestFile,
-    FastFile, ShardedByS3Key), checkpoints, retries, isolation, VPC and KMS."""
+    FastFile, ShardedByS3Key), checkpoints, retries, isolation, VPC and KMS. With `exclusions_uri`
+    (the manifest JSON) a second channel `manifest` brings the exclusion list to every instance
+    (trainer.train and trainer.encode --manifest)."""
     request: dict[str, Any] = {
         "TrainingJobName": name,
         "RoleArn": settings.role_arn,
@@ -161,6 +164,15 @@ def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], ins
         "EnableInterContainerTrafficEncryption": True,
         "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
     }
+    if exclusions_uri:
+        request["InputDataConfig"].append({
+            "ChannelName": MANIFEST_CHANNEL,
+            "InputMode": "File",
+            "ContentType": "application/json",
+            "DataSource": {"S3DataSource": {
+                "S3DataType": "S3Prefix", "S3Uri": exclusions_uri, "S3DataDistributionType": "FullyReplicated",
+            }},
+        })
     if settings.keep_alive_s:
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
     if settings.subnets:
@@ -179,26 +191,15 @@ def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettin
 
 def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                          steps_target: int, settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
-    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins. With
-    `exclusions_uri` (the manifest JSON) a second channel `manifest` brings the exclusion list to
-    every instance (trainer --manifest)."""
+    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins, and
+    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel."""
     stage = settings.stages[stage_index]
-    request = _job_request(
+    return _job_request(
         name, manifest_uri, stage_hyperparameters(stage, steps_target), (stage.instance_type, stage.instance_count),
         "training/",
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
         f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
-        _stage_tags(manifest_digest, stage_index, settings), settings)
-    if exclusions_uri:
-        request["InputDataConfig"].append({
-            "ChannelName": MANIFEST_CHANNEL,
-            "InputMode": "File",
-            "ContentType": "application/json",
-            "DataSource": {"S3DataSource": {
-                "S3DataType": "S3Prefix", "S3Uri": exclusions_uri, "S3DataDistributionType": "FullyReplicated",
-            }},
-        })
-    return request
+        _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri)
 
 
 def encode_job_name(training_job: str) -> str:
@@ -211,23 +212,26 @@ def encoded_prefix(training_job: str) -> str:
 
 
 def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
-                       settings: TrainingSettings) -> dict[str, Any]:
+                       settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
     """The training image with task=encode on one encode instance, for the stage's resolution and
-    models; its latent shards reach S3 through CheckpointConfig (trainer/encode.py)."""
+    models; its latent shards reach S3 through CheckpointConfig (trainer/encode.py). It reads the
+    training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
     stage = settings.stages[stage_index]
     hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS}}
     tags = {**_stage_tags(manifest_digest, stage_index, settings), FINAL_STAGE_TAG: "false", ROLE_TAG: "encode",
             "atelier:training-job": training_job}
     request = _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
                            (settings.encode_instance_type, 1), ENCODED_PREFIX,
-                           f"s3://{settings.models_bucket}/{encoded_prefix(training_job)}", tags, settings)
+                           f"s3://{settings.models_bucket}/{encoded_prefix(training_job)}", tags, settings,
+                           exclusions_uri)
     request["AlgorithmSpecification"].pop("MetricDefinitions")  # no loss to chart
     return request
 
 
 def latent_manifest_file(manifest: Manifest, bucket: str, prefix: str, keys: list[str]) -> list[Any]:
     """A ManifestFile of the latent twins of the manifest's shards, from the keys found under
-    `<prefix>latents/`: one encoding directory, and every shard's twin in it."""
+    `<prefix>latents/`: one encoding directory, and every shard's twin in it (a twin holds fewer
+    samples than its shard where the manifest excludes some: only its presence is checked)."""
     relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
     found: dict[str, set[str]] = {}
     for key in keys:
@@ -495,10 +499,10 @@ def _ensure_started(name: str, settings: TrainingSettings) -> None:
     stage = int(job.get("stage", 0))
     base = job.get("base", name)
     manifest_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest"
-    if job.get("encode") and not job.get("latents"):
-        _ensure_encoding(name, job, manifest_uri, settings)
-        return
     exclusions_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.json" if job.get("excludes") else ""
+    if job.get("encode") and not job.get("latents"):
+        _ensure_encoding(name, job, manifest_uri, exclusions_uri, settings)
+        return
     train_uri = job.get("latents") or manifest_uri
     request = training_job_request(name, train_uri, job["digest"], stage, _steps_target(job, stage, settings), settings,
                                    exclusions_uri)
@@ -509,7 +513,8 @@ def _ensure_started(name: str, settings: TrainingSettings) -> None:
     _check_ours(name, name, train_uri, settings)
 
 
-def _ensure_encoding(name: str, job: dict[str, Any], manifest_uri: str, settings: TrainingSettings) -> None:
+def _ensure_encoding(name: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str,
+                     settings: TrainingSettings) -> None:
     """The training job's encode job runs (or has ended: then its end is handled now, in case its
     event was lost)."""
     encode_name = encode_job_name(name)
@@ -517,7 +522,7 @@ def _ensure_encoding(name: str, job: dict[str, Any], manifest_uri: str, settings
         "pk": records.job_pk(encode_name), "kind": "job", "role": "encode", "for_job": name, "status": "Requested",
         "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     stage = int(job.get("stage", 0))
-    if aws.create_training_job(encode_job_request(name, manifest_uri, job["digest"], stage, settings)):
+    if aws.create_training_job(encode_job_request(name, manifest_uri, job["digest"], stage, settings, exclusions_uri)):
         logger.info("encode job started", extra={"job": encode_name, "stage": settings.stages[stage].name})
         return
     existing = _check_ours(encode_name, name, manifest_uri, settings)

@@ -1,7 +1,7 @@
 """DeployFunction: training jobs, evaluation jobs, model artefacts and endpoint state changes ->
 the evaluation gate and a safe endpoint rollout (core.deploy; docs/deploy.md)."""
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -12,8 +12,10 @@ from core.settings import DeploySettings
 
 logger = Logger()
 metrics = Metrics()
+tracer = Tracer()  # each SageMaker and S3 call of the rollout as a subsegment (docs/architecture.md)
 
 
+@tracer.capture_method
 def route(event: EventBridgeEvent, settings: DeploySettings) -> DeployResult:
     """Each rule's events to their step; anything else is a configuration error."""
     if event.detail_type == "SageMaker Training Job State Change":
@@ -28,6 +30,7 @@ def route(event: EventBridgeEvent, settings: DeploySettings) -> DeployResult:
 
 
 # Log lines are correlated by the training job, the endpoint or the artefact the event is about.
+@tracer.capture_lambda_handler
 @metrics.log_metrics
 @logger.inject_lambda_context(correlation_id_path="detail.TrainingJobName || detail.EndpointName || detail.object.key || detail.model")
 @event_source(data_class=EventBridgeEvent)

@@ -5,7 +5,7 @@ Bad samples are quarantined and duplicates left out (successful outcomes); a mal
 an unexpected error fails its record alone, which retries (idempotently) and ends in ImportDLQ.
 """
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -18,9 +18,11 @@ from core.settings import ImportSettings
 
 logger = Logger()
 metrics = Metrics()
+tracer = Tracer()  # the S3 stream and the per-sample DynamoDB calls of a tar (docs/architecture.md)
 processor = BatchProcessor(event_type=EventType.SQS)
 
 
+@tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
     try:
         message = ImportShard.model_validate_json(record.body)
@@ -36,6 +38,7 @@ def record_handler(record: SQSRecord) -> None:
     telemetry.count(telemetry.IMPORT_REJECTS, report.rejected)
 
 
+@tracer.capture_lambda_handler
 @metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:

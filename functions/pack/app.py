@@ -6,7 +6,7 @@ record returns and the redelivery finishes what was started. The `rate(1 minute)
 shards older than their maximum age and finishes seals that an invocation left half done.
 """
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.models import Sample
@@ -16,8 +16,10 @@ from core.settings import PackSettings
 
 logger = Logger()
 metrics = Metrics()  # core.pack and core.seal add to its buffer (core.telemetry)
+tracer = Tracer()  # multipart parts, transactions, the seal's compose and event (docs/architecture.md)
 
 
+@tracer.capture_lambda_handler
 @metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:

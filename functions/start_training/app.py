@@ -1,7 +1,7 @@
 """StartTrainingFunction: "Shard Sealed" events count towards the quota; a training job's end
 (Completed, Failed, Stopped) frees its lineage for the next stage or the next manifest."""
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -12,10 +12,12 @@ from core.training import Decision, on_job_finished, on_shard_sealed
 
 logger = Logger()
 metrics = Metrics()
+tracer = Tracer()  # the claim transaction, manifest writes, CreateTrainingJob (docs/architecture.md)
 
 
 # The envelope is read leniently (moto's EventBridge leaves out `account`); the detail strictly.
 # Log lines are correlated by the shard, or the training job, the event is about.
+@tracer.capture_lambda_handler
 @metrics.log_metrics
 @logger.inject_lambda_context(correlation_id_path="detail.shard_id || detail.TrainingJobName")
 @event_source(data_class=EventBridgeEvent)

@@ -4,7 +4,7 @@ A lost S3 notification delays a sample by at most one grace period plus one sche
 it never drops it (core.sweep).
 """
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -13,8 +13,10 @@ from core.sweep import sweep
 
 logger = Logger()
 metrics = Metrics()
+tracer = Tracer()  # pages of ListObjects, batched record reads, re-drives (docs/architecture.md)
 
 
+@tracer.capture_lambda_handler
 @metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:

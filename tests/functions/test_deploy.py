@@ -11,10 +11,12 @@ import dataclasses
 import io
 import json
 import tarfile
+from pathlib import Path
 from typing import Any, Callable
 
 import boto3
 import pytest
+from PIL import Image
 from tests.support import load_event
 
 from atelier.local.provision import Provisioned
@@ -22,7 +24,10 @@ from core import aws, records
 from core.deploy import (JobState, deployment_config, evaluation_job_name, job_state_from_event, model_request,
                          on_artefact_published, on_endpoint_state, on_job_state, reevaluate, rollback)
 from core.errors import BadMessage
+from core.models import LeftOut
+from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.settings import DeploySettings
+from trainer.report import write_report
 
 JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
 ENDED = 1795953900000
@@ -291,6 +296,62 @@ def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) 
     assert (record["status"], record["model_data"]) == ("held-back", f"{MODELS}/training/{JOB}/output/model.tar.gz")
     assert "above the limit" in record["reason"]
     assert aws.describe_endpoint(settings.endpoint_name) is None
+
+
+def trainer_output(tmp_path: Path) -> bytes:
+    """output.tar.gz as SageMaker uploads the trainer's output data dir (trainer/report.py writes it)."""
+    model_dir, data_dir = tmp_path / "model", tmp_path / "data"
+    model_dir.mkdir()
+    history = [{"step": s, "loss": 1.0 / s, "img_per_s": 50.0 + s, "data_wait_share": 0.02} for s in (2, 4)]
+    (model_dir / "atelier-training.json").write_text(json.dumps({"steps": 4, "final_loss": 0.25, "history": history}))
+    (data_dir / "validation").mkdir(parents=True)
+    Image.new("RGB", (32, 16), "red").save(data_dir / "validation" / "step-00000004.png")
+    write_report(model_dir, data_dir, job=JOB)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        archive.add(data_dir, arcname=".")
+    return buffer.getvalue()
+
+
+def lineage_document(job: str) -> Lineage:
+    """lineage.json of a model that learned from one manifest of two partners' samples (core.provenance)."""
+    shard = ShardSource(shard_id="s1", key="shards/s1.tar", sha256="c" * 64, role="new", samples=3, excluded=1,
+                        index_uri="s3://data/shards/s1.json")
+    manifest = ManifestSource(sequence=7, digest="ab" * 32, uri="s3://data/manifests/m.json",
+                              jobs=(JobSource(name=job, stage=0, status="Completed"),), shards=(shard,),
+                              left_out=(LeftOut(shard_id="s1", sha256="d" * 64, partner="partner-b", reason="revoked"),))
+    samples = tuple(SampleSource(sha256=f"{n}" * 64, partner=p, license="CC-BY-4.0", bucket="uploads", key=f"{p}/{n}.png",
+                                 version_id="", shards=("s1",), manifests=(7,)) for n, p in ((1, "partner-a"), (2, "partner-b")))
+    return Lineage(job=job, lineage="main", manifest="ab" * 32, artifact=f"{MODELS}/training/{job}/output/model.tar.gz",
+                   manifests=(manifest,), samples=samples)
+
+
+def test_the_gate_s_decision_completes_the_training_report_beside_the_artefact(settings: DeploySettings,
+                                                                             tmp_path: Path) -> None:
+    # GIVEN a finished job's output data and its lineage.json, as the trainer and start-training leave them
+    s3, folder = boto3.client("s3"), f"training/{JOB}/output"
+    s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/output.tar.gz", Body=trainer_output(tmp_path))
+    s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/lineage.json", Body=lineage_document(JOB).model_dump_json())
+    on_job_state(completed(), settings)
+
+    # WHEN the gate holds the model back
+    assert on_job_state(evaluation_finished(settings, JOB, settings.gate_max_loss * 2), settings).action == "held-back"
+
+    # THEN report.html beside the artefact is the whole page: the run, the decision, the lineage summary
+    stored = s3.get_object(Bucket=settings.models_bucket, Key=f"{folder}/report.html")
+    page = stored["Body"].read().decode()
+    assert stored["ContentType"].startswith("text/html")
+    assert f"Training report: {JOB}" in page and page.count("<polyline") == 3 and 'alt="validation grid step-00000004"' in page
+    assert '<span class="fail">held-back</span>' in page and "above the limit" in page
+    assert f"#7 abababababab: jobs {JOB}; shards 1, left out 1" in page
+    assert "partner-a / CC-BY-4.0: 1, partner-b / CC-BY-4.0: 1" in page and "no lineage.json" not in page
+
+
+def test_a_passing_model_s_report_says_passed_even_without_the_job_s_output_data(settings: DeploySettings) -> None:
+    deploy_first(settings)
+
+    page = aws.read_object(settings.models_bucket, f"training/{JOB}/output/report.html").decode()
+    assert '<span class="pass">passed</span>' in page and "no lineage.json" in page
 
 
 def test_a_non_finite_loss_is_held_back(settings: DeploySettings) -> None:

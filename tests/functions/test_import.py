@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,11 +17,15 @@ from PIL import Image
 from atelier.catalog import make_catalog
 from atelier.local.provision import Provisioned
 from atelier.local.runtime import sqs_event
-from core import aws, imports, records, seal
+from core import aws, imports, seal
 from core.imports import ImportShard, import_shard
-from core.settings import ImportSettings
+from core.licensing import Revocation, revoke
+from core.models import LeftOut, Manifest, Sample
+from core.provenance import Affected, affected_by, lineage_of
+from core.settings import ImportSettings, TrainingSettings
+from core.training import on_job_finished, on_shard_sealed
 from tests.functions.import_helpers import IMG2DATASET, run_img2dataset, sample_of, webdataset_tar
-from tests.functions.pack_helpers import check_shard, sealed_shards
+from tests.functions.pack_helpers import check_shard, sealed_record, sealed_shards
 
 BATCH = "batch-1"
 # distinct pictures: the catalog repeats a shape and ground often enough for near duplicates (dHash)
@@ -140,6 +145,22 @@ def test_a_partner_without_the_license_imports_nothing(stack, settings) -> None:
     message = put_tar(stack, "s.tar", webdataset_tar([sample_of("s0", ITEMS[0])])).model_copy(update={"license": "other"})
     report = import_shard(message, settings)
     assert (report.status, report.reason) == ("rejected", "unlicensed") and sealed_shards(settings.pack) == {}
+
+
+def test_width_and_height_from_the_tar_that_disagree_with_the_decoded_image_are_flagged(stack, settings) -> None:
+    # GIVEN img2dataset-style .json sizes: right, turned (measured before EXIF orientation), and wrong
+    sizes = [Image.open(io.BytesIO(ITEMS[n].image)).size for n in range(3)]
+    start_batch(stack, 1)
+    body = webdataset_tar([sample_of("right", ITEMS[0], width=sizes[0][0], height=sizes[0][1]),
+                           sample_of("turned", ITEMS[1], width=sizes[1][1], height=sizes[1][0]),
+                           sample_of("wrong", ITEMS[2], width=sizes[2][0] * 2, height=sizes[2][1])])
+    # WHEN it is imported
+    report = import_shard(put_tar(stack, "sizes.tar", body), settings)
+    # THEN every sample is kept with its decoded size, and the wrong claim is counted in the reports
+    assert (report.accepted, report.size_mismatches) == (3, 1)
+    assert imports.batch_report(settings.ingest.table, BATCH).size_mismatches == 1
+    records_ = [json.loads(i["record"]) for i in aws.scan_prefix(settings.ingest.table, "SAMPLE#")]
+    assert sorted((r["width"], r["height"]) for r in records_) == sorted(sizes)
 
 
 # --- duplicates --------------------------------------------------------------------------------------
@@ -270,6 +291,13 @@ def test_shards_downloaded_by_img2dataset_import_with_its_metadata(stack, settin
                                                 license="CC-BY-4.0"), settings))
     # THEN every downloaded image is a sample, with its URL and caption; img2dataset's stats are kept
     assert sum(r.accepted for r in reports) == 6 and all(r.quarantined == {} for r in reports)
+    # img2dataset's width/height, in every sample's .json, are the decoded image's
+    claims = []
+    for tar in tars:
+        with tarfile.open(tar) as archive:
+            claims += [json.loads(archive.extractfile(m).read()) for m in archive if m.name.endswith(".json")]
+    assert len(claims) == 6 and all(type(c["width"]) is int and type(c["height"]) is int for c in claims)
+    assert [r.size_mismatches for r in reports] == [0, 0]
     assert sum(r.source_stats["failed_to_download"] for r in reports) == 1
     by_caption = {json.loads(data)["caption"]: json.loads(data) for shard in sealed_shards(settings.pack).values()
                   for name, data in shard.members if name.endswith(".json")}
@@ -309,3 +337,94 @@ def test_the_cli_queues_one_message_per_tar_resumes_and_reports(stack, settings,
     assert [s["source_stats"] for s in report["shards"] if s["source"].endswith("00000.tar")] == [
         {"count": 3, "successes": 2, "failed_to_download": 1}]
     assert main(["import", str(folder), "--partner", "partner-a", "--license", "other"]) == 2  # a PipelineError
+
+
+def test_the_cli_imports_an_s3_prefix_in_place_through_the_function(stack, settings, monkeypatch, capsys,
+                                                                    lambda_context) -> None:
+    # GIVEN a partner's bucket with two tars (one with img2dataset's stats) under a prefix, one outside it
+    from atelier import client
+    from atelier.cli import main
+    from import_shard.app import lambda_handler
+    monkeypatch.setattr(client, "stack_outputs", lambda name: stack.outputs)
+    s3, source = boto3.client("s3"), "partner-a-laion"
+    s3.create_bucket(Bucket=source)
+    s3.put_object(Bucket=source, Key="laion/00000.tar", Body=webdataset_tar([sample_of("a", ITEMS[0]),
+                                                                             sample_of("b", ITEMS[1])]))
+    s3.put_object(Bucket=source, Key="laion/00000_stats.json", Body=json.dumps({"count": 2, "successes": 2}))
+    s3.put_object(Bucket=source, Key="laion/part/00001.tar", Body=webdataset_tar([sample_of("c", ITEMS[2])]))
+    s3.put_object(Bucket=source, Key="elsewhere/00002.tar", Body=webdataset_tar([sample_of("d", ITEMS[3])]))
+    # WHEN `atelier import s3://partner-a-laion/laion/` runs and ImportFunction gets its messages
+    assert main(["import", f"s3://{source}/laion/", "--partner", "partner-a", "--license", "CC-BY-4.0",
+                 "--batch", "s3-1"]) == 0
+    messages = boto3.client("sqs").receive_message(QueueUrl=stack.outputs["ImportQueueUrl"],
+                                                   MaxNumberOfMessages=10)["Messages"]
+    event = sqs_event(messages, next(s for s in stack.sources if s.function == "ImportFunction"), "us-east-1")
+    assert lambda_handler(event, lambda_context) == {"batchItemFailures": []}
+    # THEN the two tars under the prefix were read in place (nothing staged) and became two sealed shards
+    assert sorted(json.loads(m["Body"])["key"] for m in messages) == ["laion/00000.tar", "laion/part/00001.tar"]
+    assert s3.list_objects_v2(Bucket=stack.outputs["DataBucketName"], Prefix="imports/").get("KeyCount") == 0
+    report = imports.batch_report(settings.ingest.table, "s3-1")
+    assert (report.complete, report.shards_done, report.samples_accepted) == (True, 2, 3)
+    by_source = {r.source: r for r in report.shards}
+    assert sorted(by_source) == [f"s3://{source}/laion/00000.tar", f"s3://{source}/laion/part/00001.tar"]
+    assert by_source[f"s3://{source}/laion/00000.tar"].source_stats == {"count": 2, "successes": 2}
+    shards = sealed_shards(settings.pack)
+    assert sorted(shards) == sorted(r.shard_id for r in report.shards)
+    assert sorted(e["detail"]["shard_id"] for e in announced(stack)) == sorted(shards)
+    # AND each sample's record says where it came from and which shard holds it
+    samples = {i["pk"].removeprefix("SAMPLE#"): i for i in aws.scan_prefix(settings.ingest.table, "SAMPLE#")}
+    described = {k: Sample.model_validate_json(i["record"]) for k, i in samples.items()}
+    assert sorted((s.bucket, s.key, s.partner, s.license) for s in described.values()) == [
+        (source, key, "partner-a", "CC-BY-4.0")
+        for key in ("laion/00000.tar#a", "laion/00000.tar#b", "laion/part/00001.tar#c")]
+    for shard_id, shard in shards.items():
+        check_shard(settings.pack, shard_id, shard,
+                    {k: s for k, s in described.items() if samples[k]["packed_in"] == shard_id})
+
+
+# --- lineage and takedown of imported samples ------------------------------------------------------------
+
+def test_an_imported_sample_is_in_its_model_s_lineage_and_a_takedown_leaves_it_out_of_the_next_manifest(
+        stack, settings, function_env, monkeypatch) -> None:
+    monkeypatch.setattr(aws, "create_training_job", lambda request: True)  # SageMaker itself is not needed here
+    function_env("StartTrainingFunction")
+    monkeypatch.setenv("TRAINING_REPLAY_SHARE", "0.5")  # the next manifest replays the first one's shards
+    training = TrainingSettings.from_env()
+
+    def imported(*names: str) -> tuple[list[str], str | None]:
+        """Each name a tar of two catalog pictures, imported and sealed, its Shard Sealed event delivered;
+        the shards and the job the last event started."""
+        shard_ids = []
+        for name in names:
+            n = 2 * int(name)
+            tar = webdataset_tar([sample_of(f"{name}-{k}", ITEMS[n + k]) for k in range(2)])
+            shard_ids.append(import_shard(put_tar(stack, f"{name}.tar", tar), settings).shard_id)
+        decisions = [on_shard_sealed(sealed_record(settings.pack, i), training) for i in shard_ids]
+        return shard_ids, decisions[-1].job_name
+
+    def manifest(job: str) -> Manifest:
+        return Manifest.model_validate_json(aws.read_object(training.data_bucket, f"manifests/{job}.json"))
+
+    # GIVEN a model trained to completion on two imported tars
+    (first, second), job = imported("0", "1")
+    on_job_finished(job, "Completed", None, training)
+    items = {i["pk"].removeprefix("SAMPLE#"): i for i in aws.scan_prefix(settings.ingest.table, "SAMPLE#")}
+    records_ = {k: Sample.model_validate_json(i["record"]) for k, i in items.items()}
+    assert len(items) == 4 and {i["packed_in"] for i in items.values()} == {first, second}
+    # WHEN its lineage is read, THEN every imported sample is there with the tar it came from
+    found = lineage_of(job, training)
+    assert [(s.sha256, s.partner, s.license, s.bucket, s.key, s.shards, s.manifests) for s in found.samples] == [
+        (k, "partner-a", "CC-BY-4.0", stack.outputs["DataBucketName"], records_[k].key, (items[k]["packed_in"],), (1,))
+        for k in sorted(items)]
+    taken_down = next(k for k, r in records_.items() if r.key == f"imports/{BATCH}/0.tar#0-1")
+    # WHEN one imported sample is taken down
+    takedown = revoke(training.table, Revocation(partner="partner-a", sha256s=(taken_down,), reason="artist request"))
+    # THEN the model that learned from it is found, and the next manifest (which replays its shard) leaves it out
+    assert affected_by(takedown, training) == [Affected(job=job, status="Completed", stage=0, samples=1)]
+    (third, fourth), next_job = imported("2", "3")
+    built = manifest(next_job)
+    assert {s.shard_id: s.role for s in built.shards} == {third: "new", fourth: "new", first: "replay",
+                                                           second: "replay"}
+    assert built.exclude == {first: (taken_down,)}
+    assert built.left_out == (LeftOut(shard_id=first, sha256=taken_down, partner="partner-a", license="CC-BY-4.0",
+                                      reason=takedown.describe()),)

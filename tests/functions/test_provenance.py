@@ -26,6 +26,7 @@ from core.provenance import Affected, affected_by, lineage_of, output_key
 from core.settings import TrainingSettings
 from core.training import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
+from trainer import encode
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.stages import RunPlan
 
@@ -136,10 +137,12 @@ def channel_as_sagemaker_lays_it_out(settings: TrainingSettings, request: dict[s
         bucket, key = source["S3Uri"].removeprefix("s3://").split("/", 1)
         target = dirs.setdefault(channel["ChannelName"], root / channel["ChannelName"])
         target.mkdir(parents=True)
-        if source["S3DataType"] == "ManifestFile":
+        if source["S3DataType"] == "ManifestFile":  # its prefix may be in another bucket (latent shards)
             prefix, *relative = json.loads(aws.read_object(bucket, key))
+            prefix_bucket, prefix_key = prefix["prefix"].removeprefix("s3://").split("/", 1)
             for name in relative:
-                (target / name).write_bytes(aws.read_object(bucket, prefix["prefix"].split("/", 3)[3] + name))
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                (target / name).write_bytes(aws.read_object(prefix_bucket, prefix_key + name))
         else:
             (target / key.rsplit("/", 1)[1]).write_bytes(aws.read_object(bucket, key))
     return dirs
@@ -191,6 +194,70 @@ def test_a_manifest_without_exclusions_reads_as_before(stack: Provisioned, setti
 
     assert (manifest(settings, job).exclude, manifest(settings, job).left_out) == ({}, ())
     assert [c["ChannelName"] for c in requests[job]["InputDataConfig"]] == ["train"]
+
+
+ENCODING_ON = {"TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge"}  # the template's default; conftest turns it off
+
+
+def manifest_channel(settings: TrainingSettings, job: str) -> dict[str, Any]:
+    """The `manifest` channel that brings a job's exclusion list (its manifest JSON) to every instance."""
+    return {"ChannelName": "manifest", "InputMode": "File", "ContentType": "application/json",
+            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix",
+                                            "S3Uri": f"s3://{settings.data_bucket}/manifests/{job}.json",
+                                            "S3DataDistributionType": "FullyReplicated"}}}
+
+
+def test_with_encoding_on_the_encode_job_gets_the_exclusion_list_before_the_training_job(
+        stack: Provisioned, configure: Callable[..., TrainingSettings], requests: dict) -> None:
+    # GIVEN encoding on, two sealed shards, and a takedown of one sample of the first
+    settings = configure(**ENCODING_ON)
+    first = pictures(stack, range(0, 4))
+    shard_1, shard_2 = pack(stack, first), pack(stack, pictures(stack, range(4, 8)))
+    revoke(settings.table, Revocation(partner="partner-a", sha256s=(first[1].sha256,), reason="artist request"))
+
+    # WHEN the shards reach the quota
+    job = seal(stack, settings, shard_1, shard_2)
+
+    # THEN what starts is the encode job, reading the image shards and the training job's exclusion list
+    assert manifest(settings, job).exclude == {shard_1: (first[1].sha256,)}
+    assert list(requests) == [f"{job}-enc"]
+    assert [c["ChannelName"] for c in requests[f"{job}-enc"]["InputDataConfig"]] == ["train", "manifest"]
+    assert requests[f"{job}-enc"]["InputDataConfig"][1] == manifest_channel(settings, job)
+
+
+def test_with_encoding_on_a_revoked_sample_is_never_encoded_nor_drawn(
+        stack: Provisioned, configure: Callable[..., TrainingSettings], requests: dict, tmp_path: Path) -> None:
+    # GIVEN encoding on, a takedown of one sample, and the encode job's request for the next manifest
+    settings = configure(**ENCODING_ON)
+    first, second = pictures(stack, range(0, 4)), pictures(stack, range(4, 8))
+    shards = [pack(stack, first), pack(stack, second)]
+    revoked = first[1].sha256
+    revoke(settings.table, Revocation(partner="partner-a", sha256s=(revoked,), reason="artist request"))
+    job = seal(stack, settings, *shards)
+    request = requests[f"{job}-enc"]
+
+    # WHEN trainer.encode runs on the encode job's channels as SageMaker lays them out, and its
+    # latent shards reach S3 as CheckpointConfig uploads them
+    channels = channel_as_sagemaker_lays_it_out(settings, request, tmp_path / "encode")
+    hyperparameters = [arg for name, value in request["HyperParameters"].items() if name != "task"
+                       for arg in (f"--{name}", value)]
+    summary = encode.main(encode.parse_args(["--train-dir", str(channels["train"]), "--manifest", str(channels["manifest"]),
+                                             "--output-dir", str(tmp_path / "checkpoints"), "--num-workers", "0",
+                                             *hyperparameters]))
+    latents = Path(summary["dir"])
+    for path in latents.rglob("*.tar"):
+        aws.write_object(settings.models_bucket, f"encoded/{job}/latents/{latents.name}/{path.relative_to(latents)}",
+                         path.read_bytes(), "application/x-tar")
+    on_job_finished(f"{job}-enc", "Completed", None, settings)
+
+    # THEN the revoked sample was not encoded: the latent shards the training job reads do not hold it
+    assert (summary["samples_encoded"], summary["samples_excluded"]) == (7, 1)
+    channels = channel_as_sagemaker_lays_it_out(settings, requests[job], tmp_path / "train")
+    everything = {s.sha256 for s in first + second}
+    assert drawn_keys(channels["train"], None)[0] == everything - {revoked}
+    # AND the training job on the latent shards still gets the exclusion list (and applies it: nothing left to skip)
+    assert requests[job]["InputDataConfig"][1] == manifest_channel(settings, job)
+    assert drawn_keys(channels["train"], channels["manifest"]) == (everything - {revoked}, 0)
 
 
 def test_the_audit_lists_the_models_that_learned_from_a_revoked_sample(stack: Provisioned, settings: TrainingSettings) -> None:

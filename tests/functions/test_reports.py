@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,13 +17,18 @@ import pytest
 from atelier import cli, client
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
-from core import aws, records
-from core.pack import pack_samples
+from core import aws
+from core.deploy import JobState, on_job_state
+from core.licensing import Revocation, revoke
 from core.models import Sample
+from core.pack import pack_samples
+from core.settings import DeploySettings, PackSettings, TrainingSettings
+from core.training import on_job_finished, on_shard_sealed
 from tests.functions.ingest_helpers import ingest_through_queue
 from tests.functions.pack_helpers import settings_for
 
 RED = encode(picture("circle", "red", "blue"), "png")
+GREEN = encode(picture("triangle", "green", "black"), "png")
 
 
 @pytest.fixture
@@ -30,41 +37,109 @@ def outputs(stack: Provisioned, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
     return stack.outputs
 
 
+@dataclass(frozen=True)
+class Stages:
+    """The pack, start-training and deploy stages' settings from the template, one shard a job."""
+
+    pack: PackSettings
+    training: TrainingSettings
+    deploy: DeploySettings
+
+
 @pytest.fixture
-def ingested(stack, partner, function_env: Callable, lambda_context: Any, outputs, monkeypatch) -> Sample:
-    """partner-a uploaded one good picture (packed into a shard a job trained on) and one non-image."""
+def uploaded(stack, partner, function_env: Callable, lambda_context: Any, outputs, monkeypatch) -> dict[str, Sample]:
+    """partner-a's uploads through the ingest handler: two good pictures and a non-image; the accepted by key."""
     monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 4 << 10)
     function_env("IngestFunction")
     from ingest.app import lambda_handler
-    ingest_through_queue(stack, lambda_handler, lambda_context, {"partner-a/red.png": RED, "partner-a/notes.png": b"no"})
-    (item,) = aws.scan_prefix(outputs["PipelineTableName"], "SAMPLE#")
-    sample = Sample.model_validate_json(item["record"])
-    (sealed,) = pack_samples([("m1", sample)], settings_for(stack, shard_max_samples=1)).sealed
-    aws.put_item(outputs["PipelineTableName"], {**records.shard_item(sealed), "status": "claimed"})
-    aws.put_item(outputs["PipelineTableName"], {**records.job_item("atelier-0001", "manifests/atelier-0001.json",
-                                                                   [sealed.shard_id], "2026-11-29T12:00:00"),
-                                                "status": "Completed", "model_data": "s3://models/m.tar.gz"})
-    return sample
+    ingest_through_queue(stack, lambda_handler, lambda_context,
+                         {"partner-a/red.png": RED, "partner-a/green.png": GREEN, "partner-a/notes.png": b"no"})
+    accepted = [Sample.model_validate_json(i["record"]) for i in aws.scan_prefix(outputs["PipelineTableName"], "SAMPLE#")]
+    return {s.key: s for s in accepted}
 
 
-def test_partner_report_lists_accepted_and_rejected_uploads_their_shard_and_job(ingested, capsys) -> None:
+@pytest.fixture
+def stages(stack, uploaded, function_env: Callable, monkeypatch) -> Stages:
+    monkeypatch.setattr(aws, "create_training_job", lambda request: True)  # SageMaker itself is not needed here
+    function_env("StartTrainingFunction")
+    monkeypatch.setenv("TRAINING_QUOTA", "1")
+    monkeypatch.setenv("TRAINING_REPLAY_SHARE", "0")
+    training = TrainingSettings.from_env()
+    function_env("DeployFunction")
+    return Stages(settings_for(stack), training, DeploySettings.from_env())
+
+
+def train(stages: Stages, samples: list[Sample], ended: int) -> str:
+    """The samples packed into one shard, which the start-training stage claims for a job; the job
+    completes, and the deploy stage records its model (no held-out set: eval-failed). The job's name."""
+    packed = pack_samples([(f"m-{s.sha256[:8]}", s) for s in samples],
+                          dataclasses.replace(stages.pack, shard_max_samples=len(samples)))
+    (sealed,) = packed.sealed
+    job = on_shard_sealed(sealed, stages.training).job_name
+    assert job is not None
+    on_job_finished(job, "Completed", None, stages.training)
+    artefact = f"s3://{stages.deploy.models_bucket}/training/{job}/output/model.tar.gz"
+    on_job_state(JobState(name=job, status="Completed", model_data_url=artefact, failure_reason=None, ended_at=ended),
+                 stages.deploy)
+    return job
+
+
+def partner_report(partner: str, capsys) -> dict[str, Any]:
     capsys.readouterr()
-    assert cli.main(["report", "--partner", "partner-a", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-
-    shard = report["items"][1]["shard"]
-    assert (report["uploads"], report["accepted"], report["rejected"], report["packed"]) == (2, 1, {"not_an_image": 1}, 1)
-    assert [(i["key"], i["status"], i["reason"], i["jobs"]) for i in report["items"]] == [
-        ("partner-a/notes.png", "quarantined", "not_an_image", []), ("partner-a/red.png", "accepted", None, ["atelier-0001"])]
-    assert report["shards"] == [{"shard": shard, "status": "claimed", "samples": 1, "jobs": ["atelier-0001"]}]
-    assert report["jobs"] == [{"job": "atelier-0001", "status": "Completed", "model": "s3://models/m.tar.gz"}]
+    assert cli.main(["report", "--partner", partner, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
-def test_another_partner_s_report_is_empty(ingested, capsys) -> None:
-    capsys.readouterr()
-    cli.main(["report", "--partner", "partner-b", "--json"])
+def test_partner_report_lists_accepted_and_rejected_uploads_their_shard_job_and_model(uploaded, stages, capsys) -> None:
+    job = train(stages, [uploaded["partner-a/red.png"]], ended=1)
 
-    assert json.loads(capsys.readouterr().out)["uploads"] == 0
+    report = partner_report("partner-a", capsys)
+
+    shard = report["items"][2]["shard"]
+    assert (report["uploads"], report["accepted"], report["rejected"], report["packed"]) == (3, 2, {"not_an_image": 1}, 1)
+    assert [(i["key"], i["status"], i["reason"], i["jobs"], i["models"]) for i in report["items"]] == [
+        ("partner-a/green.png", "accepted", None, [], []),  # not packed yet
+        ("partner-a/notes.png", "quarantined", "not_an_image", [], []),
+        ("partner-a/red.png", "accepted", None, [job], [job])]
+    assert report["shards"] == [{"shard": shard, "status": "trained", "samples": 1, "jobs": [job]}]
+    assert report["jobs"] == [{"job": job, "status": "Completed", "model": job}]
+    assert report["models"] == [{"model": job, "job": job, "status": "eval-failed", "samples": 1}]
+
+
+def test_a_later_model_of_the_lineage_holds_what_earlier_jobs_trained_on(uploaded, stages, capsys) -> None:
+    # GIVEN a job on the red picture, then a job on the green one that resumes the lineage's checkpoints
+    first = train(stages, [uploaded["partner-a/red.png"]], ended=1)
+    second = train(stages, [uploaded["partner-a/green.png"]], ended=2)
+
+    # WHEN partner-a's report is made
+    report = partner_report("partner-a", capsys)
+
+    # THEN the red picture is in both models, though only the first job read its shard
+    models = {i["key"]: (i["jobs"], i["models"]) for i in report["items"]}
+    assert models["partner-a/red.png"] == ([first], [first, second])
+    assert models["partner-a/green.png"] == ([second], [second])
+    assert [(m["model"], m["samples"]) for m in report["models"]] == [(first, 1), (second, 2)]
+    assert [(j["job"], j["model"]) for j in report["jobs"]] == [(first, first), (second, second)]
+
+
+def test_a_sample_the_manifest_left_out_is_in_no_job_and_no_model(uploaded, stages, capsys) -> None:
+    # GIVEN a takedown of the green picture, then a job on the shard holding both pictures
+    green, red = uploaded["partner-a/green.png"], uploaded["partner-a/red.png"]
+    revoke(stages.training.table, Revocation(partner="partner-a", sha256s=(green.sha256,), reason="artist request"))
+    job = train(stages, [red, green], ended=1)
+
+    # WHEN partner-a's report is made
+    report = partner_report("partner-a", capsys)
+
+    # THEN both are in the shard the job read, but only the red one was trained on and is in its model
+    items = {i["key"]: i for i in report["items"]}
+    assert items["partner-a/green.png"]["shard"] == items["partner-a/red.png"]["shard"]
+    assert (items["partner-a/green.png"]["jobs"], items["partner-a/green.png"]["models"]) == ([], [])
+    assert (items["partner-a/red.png"]["jobs"], items["partner-a/red.png"]["models"]) == ([job], [job])
+
+
+def test_another_partner_s_report_is_empty(uploaded, capsys) -> None:
+    assert partner_report("partner-b", capsys)["uploads"] == 0
 
 
 def output_archive(members: dict[str, bytes]) -> bytes:

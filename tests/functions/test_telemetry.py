@@ -5,14 +5,20 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
 import sys
+import tarfile
 from typing import Any, Callable
 
+import boto3
 import pytest
 from aws_lambda_powertools import Logger, Metrics
+from tests.support import ACCOUNT, REGION, REPO, STACK, load_event
 
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
+from atelier.local.template import Resolver, expand
 from core import ingest, telemetry
 from core.pack import pack_samples
 from tests.functions.ingest_helpers import ingest_through_queue
@@ -120,3 +126,123 @@ def test_seconds_since_reads_s3_event_times() -> None:
 
     assert telemetry.seconds_since("2026-01-01T00:00:00.000Z", now) == 60.0
     assert telemetry.seconds_since("", now) is None
+
+
+# --- training jobs and deployments, through their handlers --------------------------------------------
+
+@pytest.fixture
+def start_training(stack: Provisioned, partner: str, function_env: Callable, lambda_context: Any) -> Callable:
+    """StartTrainingFunction's handler in its template environment (quota 2; moto's SageMaker)."""
+    function_env("StartTrainingFunction")
+    from start_training.app import lambda_handler
+    return lambda event: lambda_handler(event, lambda_context)
+
+
+def shard_sealed(n: int) -> dict:
+    """events/start_training_shard_sealed.json for shard n of partner-a (registered, so screened in)."""
+    event = load_event("start_training_shard_sealed")
+    shard_id = f"shard-{n:032x}"
+    event["detail"].update(shard_id=shard_id, key=f"shards/{shard_id}.tar", sha256=f"{n:064x}", partners=["partner-a"])
+    return event
+
+
+def job_ended(name: str, status: str) -> dict:
+    """SageMaker's state-change event for a training job (the rule sends it to both functions)."""
+    event = load_event("deploy_job_failed")
+    event["detail"].update(TrainingJobName=name, TrainingJobStatus=status, SecondaryStatus=status)
+    return event
+
+
+def test_start_training_counts_the_job_it_starts(start_training, emf) -> None:
+    waiting = start_training(shard_sealed(1))
+    assert (waiting["action"], values(emf(), telemetry.TRAINING_JOBS_STARTED)) == ("waiting", [])
+
+    started = start_training(shard_sealed(2))  # the quota is reached
+
+    assert started["action"] == "started"
+    assert values(emf(), telemetry.TRAINING_JOBS_STARTED) == [1.0]
+
+
+def test_start_training_counts_a_failed_job_once_per_event(start_training, emf) -> None:
+    # GIVEN a job the pipeline started
+    start_training(shard_sealed(1))
+    job = start_training(shard_sealed(2))["job"]
+    emf()
+    # WHEN it fails
+    after = start_training(job_ended(job, "Failed"))
+    # THEN one failure is counted, and a start only if its shards went straight into a new job
+    blobs = emf()
+    assert values(blobs, telemetry.TRAINING_JOBS_FINISHED["Failed"]) == [1.0]
+    assert values(blobs, telemetry.TRAINING_JOBS_STARTED) == ([1.0] if after["action"] == "started" else [])
+    assert values(blobs, telemetry.TRAINING_JOBS_FINISHED["Completed"]) == []
+
+
+def test_start_training_does_not_count_jobs_it_did_not_start(start_training, emf) -> None:
+    assert start_training(job_ended("atelier-3f9a1c2b7d4e5f6a8b9c-eval", "Failed"))["action"] == "not-ours"
+
+    assert values(emf(), telemetry.TRAINING_JOBS_FINISHED["Failed"]) == []
+
+
+def evaluation_artefact(event: dict, val_loss: float) -> None:
+    """The evaluation.json (in model.tar.gz) an evaluation job leaves where its event points."""
+    document = json.dumps({"schema": 1, "eval_set": {"digest": "e" * 64, "samples": 4},
+                           "models": {"candidate": {"val_loss": val_loss, "clip_score": None}}}).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo("evaluation.json")
+        info.size = len(document)
+        archive.addfile(info, io.BytesIO(document))
+    bucket, key = event["detail"]["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").split("/", 1)
+    boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=buffer.getvalue())
+
+
+def test_deploy_counts_the_deployment_of_a_model_that_passed_the_gate(stack: Provisioned, function_env: Callable,
+                                                                      lambda_context: Any, emf) -> None:
+    # GIVEN a held-out set, and a completed training job whose evaluation the handler starts
+    env = function_env("DeployFunction")
+    bucket, _, prefix = env["EVAL_DATA_URI"].removeprefix("s3://").partition("/")
+    boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}heldout.tar", Body=bytes(1024))
+    from deploy.app import lambda_handler
+    assert lambda_handler(load_event("deploy_job_completed"), lambda_context)["action"] == "evaluating"
+    assert values(emf(), telemetry.DEPLOYMENTS) == []
+    # WHEN the evaluation ends with a loss under the gate's limit
+    finished = load_event("deploy_evaluation_completed")
+    evaluation_artefact(finished, val_loss=0.1)
+    result = lambda_handler(finished, lambda_context)
+    # THEN the endpoint is created and one deployment counted
+    blobs = emf()
+    assert result["action"] == "created"
+    assert values(blobs, telemetry.DEPLOYMENTS) == [1.0]
+    assert values(blobs, telemetry.MODELS_EVALUATED) == [1.0]
+    assert values(blobs, telemetry.MODELS_HELD_BACK) == []
+
+
+# --- X-Ray: on in Lambda only -------------------------------------------------------------------------
+
+TRACED = ["deploy.app", "import_shard.app", "pack.app", "start_training.app", "sweep.app"]  # docs/architecture.md
+LAMBDA_MARKERS = ("LAMBDA_TASK_ROOT", "AWS_SAM_LOCAL", "POWERTOOLS_TRACE_DISABLED")
+
+
+@pytest.mark.parametrize(("where", "markers", "tracing"), [
+    # atelier/local/worker.py: the template's environment and AWS_LAMBDA_FUNCTION_NAME, no LAMBDA_TASK_ROOT
+    ("local stack", {}, False),
+    ("sam local invoke", {"LAMBDA_TASK_ROOT": "/var/task", "AWS_SAM_LOCAL": "true"}, False),
+    ("Lambda", {"LAMBDA_TASK_ROOT": "/var/task"}, True),
+])
+def test_the_functions_trace_only_in_lambda(where: str, markers: dict, tracing: bool) -> None:
+    # GIVEN a fresh interpreter (Powertools decides once per process) with a function's environment
+    expanded = expand(REPO / "template.yaml", {}, STACK, REGION, ACCOUNT)
+    resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: name, get_att=lambda name, _: name)
+    template_env = resolver.resolve(expanded.resources["PackFunction"]["Properties"]["Environment"]["Variables"])
+    env = {k: v for k, v in os.environ.items() if k not in LAMBDA_MARKERS}
+    env |= {k: str(v) for k, v in template_env.items()} | {"AWS_LAMBDA_FUNCTION_NAME": "atelier-pack"} | markers
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "functions"), str(REPO)])
+    probe = ("import importlib, json, sys, aws_xray_sdk; "
+             "on = {m: not importlib.import_module(m).tracer.disabled for m in sys.argv[1:]}; "
+             "print(json.dumps([on, aws_xray_sdk.global_sdk_config.sdk_enabled()]))")
+    # WHEN the traced functions' modules are imported
+    run = subprocess.run([sys.executable, "-c", probe, *TRACED], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    # THEN their tracer (and the X-Ray SDK) is on in Lambda alone: nowhere else is a daemon listening
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == [{m: tracing for m in TRACED}, tracing]

@@ -890,6 +890,7 @@ def test_with_an_encode_instance_the_quota_starts_the_encode_job_first(encoding:
     assert sagemaker.created == [f"{name}-enc"]  # the training job waits for its latents
     assert request["HyperParameters"] == {"task": "encode", "resolution": "32", "model-config": "tiny"}
     assert channel_uri(request) == manifest_uri(encoding, name)
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["train"]  # nothing excluded: no manifest channel
     assert request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
     assert (request["ResourceConfig"]["InstanceType"], request["ResourceConfig"]["InstanceCount"]) == ("ml.g5.2xlarge", 1)
     assert request["CheckpointConfig"]["S3Uri"] == f"s3://{encoding.models_bucket}/encoded/{name}/"

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import tarfile
 
 import numpy as np
@@ -14,7 +15,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
 from trainer import container, train
-from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
+from trainer.data import BatchPlan, ShardReader, StepBatches, index_shards, make_loader
 from trainer.encode import LatentShardsError, encode_shards, latent_dir, models_identity
 from trainer.models import caption_ids, load_models
 from trainer.objective import diffusion_loss, step_generator
@@ -105,6 +106,52 @@ def test_a_second_encode_keeps_the_shards_already_written(tmp_path, encoded, sha
     assert (again["dir"], again["shards_written"], again["samples_encoded"]) == (encoded["dir"], 0, 0)
 
 
+def test_excluded_samples_are_never_read_nor_encoded_and_the_others_are_as_before(tmp_path, monkeypatch, encoded,
+                                                                                 shards_dir, models, samples):
+    # GIVEN a manifest that excludes one sample of shard-a, and a reader that records what it reads
+    revoked = sorted(sample["key"] for sample in samples[:3])[1]
+    read = []
+    original = ShardReader.read
+    monkeypatch.setattr(ShardReader, "read", lambda self, row: read.append(str(self.index.key[row])) or original(self, row))
+
+    # WHEN the shards are encoded with that exclusion list
+    result = encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=0,
+                           exclude={"shard-a": {revoked}})
+
+    # THEN the revoked sample was never read, and no latent of it was written
+    assert (result["samples_encoded"], result["samples_excluded"], result["corrupt"]) == (5, 1, [])
+    assert revoked not in read and len(read) == 5
+    # AND every other sample's members are what an encode without exclusions wrote, in the same order
+    for shard in ("shard-a.tar", "nested/shard-b.tar"):
+        before = members_of(f"{encoded['dir']}/{shard}")
+        after = members_of(f"{result['dir']}/{shard}")
+        assert list(after) == [name for name in before if not name.startswith(f"{revoked}.")]
+        assert all(same_member(name, after[name], before[name]) for name in after)
+
+
+def same_member(name: str, got: bytes, expected: bytes) -> bool:
+    """Equal bytes; for a latents member equal tensors, bit for bit, and equal header metadata
+    (safetensors writes the metadata's keys in a hash map's order, which changes from call to call)."""
+    if not name.endswith(".latents.safetensors"):
+        return got == expected
+    tensors, wanted = load_safetensors(got), load_safetensors(expected)
+    return (safetensors_metadata(got) == safetensors_metadata(expected) and tensors.keys() == wanted.keys()
+            and all(torch.equal(tensors[key], wanted[key]) for key in wanted))
+
+
+def safetensors_metadata(data: bytes) -> dict:
+    (length,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + length])["__metadata__"]
+
+
+def test_the_trainer_applies_the_exclusion_list_to_latent_shards_too(encoded, samples):
+    # latent shards keep the sample keys and the shard ids: a twin encoded without the list is still filtered
+    revoked = sorted(sample["key"] for sample in samples[:3])[1]
+    index = index_shards(encoded["dir"], exclude={"shard-a": {revoked}})
+    assert index.latent and index.excluded == 1
+    assert sorted(index.key) == sorted(sample["key"] for sample in samples if sample["key"] != revoked)
+
+
 def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution(tmp_path, encoded, train_args):
     other = train_args(encoded["dir"], tmp_path / "m1", tmp_path / "c1", "--steps", "1", "--seed", "1")
     with pytest.raises(LatentShardsError, match="encoded by models .* not by this run's"):
@@ -150,6 +197,33 @@ def test_the_container_runs_an_encode_job_into_the_checkpoint_directory(tmp_path
     assert written.keys() == expected.keys()
     assert all(torch.equal(load_safetensors(written[name])["latent_dist"], load_safetensors(expected[name])["latent_dist"])
                for name in written if name.endswith(".safetensors"))
+
+
+def test_the_container_s_encode_job_skips_what_its_manifest_channel_excludes(tmp_path, monkeypatch, saved_environment,
+                                                                             shards_dir, samples):
+    # GIVEN an encode job whose `manifest` channel (the training job's manifest JSON) excludes a sample of shard-b
+    revoked = sorted(sample["key"] for sample in samples[3:])[0]
+    root = tmp_path / "opt-ml"
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "hyperparameters.json").write_text(json.dumps({"task": "encode", "model-config": "tiny", "seed": "0",
+                                                             "resolution": "32", "num-workers": "0"}))
+    (config / "inputdataconfig.json").write_text(json.dumps({"train": {"TrainingInputMode": "FastFile"},
+                                                             "manifest": {"TrainingInputMode": "File"}}))
+    shutil.copytree(shards_dir, root / "input" / "data" / "train")
+    (root / "input" / "data" / "manifest").mkdir(parents=True)
+    (root / "input" / "data" / "manifest" / "atelier-x.json").write_text(json.dumps(
+        {"bucket": "b", "prefix": "shards/", "shards": [], "exclude": {"shard-b": [revoked]}}))
+    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
+
+    # WHEN the image's entrypoint runs `train`
+    assert container.main(["train"]) == 0
+
+    # THEN the latent twin of shard-b has no member of the excluded sample, and the summary counts it
+    [target] = (root / "checkpoints" / "latents").iterdir()
+    assert not any(name.startswith(f"{revoked}.") for name in members_of(target / "nested" / "shard-b.tar"))
+    summary = json.loads((target / "encoding.json").read_text())
+    assert (summary["samples_encoded"], summary["samples_excluded"]) == (5, 1)
 
 
 def test_the_identity_is_the_same_in_another_process():

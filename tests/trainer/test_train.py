@@ -408,7 +408,16 @@ def test_repeated_non_finite_steps_end_the_job_with_a_failure_reason(tmp_path, s
 def test_log_lines_carry_the_metric_fields(trained, tmp_path, shards_dir, capsys, train_args):
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--resume", "none"))
     (line,) = [line for line in json_lines(capsys.readouterr().out) if "loss" in line]
-    assert set(line) == {"step", "stage", "loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples"}
+    assert set(line) == {"step", "stage", "loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples",
+                         "steps", "progress", "eta_s"}
+    assert (line["steps"], line["progress"], line["eta_s"]) == (1, 1.0, 0.0)
+
+
+def test_progress_is_steps_done_over_total_and_the_eta_follows_the_recent_step_rate():
+    # 10 steps in the last 5 s: 2 steps/s, 70 steps left
+    assert train.progress_and_eta(30, 100, 10, 5.0) == {"steps": 100, "progress": 0.3, "eta_s": 35.0}
+    assert train.progress_and_eta(100, 100, 10, 5.0) == {"steps": 100, "progress": 1.0, "eta_s": 0.0}
+    assert train.progress_and_eta(1, 3, 0, 0.0)["eta_s"] is None  # no steps measured yet: no rate, no guess
 
 
 def test_the_metric_regexes_read_each_figure_from_a_log_line_and_not_from_other_events():

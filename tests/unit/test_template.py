@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -190,6 +192,28 @@ def test_functions_get_the_local_endpoint_when_it_is_overridden() -> None:
 
     assert {name: (env.get("AWS_ENDPOINT_URL"), env.get("AWS_ENDPOINT_URL_SAGEMAKER"))
             for name, env in environments.items()} == {name: (LOCAL_ENDPOINT, None) for name in environments}
+
+
+def test_env_json_gives_every_function_the_local_stack_name_of_each_resource_it_is_given(stack) -> None:
+    # GIVEN, per function, the variables the template derives from a resource: `sam local invoke`
+    # resolves parameters itself (samconfig.toml [local]) but cannot know the local stack's names
+    expanded = expand_with({"LocalEndpointUrl": LOCAL_ENDPOINT})  # as `--config-env local` expands it
+    unknown = "<a resource>"
+    resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: unknown,
+                        get_att=lambda name, attribute: unknown)
+    declared = {name: resolver.resolve(f["Properties"]["Environment"]["Variables"])
+                for name, f in expanded.resources.items() if f["Type"] == "AWS::Lambda::Function"}
+    needed = {name: sorted(k for k, v in env.items() if unknown in str(v)) for name, env in declared.items()}
+    env_json = json.loads((REPO / "events" / "env.json").read_text())
+    # THEN env.json has every function, each with every such variable and none the template does not declare
+    assert sorted(env_json) == sorted(declared)
+    assert {name: sorted(set(needed[name]) - set(env_json[name])) for name in declared} == {n: [] for n in declared}
+    assert {name: sorted(set(env_json[name]) - set(declared[name])) for name in declared} == {n: [] for n in declared}
+    # AND the values are the names the local stack's provisioner gives them (queue URLs seen from Docker)
+    def local(value: str) -> str:
+        return urlparse(value).path if value.startswith(("http://", "https://")) else value
+    assert {name: {k: local(v) for k, v in env_json[name].items()} for name in declared} == {
+        name: {k: local(stack.functions[name].environment[k]) for k in env_json[name]} for name in declared}
 
 
 # --- what the Lambda code depends on --------------------------------------------------------------

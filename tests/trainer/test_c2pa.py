@@ -1,0 +1,228 @@
+"""trainer.credentials: C2PA manifests signed into served PNGs, read back with the C2PA SDK's Reader.
+
+The certificates are made here, at test time: a root CA and an end-entity signing certificate with
+what the SDK requires of one: issued by a CA, not self-signed; key usage digitalSignature, critical;
+the emailProtection EKU; subject and authority key identifiers.
+"""
+
+import base64
+import datetime as dt
+import http.client
+import io
+import json
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+import c2pa
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from PIL import Image
+
+from trainer.credentials import TRAINED_ALGORITHMIC_MEDIA, Credentials, CredentialsError
+from trainer.serve import Generation, InferenceServer, Provenance, ServeSettings, load_pipeline, png_bytes
+
+PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16,
+                        attribution="s3://models/training/job-1/output/attribution.json")
+GENERATION = Generation(prompt="a red dog", num_inference_steps=1)
+USAGES = dict.fromkeys(("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+                        "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"), False)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Atelier tests")])
+
+
+def _certificate(subject: str, key, issuer: x509.Name, issuer_key, ca: bool) -> x509.Certificate:
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
+        x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(**{**USAGES, **({"key_cert_sign": True, "crl_sign": True} if ca
+                                                     else {"digital_signature": True})}), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    if not ca:
+        builder = (builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.EMAIL_PROTECTION]), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                                  critical=False))
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _pem(certificate: x509.Certificate) -> bytes:
+    return certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path | str]:
+    """A throwaway root CA and signing certificate, as the files an operator would mount."""
+    root = tmp_path_factory.mktemp("c2pa")
+    root_key, signer_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    root_certificate = _certificate("Atelier test root", root_key, _name("Atelier test root"), root_key, ca=True)
+    signer = _certificate("Atelier test signer", signer_key, root_certificate.subject, root_key, ca=False)
+    files = {
+        "chain": _pem(signer) + _pem(root_certificate),
+        "key": _key_pem(signer_key),
+        "root": _pem(root_certificate),
+        "root_key": _key_pem(root_key),
+    }
+    for name, data in files.items():
+        (root / f"{name}.pem").write_bytes(data)
+    return {name: root / f"{name}.pem" for name in files} | {"anchors": files["root"].decode()}
+
+
+@pytest.fixture(scope="module")
+def credentials(pki) -> Credentials:
+    return Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["chain"]), "ATELIER_C2PA_KEY": str(pki["key"])})
+
+
+def read_c2pa(png: bytes, anchors: str) -> tuple[str, dict, list[str]] | None:
+    """(validation state, active manifest, failure codes), trusting only `anchors`; None without a manifest."""
+    settings = {"trust": {"user_anchors": anchors}, "verify": {"remote_manifest_fetch": False}}
+    with c2pa.Context.from_dict(settings) as context:
+        reader = c2pa.Reader.try_create("image/png", io.BytesIO(png), context=context)
+        if reader is None:
+            return None
+        with reader:
+            store = json.loads(reader.json())
+            failures = reader.get_validation_results()["activeManifest"].get("failure", [])
+            return (reader.get_validation_state(), store["manifests"][store["active_manifest"]],
+                    [failure["code"] for failure in failures])
+
+
+def assertions(manifest: dict) -> dict[str, dict]:
+    return {assertion["label"]: assertion["data"] for assertion in manifest["assertions"]}
+
+
+def image() -> Image.Image:
+    return Image.new("RGB", (64, 48), (200, 30, 40))
+
+
+def replace_text_chunk(png: bytes, keyword: bytes, value: bytes) -> bytes:
+    """The PNG with one tEXt chunk's value replaced, its CRC made right again: a well-formed edit."""
+    position = 8
+    while position < len(png):
+        length, kind = struct.unpack(">I4s", png[position:position + 8])
+        data = png[position + 8:position + 8 + length]
+        end = position + 12 + length
+        if kind == b"tEXt" and data.split(b"\0", 1)[0] == keyword:
+            data = keyword + b"\0" + value
+            chunk = struct.pack(">I4s", len(data), kind) + data + struct.pack(">I", zlib.crc32(kind + data))
+            return png[:position] + chunk + png[end:]
+        position = end
+    raise AssertionError(f"no tEXt chunk {keyword!r}")
+
+
+# ---------------------------------------------------------------- signing
+
+
+def test_a_signed_png_carries_the_provenance_in_a_trusted_c2pa_manifest(pki, credentials):
+    signed = png_bytes(image(), GENERATION, 7, PROVENANCE, credentials)
+
+    state, manifest, failures = read_c2pa(signed, pki["anchors"])
+    assert (state, failures) == ("Trusted", [])
+    assert assertions(manifest)["atelier.provenance"] == {
+        "model_id": PROVENANCE.model_id, "manifest": PROVENANCE.manifest, "attribution": PROVENANCE.attribution}
+    assert assertions(manifest)["c2pa.actions.v2"]["actions"] == [{
+        "action": "c2pa.created", "digitalSourceType": TRAINED_ALGORITHMIC_MEDIA,
+        "softwareAgent": {"name": PROVENANCE.model_id}}]
+
+
+def test_signing_keeps_the_text_chunks_and_the_pixels(credentials):
+    unsigned = Image.open(io.BytesIO(png_bytes(image(), GENERATION, 7, PROVENANCE)))
+    signed = Image.open(io.BytesIO(png_bytes(image(), GENERATION, 7, PROVENANCE, credentials)))
+
+    assert signed.text == unsigned.text
+    assert signed.text["atelier:model-id"] == PROVENANCE.model_id
+    assert signed.tobytes() == unsigned.tobytes()
+
+
+def test_a_png_altered_after_signing_fails_validation(pki, credentials):
+    signed = png_bytes(image(), GENERATION, 7, PROVENANCE, credentials)
+    # The same length and a right CRC: a PNG reader sees nothing wrong, only the C2PA data hash does.
+    altered = replace_text_chunk(signed, b"atelier:model-id", b"atelier-ffffffffffffffffffff")
+
+    assert Image.open(io.BytesIO(altered)).text["atelier:model-id"] == "atelier-ffffffffffffffffffff"
+    state, _, failures = read_c2pa(altered, pki["anchors"])
+    assert (state, failures) == ("Invalid", ["assertion.dataHash.mismatch"])
+
+
+def test_without_credentials_nothing_is_signed(pki):
+    assert Credentials.from_env({}) is None
+    assert read_c2pa(png_bytes(image(), GENERATION, 7, PROVENANCE), pki["anchors"]) is None
+
+
+@pytest.fixture(scope="module")
+def pipeline(trained):
+    return load_pipeline(trained["model_dir"])
+
+
+def invoke(pipeline, credentials: Credentials, payload: dict) -> tuple[int, dict]:
+    """One JSON request to a server on a free local port that signs with `credentials`."""
+    settings = ServeSettings(max_steps=2, max_side=64, max_images=2)
+    with InferenceServer("127.0.0.1", 0, settings, PROVENANCE, pipeline, credentials=credentials) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            connection = http.client.HTTPConnection(*server.server_address, timeout=120)
+            connection.request("POST", "/invocations", body=json.dumps(payload),
+                               headers={"Content-Type": "application/json", "Accept": "application/json"})
+            response = connection.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            server.shutdown()
+
+
+def test_the_endpoint_signs_every_image_it_serves(pipeline, pki, credentials):
+    status, body = invoke(pipeline, credentials, {"prompt": "a red dog", "num_inference_steps": 1, "num_images": 2})
+
+    assert status == 200
+    for encoded in body["images"]:
+        state, manifest, failures = read_c2pa(base64.b64decode(encoded), pki["anchors"])
+        assert (state, failures) == ("Trusted", [])
+        assert assertions(manifest)["atelier.provenance"]["model_id"] == PROVENANCE.model_id
+
+
+def test_a_signing_failure_while_serving_is_a_500_that_says_why(pipeline, pki, credentials):
+    # GIVEN credentials that passed at start but can no longer sign (here: another key)
+    broken = Credentials(credentials.chain, pki["root_key"].read_bytes(), credentials.algorithm)
+
+    status, body = invoke(pipeline, broken, {"prompt": "a red dog", "num_inference_steps": 1})
+
+    assert status == 500
+    assert "signature does not match" in body["error"]
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_a_certificate_without_its_key_fails_at_start(pki):
+    with pytest.raises(CredentialsError, match="both"):
+        Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["chain"])})
+
+
+def test_a_missing_file_fails_at_start(pki, tmp_path):
+    with pytest.raises(CredentialsError, match=r"\$ATELIER_C2PA_KEY: cannot read"):
+        Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["chain"]), "ATELIER_C2PA_KEY": str(tmp_path / "none.pem")})
+
+
+def test_a_self_signed_certificate_fails_at_start(pki):
+    # The root CA signing for itself: C2PA accepts only end-entity certificates issued by a CA.
+    with pytest.raises(CredentialsError, match="self-signed"):
+        Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["root"]), "ATELIER_C2PA_KEY": str(pki["root_key"])})
+
+
+def test_a_key_that_does_not_match_the_certificate_fails_at_start(pki):
+    with pytest.raises(CredentialsError, match="refused"):
+        Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["chain"]), "ATELIER_C2PA_KEY": str(pki["root_key"])})
