@@ -272,3 +272,29 @@ def test_the_data_bucket_expires_orphan_segments_and_aborts_stale_uploads(stack)
     assert {r["ID"]: (r["Filter"].get("Prefix"), r.get("Expiration", {}).get("Days"),
                       r.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation")) for r in rules} == {
         "OrphanSegments": ("segments/", 7, None), "IncompleteUploads": ("", None, 2)}
+
+
+# --- KMS ----------------------------------------------------------------------------------------
+
+def role_actions_on(resources: dict[str, dict[str, Any]], role: str, resource: str) -> set[str]:
+    """The actions a role's inline policies allow on one resource."""
+    allowed: set[str] = set()
+    for policy in resources[role]["Properties"].get("Policies", []):
+        for statement in policy["PolicyDocument"]["Statement"]:
+            targets = statement.get("Resource", [])
+            targets = targets if isinstance(targets, list) else [targets]
+            if statement.get("Effect") == "Allow" and resource in targets:
+                actions = statement["Action"]
+                allowed |= set(actions if isinstance(actions, list) else [actions])
+    return allowed
+
+
+def test_the_deploy_function_may_use_the_training_key_only_when_one_is_given() -> None:
+    key = "arn:aws:kms:us-east-1:123456789012:key/training"
+    with_key = resolve(expand_with({"TrainingKmsKeyArn": key}))
+    # it reads outputs the training key encrypted and names the key in endpoint configs
+    assert {"kms:Decrypt", "kms:CreateGrant"} <= role_actions_on(with_key, "DeployFunctionRole", key)
+    without = resolve(expand_with({}))
+    statements = [st for policy in without["DeployFunctionRole"]["Properties"].get("Policies", [])
+                  for st in policy["PolicyDocument"]["Statement"]]
+    assert statements and not any("kms:CreateGrant" in json.dumps(st) for st in statements)
