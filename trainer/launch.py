@@ -31,17 +31,25 @@ def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettin
     return TrainingSettings.from_env(configuration["Environment"]["Variables"])
 
 
-def manifest_digest(manifest_uri: str, boto_session: Any) -> str:
-    """The digest of the rich manifest written beside the ManifestFile (`<job>.json`)."""
-    bucket, key = manifest_uri.removeprefix("s3://").split("/", 1)
-    body = boto_session.client("s3").get_object(Bucket=bucket, Key=key.removesuffix(".manifest") + ".json")["Body"]
-    return Manifest.model_validate_json(body.read()).digest
+def rich_manifest_uri(manifest_uri: str) -> str:
+    """The rich manifest the pipeline writes beside the ManifestFile (`<job>.json`)."""
+    return manifest_uri.removesuffix(".manifest") + ".json"
 
 
-def build_request(args: argparse.Namespace, settings: TrainingSettings, digest: str) -> dict[str, Any]:
-    """Exactly the pipeline's request for this manifest and stage."""
+def read_manifest(manifest_uri: str, boto_session: Any) -> Manifest:
+    bucket, key = rich_manifest_uri(manifest_uri).removeprefix("s3://").split("/", 1)
+    body = boto_session.client("s3").get_object(Bucket=bucket, Key=key)["Body"]
+    return Manifest.model_validate_json(body.read())
+
+
+def build_request(args: argparse.Namespace, settings: TrainingSettings, manifest: Manifest) -> dict[str, Any]:
+    """Exactly the pipeline's request for this manifest and stage, with its exclusion list (takedowns,
+    license terms) as the `manifest` channel when it has one, so a job started by hand skips what the
+    pipeline's would."""
     steps = args.steps or settings.stages[args.stage].steps
-    return training_job_request(args.job_name, args.manifest, digest, args.stage, steps, settings)
+    exclusions_uri = rich_manifest_uri(args.manifest) if manifest.exclude else ""
+    return training_job_request(args.job_name, args.manifest, manifest.digest, args.stage, steps, settings,
+                                exclusions_uri)
 
 
 def launch(args: argparse.Namespace) -> dict[str, Any]:
@@ -49,7 +57,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
 
     session = sagemaker.Session()
     request = build_request(args, settings_from(args, session.boto_session),
-                            manifest_digest(args.manifest, session.boto_session))
+                            read_manifest(args.manifest, session.boto_session))
     session.sagemaker_client.create_training_job(**request)
     print(f"started {args.job_name}: {request['ResourceConfig']['InstanceCount']} x "
           f"{request['ResourceConfig']['InstanceType']}", flush=True)

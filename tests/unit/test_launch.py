@@ -51,6 +51,25 @@ def test_launch_sends_exactly_the_pipelines_request(stack, function_env, tmp_pat
     assert session.waited == ["manual-1"]
 
 
+def test_a_manual_launch_carries_the_manifest_s_exclusion_list(stack, function_env, tmp_path, monkeypatch) -> None:
+    # GIVEN a manifest that excludes a revoked sample
+    env = function_env("StartTrainingFunction")
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    data = stack.outputs["DataBucketName"]
+    manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
+        ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="1" * 64, samples=8),),
+        exclude={"shard-1": ("a" * 64,)})
+    boto3.client("s3").put_object(Bucket=data, Key="manifests/atelier-y.json", Body=manifest.model_dump_json())
+    session = FakeSession()
+    monkeypatch.setitem(sys.modules, "sagemaker", types.SimpleNamespace(Session=lambda: session))
+    # WHEN it is launched by hand
+    sent = launch.launch(launch.parse_args(["--manifest", f"s3://{data}/manifests/atelier-y.manifest",
+                                            "--job-name", "manual-2", "--env-json", str(tmp_path / "env.json")]))
+    # THEN the trainer gets the exclusion list as the pipeline's job would
+    channels = {c["ChannelName"]: c for c in sent["InputDataConfig"]}
+    assert channels["manifest"]["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{data}/manifests/atelier-y.json"
+
+
 def test_launch_needs_a_source_for_the_pipelines_settings() -> None:
     with pytest.raises(SystemExit):
         launch.parse_args(["--manifest", "s3://b/m.manifest", "--job-name", "x"])
