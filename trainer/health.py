@@ -3,7 +3,8 @@
 Log lines are JSON on stdout from rank 0. A training line reads
 
     {"step": 200, "stage": 0, "loss": 0.123456, "lr": 0.0001, "grad_norm": 0.51234,
-     "img_per_s": 812.3, "data_wait_share": 0.0012, "skipped_steps": 0, "corrupt_samples": 0}
+     "img_per_s": 812.3, "data_wait_share": 0.0012, "skipped_steps": 0, "corrupt_samples": 0,
+     "steps": 1000, "progress": 0.2, "eta_s": 412.5}
 
 with the figures over the steps since the previous line (loss averaged over ranks and steps;
 img/s counting every rank's images). docs/trainer.md lists the SageMaker metric regexes.
