@@ -357,7 +357,10 @@ def gate(model: dict[str, Any], evaluation: Evaluation, settings: DeploySettings
         result = DeployResult("held-back", name, decision.reason)
     else:
         result = promote(name, settings)
-    _publish_report(model, document)  # last: a report that fails to render never holds a rollout up
+    try:  # last, and never fatal: the decision is recorded, and a retried event would find it a duplicate
+        _publish_report(model, document)
+    except Exception:  # noqa: BLE001 - a report is for people; `atelier report --job` renders it again
+        logger.exception("training report not written", extra={"model": name})
     return result
 
 

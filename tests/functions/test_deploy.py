@@ -354,6 +354,19 @@ def test_a_passing_model_s_report_says_passed_even_without_the_job_s_output_data
     assert '<span class="pass">passed</span>' in page and "no lineage.json" in page
 
 
+def test_a_report_that_cannot_be_written_never_fails_the_gate(settings: DeploySettings, monkeypatch) -> None:
+    import core.deploy
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("renderer down")
+    monkeypatch.setattr(core.deploy, "_publish_report", broken)
+
+    deploy_first(settings)  # asserts the endpoint was created
+
+    assert model_record(settings, JOB)["status"] == "deployed"
+    assert aws.head_object(settings.models_bucket, f"training/{JOB}/output/evaluation.json") is not None
+
+
 def test_a_non_finite_loss_is_held_back(settings: DeploySettings) -> None:
     on_job_state(completed(), settings)
 
