@@ -37,7 +37,12 @@ from atelier.local.stack import LocalStack, StackOptions  # noqa: E402
 from core import audit, aws, records  # noqa: E402
 
 PARTNER = "load"
-OVERRIDES = {"TrainingQuota": "100000"}  # samconfig.toml [local] otherwise; no training during the test
+# samconfig.toml [local] otherwise, whose pack settings (8 samples a batch and a shard) make the demo's
+# 16 images two shards; here they would make 1,250 shards, each sealed by its own invocation. The load
+# test packs as a partner's bulk upload would be packed: 100 samples an invocation, shards of up to
+# 1,000 samples sealed within a minute. No training during the test.
+OVERRIDES = {"TrainingQuota": "100000", "PackBatchSize": "100", "PackBatchWindowSeconds": "5",
+             "ShardMaxSamples": "1000", "ShardMaxAgeSeconds": "60"}
 # moto fails a TransactWriteItems now and then under concurrent writes (a 500 from deep-copying the
 # table while another request changes it): the batch fails and returns after the visibility
 # timeout, which is 90 minutes for PackQueue. A minute here, so the retry shows in the latency.

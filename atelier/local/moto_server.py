@@ -22,18 +22,27 @@ event put on the bus. The handler refused them and they came back each visibilit
 in the 10,000-upload run kept hundreds of bogus timer events cycling through the pack worker. On
 AWS a rule with only a ScheduleExpression matches no event; here, too.
 
+moto's server asks for the list of its service modules on every request (to route it), and that
+list is an `os.listdir` plus one `isdir` per module, about 6% of the server's CPU under load. The
+folder does not change while the server runs: it is read once here.
+
+werkzeug logs every request; at a few hundred requests a second that is the server's own log I/O
+for lines nobody reads. Only requests answered with an error (4xx, 5xx) are logged here.
+
     python -m atelier.local.moto_server HOST PORT
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import sys
 import threading
 import time
 from typing import Any, Callable, Iterable
 
+from moto import backends
 from moto.dynamodb.comparisons import get_filter_expression
 from moto.dynamodb.exceptions import (ConditionalCheckFailed, MockValidationException, MultipleTransactionsException,
                                       TooManyTransactionsException, TransactionCanceledException,
@@ -207,11 +216,34 @@ def patch_schedule_rules() -> None:
         Rule.send_to_targets = _send_to_targets_unless_schedule_only(Rule.send_to_targets)  # type: ignore[method-assign]
 
 
+def patch_module_list() -> None:
+    """Route requests with the service modules listed once, not once per request."""
+    if not getattr(backends.list_of_moto_modules, "patched", False):
+        modules = tuple(backends.list_of_moto_modules())
+
+        def list_of_moto_modules() -> tuple[str, ...]:
+            return modules
+        list_of_moto_modules.patched = True  # type: ignore[attr-defined]
+        backends.list_of_moto_modules = list_of_moto_modules  # type: ignore[assignment]
+
+
+class ErrorRequestsOnly(logging.Filter):
+    """Pass werkzeug's request lines for 4xx and 5xx answers; its other messages pass as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) == 3 and str(args[1]).isdigit():  # log_request: (request line, status, size)
+            return int(str(args[1])) >= 400
+        return True
+
+
 def main(host: str, port: int) -> None:
     os.environ.setdefault("MOTO_PORT", str(port))  # moto builds queue URLs and the like with it
     DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
     patch_sqs_clock()
     patch_schedule_rules()
+    patch_module_list()
+    logging.getLogger("werkzeug").addFilter(ErrorRequestsOnly())
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(host, port, SerialDynamoDB(app), threaded=True, request_handler=MotoRequestHandler)
 

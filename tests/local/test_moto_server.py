@@ -3,6 +3,7 @@ transactions that check every condition before writing."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -190,3 +191,49 @@ def test_an_event_reaches_pattern_rules_and_never_a_schedule_only_rule(schedule_
         events.put_events(Entries=[{"Source": "atelier.pack", "DetailType": "Shard Sealed", "Detail": "{}"}])
         assert counts(sqs, sealed)[0] == 1
         assert counts(sqs, timer)[0] == 0  # unpatched moto delivers it here too
+
+
+# --- Routing: the module list is read once --------------------------------------------------------
+
+@pytest.fixture
+def module_list_patched() -> Iterator[None]:
+    from moto import backends
+
+    from atelier.local.moto_server import patch_module_list
+    saved = backends.list_of_moto_modules
+    patch_module_list()
+    yield
+    backends.list_of_moto_modules = saved
+
+
+def test_the_module_list_is_read_once_and_still_routes(module_list_patched: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto import backends
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    def no_listing(path: str) -> list[str]:
+        raise AssertionError("the module folder was read again")
+    monkeypatch.setattr("os.listdir", no_listing)
+    modules = backends.list_of_moto_modules()
+    assert {"s3", "sqs", "dynamodb", "events"} <= set(modules)
+    assert not any(m.startswith("__") for m in modules)
+    app = DomainDispatcherApplication(create_backend_app)
+    assert app.get_backend_for_host("sqs") == "sqs"  # a host named after a module routes to it
+
+
+# --- Request log: errors only ----------------------------------------------------------------------
+
+def request_record(status: str) -> logging.LogRecord:
+    return logging.LogRecord("werkzeug", logging.INFO, __file__, 1, '127.0.0.1 - - [x] "%s" %s %s\n',
+                             ("GET /bucket/key HTTP/1.1", status, "-"), None)
+
+
+def test_the_request_log_keeps_errors_and_drops_successes() -> None:
+    from atelier.local.moto_server import ErrorRequestsOnly
+    keep = ErrorRequestsOnly().filter
+    assert not keep(request_record("200"))
+    assert not keep(request_record("304"))
+    assert keep(request_record("404"))
+    assert keep(request_record("500"))
+    other = logging.LogRecord("werkzeug", logging.INFO, __file__, 1, " * Running on %s", ("http://x",), None)
+    assert keep(other)  # not a request line: kept
