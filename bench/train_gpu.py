@@ -739,6 +739,10 @@ def encode_line(ctx: dict, resolution: int, common: dict) -> dict | None:
     distributed.barrier()
     if summary is None:
         return None
+    if not summary["samples_encoded"]:  # every latent shard was there already (an earlier call on this machine)
+        print(json.dumps({"progress": True, "event": "encode_skipped", "resolution": resolution,
+                          "note": "latent shards already present; no rate to report"}), flush=True)
+        return None
     rate = summary["samples_encoded"] / max(summary["seconds"], 1e-9)
     line = {"metric": f"train.encode_img_per_s_{resolution}", "value": round(rate, 1), "unit": "img/s",
             "config": {"samples": summary["samples_encoded"], "shards": summary["shards_written"],
