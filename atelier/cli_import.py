@@ -197,6 +197,7 @@ def report_table(report: "imports.BatchReport") -> Table:
     table.add_row("samples read", str(report.samples_read))
     table.add_row("accepted", str(report.samples_accepted))
     table.add_row("  without a caption (flagged)", str(report.captions_missing))
+    table.add_row("  width/height not the decoded image's (flagged)", str(report.size_mismatches))
     table.add_row("duplicate (left out)", str(report.samples_duplicate))
     table.add_row("rejected", str(report.samples_rejected))
     for reason, count in sorted(report.reasons.items()):

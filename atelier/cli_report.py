@@ -34,11 +34,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                   f"{report['packed']} in shards; rejected: "
                   + (", ".join(f"{k} {v}" for k, v in sorted(report["rejected"].items())) or "none"))
     table = Table(title=f"Uploads of {report['partner']}")
-    for column in ("key", "status", "reason", "shard", "jobs"):
+    for column in ("key", "status", "reason", "shard", "jobs", "models"):
         table.add_column(column)
     for item in report["items"]:
         table.add_row(item["key"], item["status"], item["reason"] or "", (item["shard"] or "")[:16],
-                      ", ".join(item["jobs"]))
+                      ", ".join(item["jobs"]), ", ".join(item["models"]))
     console.print(table)
     for job in report["jobs"]:
         console.print(f"job {job['job']}: {job['status']}" + (f" -> model {job['model']}" if job["model"] else ""))

@@ -165,14 +165,31 @@ def groups_of(index: ShardIndex, assignment: np.ndarray, sizes: list, batch_size
 def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids: torch.Tensor, record: bytes | None,
                    identity: str, resolution: int, bucket: tuple[int, int]) -> list[tuple[str, bytes]]:
     """One latent sample's members, in the order they are written."""
-    latents = save_safetensors({"latent_dist": latent_dist.contiguous(), "time_ids": torch.tensor(time_ids, dtype=torch.int64)},
-                               metadata={"encoder": identity, "resolution": str(resolution), "bucket": f"{bucket[0]}x{bucket[1]}"})
+    latents = canonical_safetensors(save_safetensors(
+        {"latent_dist": latent_dist.contiguous(), "time_ids": torch.tensor(time_ids, dtype=torch.int64)},
+        metadata={"encoder": identity, "resolution": str(resolution), "bucket": f"{bucket[0]}x{bucket[1]}"}))
     ids_bytes = io.BytesIO()
     np.save(ids_bytes, ids.numpy().astype(np.int64), allow_pickle=False)
     members = [(f"{key}.{IDS_MEMBER}", ids_bytes.getvalue())]
     if record is not None:
         members.append((f"{key}.json", record))
     return members + [(f"{key}.{LATENT_MEMBER}", latents)]
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same file with its `__metadata__` keys sorted, so one encode always gives the same bytes.
+
+    safetensors writes the metadata map in a hash order that changes from call to call; the tensors
+    are bit-identical. Sorting keeps the header's length (the same JSON, reordered), so the data
+    offsets and the padding to 8 bytes hold as they are."""
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > length:  # cannot happen for a reordering; never write a header that does not fit
+        raise ValueError("the canonical safetensors header is longer than the original")
+    return data[:8] + text.ljust(length, b" ") + data[8 + length:]
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:

@@ -147,6 +147,17 @@ def test_a_partner_without_the_license_imports_nothing(stack, settings) -> None:
     assert (report.status, report.reason) == ("rejected", "unlicensed") and sealed_shards(settings.pack) == {}
 
 
+def table_rows(report: imports.BatchReport) -> dict[str, str]:
+    """`atelier import-report`'s table as {what: count}."""
+    from rich.console import Console
+
+    from atelier.cli_import import report_table
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(report_table(report))
+    cells = [line.split("│")[1:-1] for line in console.export_text().splitlines() if line.startswith("│")]
+    return {what.strip(): count.strip() for what, count in cells}
+
+
 def test_width_and_height_from_the_tar_that_disagree_with_the_decoded_image_are_flagged(stack, settings) -> None:
     # GIVEN img2dataset-style .json sizes: right, turned (measured before EXIF orientation), and wrong
     sizes = [Image.open(io.BytesIO(ITEMS[n].image)).size for n in range(3)]
@@ -158,7 +169,9 @@ def test_width_and_height_from_the_tar_that_disagree_with_the_decoded_image_are_
     report = import_shard(put_tar(stack, "sizes.tar", body), settings)
     # THEN every sample is kept with its decoded size, and the wrong claim is counted in the reports
     assert (report.accepted, report.size_mismatches) == (3, 1)
-    assert imports.batch_report(settings.ingest.table, BATCH).size_mismatches == 1
+    batch = imports.batch_report(settings.ingest.table, BATCH)
+    assert batch.size_mismatches == 1
+    assert table_rows(batch)["width/height not the decoded image's (flagged)"] == "1"  # `atelier import-report`
     records_ = [json.loads(i["record"]) for i in aws.scan_prefix(settings.ingest.table, "SAMPLE#")]
     assert sorted((r["width"], r["height"]) for r in records_) == sorted(sizes)
 

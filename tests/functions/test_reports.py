@@ -216,3 +216,24 @@ def test_upload_quiet_writes_no_progress_and_uploads_every_file(outputs, tmp_pat
     listed = boto3.client("s3").list_objects_v2(Bucket=outputs["UploadsBucketName"])["Contents"]
     assert sorted(o["Key"] for o in listed) == ["partner-a/a.json", "partner-a/a.png"]
     assert captured.err == "" and captured.out.strip() == "2 objects uploaded for partner partner-a"
+
+
+def test_the_partner_table_shows_each_upload_s_models(uploaded, stages, capsys, monkeypatch) -> None:
+    from rich.console import Console
+
+    from atelier import cli_report
+    first = train(stages, [uploaded["partner-a/red.png"]], ended=1)
+    second = train(stages, [uploaded["partner-a/green.png"]], ended=2)
+    monkeypatch.setattr(cli_report, "console", Console(width=400))  # one line per row, nothing cut
+    capsys.readouterr()
+
+    assert cli.main(["report", "--partner", "partner-a"]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    assert [cell.strip() for cell in header.split("┃")[1:-1]][-2:] == ["jobs", "models"]
+    rows = {cells[0]: cells for cells in ([cell.strip() for cell in line.split("│")[1:-1]]
+                                          for line in lines if line.startswith("│"))}
+    assert rows["partner-a/red.png"][-2:] == [first, f"{first}, {second}"]  # in the later model too
+    assert rows["partner-a/green.png"][-2:] == [second, second]
+    assert rows["partner-a/notes.png"][-1] == ""

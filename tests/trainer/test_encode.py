@@ -238,3 +238,20 @@ def test_the_identity_is_the_same_in_another_process():
                                  env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in (1, 2, 3)}
 
     assert len(identities) == 1 and len(identities.pop()) == 64
+
+
+def test_one_sample_is_always_written_as_the_same_bytes():
+    """safetensors writes its metadata in a hash order that changes per call; the latent file must not."""
+    from safetensors.torch import load
+
+    from trainer.data import LATENT_MEMBER
+    from trainer.encode import sample_members
+    latent_dist = torch.arange(8 * 4 * 4, dtype=torch.float32).reshape(8, 4, 4)
+    written = {dict(sample_members("k", latent_dist, [64, 64, 0, 0, 64, 64], torch.tensor([1, 2, 3]), b"{}",
+                                   "identity", 64, (64, 64)))[f"k.{LATENT_MEMBER}"] for _ in range(20)}
+    assert len(written) == 1
+    data = written.pop()
+    assert torch.equal(load(data)["latent_dist"], latent_dist)
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    assert header["__metadata__"] == {"bucket": "64x64", "encoder": "identity", "resolution": "64"}
+    assert list(header["__metadata__"]) == ["bucket", "encoder", "resolution"]
