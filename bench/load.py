@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--large-share", type=float, default=0.02)
     parser.add_argument("--timeout-s", type=float, default=3600)
     args = parser.parse_args()
+    revision = commit()  # the code that runs: read before the hour-long run, not after it
     made = traffic.uploads(PARTNER, args.uploads, seed=0, large_share=args.large_share, sidecar_share=0.3)
     config = {"uploads": args.uploads, "rate": args.rate or "unpaced", "large_share": args.large_share,
               "bytes": sum(len(u.body) for u in made), "sidecar_share": 0.3,
@@ -69,7 +70,7 @@ def main() -> None:
             aws.reset_clients()
             figures = drive(stack, made, args)
     for metric, value, unit, extra in figures:
-        line(metric, value, unit, config=config, **extra)
+        line(metric, value, unit, revision, config=config, **extra)
 
 
 def drive(stack: LocalStack, made: list[traffic.Upload], args: argparse.Namespace) -> list[tuple]:
@@ -145,8 +146,8 @@ def peak_rss(stack: LocalStack) -> dict[str, float]:
     return peaks
 
 
-def line(metric: str, value: float, unit: str, **context: object) -> None:
-    print(json.dumps({"metric": metric, "value": round(value, 3), "unit": unit, "commit": commit(),
+def line(metric: str, value: float, unit: str, revision: str, **context: object) -> None:
+    print(json.dumps({"metric": metric, "value": round(value, 3), "unit": unit, "commit": revision,
                       "machine": {"nproc": os.cpu_count(), "gpu": None},
                       "versions": {p: version(p) for p in ("moto", "boto3", "aws-lambda-powertools")}, **context}),
           flush=True)
