@@ -74,3 +74,32 @@ def test_a_short_body_is_an_incomplete_read_not_a_short_sample(server: str) -> N
         buffer = memoryview(bytearray(2000))
         while body.readinto(buffer):
             pass
+
+
+def test_a_warm_process_reuses_one_part_buffer_and_sends_only_what_each_upload_wrote(server: str) -> None:
+    # GIVEN an upload that filled a part buffer with one pattern (and sent it as a multipart part)
+    first = segments.StreamUpload(BUCKET, "first", "application/x-tar", 5 * MIB, checksum=False)
+    buffer = first.buffer
+    first.write(b"A" * (6 * MIB))
+    first.close()
+    # WHEN the next uploads (one at a time) write less than a part
+    second = segments.StreamUpload(BUCKET, "second", "application/x-tar", 5 * MIB, checksum=False)
+    reused = second.buffer is buffer
+    second.write(b"b" * 10)
+    second.close()
+    aborted = segments.StreamUpload(BUCKET, "aborted", "application/x-tar", 5 * MIB, checksum=False)
+    aborted.write(b"c")
+    aborted.abort()
+    # THEN they took the same buffer, and each object holds only its own bytes
+    assert reused and aborted.buffer == bytearray()
+    assert aws.read_object(BUCKET, "first") == b"A" * (6 * MIB)
+    assert aws.read_object(BUCKET, "second") == b"b" * 10
+    # AND two uploads open at once never share one
+    one = segments.StreamUpload(BUCKET, "one", "application/x-tar", 5 * MIB, checksum=False)
+    two = segments.StreamUpload(BUCKET, "two", "application/x-tar", 5 * MIB, checksum=False)
+    assert one.buffer is buffer and two.buffer is not buffer
+    one.write(b"1" * 100)
+    two.write(b"2" * 100)
+    one.close()
+    two.close()
+    assert (aws.read_object(BUCKET, "one"), aws.read_object(BUCKET, "two")) == (b"1" * 100, b"2" * 100)
