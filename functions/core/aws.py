@@ -404,7 +404,7 @@ class _PartBody:
     so urllib3 hands them to the socket without a copy (a `bytes` body is copied into a BytesIO and
     read back a block at a time). Seekable, so a retried request starts again from the top."""
 
-    def __init__(self, data: bytes | bytearray) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.view = memoryview(data)
         self.position = 0
 
@@ -422,7 +422,7 @@ class _PartBody:
         return self.position
 
 
-def upload_part(bucket: str, key: str, upload_id: str, number: int, body: bytes | bytearray,
+def upload_part(bucket: str, key: str, upload_id: str, number: int, body: bytes | bytearray | memoryview,
                 checksum: bool = True) -> dict[str, Any]:
     """Upload one part; returns its entry for `complete_multipart`. `body` is sent from where it
     lies (no copy) and must not change until this returns."""

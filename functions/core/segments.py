@@ -129,7 +129,7 @@ class StreamUpload:
         if self.filled == len(self.buffer):
             self._flush(self.buffer)  # the buffer itself: sent without a copy, reused once the call returns
 
-    def _flush(self, body: bytes | bytearray) -> None:
+    def _flush(self, body: bytearray | memoryview) -> None:
         if not self.upload_id:
             self.upload_id = aws.create_multipart(self.bucket, self.key, self.content_type, checksum=self.checksum)
         self.parts.append(aws.upload_part(self.bucket, self.key, self.upload_id, len(self.parts) + 1, body,
@@ -138,13 +138,15 @@ class StreamUpload:
 
     def close(self) -> str:
         """Finish the object; returns its version id."""
-        rest = bytes(self.view[:self.filled])
-        self._release()
-        if not self.upload_id:
-            return aws.put_bytes(self.bucket, self.key, rest, self.content_type, checksum=self.checksum)
-        if rest:
-            self._flush(rest)
-        return aws.complete_multipart(self.bucket, self.key, self.upload_id, self.parts)
+        try:
+            if not self.upload_id:  # under one part: a single PUT
+                return aws.put_bytes(self.bucket, self.key, bytes(self.view[:self.filled]), self.content_type,
+                                     checksum=self.checksum)
+            if self.filled:
+                self._flush(self.view[:self.filled])  # the last part, sent from the buffer: no copy of it
+            return aws.complete_multipart(self.bucket, self.key, self.upload_id, self.parts)
+        finally:
+            self._release()
 
     def abort(self) -> None:
         self._release()
