@@ -43,9 +43,8 @@ PARTNER = "load"
 # 1,000 samples sealed within a minute. No training during the test.
 OVERRIDES = {"TrainingQuota": "100000", "PackBatchSize": "100", "PackBatchWindowSeconds": "5",
              "ShardMaxSamples": "1000", "ShardMaxAgeSeconds": "60"}
-# moto fails a TransactWriteItems now and then under concurrent writes (a 500 from deep-copying the
-# table while another request changes it): the batch fails and returns after the visibility
-# timeout, which is 90 minutes for PackQueue. A minute here, so the retry shows in the latency.
+# A batch that fails returns after its queue's visibility timeout, 90 minutes for PackQueue: a minute
+# here, so a retry shows in the latency instead of outlasting the run.
 PROPERTIES = {"PackFunction": {"Timeout": 60}, "PackQueue": {"VisibilityTimeout": 60},
               "UploadsQueue": {"VisibilityTimeout": 60}}
 
