@@ -28,6 +28,8 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   `<base>+accum<N>+sync` (the all-reduce on every micro-batch: meaningful under torchrun only),
   `<base>+fp32` (bf16 autocast off: the UNet and text encoder in fp32, to measure what bf16 gives),
   `<base>+mathattn` (diffusers' classic AttnProcessor instead of SDPA, to measure what SDPA gives),
+  `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.compile_vae_encoder),
+  `<base>+vaecl` (the same with channels-last encoder weights),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
   `latent512+compile`), each when measured earlier in the same process.
@@ -166,7 +168,7 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 
 SOURCES = ("image", "latent", "resident")
-LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn")
+LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl")
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
@@ -180,7 +182,8 @@ def parse_config(name: str) -> dict:
               "graphs": "graphs" in levers, "cudnn_benchmark": "cudnn" in levers,
               "pin_memory": False if "nopin" in levers else None,  # None: make_loader's own choice
               "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1,
-              "fp32": "fp32" in levers, "math_attention": "mathattn" in levers}
+              "fp32": "fp32" in levers, "math_attention": "mathattn" in levers,
+              "vae_compile": "vaec" in levers or "vaecl" in levers, "vae_channels_last": "vaecl" in levers}
     for lever in levers:
         prefix = lever.rstrip("0123456789")
         if prefix in COUNTED_LEVERS and lever != prefix:
@@ -232,6 +235,41 @@ def profile_summary(profiler, steps: int) -> dict:
             "kind_share": {kind: round(share, 3) for kind, share in sorted(shares.items(), key=lambda item: -item[1])},
             "top_kernels": [{"name": name[:90], "ms_per_step": round(micros / 1000 / steps, 2),
                              "share": round(micros / total, 3), "kind": kernel_kind(name)} for name, micros in top]}
+
+
+COMPUTE_KINDS = ("convolution", "matmul", "attention")  # tensor-core kernels; the rest move memory more than they compute
+
+
+def bound_of(line: dict, profile: dict | None, unet_tflop: float | None, vae_tflop: float | None) -> dict:
+    """What bounds a configuration that misses its goal, from its profile in the same run: data wait, the
+    host (GPU idle between kernels), memory-bound kernels or the tensor-core kernels themselves.
+
+    `ceiling_img_per_s` is the rate if only the tensor-core kernels ran, at the speed they ran: no goal
+    above it is reachable without faster convolutions, matmuls or attention.
+    """
+    config = line["config"]
+    if profile is None:
+        return {"verdict": f"not profiled in this run (--profile {config['name']})"}
+    step_s, images = config["median_step_s"], config["images_per_step"]
+    kernels_s = profile["gpu_ms_per_step"] / 1000
+    shares = profile["kind_share"]
+    compute_share = sum(shares.get(kind, 0.0) for kind in COMPUTE_KINDS)
+    bound = {"gpu_busy_share": round(min(kernels_s / step_s, 1.0), 3), "data_wait_share": config["data_wait_share"],
+             "compute_kernel_share": round(compute_share, 3), "memory_bound_kernel_share": round(1 - compute_share, 3),
+             "ceiling_img_per_s": round(images / (kernels_s * compute_share), 1) if compute_share else None}
+    flops = (unet_tflop or 0.0) + (vae_tflop or 0.0)
+    if flops and compute_share:  # the tensor-core kernels' own speed against the measured peak
+        bound["compute_kernel_tflop_per_s"] = round(images * flops / (kernels_s * compute_share), 1)
+    kinds = ", ".join(f"{kind} {share:.0%}" for kind, share in list(shares.items())[:4])
+    if config["data_wait_share"] > 0.005:
+        bound["verdict"] = f"data wait: {config['data_wait_share']:.1%} of the step waits for the loader"
+    elif bound["gpu_busy_share"] < 0.9:
+        bound["verdict"] = f"host/launch: the GPU runs kernels {bound['gpu_busy_share']:.0%} of the step"
+    else:
+        bound["verdict"] = (f"GPU kernels ({bound['gpu_busy_share']:.0%} busy): {kinds}; tensor-core kernels are "
+                            f"{compute_share:.0%} of the time, so removing every other kernel would give at most "
+                            f"{bound['ceiling_img_per_s']} img/s")
+    return bound
 
 
 def resident_latents(models, batch: int, resolution: int, device, pool: int = 4):
@@ -300,6 +338,7 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     from trainer.health import Window
     from trainer.objective import diffusion_loss, step_generator
     from trainer.stages import plan_from_args
+    from trainer.models import compile_vae_encoder
     from trainer.train import whole
 
     args, models, processes, device = ctx["args"], ctx["models"], ctx["processes"], ctx["device"]
@@ -310,6 +349,8 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     if config["channels_last"]:
         unet.to(memory_format=torch.channels_last)
     switch_precision_and_attention(ctx, config, on=True)
+    if config["vae_compile"]:
+        compile_vae_encoder(models, channels_last=config["vae_channels_last"])
     model = distributed.wrap(unet, processes, "ddp")
     torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
     step_model = step_module(model, config)  # `model` keeps DDP's gradient-sync switch, as in trainer.train
@@ -410,12 +451,16 @@ def release(ctx: dict, config: dict) -> None:
     """Leave the UNet as the next configuration expects it (also after a failed one): contiguous, no
     gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
     import torch
+
+    from trainer.models import vae_encoder_eager
     unet = ctx["models"].unet
     unet.zero_grad(set_to_none=True)
     switch_precision_and_attention(ctx, config, on=False)
     if config["channels_last"]:
         unet.to(memory_format=torch.contiguous_format)
-    if config["compile"]:
+    if config["vae_compile"]:
+        vae_encoder_eager(ctx["models"])
+    if config["compile"] or config["vae_compile"]:
         torch._dynamo.reset()  # also drops the CUDA graph trees
     gc.collect()
     if ctx["device"].type == "cuda":
@@ -508,6 +553,13 @@ def vae_figure(ctx: dict, resolution: int) -> tuple[float | None, str | None]:
         return VAE_TFLOP[resolution], "fixed: BENCHMARKS.md, SD-1/2 VAE encoder"
     counted = counted_figure(ctx, "vae", resolution)
     return (significant(counted[0]), "counted: FlopCounterMode, VAE encoder forward, batch 1") if counted else (None, None)
+
+
+def unet_figure(ctx: dict, resolution: int) -> float | None:
+    """UNet forward + backward TFLOP per image: the fixed SD-1/2 figure, else the counted one, else None."""
+    fixed = UNET_TFLOP.get(resolution) if ctx["args"].model_config in FIXED_FLOPS_PRESETS else None
+    counted = counted_figure(ctx, "unet", resolution)
+    return fixed or (counted[0] if counted else None)
 
 
 def flops_fields(ctx: dict, source: str, resolution: int, img_per_s: float) -> dict:
@@ -775,7 +827,8 @@ def config_line(ctx: dict, config: dict, result: dict, measured: dict[str, float
     line["config"] = {"name": name, "source": SOURCE_LABELS[config["source"]],
                       "channels_last": config["channels_last"], "fused_adamw": config["fused_adamw"],
                       "torch_compile": config["compile"], "cuda_graphs": config["graphs"],
-                      "cudnn_benchmark": config["cudnn_benchmark"],
+                      "cudnn_benchmark": config["cudnn_benchmark"], "vae_compile": config["vae_compile"],
+                      "vae_channels_last": config["vae_channels_last"],
                       "gradient_sync": "every micro-batch" if config["sync_every_micro_batch"] else "last micro-batch",
                       "world_size": ctx["processes"].world_size, **result, "config_wall_s": round(wall_s, 1)}
     if config["sync_every_micro_batch"] and ctx["processes"].world_size == 1:
@@ -820,6 +873,7 @@ def main() -> None:
            "profile": set(filter(None, args.profile.split(","))), "latent_dirs": {}}
     batch_default = {512: args.batch_512, 256: args.batch_256, 1024: args.batch_1024, 64: 4, 32: 8, 128: 8, 16: 8}
     measured: dict[str, float] = {}  # img/s of every configuration run so far, by name
+    profiles: dict[str, dict | None] = {}  # their profiles (--profile), by name
     lines = []
 
     def emit(line: dict) -> None:
@@ -864,7 +918,7 @@ def main() -> None:
             continue
         profile = result.pop("profile")
         line = config_line(ctx, config, result, measured, time.time() - started)
-        measured[name] = result["img_per_s"]
+        measured[name], profiles[name] = result["img_per_s"], profile
         emit({**line, **common})
         if profile:
             emit({"metric": f"train.profile.{name}", "value": profile["gpu_ms_per_step"], "unit": "GPU ms/step (kernels)",
@@ -883,7 +937,11 @@ def main() -> None:
                       and parse_config(line["config"]["name"])["source"] == source and line["config"]["resolution"] == resolution]
         if candidates:
             best = max(candidates, key=lambda line: line["value"])
-            emit({**best, "metric": metric, "goal": goal, "best_of": [line["config"]["name"] for line in candidates]})
+            summary = {**best, "metric": metric, "goal": goal, "best_of": [line["config"]["name"] for line in candidates]}
+            if best["value"] < goal:  # a missed goal's row says what bounds it (issue 7)
+                vae = vae_figure(ctx, resolution)[0] if source == "image" else None
+                summary["bound"] = bound_of(best, profiles.get(best["config"]["name"]), unet_figure(ctx, resolution), vae)
+            emit(summary)
     if args.decode_bench:
         emit({**decode_bench(ctx, lines, args.decode_bench), **common})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))
