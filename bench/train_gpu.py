@@ -30,6 +30,7 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   `<base>+mathattn` (diffusers' classic AttnProcessor instead of SDPA, to measure what SDPA gives),
   `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.compile_vae_encoder),
   `<base>+vaecl` (the same with channels-last encoder weights),
+  `<base>+lopt` (inductor's layout optimisation forced on: channels-last through the compiled graphs),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
   `latent512+compile`), each when measured earlier in the same process.
@@ -168,7 +169,7 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 
 SOURCES = ("image", "latent", "resident")
-LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl")
+LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl", "lopt")
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
@@ -183,7 +184,8 @@ def parse_config(name: str) -> dict:
               "pin_memory": False if "nopin" in levers else None,  # None: make_loader's own choice
               "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1,
               "fp32": "fp32" in levers, "math_attention": "mathattn" in levers,
-              "vae_compile": "vaec" in levers or "vaecl" in levers, "vae_channels_last": "vaecl" in levers}
+              "vae_compile": "vaec" in levers or "vaecl" in levers, "vae_channels_last": "vaecl" in levers,
+              "force_layout_opt": "lopt" in levers}
     for lever in levers:
         prefix = lever.rstrip("0123456789")
         if prefix in COUNTED_LEVERS and lever != prefix:
@@ -349,6 +351,10 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
     if config["channels_last"]:
         unet.to(memory_format=torch.channels_last)
     switch_precision_and_attention(ctx, config, on=True)
+    # inductor leaves the UNet's training graph in NCHW (its heuristic skips convolutions with twice as many
+    # input as output channels, the decoder's skip concatenations), so cuDNN transposes around each conv
+    import torch._inductor.config
+    torch._inductor.config.force_layout_optimization = config["force_layout_opt"]
     if config["vae_compile"]:
         compile_vae_encoder(models, channels_last=config["vae_channels_last"])
     model = distributed.wrap(unet, processes, "ddp")
@@ -460,6 +466,8 @@ def release(ctx: dict, config: dict) -> None:
         unet.to(memory_format=torch.contiguous_format)
     if config["vae_compile"]:
         vae_encoder_eager(ctx["models"])
+    import torch._inductor.config
+    torch._inductor.config.force_layout_optimization = False
     if config["compile"] or config["vae_compile"]:
         torch._dynamo.reset()  # also drops the CUDA graph trees
     gc.collect()
@@ -828,7 +836,7 @@ def config_line(ctx: dict, config: dict, result: dict, measured: dict[str, float
                       "channels_last": config["channels_last"], "fused_adamw": config["fused_adamw"],
                       "torch_compile": config["compile"], "cuda_graphs": config["graphs"],
                       "cudnn_benchmark": config["cudnn_benchmark"], "vae_compile": config["vae_compile"],
-                      "vae_channels_last": config["vae_channels_last"],
+                      "vae_channels_last": config["vae_channels_last"], "force_layout_opt": config["force_layout_opt"],
                       "gradient_sync": "every micro-batch" if config["sync_every_micro_batch"] else "last micro-batch",
                       "world_size": ctx["processes"].world_size, **result, "config_wall_s": round(wall_s, 1)}
     if config["sync_every_micro_batch"] and ctx["processes"].world_size == 1:
