@@ -65,7 +65,7 @@ from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, 
 from trainer.ema import EMA
 from trainer.encode import check_latent_shards
 from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
-from trainer.models import Models, build_pipeline, caption_ids, load_models
+from trainer.models import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
 from trainer.report import write_report
 from trainer.objective import autocast, diffusion_loss, step_generator
 from trainer.stages import RunPlan, plan_from_args
@@ -184,6 +184,8 @@ def main(args: argparse.Namespace) -> dict:
     if index.latent:  # latent shards (trainer/encode.py): the VAE never runs
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
         empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
+    if args.compile and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
+        compile_vae_encoder(models)
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets)
     dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop, empty_ids)
@@ -323,8 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     system.add_argument("--gradient-checkpointing", type=boolean, default=False, help="recompute activations: less memory, ~30%% more time")
     system.add_argument("--num-workers", type=int, default=2, help="DataLoader processes per training process")
     system.add_argument("--compile", type=boolean, default=False,
-                        help="torch.compile the UNet step (GPU: faster steps, minutes of compiling per bucket shape "
-                             "unless the inductor cache is warm; kept in <checkpoint-dir>/compile-cache)")
+                        help="torch.compile the UNet step, and on image shards the VAE encoder (GPU: faster steps, "
+                             "minutes of compiling per bucket shape unless the inductor cache is warm; kept in "
+                             "<checkpoint-dir>/compile-cache)")
     system.add_argument("--fused-adamw", type=boolean, default=True, help="fused AdamW kernels on a GPU (DDP or one process)")
     system.add_argument("--channels-last", type=boolean, default=False, help="channels-last UNet weights (measured slower eager)")
     data = parser.add_argument_group("data")

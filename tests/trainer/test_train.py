@@ -20,7 +20,8 @@ from trainer.checkpoints import checkpoint_to_resume, load_checkpoint
 from trainer.distributed import Processes
 from trainer.ema import EMA
 from trainer.health import METRIC_DEFINITIONS, NonFiniteLossError
-from trainer.models import load_models
+from trainer.encode import encode_shards
+from trainer.models import compile_vae_encoder, load_models
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
@@ -490,3 +491,34 @@ def test_two_processes_train_with_ddp_and_a_checkpoint_resumes_with_fsdp_and_wit
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "4"))
     # THEN it continues at step 4
     assert list(losses(json_lines(capsys.readouterr().out))) == [4]
+
+
+@pytest.mark.parametrize("kind", ["image", "latent"])
+def test_compile_compiles_the_vae_encoder_on_image_shards_only(kind, tmp_path, shards_dir, monkeypatch, train_args):
+    """--compile: the UNet step, and the VAE encoder where it runs every step (image shards); the run still saves."""
+    compiled, real_compile = [], torch.compile
+
+    def compile_unet(model, **options):  # the UNet stays eager (inductor on a CPU needs minutes); the rest is real
+        if not isinstance(model, torch.nn.Module):
+            return real_compile(model, **options)
+        compiled.append(type(model).__name__)
+        return model
+
+    monkeypatch.setattr(torch, "compile", compile_unet)
+
+    def recording(models, channels_last=False, backend="inductor"):
+        compiled.append("vae encoder")
+        compile_vae_encoder(models, channels_last, backend="aot_eager")  # traced for real; no C++ compiler needed
+
+    monkeypatch.setattr(train, "compile_vae_encoder", recording)
+    train_dir = shards_dir
+    if kind == "latent":
+        models = load_models("tiny", None, seed=0)
+        train_dir = encode_shards(shards_dir, tmp_path / "latents", models, 32, torch.device("cpu"), batch_size=2,
+                                  num_workers=0)["dir"]
+    args = train_args(train_dir, tmp_path / "model", tmp_path / "checkpoints", "--steps", "1", "--compile", "true")
+    train.main(args)
+
+    assert compiled == (["UNet2DConditionModel", "vae encoder"] if kind == "image" else ["UNet2DConditionModel"])
+    assert (tmp_path / "model" / "vae" / "diffusion_pytorch_model.safetensors").is_file()
+    torch._dynamo.reset()
