@@ -581,7 +581,7 @@ def flops_fields(ctx: dict, source: str, resolution: int, img_per_s: float) -> d
     if fixed and counted:
         fields["unet_tflop_per_image_fixed"] = fixed
         fields["counted_vs_fixed"] = round(counted[0] / fixed, 3)
-    unet_tflop = fixed or (counted[0] if counted else None)
+    unet_tflop = unet_figure(ctx, resolution)
     if not unet_tflop:
         fields["flops_basis"] = "none: no fixed figure for this model config and resolution; pass --count-flops"
         return fields
