@@ -1,21 +1,29 @@
-"""A small caption tokenizer built in code, so a from-scratch model needs no downloaded files.
+"""The caption tokenizer: a CLIP BPE tokenizer whose merges are learned in code, so nothing is downloaded.
 
-WordPiece over a fixed vocabulary: special tokens, every ASCII letter, digit and punctuation mark
-(alone and as a word continuation `##x`), then common caption words. Any ASCII text tokenizes
-(unknown words fall back to letters), the vocabulary is the same on every machine, and the result
-is a `transformers` fast tokenizer that `save_pretrained` writes into a diffusers pipeline.
+A from-scratch model has no CLIP vocabulary file to load (open_clip_torch ships one, but would
+replace our pinned CPU torch), so this module builds a vocabulary in CLIP's format: the 256
+byte-level symbols of CLIP's `bytes_to_unicode`, each again with the `</w>` end-of-word suffix, then
+the merges BPE learns from CAPTION_WORDS (until every word in it is one token), then
+`<|startoftext|>` and `<|endoftext|>` (also the padding, as in Stable Diffusion's tokenizer). Any
+text tokenizes: what the merges do not cover falls back to bytes. The vocabulary is the same on
+every machine.
+
+`build_tokenizer()` returns a `transformers.CLIPTokenizer`, so the `tokenizer/` folder of a saved
+pipeline loads with `CLIPTokenizer.from_pretrained(path, subfolder="tokenizer")`, as diffusers'
+training scripts load it, or with `AutoTokenizer`, and gives the same ids as the trainer's.
 """
 
-import string
+import json
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, trainers
+from transformers import CLIPTokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
-SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0..3; CLIP's pooling looks for EOS by id, so not 2
+BOS, EOS = "<|startoftext|>", "<|endoftext|>"
+END_OF_WORD = "</w>"
 MODEL_MAX_LENGTH = 77  # CLIP's context length; the text encoder's position embeddings match it
 
-# Whole-word tokens for words captions use often; anything else is spelled with letters.
+# Words that captions use often, each learned as one token; anything else is spelled in pieces.
 CAPTION_WORDS = """
 a an the of in on at with and or by from to for under over near above below behind beside
 photo photograph picture image painting drawing illustration render sketch portrait landscape
@@ -30,34 +38,55 @@ car bus train boat ship plane bicycle table chair bed book cup food fruit apple 
 old new small large big little tall long short round square empty full wet dry warm cold
 standing sitting walking running lying flying holding looking wearing playing smiling
 is are was two three one many some its his her their this that there
+colour colours colors cyan magenta violet beige navy teal turquoise maroon olive crimson
+circle circles square squares triangle triangles rectangle oval ellipse diamond heart hexagon
+shape shapes line lines stripe stripes dot dots pattern solid plain outline filled
+background foreground ground backdrop scene
+left right top bottom centre center middle corner side upper lower between inside outside next
 """.split()
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The caption tokenizer: deterministic, offline, CLIP-shaped (77 tokens, BOS ... EOS, padded)."""
-    backend = Tokenizer(models.WordPiece(_vocabulary(), unk_token=UNK, max_input_chars_per_word=100))
-    backend.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()  # words, and each punctuation mark
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A {EOS}",
-        pair=f"{BOS} $A {EOS} $B {EOS}",
-        special_tokens=[(BOS, SPECIAL_TOKENS.index(BOS)), (EOS, SPECIAL_TOKENS.index(EOS))],
-    )
-    backend.decoder = decoders.WordPiece()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        model_max_length=MODEL_MAX_LENGTH,
+def build_tokenizer() -> CLIPTokenizer:
+    """The caption tokenizer: deterministic, offline, CLIP's (77 tokens, BOS ... EOS, padded with EOS)."""
+    merges = _learn_merges()
+    return CLIPTokenizer(
+        vocab=_vocabulary(merges),
+        merges=merges,
         bos_token=BOS,
         eos_token=EOS,
-        pad_token=PAD,
-        unk_token=UNK,
+        pad_token=EOS,
+        unk_token=EOS,  # never used: every byte has a symbol
+        model_max_length=MODEL_MAX_LENGTH,
     )
 
 
-def _vocabulary() -> dict[str, int]:
-    """Token -> id, in a fixed order: specials, characters, word continuations, words."""
-    characters = string.ascii_lowercase + string.digits + string.punctuation
-    continuations = ["##" + c for c in string.ascii_lowercase + string.digits]
-    tokens = list(SPECIAL_TOKENS) + list(characters) + continuations
-    tokens += [word for word in dict.fromkeys(CAPTION_WORDS) if word not in tokens]
+def _symbols() -> list[str]:
+    """CLIP's base symbols: one printable character per byte (in its order), then each ending a word."""
+    alphabet = list(bytes_to_unicode().values())
+    return alphabet + [symbol + END_OF_WORD for symbol in alphabet]
+
+
+def _learn_merges() -> list[tuple[str, str]]:
+    """BPE merges learned from CAPTION_WORDS, split as CLIPTokenizer splits text, until no pair is left."""
+    clip = CLIPTokenizer().backend_tokenizer  # an empty CLIP tokenizer, for its normalizer and pre-tokenizer
+    learner = Tokenizer(models.BPE(end_of_word_suffix=END_OF_WORD))
+    learner.normalizer, learner.pre_tokenizer = clip.normalizer, clip.pre_tokenizer
+    words = list(dict.fromkeys(CAPTION_WORDS))
+    trainer = trainers.BpeTrainer(
+        # At most one merge per character of the corpus: room for all, so training ends when every word is one token.
+        vocab_size=len(_symbols()) + len("".join(words)),
+        # The symbols go in first so that they get fixed ids: the trainer numbers those it meets itself in
+        # hash-map order, and ties between equally frequent pairs go to the lower ids, so the merges would
+        # differ from one process to the next.
+        special_tokens=_symbols(),
+        end_of_word_suffix=END_OF_WORD,
+        show_progress=False,
+    )
+    learner.train_from_iterator(words, trainer)
+    return [tuple(pair) for pair in json.loads(learner.to_str())["model"]["merges"]]
+
+
+def _vocabulary(merges: list[tuple[str, str]]) -> dict[str, int]:
+    """Token -> id in CLIP's order: base symbols, the merges' results in merge order, BOS, EOS."""
+    tokens = dict.fromkeys([*_symbols(), *(first + second for first, second in merges), BOS, EOS])
     return {token: index for index, token in enumerate(tokens)}

@@ -1,50 +1,146 @@
-"""trainer.tokenizer: the offline caption tokenizer and its round trip through a pipeline directory."""
+"""trainer.tokenizer: the offline CLIP BPE caption tokenizer and its round trip through a pipeline directory."""
 
-from transformers import AutoTokenizer
+import json
+import subprocess
+import sys
+from pathlib import Path
 
-from trainer.tokenizer import build_tokenizer
+import pytest
+import torch
+from diffusers import StableDiffusionPipeline
+from transformers import AutoTokenizer, CLIPTokenizer
+
+import trainer
+from trainer import models as trainer_models
+from trainer.tokenizer import CAPTION_WORDS, build_tokenizer
+
+# Known words, words the corpus lacks, case and spacing, punctuation, digits, accents and other
+# scripts, an emoji, a literal special token, the empty caption of caption dropout, and captions past 77 tokens.
+CAPTIONS = [
+    "a red circle on a blue background",
+    "A  Red\tCIRCLE,  top-left corner!",
+    "xylophone quokka zeppelin",
+    "it's 42 o'clock; 3.14 > 2 & 100% (really?) \"quoted\" #tag @user",
+    "café naïve résumé Ærø straße",
+    "中文 日本語 한국어 Ελληνικά русский",
+    "a cat 😀 on the moon 🌙",
+    "<|endoftext|> in the text",
+    "",
+    "dog " * 200,
+    "supercalifragilisticexpialidocious " * 20,
+]
 
 
 def ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, padding="max_length", max_length=77, truncation=True).input_ids
 
 
-def test_the_vocabulary_is_the_same_on_every_build():
-    assert build_tokenizer().get_vocab() == build_tokenizer().get_vocab()
-    assert len(build_tokenizer()) == 307
+def vocabulary_and_merges(tokenizer) -> tuple[dict, list]:
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    return model["vocab"], model["merges"]
 
 
-def test_special_tokens_have_fixed_ids_with_eos_not_2():
+def test_it_is_a_clip_tokenizer_with_clip_special_tokens():
     tokenizer = build_tokenizer()
-    assert (tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2, 3)
+    size = len(tokenizer)
+    assert type(tokenizer) is CLIPTokenizer
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+        "<|startoftext|>", "<|endoftext|>", "<|endoftext|>",
+    )
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (size - 2, size - 1, size - 1)
     assert tokenizer.model_max_length == 77
 
 
-def test_known_words_are_one_token_and_others_are_spelled():
+def test_the_vocabulary_starts_with_clips_byte_symbols_then_each_ending_a_word():
+    tokens = build_tokenizer().convert_ids_to_tokens(list(range(512)))
+    assert tokens[:3] == ["!", '"', "#"] and tokens[93:95] == ["~", "¡"] and tokens[188:190] == ["Ā", "ā"]
+    assert tokens[256:] == [token + "</w>" for token in tokens[:256]]
+    assert len(set(tokens)) == 512
+
+
+def test_two_builds_give_the_same_vocabulary_and_merges():
+    assert vocabulary_and_merges(build_tokenizer()) == vocabulary_and_merges(build_tokenizer())
+
+
+def test_another_process_builds_the_same_vocabulary_and_merges():
+    script = "from trainer.tokenizer import build_tokenizer; print(build_tokenizer().backend_tokenizer.to_str())"
+    repo_root = Path(trainer.__file__).resolve().parent.parent
+    output = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, check=True)
+    model = json.loads(output.stdout)["model"]
+    assert (model["vocab"], model["merges"]) == vocabulary_and_merges(build_tokenizer())
+
+
+def test_every_caption_word_is_one_token():
     tokenizer = build_tokenizer()
-    encoded = tokenizer("A red Dog, xyz 42 café").input_ids
-    assert tokenizer.convert_ids_to_tokens(encoded) == [
-        "<bos>", "a", "red", "dog", ",", "x", "##y", "##z", "4", "##2", "c", "##a", "##f", "##e", "<eos>",
+    assert [word for word in CAPTION_WORDS if tokenizer.tokenize(word) != [word + "</w>"]] == []
+
+
+def test_a_caption_of_known_words_is_bos_a_token_per_word_eos_then_eos_padding():
+    tokenizer = build_tokenizer()
+    encoded = ids(tokenizer, "a red circle on a blue background")
+    assert tokenizer.convert_ids_to_tokens(encoded[:9]) == [
+        "<|startoftext|>", "a</w>", "red</w>", "circle</w>", "on</w>", "a</w>", "blue</w>", "background</w>",
+        "<|endoftext|>",
     ]
+    assert encoded[9:] == [tokenizer.eos_token_id] * 68
 
 
-def test_captions_are_padded_and_truncated_to_77_ending_in_eos():
+def test_case_and_whitespace_do_not_change_the_ids():
     tokenizer = build_tokenizer()
-    short, long = ids(tokenizer, "a dog"), ids(tokenizer, "dog " * 200)
-    assert short[:4] == [2, tokenizer.convert_tokens_to_ids("a"), tokenizer.convert_tokens_to_ids("dog"), 3]
-    assert short[4:] == [0] * 73
-    assert len(long) == 77 and long[0] == 2 and long[-1] == 3
+    assert ids(tokenizer, "  A\tRED \n Circle ") == ids(tokenizer, "a red circle")
 
 
-def test_characters_outside_ascii_become_unk():
+def test_unknown_words_punctuation_digits_and_other_scripts_fall_back_to_pieces_and_bytes():
     tokenizer = build_tokenizer()
-    assert tokenizer("中").input_ids == [2, 1, 3]
+    assert tokenizer.tokenize("Café, 42!") == ["c", "a", "f", "Ã", "©</w>", ",</w>", "4</w>", "2</w>", "!</w>"]
+    assert tokenizer.unk_token_id not in tokenizer("中 😀 é").input_ids[1:-1]
+    assert tokenizer.decode(tokenizer("中 😀 é", add_special_tokens=False).input_ids) == "中 😀 é"
 
 
-def test_save_and_load_give_the_same_ids(tmp_path):
+def test_the_empty_caption_is_bos_eos_then_padding():
+    tokenizer = build_tokenizer()
+    assert ids(tokenizer, "") == [tokenizer.bos_token_id] + [tokenizer.eos_token_id] * 76
+
+
+def test_a_long_caption_is_truncated_to_77_ending_in_eos():
+    tokenizer = build_tokenizer()
+    encoded = ids(tokenizer, "dog " * 200)
+    dog = tokenizer.convert_tokens_to_ids("dog</w>")
+    assert encoded == [tokenizer.bos_token_id] + [dog] * 75 + [tokenizer.eos_token_id]
+
+
+@pytest.mark.parametrize("load", [CLIPTokenizer.from_pretrained, AutoTokenizer.from_pretrained])
+def test_saved_into_a_pipelines_tokenizer_folder_it_loads_with_the_same_ids(tmp_path, load):
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    loaded = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
-    caption = "Two dogs running on the beach at sunset, 4k!"
-    assert ids(loaded, caption) == ids(tokenizer, caption)
+    loaded = load(tmp_path, subfolder="tokenizer")
+    assert type(loaded) is CLIPTokenizer
     assert loaded.model_max_length == 77
+    assert [ids(loaded, caption) for caption in CAPTIONS] == [ids(tokenizer, caption) for caption in CAPTIONS]
+
+
+def test_the_text_encoder_pools_at_the_eos_token():
+    models = trainer_models.from_preset("tiny", 0)
+    encoder, tokenizer = models.text_encoders[0], models.tokenizers[0]
+    assert encoder.config.eos_token_id == tokenizer.eos_token_id != 2  # 2 would pick argmax(ids), CLIP's legacy rule
+    input_ids = torch.tensor([ids(tokenizer, "a red circle"), ids(tokenizer, "")])
+    with torch.no_grad():
+        output = encoder(input_ids)
+    assert torch.equal(output.pooler_output[0], output.last_hidden_state[0, 4])  # BOS a red circle EOS
+    assert torch.equal(output.pooler_output[1], output.last_hidden_state[1, 1])  # BOS EOS
+
+
+def test_a_saved_pipeline_reloads_with_the_same_ids_and_text_embeddings(tmp_path):
+    # GIVEN the tiny preset's models as a pipeline, saved
+    models = trainer_models.from_preset("tiny", 0)
+    trainer_models.build_pipeline(models, models.unet).save_pretrained(tmp_path)
+    # WHEN diffusers loads it back
+    loaded = StableDiffusionPipeline.from_pretrained(tmp_path)
+    # THEN its tokenizer is a CLIPTokenizer giving the same ids, and its text encoder the same embeddings
+    assert json.loads((tmp_path / "model_index.json").read_text())["tokenizer"] == ["transformers", "CLIPTokenizer"]
+    assert type(loaded.tokenizer) is CLIPTokenizer
+    caption = "A red circle, top-left, on a blue background: café 42!"
+    expected = trainer_models.tokenize(models.tokenizers[0], [caption], torch.device("cpu"))
+    assert torch.equal(trainer_models.tokenize(loaded.tokenizer, [caption], torch.device("cpu")), expected)
+    with torch.no_grad():
+        assert torch.equal(loaded.text_encoder(expected)[0], models.text_encoders[0](expected)[0])
