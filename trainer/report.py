@@ -2,10 +2,12 @@
 the one renderer, which trainer/Dockerfile copies into the image; standard library only).
 
 Rank 0 writes `<model-dir>/report.html` and `<output-data-dir>/report.html`; the page carries the
-run's figures. SageMaker uploads the output data dir, validation grids and all, as
-`output/output.tar.gz`, from which the deploy function renders the complete page, with the gate's
-decision and the lineage, as `report.html` beside the model artefact. Rebuild it locally, e.g. with
-an `evaluation.json` and a `lineage.json` put into the model dir:
+run's figures. An autoencoder job (trainer/autoencoder.py) calls the same `write_report`: its
+`autoencoder.json` and `reconstructions.png` make the page's Autoencoder section. SageMaker uploads
+the output data dir, validation grids and all, as `output/output.tar.gz`, from which the deploy
+function renders the complete page, with the gate's decision and the lineage, as `report.html`
+beside the model artefact. Rebuild it locally, e.g. with an `evaluation.json` and a `lineage.json`
+put into the model dir:
 
     python -m trainer.report --model-dir out/model [--output-data-dir out/data] [-o report.html]
 """
@@ -14,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from core.training_report import RECORD, REPORT, png_data_uri, render, run_data
+from core.training_report import AUTOENCODER, RECONSTRUCTIONS, RECORD, REPORT, png_data_uri, render, run_data
 
 
 def _read_json(path: Path) -> dict | None:
@@ -25,11 +27,13 @@ def _read_json(path: Path) -> dict | None:
 
 
 def build(model_dir: Path, health_dir: Path, history: list[dict] | None = None, job: str | None = None) -> str:
-    """The report from what a run left: atelier-training.json, the validation grids, the JSON files."""
-    run = run_data(_read_json(model_dir / RECORD) or {}, history)
+    """The report from what a run left: atelier-training.json or autoencoder.json, the validation grids
+    or the reconstructions, the JSON files."""
+    run = run_data(_read_json(model_dir / RECORD) or {}, history, _read_json(model_dir / AUTOENCODER))
     grids = [(path.stem, png_data_uri(path.read_bytes())) for path in sorted((health_dir / "validation").glob("step-*.png"))]
+    pictured = health_dir / RECONSTRUCTIONS
     return render(job or model_dir.name, run, grids, _read_json(model_dir / "evaluation.json"),
-                  _read_json(model_dir / "lineage.json"))
+                  _read_json(model_dir / "lineage.json"), png_data_uri(pictured.read_bytes()) if pictured.is_file() else None)
 
 
 def write_report(model_dir: Path, health_dir: Path, history: list[dict] | None = None,

@@ -1,19 +1,27 @@
 """trainer/report.py: one self-contained page per training job, checked in a real headless browser."""
 
 import ast
+import html
+import io
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from core import training_report
+from core.models import LeftOut
+from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from tests.support import REPO
+from trainer.health import label_grid
 from trainer.report import REPORT, build, write_report
 
 # Debian's build of Chrome's headless shell: `apt-get install chromium-headless-shell` (docs/runbook.md).
@@ -25,6 +33,17 @@ PROBE = """<script>window.addEventListener("load", () => {
   const curves = [...document.querySelectorAll("svg polyline")].map(p => p.getBBox().width > 0);
   document.body.dataset.probe = JSON.stringify({images, curves});
 });</script>"""
+# The same, with what a reader sees: the page's text, its height, the widest cell, images as displayed.
+READER_PROBE = """<script>window.addEventListener("load", () => {
+  const images = [...document.images].map(i => [i.naturalWidth, i.width]);
+  const curves = [...document.querySelectorAll("svg polyline")].map(p => p.getBBox().width > 0);
+  const cells = Math.max(...[...document.querySelectorAll("td")].map(c => c.getBoundingClientRect().width));
+  document.body.dataset.probe = JSON.stringify({images, curves, cells, text: document.body.innerText,
+                                                height: document.documentElement.scrollHeight});
+});</script>"""
+AUTOENCODER = {"task": "autoencoder", "args": {"kl_weight": 1e-06}, "steps": 40, "psnr_db": 27.8361, "psnr_db_baseline": 21.04,
+               "held_out_samples": 8, "kl_weight": 1e-06, "held_out": True, "scaling_factor": 0.18215,
+               "history": [{"step": s, "loss": 0.5 / s, "psnr_db": 20.0 + s / 5} for s in range(10, 41, 10)]}
 
 
 @pytest.fixture
@@ -38,6 +57,198 @@ def run_dir(tmp_path: Path) -> tuple[Path, Path]:
     for step, colour in ((2, "red"), (5, "blue")):
         Image.new("RGB", (32, 16), colour).save(health_dir / "validation" / f"step-{step:08d}.png")
     return model_dir, health_dir
+
+
+def random_picture(rng: random.Random, size: int) -> Image.Image:
+    return Image.frombytes("RGB", (size, size), rng.randbytes(size * size * 3))
+
+
+@pytest.fixture
+def rich_run(run_dir) -> tuple[Path, Path]:
+    """run_dir with what a report shows besides the run: a labelled grid of 64 px samples, an
+    autoencoder's record and reconstructions, the gate's document (core.deploy) and a lineage."""
+    model_dir, health_dir = run_dir
+    rng = random.Random(0)
+    label_grid([random_picture(rng, 64) for _ in range(4)], ["a red dog on a skateboard", "a blue cat"], [0, 7]) \
+        .save(health_dir / "validation" / "step-00000005.png")
+    (model_dir / "autoencoder.json").write_text(json.dumps(AUTOENCODER))
+    reconstructions = Image.new("RGB", (4 * 64, 2 * 64), "white")
+    for column in range(4):
+        for row in range(2):
+            reconstructions.paste(random_picture(rng, 64), (column * 64, row * 64))
+    reconstructions.save(health_dir / "reconstructions.png")
+    gate = {"decision": "held-back", "reason": "validation loss 0.3000 is 1.200x production's",
+            "scores": {"eval_set": "ab12", "val_loss": "0.30000000000000004", "clip_score": None},
+            "production": None, "production_model": "",
+            "thresholds": {"max_loss": 1.0, "max_loss_ratio": 1.1, "min_clip_delta": -0.5}}
+    (model_dir / "evaluation.json").write_text(json.dumps(
+        {"model": "atelier-0123", "evaluation_job": "atelier-0123-eval", "gate": gate}))  # as core.deploy writes it
+    shard = ShardSource(shard_id="s1", key="shards/s1.tar", sha256="c" * 64, role="new", samples=3, excluded=1,
+                        index_uri="s3://data/shards/s1.json")
+    manifest = ManifestSource(sequence=7, digest="ab" * 32, uri="s3://data/manifests/m.json",
+                              jobs=(JobSource(name="atelier-0123", stage=0, status="Completed"),), shards=(shard,),
+                              left_out=(LeftOut(shard_id="s1", sha256="d" * 64, partner="partner-b", reason="revoked"),))
+    samples = tuple(SampleSource(sha256=f"{n}" * 64, partner=p, license="CC-BY-4.0", bucket="uploads", key=f"{p}/{n}.png",
+                                 version_id="", shards=("s1",), manifests=(7,)) for n, p in ((1, "partner-a"), (2, "partner-b")))
+    (model_dir / "lineage.json").write_text(Lineage(job="atelier-0123", lineage="main", manifest="ab" * 32, artifact="s3://m/a",
+                                                    manifests=(manifest,), samples=samples).model_dump_json())
+    return model_dir, health_dir
+
+
+class Cells(HTMLParser):
+    """The text of every innermost table cell of a page, and of every SVG <text>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self.svg_texts: list[str] = []
+        self._open: list[list[str]] = []
+        self._in_svg_text = False
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        if tag in ("td", "th"):
+            self._open.append([])
+        if tag == "br" and self._open:
+            self._open[-1].append("\n")
+        self._in_svg_text = self._in_svg_text or tag == "text"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._open:
+            self.cells.append("".join(self._open.pop()).strip())
+        if tag == "text":
+            self._in_svg_text = False
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self._open[-1].append(data)
+        if self._in_svg_text:
+            self.svg_texts.append(data)
+
+
+def cells_of(page: str) -> Cells:
+    parser = Cells()
+    parser.feed(page)
+    return parser
+
+
+def first_rows(cells: list[str]) -> dict[str, str]:
+    """The first table's rows, header to value (the page's first table has one header and one value a row)."""
+    rows: dict[str, str] = {}
+    for header, value in zip(cells[::2], cells[1::2]):
+        rows.setdefault(header, value)
+    return rows
+
+
+def test_table_cells_read_as_text_rounded_with_no_json_and_no_python_none(rich_run) -> None:
+    page = build(*rich_run, job="atelier-0123")
+    cells = cells_of(page).cells
+
+    assert "None" not in re.sub(r"<script.*?</script>|data:image/png;base64,[^\"]*", "", page, flags=re.S)
+    assert not [cell for cell in cells if cell[:1] in "{[" or '":' in cell or "True" in cell or "False" in cell]
+    row = first_rows(cells)
+    assert (row["final loss"], row["mean throughput (img/s)"], row["mean data-wait share"]) == ("0.2", "103.0", "3.0%")
+    assert (row["steps"], row["shards seen"], row["stages"]) == ("5", "2", "\u2014")
+    assert "eval set: ab12\nval loss: 0.3\nclip score: \u2014" in cells  # a nested dict as k: v lines; a float kept
+    assert "0.30000000000000004" not in page  # as text (core.gate.Scores.to_item) rounded like the others
+    assert "max loss: 1\nmax loss ratio: 1.1\nmin clip delta: -0.5" in cells
+    assert "held out" in cells and "yes" in cells and "1e-06" in cells  # booleans, small figures
+    assert "#7 abababababab: jobs atelier-0123; shards 1, left out 1" in cells
+    assert "partner-a / CC-BY-4.0: 1, partner-b / CC-BY-4.0: 1" in cells
+
+
+def test_a_figure_of_many_sorts_reads_rounded() -> None:
+    table = training_report._table({"final_loss": 0.123456789, "img_per_s": 812.3456, "data_wait_share": 0.01234,
+                                    "psnr_db": 31.26, "big": 123456.7, "none": None, "flag": False, "empty": [],
+                                    "names": ["a", "b"], "nan": float("nan"), "stages": [{"stage": 0, "learning_rate": 1e-4}]})
+    cells = cells_of(table).cells
+
+    assert cells[:-5] == ["final loss", "0.1235", "img per s", "812.3", "data wait share", "1.2%", "PSNR", "31.3 dB",
+                          "big", "123,457", "none", "\u2014", "flag", "no", "empty", "\u2014", "names", "a, b",
+                          "nan", "not finite", "stages"]
+    assert cells[-5:-1] == ["stage", "learning rate", "0", "0.0001"]  # a list of documents: a small table of its own
+
+
+def test_each_validation_grid_is_captioned_with_its_step(run_dir) -> None:
+    page = build(*run_dir)
+
+    assert re.findall(r"<figcaption>(.*?)</figcaption>", page) == ["step 2", "step 5"]
+
+
+def test_an_autoencoder_job_s_report_shows_its_figures_and_its_reconstructions_beside_the_originals(tmp_path) -> None:
+    # GIVEN an autoencoder job's dirs: autoencoder.json and reconstructions.png, no atelier-training.json
+    model_dir, health_dir = tmp_path / "model", tmp_path / "data"
+    model_dir.mkdir()
+    health_dir.mkdir()
+    (model_dir / "autoencoder.json").write_text(json.dumps(AUTOENCODER))
+    Image.new("RGB", (128, 64), "green").save(health_dir / "reconstructions.png")
+
+    # WHEN the job writes its report
+    write_report(model_dir, health_dir, job="atelier-vae-1")
+
+    # THEN the page has the Autoencoder section, and not the empty sections of a diffusion run
+    page = (health_dir / REPORT).read_text()
+    row = first_rows(cells_of(page).cells)
+    assert "<h2>Autoencoder</h2>" in page and "<h2>Validation grids</h2>" not in page
+    assert (row["PSNR"], row["PSNR baseline"], row["held out samples"], row["steps"], row["KL weight"]) == \
+        ("27.8 dB", "21.0 dB", "8", "40", "1e-06")
+    assert "<figcaption>originals (top) / reconstructions (bottom)</figcaption>" in page
+    assert page.count("<polyline") == 2  # its loss and PSNR over the steps
+    assert training_report.png_data_uri((health_dir / "reconstructions.png").read_bytes()) in page
+
+
+def test_an_autoencoder_job_s_page_renders_again_from_its_output_data_alone(tmp_path) -> None:
+    # GIVEN an autoencoder job's report, and its output data as SageMaker uploads it
+    model_dir, health_dir = tmp_path / "model", tmp_path / "data"
+    model_dir.mkdir()
+    health_dir.mkdir()
+    (model_dir / "autoencoder.json").write_text(json.dumps(AUTOENCODER))
+    Image.new("RGB", (128, 64), "green").save(health_dir / "reconstructions.png")
+    write_report(model_dir, health_dir, job="atelier-vae-1")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        tar.add(health_dir, arcname=".")
+    archive.seek(0)
+
+    # WHEN the deploy function (or `atelier report --job`) renders it from output.tar.gz
+    run, pictures = training_report.read_output(archive)
+
+    # THEN it is the job's own page, reconstructions and all
+    assert [label for label, _ in pictures] == ["reconstructions"]
+    assert training_report.page("atelier-vae-1", run, pictures, None, None) == (health_dir / REPORT).read_text()
+
+
+def ticks(svg: str, anchor: str) -> list[float]:
+    """The numeric labels an SVG writes with text-anchor `anchor` (middle: the x axis; end: the y axis)."""
+    labels = re.findall(rf'<text [^>]*text-anchor="{anchor}"[^>]*>([^<]*)</text>', svg)
+    return [float(label.rstrip("%")) for label in labels if re.fullmatch(r"[-+0-9.e]+%?", label)]
+
+
+def is_round(value: float) -> bool:
+    """One significant digit: 1 to 9 x 10^k."""
+    return value == 0 or f"{abs(value):e}".split("e")[0].rstrip("0").rstrip(".") in [str(d) for d in range(1, 10)]
+
+
+def test_curves_carry_round_ticks_on_both_axes_and_axis_titles() -> None:
+    points = [(s, 0.9 * 0.97 ** s) for s in range(10, 1001, 10)]
+    svg = training_report.svg_curve(points, "training loss (log scale)", log_y=True, y_title="loss")
+
+    assert ticks(svg, "middle") == [0, 200, 400, 600, 800, 1000]  # steps
+    assert ticks(svg, "end") == [1e-14, 1e-11, 1e-08, 1e-05, 0.01, 10]  # decades over 14 of them, from below to above
+    assert '>step</text>' in svg and '>loss</text>' in svg  # axis titles
+    assert svg.count("<line") == 6 + 2 * 6  # a mark per tick, and a gridline per loss tick
+
+
+def test_a_narrow_loss_range_gets_round_ticks_between_decades() -> None:
+    svg = training_report.svg_curve([(1, 0.31), (2, 0.22), (3, 0.18)], "loss", log_y=True)
+
+    assert ticks(svg, "end") == [0.1, 0.2, 0.5] and ticks(svg, "middle") == [1, 2, 3]
+    assert all(is_round(t) for t in ticks(svg, "end") + ticks(svg, "middle"))
+
+
+def test_a_share_curve_has_percent_ticks() -> None:
+    svg = training_report.svg_curve([(1, 0.01), (2, 0.05)], "data-wait share", percent=True, y_title="share")
+
+    assert [t for t in cells_of(svg).svg_texts if t.endswith("%")] == ["1%", "2%", "3%", "4%", "5%"]
 
 
 def test_the_page_holds_three_curves_every_grid_and_no_external_reference(run_dir) -> None:
@@ -132,6 +343,35 @@ def test_a_headless_browser_renders_every_image_and_curve(run_dir, tmp_path: Pat
     found = json.loads(re.search(r"data-probe=\"([^\"]*)\"", dom).group(1).replace("&quot;", '"'))
     assert found == {"images": [True, True], "curves": [True, True, True]}
     assert len(Image.open(shot).convert("RGB").getcolors(1 << 16) or ()) > 2  # drawn, not a blank page
+
+
+def test_a_headless_browser_shows_a_whole_report_as_text_figures_and_labelled_pictures(rich_run, tmp_path: Path) -> None:
+    # GIVEN the page of a run with every section: grids (one labelled), an autoencoder, a gate, a lineage
+    chromium = required_browser()
+    probe = tmp_path / "probe.html"
+    probe.write_text(build(*rich_run, job="atelier-0123").replace("</body>", READER_PROBE + "</body>"))
+
+    # WHEN a browser lays it out and takes a screenshot of the whole of it
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--window-size=1200,1600", "--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                         timeout=60).stdout
+    found = json.loads(html.unescape(re.search(r'data-probe="([^"]*)"', dom).group(1)))
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    f"--window-size=1200,{found['height']}", probe.as_uri()], capture_output=True, timeout=60)
+
+    # THEN every picture and curve is there, the text reads as text, and the page is a page, not a poster
+    text = found["text"]
+    assert [natural > 0 and shown >= 256 for natural, shown in found["images"]] == [True] * 3  # 2 grids, reconstructions
+    assert found["curves"] == [True] * 5  # loss, throughput, data wait; the autoencoder's loss and PSNR
+    assert "None" not in text and "{" not in text and "[" not in text and "null" not in text
+    assert "step 2\n" in text and "step 5\n" in text and "originals (top) / reconstructions (bottom)" in text
+    assert "27.8 dB" in text and "held-back" in text and "3.0%" in text
+    assert found["cells"] < 1100 and 1500 < found["height"] < 6000
+    picture = Image.open(shot).convert("L")
+    assert picture.size == (1200, found["height"])
+    dark_pixels = picture.point(lambda v: v < 128 and 255).histogram()[255]
+    assert len(picture.getcolors(256) or ()) > 64 and dark_pixels > 20_000  # drawn: text, curves and pictures
 
 
 def test_on_ci_a_missing_browser_fails_the_rendering_test_instead_of_skipping_it(tmp_path: Path) -> None:

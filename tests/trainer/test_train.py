@@ -21,6 +21,7 @@ from trainer.distributed import Processes
 from trainer.ema import EMA
 from trainer.health import METRIC_DEFINITIONS, NonFiniteLossError
 from trainer.encode import encode_shards
+from trainer.health import grid_layout
 from trainer.models import compile_vae_encoder, load_models
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -226,7 +227,7 @@ def test_stages_hand_off_by_themselves_and_a_resumed_job_continues_in_the_right_
     assert [(line["step"], line["stage"], line["resolution"]) for line in lines if line.get("event") == "stage"] == [(1, 0, 32), (3, 1, 64)]
     assert [tuple(batch["pixel_values"].shape) for batch in seen] == [(2, 3, 32, 32)] * 2 + [(1, 3, 64, 64)] * 2
     assert [line["lr"] for line in lines if "loss" in line] == [1e-3, 1e-3, 5e-4, 5e-4]
-    assert Image.open(tmp_path / "model" / "health" / "validation" / "step-00000003.png").size == (64, 128)
+    assert Image.open(tmp_path / "model" / "health" / "validation" / "step-00000003.png").size == grid_layout(64, 2, 1).size
     # WHEN it is resumed from its step-3 checkpoint
     straight = losses(lines)
     (tmp_path / "ckpt" / "latest").write_text("step-00000003")
@@ -277,7 +278,7 @@ def test_health_a_loss_curve_and_a_validation_grid_per_checkpoint(trained):
     assert Image.open(health / "loss.png").size == (800, 400)
     grids = sorted(path.name for path in (health / "validation").iterdir())
     assert grids == ["step-00000002.png", "step-00000003.png"]
-    assert Image.open(health / "validation" / grids[0]).size == (32, 64)  # 1 seed x 2 prompts at 32 px
+    assert Image.open(health / "validation" / grids[0]).size == grid_layout(32, 2, 1).size  # 2 prompts x 1 seed at 32 px
 
 
 def test_the_run_s_report_is_written_beside_the_model_with_every_logged_step_and_grid(trained):
