@@ -26,7 +26,7 @@ DEFAULT_STATE = REPO / ".atelier" / "local"
 console = Console()
 errors = Console(stderr=True)
 # atelier/<area>.py modules with a `register(commands)` that adds their subcommands
-COMMAND_AREAS = ("cli_deploy", "cli_import", "cli_provenance", "cli_reliability", "cli_report")
+COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_provenance", "cli_reliability", "cli_report")
 
 
 # --- local stack ----------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.update(read_env(args.state_dir))
         return args.func(args)
     except (client.PipelineError, StackError) as exc:
-        errors.print(f"[bold red]error[/]: {exc}")
+        errors.print(f"[bold red]error[/]: {exc}", soft_wrap=True)  # one line, however long
         return 2
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from atelier import client
+
+if TYPE_CHECKING:
+    from core.provenance import Lineage
 
 console = Console()
 
@@ -30,8 +34,26 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     counts = Counter((s.partner, s.license or "?") for s in found.samples)
     console.print(f"{len(found.samples)} samples: " + ", ".join(
         f"{partner}/{license} {n}" for (partner, license), n in sorted(counts.items())))
+    for line in model_parts(found):
+        console.print(line)
     console.print("--json lists every shard and sample (sha256, partner, license, upload key and version)")
     return 0
+
+
+def model_parts(found: Lineage) -> list[str]:
+    """The pretrained base and the VAE the model started from, one line each."""
+    base = found.pretrained
+    lines = [f"base: {base.uri} ({base.kind}, {base.objects} objects, {base.size} bytes, "
+             f"{'sha256' if base.kind == 'prefix' else 'ETag'} {base.digest})" if base else "base: none (random parts)"]
+    vae = found.vae
+    if vae is None:
+        lines.append("VAE: not recorded (lineage.json before schema 2)")
+    elif vae.source == "autoencoder":
+        lines.append(f"VAE: {vae.uri} (autoencoder job {vae.autoencoder_job})" if vae.uri
+                     else "VAE: the lineage's autoencoder job has not completed yet")
+    else:
+        lines.append("VAE: the base's" if vae.source == "base" else "VAE: random (frozen)")
+    return lines
 
 
 def cmd_attribution(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
             samples[item["pk"].removeprefix("SAMPLE#")] = item.get("packed_in")
         elif kind == "shard":
             shards[item["pk"].removeprefix("SHARD#")] = item
-        elif kind == "job" and item.get("role") != "encode":  # an encode job trains nothing
+        elif kind == "job" and item.get("role") not in provenance.HELPER_ROLES:  # its training job's samples
             jobs.append(item)
         elif kind == "model":
             models.append(item)

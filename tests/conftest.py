@@ -25,6 +25,7 @@ TEST_OVERRIDES = {
     "TrainingInstanceType": "ml.m5.xlarge",
     "EndpointInstanceType": "ml.m5.large",
     "EncodeInstanceType": "",  # jobs train on the image shards; the encode tests set it
+    "AutoencoderInstanceType": "",  # no lineage trains its own VAE first; the autoencoder tests set it
     "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"}),
 }
 

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Literal, Protocol
 
 from core import aws, records, shards
 from core.licensing import Revocation, Rules
 from core.models import Frozen, LeftOut, Manifest, Sample, ShardRef
+from core.pretrained import PretrainedBase
 
-LINEAGE_SCHEMA = 1
+LINEAGE_SCHEMA = 2  # 2: the pretrained base and the VAE
 OUTPUT_PREFIX = "training/"  # the training jobs' S3OutputPath under the models bucket
 NOT_STARTED = ("Queued",)  # a queued manifest has trained nothing yet
 TRAINING_JOB_TAG = "atelier:training-job"  # on every SageMaker model the deploy function creates
+# jobs run for a training job on its manifest (its encode job, the lineage's autoencoder job): what they
+# learned from is its manifest, so they are no model of their own here
+HELPER_ROLES = ("encode", "autoencoder")
 
 
 class Places(Protocol):
@@ -147,8 +151,16 @@ class SampleSource(Frozen):
     manifests: tuple[int, ...]  # the sequences of the manifests that trained on it
 
 
+class VaeSource(Frozen):
+    """Where the model's frozen VAE came from."""
+
+    source: Literal["autoencoder", "base", "random"]  # the lineage's autoencoder job, the base, or none (random)
+    uri: str = ""  # autoencoder: its model.tar.gz ("" while it has not completed)
+    autoencoder_job: str = ""
+
+
 class Lineage(Frozen):
-    """lineage.json: everything one model learned from."""
+    """lineage.json: everything one model learned from, and the pretrained parts it started from."""
 
     schema_version: int = LINEAGE_SCHEMA
     job: str
@@ -157,6 +169,8 @@ class Lineage(Frozen):
     artifact: str
     manifests: tuple[ManifestSource, ...]  # oldest first; the last is the job's own
     samples: tuple[SampleSource, ...]  # each once, sorted by sha256
+    pretrained: PretrainedBase | None = None  # the base (PretrainedModelUri) the job was claimed with
+    vae: VaeSource | None = None  # None: recorded before schema 2
 
     def covered_by(self, revocation: Revocation) -> list[SampleSource]:
         return [s for s in self.samples if revocation.covers(s.partner, s.license, s.sha256)]
@@ -178,8 +192,8 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
         return int(item["sequence"]) if "sequence" in item else manifest_of(item).sequence
 
     mine, stage = sequence_of(job), int(job.get("stage", 0))
-    lineage_jobs = [i for i in aws.scan_prefix(places.table, "JOB#")  # training jobs: an encode job trains nothing
-                    if i.get("lineage", "") == job.get("lineage", "") and i.get("role") != "encode"]
+    lineage_jobs = [i for i in aws.scan_prefix(places.table, "JOB#")  # training jobs only
+                    if i.get("lineage", "") == job.get("lineage", "") and i.get("role") not in HELPER_ROLES]
     chain = sorted((i for i in lineage_jobs
                     if (i["manifest"] == job["manifest"] and int(i.get("stage", 0)) <= stage)
                     or (sequence_of(i) < mine and i.get("status") not in NOT_STARTED)),
@@ -209,9 +223,17 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
                                       left_out=manifest.left_out))
     found = sample_records(places.table, used)
     samples = tuple(_sample_source(key, *used[key], found.get(key)) for key in sorted(used))
+    base = PretrainedBase.model_validate_json(job["pretrained"]) if job.get("pretrained") else None
     return Lineage(job=job_name, lineage=job.get("lineage", ""), manifest=str(job.get("digest", "")),
                    artifact=output_uri(places.models_bucket, job_name, "model.tar.gz"),
-                   manifests=tuple(sources), samples=samples)
+                   manifests=tuple(sources), samples=samples, pretrained=base, vae=vae_source(job, base))
+
+
+def vae_source(job: dict[str, Any], base: PretrainedBase | None) -> VaeSource:
+    """The job's VAE: its lineage's autoencoder's (core.autoencoder_job), the base's, or a random one."""
+    if job.get("autoencoder"):
+        return VaeSource(source="autoencoder", uri=job.get("vae_uri", ""), autoencoder_job=job.get("autoencoder_job", ""))
+    return VaeSource(source="base" if base and base.has_vae else "random")
 
 
 def _sample_source(key: str, partner: str, shard_ids: set[str], sequences: set[int], record: Sample | None) -> SampleSource:
@@ -242,7 +264,7 @@ def affected_by(revocation: Revocation, places: Places) -> list[Affected]:
     """Every job whose lineage holds a sample the takedown covers, oldest manifest first."""
     found = []
     for item in aws.scan_prefix(places.table, "JOB#"):
-        if item.get("role") == "encode":  # it trains nothing
+        if item.get("role") in HELPER_ROLES:  # their samples are their training job's
             continue
         name = item["pk"].removeprefix("JOB#")
         covered = stored_lineage(name, places).covered_by(revocation)

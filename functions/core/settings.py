@@ -10,6 +10,7 @@ from typing import Mapping
 
 from core.errors import ConfigError
 from core.images import KNOWN_FORMATS, DecodePolicy
+from core.pretrained import AUTOENCODER_SUFFIX, check_uri
 
 
 def _require(env: Mapping[str, str], name: str) -> str:
@@ -183,6 +184,14 @@ class TrainingSettings:
     # An encode job (trainer/encode.py) on this instance type turns each stage's image shards into
     # latent shards before the stage trains; empty: the stage trains on the image shards (VAE online).
     encode_instance_type: str = ""
+    # Pretrained parts (core.pretrained): the `pretrained` channel of every encode and training job;
+    # empty: every part is built at random from the stage's model-config.
+    pretrained_uri: str = ""
+    # Where a lineage gets no VAE from its base, an autoencoder job on this instance type trains one
+    # before its first job (core.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
+    autoencoder_instance_type: str = ""
+    autoencoder_hyperparameters: dict[str, str] = field(default_factory=dict)
+    eval_data_uri: str = ""  # s3://<data>/<EvalDataPrefix>: the autoencoder job's `validation` channel
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
@@ -209,15 +218,31 @@ class TrainingSettings:
             stages=_run_plan(env.get("TRAINING_RUN_PLAN", "") or "[]", base, default_stage),
             use=env.get("TRAINING_USE", "") or "commercial",  # a TrainingUse parameter may set it
             encode_instance_type=env.get("TRAINING_ENCODE_INSTANCE_TYPE", "").strip(),
+            pretrained_uri=_pretrained_uri(env.get("TRAINING_PRETRAINED_MODEL_URI", "").strip()),
+            autoencoder_instance_type=env.get("TRAINING_AUTOENCODER_INSTANCE_TYPE", "").strip(),
+            autoencoder_hyperparameters=_hyperparameters(env.get("TRAINING_AUTOENCODER_HYPERPARAMETERS") or "{}",
+                                                         "TRAINING_AUTOENCODER_HYPERPARAMETERS"),
+            eval_data_uri=env.get("TRAINING_EVAL_DATA_URI", "").strip(),
         )
         if bool(settings.subnets) != bool(settings.security_groups):
             raise ConfigError("TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS go together (a VPC config needs both)")
+        if settings.lineage.endswith(AUTOENCODER_SUFFIX):
+            raise ConfigError(f"TRAINING_LINEAGE={settings.lineage!r} must not end in {AUTOENCODER_SUFFIX!r}: lineage X "
+                              f"keeps its autoencoder's checkpoints at checkpoints/X{AUTOENCODER_SUFFIX}/")
         gpus = int(_bounded("TRAINING_GPUS_PER_INSTANCE", _int(env, "TRAINING_GPUS_PER_INSTANCE"), 0))
         for stage in settings.stages:
             check_sharding(settings.quota, stage, gpus)
             if settings.encode_instance_type:
                 check_encodable(stage)
         return settings
+
+
+def _pretrained_uri(raw: str) -> str:
+    """TRAINING_PRETRAINED_MODEL_URI: empty, a base's s3:// prefix, or the s3:// key of its model.tar.gz."""
+    try:
+        return check_uri(raw, "TRAINING_PRETRAINED_MODEL_URI (PretrainedModelUri)") if raw else ""
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _list(raw: str) -> tuple[str, ...]:

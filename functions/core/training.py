@@ -17,7 +17,16 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   under `s3://<models>/encoded/<job>/`; on its Completed event every shard's latent twin is checked
   and listed in `manifests/<job>.latents.manifest`, the training job's `train` channel. An encode job
   that fails, or leaves a shard out, fails its training job (the shards return to pending). It gets
-  the training job's `manifest` channel too: an excluded sample is never encoded.
+  the training job's `manifest` channel too: an excluded sample is never encoded (core.encode_job).
+- Pretrained parts (PretrainedModelUri, core.pretrained): every encode, training and autoencoder job
+  reads the base as the channel `pretrained` (hyperparameter `pretrained=pretrained`); a job records
+  the base it was claimed with (URI and digest), which its lineage.json carries.
+- The lineage's VAE (core.autoencoder_job), decided once per lineage at its first claim: when the
+  base brings none (no base, or a prefix without vae/config.json), the job waits first for an
+  autoencoder job `<job>-ae` (task=autoencoder) on its image shards; its Completed event stores its
+  model.tar.gz as the lineage's `vae_uri` (create-only), and every encode and training job of the
+  lineage reads that as the channel `vae` (`vae=vae`). A failed or stopped autoencoder job fails its
+  training job as a failed encode job does; the lineage's next job trains a VAE again.
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
   (core.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
@@ -28,48 +37,33 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from aws_lambda_powertools import Logger
 
-from core import attribution, aws, licensing, records
+from core import attribution, autoencoder_job, aws, encode_job, licensing, records
+from core.job_requests import MANIFEST_PREFIX, autoencoder_job_name, encode_job_name, training_job_request
 from core.models import Manifest, ShardRef, ShardSealed
+from core.pretrained import PretrainedBase, describe_base
 from core.provenance import Verdict, screen_shard
-from core.settings import Stage, TrainingSettings
+from core.settings import TrainingSettings
 
 logger = Logger(child=True)
-MANIFEST_PREFIX = "manifests/"
-CHANNEL = "train"
-MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TRAINED_SHARDS = "SHARDS#trained"
-FINAL_STAGE_TAG = "atelier:final-stage"
-MANIFEST_TAG = "atelier:manifest"
-ROLE_TAG = "atelier:role"
-ENCODE_SUFFIX = "-enc"
-ENCODED_PREFIX = "encoded/"  # in the models bucket: <job>/latents/<encoder identity>-r<res>/<shard path>
-# the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
-ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "seed", "resolution", "aspect-buckets")
-# The trainer's JSON log lines (trainer/train.py, docs/trainer.md), parsed by SageMaker into metrics.
-METRIC_DEFINITIONS = [  # equal to trainer.health.METRIC_DEFINITIONS (a test holds them together)
-    {"Name": f"train:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
-    for field in ("loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples")
-]
+ENDED = frozenset({"Completed", "Failed", "Stopped"})
 
 
 class JobNameCollision(RuntimeError):
     """A job of our name exists for another manifest: never silently skipped."""
 
 
-class EncodeIncomplete(ValueError):
-    """The encode job's output does not hold exactly one latent shard per shard of the manifest."""
-
-
 @dataclass(frozen=True)
 class Decision:
-    action: str  # waiting | started | queued | already-claimed | busy
+    # waiting | started | queued | already-claimed | busy | not-ours; a helper job's end:
+    # encoded | encode-failed | autoencoded | autoencoder-failed
+    action: str
     job_name: str | None = None
     pending: int = 0
 
@@ -126,129 +120,6 @@ def manifest_file(manifest: Manifest) -> list[Any]:
     return [{"prefix": f"s3://{manifest.bucket}/{manifest.prefix}"}, *relative]
 
 
-def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
-    """The stage's hyperparameters, with `steps` as the lineage total this job trains up to
-    (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done)."""
-    return {**stage.hyperparameters, "steps": str(steps_target)}
-
-
-def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], instances: tuple[str, int],
-                 output_prefix: str, checkpoint_uri: str, tags: dict[str, str],
-                 settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
-    """What a training and an encode job's requests share: the `train` channel (a ManifestFile,
-    FastFile, ShardedByS3Key), checkpoints, retries, isolation, VPC and KMS. With `exclusions_uri`
-    (the manifest JSON) a second channel `manifest` brings the exclusion list to every instance
-    (trainer.train and trainer.encode --manifest)."""
-    request: dict[str, Any] = {
-        "TrainingJobName": name,
-        "RoleArn": settings.role_arn,
-        "AlgorithmSpecification": {"TrainingImage": settings.image_uri, "TrainingInputMode": "FastFile",
-                                   "MetricDefinitions": METRIC_DEFINITIONS},
-        "HyperParameters": hyperparameters,
-        "InputDataConfig": [{
-            "ChannelName": CHANNEL,
-            "InputMode": "FastFile",
-            "ContentType": "application/x-tar",
-            "DataSource": {"S3DataSource": {
-                "S3DataType": "ManifestFile", "S3Uri": train_uri,
-                "S3DataDistributionType": "ShardedByS3Key",
-            }},
-        }],
-        "OutputDataConfig": {"S3OutputPath": f"s3://{settings.models_bucket}/{output_prefix}"},
-        "ResourceConfig": {"InstanceType": instances[0], "InstanceCount": instances[1],
-                           "VolumeSizeInGB": settings.volume_gb},
-        "StoppingCondition": {"MaxRuntimeInSeconds": settings.max_runtime_s},
-        "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
-        "RetryStrategy": {"MaximumRetryAttempts": settings.max_retries},
-        "EnableNetworkIsolation": True,
-        "EnableInterContainerTrafficEncryption": True,
-        "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
-    }
-    if exclusions_uri:
-        request["InputDataConfig"].append({
-            "ChannelName": MANIFEST_CHANNEL,
-            "InputMode": "File",
-            "ContentType": "application/json",
-            "DataSource": {"S3DataSource": {
-                "S3DataType": "S3Prefix", "S3Uri": exclusions_uri, "S3DataDistributionType": "FullyReplicated",
-            }},
-        })
-    if settings.keep_alive_s:
-        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
-    if settings.subnets:
-        request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
-    if settings.kms_key:
-        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
-        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
-    return request
-
-
-def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettings) -> dict[str, str]:
-    return {MANIFEST_TAG: manifest_digest, "atelier:lineage": settings.lineage,
-            "atelier:stage": settings.stages[stage_index].name,
-            FINAL_STAGE_TAG: str(stage_index == len(settings.stages) - 1).lower()}
-
-
-def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
-                         steps_target: int, settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
-    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins, and
-    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel."""
-    stage = settings.stages[stage_index]
-    return _job_request(
-        name, manifest_uri, stage_hyperparameters(stage, steps_target), (stage.instance_type, stage.instance_count),
-        "training/",
-        # One prefix per lineage: a retried job and the lineage's next job resume from it.
-        f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
-        _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri)
-
-
-def encode_job_name(training_job: str) -> str:
-    return f"{training_job}{ENCODE_SUFFIX}"
-
-
-def encoded_prefix(training_job: str) -> str:
-    """Where the encode job's CheckpointConfig puts the latent shards: `<this>latents/<identity>-r<res>/`."""
-    return f"{ENCODED_PREFIX}{training_job}/"
-
-
-def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
-                       settings: TrainingSettings, exclusions_uri: str = "") -> dict[str, Any]:
-    """The training image with task=encode on one encode instance, for the stage's resolution and
-    models; its latent shards reach S3 through CheckpointConfig (trainer/encode.py). It reads the
-    training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
-    stage = settings.stages[stage_index]
-    hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS}}
-    tags = {**_stage_tags(manifest_digest, stage_index, settings), FINAL_STAGE_TAG: "false", ROLE_TAG: "encode",
-            "atelier:training-job": training_job}
-    request = _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
-                           (settings.encode_instance_type, 1), ENCODED_PREFIX,
-                           f"s3://{settings.models_bucket}/{encoded_prefix(training_job)}", tags, settings,
-                           exclusions_uri)
-    request["AlgorithmSpecification"].pop("MetricDefinitions")  # no loss to chart
-    return request
-
-
-def latent_manifest_file(manifest: Manifest, bucket: str, prefix: str, keys: list[str]) -> list[Any]:
-    """A ManifestFile of the latent twins of the manifest's shards, from the keys found under
-    `<prefix>latents/`: one encoding directory, and every shard's twin in it (a twin holds fewer
-    samples than its shard where the manifest excludes some: only its presence is checked)."""
-    relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
-    found: dict[str, set[str]] = {}
-    for key in keys:
-        encoding, _, path = key.removeprefix(f"{prefix}latents/").partition("/")
-        if path.endswith(".tar") and not path.rsplit("/", 1)[-1].startswith("."):  # not a .tmp- part
-            found.setdefault(encoding, set()).add(path)
-    if len(found) != 1:
-        raise EncodeIncomplete(f"expected one encoding under s3://{bucket}/{prefix}latents/, found "
-                               f"{len(found)} ({', '.join(sorted(found)) or 'none'})")
-    [(encoding, paths)] = found.items()
-    missing = [path for path in relative if path not in paths]
-    if missing:
-        raise EncodeIncomplete(f"{len(missing)} of {len(relative)} shards have no latent shard under "
-                               f"s3://{bucket}/{prefix}latents/{encoding}/ (first: {missing[0]})")
-    return [{"prefix": f"s3://{bucket}/{prefix}latents/{encoding}/"}, *relative]
-
-
 # --- orchestration: events in -------------------------------------------------------------------
 
 def on_shard_sealed(shard: ShardSealed, settings: TrainingSettings) -> Decision:
@@ -266,11 +137,11 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
     job = aws.get_item(settings.table, records.job_pk(name))
     if job is None or job.get("lineage", settings.lineage) != settings.lineage:
         return Decision("not-ours", name)
-    if job.get("role") == "encode":
+    if job.get("role") == encode_job.ROLE:
         return on_encode_finished(job, status, reason, settings)
-    if aws.update_item(settings.table, records.job_pk(name), "SET settled = :s, #st = :status, failure_reason = :r",
-                       {":s": status, ":status": status, ":r": reason or ""},
-                       condition="attribute_not_exists(settled)", names={"#st": "status"}):
+    if job.get("role") == autoencoder_job.ROLE:
+        return on_autoencoder_finished(job, status, reason, settings)
+    if _record_end(job, status, reason, settings):
         _settle(job, status, settings)
     if status == "Completed":  # every delivery (idempotent), so a crash after settling is made good
         attribution.record_model(name, settings)
@@ -281,15 +152,13 @@ def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, set
     """An encode job ended: Completed with every latent shard lets its training job start on them;
     anything else fails the training job (its shards return to pending, the lineage goes on)."""
     name, training_job = job["pk"].removeprefix("JOB#"), job["for_job"]
-    aws.update_item(settings.table, job["pk"], "SET settled = :s, #st = :status, failure_reason = :r",
-                    {":s": status, ":status": status, ":r": reason or ""},
-                    condition="attribute_not_exists(settled)", names={"#st": "status"})
+    _record_end(job, status, reason, settings)
     if status != "Completed":
         on_job_finished(training_job, "Failed", f"encode job {name} {status}: {reason or 'no reason given'}", settings)
         return Decision("encode-failed", training_job)
     try:
-        latents_uri = _write_latent_manifest(training_job, settings)
-    except EncodeIncomplete as exc:
+        latents_uri = encode_job.write_latent_manifest(training_job, settings)
+    except encode_job.EncodeIncomplete as exc:
         on_job_finished(training_job, "Failed", f"encode job {name}: {exc}", settings)
         return Decision("encode-failed", training_job)
     aws.update_item(settings.table, records.job_pk(training_job), "SET latents = :u", {":u": latents_uri},
@@ -299,17 +168,28 @@ def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, set
     return Decision("encoded", training_job)
 
 
-def _write_latent_manifest(training_job: str, settings: TrainingSettings) -> str:
-    """`manifests/<job>.latents.manifest` from what the encode job uploaded; its URI."""
-    record = aws.get_item(settings.table, records.job_pk(training_job)) or {}
-    base = record.get("base", training_job)
-    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, f"{MANIFEST_PREFIX}{base}.json"))
-    prefix = encoded_prefix(training_job)
-    keys = [item["Key"] for item in aws.list_objects(settings.models_bucket, f"{prefix}latents/")]
-    listing = latent_manifest_file(manifest, settings.models_bucket, prefix, keys)
-    key = f"{MANIFEST_PREFIX}{training_job}.latents.manifest"
-    aws.write_object(settings.data_bucket, key, json.dumps(listing).encode(), "application/json")
-    return f"s3://{settings.data_bucket}/{key}"
+def on_autoencoder_finished(job: dict[str, Any], status: str, reason: str | None,
+                            settings: TrainingSettings) -> Decision:
+    """The lineage's autoencoder job ended: Completed, its model.tar.gz becomes the lineage's VAE and
+    the training job goes on (its encode job first, when encoding); anything else fails the training
+    job (its shards return to pending, and the lineage's next job trains a VAE again)."""
+    name, training_job = job["pk"].removeprefix("JOB#"), job["for_job"]
+    _record_end(job, status, reason, settings)
+    vae_uri = autoencoder_job.artefact(name) if status == "Completed" else ""
+    if not vae_uri:
+        why = "no ModelArtifacts" if status == "Completed" else reason or "no reason given"
+        on_job_finished(training_job, "Failed", f"autoencoder job {name} {status}: {why}", settings)
+        return Decision("autoencoder-failed", training_job)
+    autoencoder_job.store_vae(name, vae_uri, settings)  # create-only: a redelivered event changes nothing
+    advance(settings)
+    return Decision("autoencoded", training_job)
+
+
+def _record_end(job: dict[str, Any], status: str, reason: str | None, settings: TrainingSettings) -> bool:
+    """A job's end on its record, once: False when an earlier delivery recorded it."""
+    return aws.update_item(settings.table, job["pk"], "SET settled = :s, #st = :status, failure_reason = :r",
+                           {":s": status, ":status": status, ":r": reason or ""},
+                           condition="attribute_not_exists(settled)", names={"#st": "status"})
 
 
 # --- orchestration: the lineage's one job at a time ---------------------------------------------
@@ -357,9 +237,10 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
     manifest = manifest_from(pending, trained, settings, sequence, screen)
     if manifest is None:
         return Decision("waiting", pending=len(pending))
+    base = describe_base(settings.pretrained_uri) if settings.pretrained_uri else None  # as it is when claimed
     name = job_name_for(manifest)
     _write_manifest(manifest, name, settings)
-    if not _claim(manifest, name, int(lock["sequence"]), int(lock["steps_done"]), queue, settings):
+    if not _claim(manifest, name, lock, queue, base, settings):
         return Decision("already-claimed", pending=len(pending))
     if screen:  # the shards this manifest left out whole, with why, leave the pending index
         _exclude_shards(screen.verdicts, {s.shard_id for s in pending}, settings)
@@ -404,25 +285,31 @@ def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -
                      json.dumps(manifest_file(manifest)).encode(), "application/json")
 
 
-def _claim(manifest: Manifest, name: str, sequence: int, steps_done: int, queue: bool,
+def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, base: PretrainedBase | None,
            settings: TrainingSettings) -> bool:
-    """One transaction: the new shards claimed, the job recorded, the lineage lock taken or queued."""
+    """One transaction: the new shards claimed, the job recorded, the lineage lock taken or queued,
+    and (at the lineage's first claim) whether the lineage trains its own VAE."""
+    sequence, steps_done = int(lock["sequence"]), int(lock["steps_done"])
+    autoencoder = autoencoder_job.needs_autoencoder(lock, base, settings)
     shard_updates = [(records.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk, gsi1sk",
                       "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
                      for s in manifest.new_shards]
     lineage_update = (
         f"LINEAGE#{settings.lineage}",
-        "SET #q = list_append(#q, :one), #seq = :next" if queue else "SET running_job = :job, #seq = :next",
+        ("SET #q = list_append(#q, :one), #seq = :next" if queue else "SET running_job = :job, #seq = :next")
+        + ", autoencoder = if_not_exists(autoencoder, :ae)",
         ("running_job <> :empty AND #seq = :seq" if queue else "running_job = :empty AND #seq = :seq"),
-        {":one": [name], ":next": sequence + 1, ":seq": sequence, ":empty": ""} if queue
-        else {":job": name, ":next": sequence + 1, ":seq": sequence, ":empty": ""},
+        {":one": [name], ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder} if queue
+        else {":job": name, ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder},
     )
     job = {**records.job_item(name, f"{MANIFEST_PREFIX}{name}.json", [s.shard_id for s in manifest.new_shards],
                               datetime.now(timezone.utc).isoformat(timespec="seconds")),
            "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
            "stage": 0, "base": name, "steps_base": steps_done, "replay": [s.shard_id for s in manifest.shards if s.role == "replay"],
            "sequence": manifest.sequence, "excludes": manifest.excluded,
-           "encode": bool(settings.encode_instance_type)}  # decided once: a settings change never strands a claimed job
+           # decided once: a settings change never strands a claimed job
+           "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder,
+           "pretrained": base.model_dump_json() if base else ""}
     return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
                                 names={"#s": "status", "#q": "queue", "#seq": "sequence"})
 
@@ -491,44 +378,72 @@ def _steps_target(job: dict[str, Any], stage: int, settings: TrainingSettings) -
     return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage + 1])
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What a claimed job's jobs read: its manifest's shards and exclusions, and its model parts."""
+
+    manifest_uri: str
+    exclusions_uri: str
+    pretrained_uri: str  # the base it was claimed with ("": none)
+    vae_uri: str = ""  # the lineage's VAE, once its autoencoder job has made one
+
+
+def _inputs(name: str, job: dict[str, Any], settings: TrainingSettings) -> _Inputs:
+    base = job.get("base", name)
+    return _Inputs(f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest",
+                   f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.json" if job.get("excludes") else "",
+                   PretrainedBase.model_validate_json(job["pretrained"]).uri if job.get("pretrained") else "")
+
+
 def _ensure_started(name: str, settings: TrainingSettings) -> None:
-    """CreateTrainingJob for a recorded job; an existing job of that name must be ours."""
+    """CreateTrainingJob for a recorded job, after the jobs it waits for (the lineage's autoencoder
+    job, its encode job); an existing job of that name must be ours."""
     job = aws.get_item(settings.table, records.job_pk(name))
     if job is None or job.get("status") not in ("Requested", "InProgress"):
         return
     stage = int(job.get("stage", 0))
-    base = job.get("base", name)
-    manifest_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest"
-    exclusions_uri = f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.json" if job.get("excludes") else ""
+    inputs = _inputs(name, job, settings)
+    if job.get("autoencoder"):
+        inputs = replace(inputs, vae_uri=autoencoder_job.vae_for(name, job, settings))
+        if not inputs.vae_uri:
+            _ensure_autoencoder(name, job, inputs, settings)
+            return
     if job.get("encode") and not job.get("latents"):
-        _ensure_encoding(name, job, manifest_uri, exclusions_uri, settings)
+        _ensure_encoding(name, job, inputs, settings)
         return
-    train_uri = job.get("latents") or manifest_uri
+    train_uri = job.get("latents") or inputs.manifest_uri
     request = training_job_request(name, train_uri, job["digest"], stage, _steps_target(job, stage, settings), settings,
-                                   exclusions_uri)
+                                   inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri)
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
-                                                   "latents": bool(job.get("latents"))})
+                                                   "latents": bool(job.get("latents")), "vae": inputs.vae_uri})
         return
     _check_ours(name, name, train_uri, settings)
 
 
-def _ensure_encoding(name: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str,
-                     settings: TrainingSettings) -> None:
+def _ensure_encoding(name: str, job: dict[str, Any], inputs: _Inputs, settings: TrainingSettings) -> None:
     """The training job's encode job runs (or has ended: then its end is handled now, in case its
     event was lost)."""
-    encode_name = encode_job_name(name)
-    aws.put_item_if_absent(settings.table, {
-        "pk": records.job_pk(encode_name), "kind": "job", "role": "encode", "for_job": name, "status": "Requested",
-        "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    stage = int(job.get("stage", 0))
-    if aws.create_training_job(encode_job_request(name, manifest_uri, job["digest"], stage, settings, exclusions_uri)):
-        logger.info("encode job started", extra={"job": encode_name, "stage": settings.stages[stage].name})
+    if encode_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri, inputs.vae_uri,
+                        settings):
         return
-    existing = _check_ours(encode_name, name, manifest_uri, settings)
-    encode_record = aws.get_item(settings.table, records.job_pk(encode_name)) or {}
-    if existing["TrainingJobStatus"] in {"Completed", "Failed", "Stopped"} and "settled" not in encode_record:
-        on_encode_finished(encode_record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
+    encode_name = encode_job_name(name)
+    existing = _check_ours(encode_name, name, inputs.manifest_uri, settings)
+    record = aws.get_item(settings.table, records.job_pk(encode_name)) or {}
+    if existing["TrainingJobStatus"] in ENDED and "settled" not in record:
+        on_encode_finished(record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
+
+
+def _ensure_autoencoder(name: str, job: dict[str, Any], inputs: _Inputs, settings: TrainingSettings) -> None:
+    """The lineage's autoencoder job runs for this job (or has ended: its end is handled now, in case
+    its event was lost)."""
+    if autoencoder_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri, settings):
+        return
+    ae_name = autoencoder_job_name(name)
+    existing = _check_ours(ae_name, name, inputs.manifest_uri, settings)
+    record = aws.get_item(settings.table, records.job_pk(ae_name)) or {}
+    if existing["TrainingJobStatus"] in ENDED and "settled" not in record:
+        on_autoencoder_finished(record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
 
 
 def _check_ours(name: str, training_job: str, expected_uri: str, settings: TrainingSettings) -> dict[str, Any]:

@@ -61,6 +61,8 @@ def arrange(name: str, event: dict, stack: Provisioned) -> None:
             s3.put_object(Bucket=sample["bucket"], Key=sample["key"], Body=b"image bytes of " + sample["key"].encode())
     elif name == "start_training_encode_completed":
         arrange_encoded(event, stack)
+    elif name == "start_training_autoencoder_completed":
+        arrange_autoencoded(event, stack)
     elif name.startswith("deploy_"):
         arrange_deploy(name, event, stack)
     elif name.startswith("import_"):
@@ -101,6 +103,34 @@ def arrange_encoded(event: dict, stack: Provisioned) -> None:
                          "running_job": job})
     boto3.client("s3").put_object(Bucket=models, Key=f"encoded/{job}/latents/0123456789abcdef-r256/shard-1.tar",
                                   Body=b"latent shard")
+
+
+def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
+    """The training job the lineage's autoencoder job ran for (claimed, holding the lineage, waiting for
+    the VAE), its manifest of one shard, and the autoencoder job as SageMaker describes it."""
+    from core import aws, records
+    from core.models import Manifest, ShardRef
+    from core.training import manifest_file
+    table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
+    autoencoder_job = event["detail"]["TrainingJobName"]
+    job = autoencoder_job.removesuffix("-ae")
+    manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
+        ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="a" * 64, samples=1, partners=("p",)),))
+    aws.write_object(data, f"manifests/{job}.json", manifest.model_dump_json().encode())
+    aws.write_object(data, f"manifests/{job}.manifest", json.dumps(manifest_file(manifest)).encode())
+    aws.put_item(table, {"pk": records.job_pk(job), "kind": "job", "status": "Requested", "manifest": f"manifests/{job}.json",
+                         "base": job, "stage": 0, "digest": manifest.digest, "lineage": "main", "encode": False,
+                         "autoencoder": True, "pretrained": "", "shards": ["shard-1"], "steps_base": 0})
+    aws.put_item(table, {"pk": records.job_pk(autoencoder_job), "kind": "job", "role": "autoencoder", "for_job": job,
+                         "status": "Requested", "lineage": "main"})
+    aws.put_item(table, {"pk": "LINEAGE#main", "kind": "lineage", "sequence": 1, "steps_done": 0, "queue": [],
+                         "running_job": job, "autoencoder": True})
+    boto3.client("sagemaker").create_training_job(  # moto completes it at once, its artefact where the event says
+        TrainingJobName=autoencoder_job, RoleArn=stack.outputs.get("SageMakerRoleArn", "arn:aws:iam::123456789012:role/r"),
+        AlgorithmSpecification={"TrainingImage": "atelier-trainer:latest", "TrainingInputMode": "FastFile"},
+        OutputDataConfig={"S3OutputPath": f"s3://{models}/autoencoder/"},
+        ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
+        StoppingCondition={"MaxRuntimeInSeconds": 60})
 
 
 def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
@@ -165,6 +195,9 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     # latent shards ready: the training job they were encoded for starts on them
     "start_training_encode_completed": lambda e: {"action": "encoded",
                                                   "job": e["detail"]["TrainingJobName"].removesuffix("-enc")},
+    # the lineage's VAE trained: the training job that waited for it starts, reading it as `vae`
+    "start_training_autoencoder_completed": lambda e: {"action": "autoencoded",
+                                                       "job": e["detail"]["TrainingJobName"].removesuffix("-ae")},
     # a candidate: its evaluation job starts
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
     # an eval-failed model evaluated again on an operator's request (`atelier evaluate`)

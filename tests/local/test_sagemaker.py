@@ -332,6 +332,36 @@ def test_manifest_channel_holds_exactly_the_listed_keys(sm: Any, s3: Any) -> Non
     assert model_files(s3, job)["channels"] == {"train": ["a.tar", "x/c.tar"]}
 
 
+def test_model_channels_hold_a_prefix_s_objects_at_their_paths_and_a_single_key_as_its_file(
+        sm: Any, s3: Any, service: LocalSageMaker) -> None:
+    # GIVEN a base (a prefix, beside a neighbour that shares its name's start) and an autoencoder's archive
+    put_shards(s3, "shards/a.tar")
+    base = {"model_index.json": b"{}", "vae/config.json": b'{"latent_channels": 4}',
+            "text_encoder/model.safetensors": b"weights"}
+    for name, body in base.items():
+        s3.put_object(Bucket="models", Key=f"bases/sd2/{name}", Body=body)
+    s3.put_object(Bucket="models", Key="bases/sd2-old/vae/config.json", Body=b"another base")
+    s3.put_object(Bucket="models", Key="autoencoder/j-ae/output/model.tar.gz", Body=b"gzip bytes")
+    request = training_request("model-channels")
+    request["InputDataConfig"] += [
+        {"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}}
+        for name, uri in (("pretrained", "s3://models/bases/sd2/"),
+                          ("vae", "s3://models/autoencoder/j-ae/output/model.tar.gz"))]
+
+    # WHEN the job runs
+    sm.create_training_job(**request)
+    job = wait_for_job(sm, "model-channels", "Completed", "Failed")
+
+    # THEN /opt/ml/input/data/pretrained is the base's tree and .../vae holds the one archive
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    assert model_files(s3, job)["channels"] == {"train": ["a.tar"], "pretrained": sorted(base),
+                                                "vae": ["model.tar.gz"]}
+    data = service.settings.state_dir / "jobs" / "model-channels" / "algo-1" / "opt_ml" / "input" / "data"
+    assert {name: (data / "pretrained" / name).read_bytes() for name in base} == base
+    assert (data / "vae" / "model.tar.gz").read_bytes() == b"gzip bytes"
+
+
 def test_empty_channel_fails_the_job(sm: Any, s3: Any) -> None:
     sm.create_training_job(**training_request("no-data", "s3://data/nothing-here/"))
 

@@ -298,3 +298,67 @@ def test_the_deploy_function_may_use_the_training_key_only_when_one_is_given() -
     statements = [st for policy in without["DeployFunctionRole"]["Properties"].get("Policies", [])
                   for st in policy["PolicyDocument"]["Statement"]]
     assert statements and not any("kms:CreateGrant" in json.dumps(st) for st in statements)
+
+
+# --- the base (PretrainedModelUri) ---------------------------------------------------------------
+
+BASE_URIS = ["s3://my-models/bases/sd2/", "s3://my-models/sd2/model.tar.gz", "s3://my-models/model.tar.gz",
+             "s3://my-models/bases/sd2", "s3://my-models/bases/sd2/weights.tar.gz", "s3://my-models/",
+             "s3://My_Models/sd2/", "s3://my-models/bases/*/", "s3://my-models/a b/", "s3://my-models/a//b/",
+             "https://my-models/sd2/", ""]
+
+
+@pytest.mark.parametrize("uri", BASE_URIS)
+def test_the_parameter_accepts_exactly_the_bases_the_settings_accept(uri: str) -> None:
+    from samtranslator.yaml_helper import yaml_parse
+
+    from core.pretrained import check_uri
+    pattern = yaml_parse((REPO / "template.yaml").read_text())["Parameters"]["PretrainedModelUri"]["AllowedPattern"]
+    try:
+        accepted = check_uri(uri) == uri
+    except ValueError:
+        accepted = uri == ""  # empty: no base
+
+    assert (re.fullmatch(pattern, uri) is not None) == accepted
+
+
+def s3_resources_outside_the_stack(resources: dict[str, dict[str, Any]], role: str) -> list[str]:
+    """S3 ARNs a role's policies name that are none of the template's buckets (which resolve to
+    `<Bucket>.Arn`, or to `arn:aws:s3:::<Bucket>` in SAM policy templates)."""
+    buckets = set(of_type(resources, "AWS::S3::Bucket"))
+    found = []
+    for policy in resources[role]["Properties"].get("Policies", []):
+        for statement in policy["PolicyDocument"]["Statement"]:
+            targets = statement.get("Resource", [])
+            found += [t for t in (targets if isinstance(targets, list) else [targets]) if str(t).startswith("arn:aws:s3:::")
+                      and str(t).removeprefix("arn:aws:s3:::").split("/")[0] not in buckets]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("role", ["StartTrainingFunctionRole", "SageMakerRole"])
+def test_the_function_and_sagemaker_may_read_the_base_only_when_one_is_given(role: str) -> None:
+    with_base = resolve(expand_with({"PretrainedModelUri": "s3://partner-models/bases/sd2/"}))
+
+    # GetObject under the base's prefix only; the bucket's listing (no s3:prefix condition can be built)
+    assert s3_resources_outside_the_stack(with_base, role) == ["arn:aws:s3:::partner-models",
+                                                               "arn:aws:s3:::partner-models/bases/sd2/*"]
+    assert role_actions_on(with_base, role, "arn:aws:s3:::partner-models/bases/sd2/*") == {"s3:GetObject", "s3:ListBucket"}
+    assert s3_resources_outside_the_stack(resolve(expand_with({})), role) == []
+
+
+def test_a_model_tar_gz_base_is_readable_as_that_key() -> None:
+    with_base = resolve(expand_with({"PretrainedModelUri": "s3://partner-models/sd2/model.tar.gz"}))
+
+    assert s3_resources_outside_the_stack(with_base, "SageMakerRole") == ["arn:aws:s3:::partner-models",
+                                                               "arn:aws:s3:::partner-models/sd2/model.tar.gz*"]
+
+
+def test_the_start_training_function_gets_the_base_and_the_autoencoder_settings(
+        resources: dict[str, dict[str, Any]]) -> None:
+    env = function_environments(resources)["StartTrainingFunction"]
+
+    assert {k: env[k] for k in ("TRAINING_PRETRAINED_MODEL_URI", "TRAINING_AUTOENCODER_INSTANCE_TYPE",
+                                "TRAINING_AUTOENCODER_HYPERPARAMETERS", "TRAINING_EVAL_DATA_URI")} == {
+        "TRAINING_PRETRAINED_MODEL_URI": "", "TRAINING_AUTOENCODER_INSTANCE_TYPE": "ml.g5.2xlarge",
+        "TRAINING_AUTOENCODER_HYPERPARAMETERS": '{"steps": "20000", "batch-size": "32", "learning-rate": "0.0001"}',
+        "TRAINING_EVAL_DATA_URI": "s3://DataBucket/eval/"}

@@ -16,8 +16,8 @@ from botocore.validate import validate_parameters
 
 from core.models import Manifest, ShardRef, ShardSealed
 from core.settings import Stage, TrainingSettings
-from core.training import (METRIC_DEFINITIONS, job_name_for, manifest_file, manifest_from, replay_shards,
-                           stage_hyperparameters, training_job_request)
+from core.job_requests import METRIC_DEFINITIONS, stage_hyperparameters
+from core.training import job_name_for, manifest_file, manifest_from, replay_shards, training_job_request
 
 DATA = "atelier-data-123456789012-us-east-1"
 MODELS = "atelier-models-123456789012-us-east-1"
@@ -443,5 +443,5 @@ def test_other_trainer_lines_give_no_metric(line: str) -> None:
 def test_the_job_request_parses_exactly_the_metrics_the_trainer_logs() -> None:
     from trainer.health import METRIC_DEFINITIONS as TRAINER_METRICS
 
-    from core.training import METRIC_DEFINITIONS
+    from core.job_requests import METRIC_DEFINITIONS
     assert METRIC_DEFINITIONS == TRAINER_METRICS
