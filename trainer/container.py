@@ -9,7 +9,8 @@ trainer wrote there itself is kept) and the exit status is 1. With the hyperpara
 (absent or `train`: training), `train` runs trainer.evaluate instead, in this process, with the other
 hyperparameters as its arguments: a SageMaker training job that scores a candidate model and writes
 <root>/model/evaluation.json. With `task=encode`, trainer.encode turns the `train` channel's image
-shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig uploads them to S3). `serve` answers /ping and /invocations with the pipeline in <root>/model.
+shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig uploads them to S3). With
+`task=autoencoder`, trainer.autoencoder trains the lineage's VAE from scratch into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 <root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
 With several hosts, $ATELIER_MASTER_ADDR and $ATELIER_MASTER_PORT, when set, replace the first host's
@@ -28,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from trainer import encode, evaluate, serve, train
+from trainer import autoencoder, encode, evaluate, serve, train
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
-TASKS = ("train", "evaluate", "encode")  # the `task` hyperparameter
+TASKS = ("train", "evaluate", "encode", "autoencoder")  # the `task` hyperparameter
 
 
 def opt_ml() -> Path:
@@ -65,7 +66,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
 
 
 def job_task(root: Path) -> str:
-    """The `task` hyperparameter: `train` (also when absent), `evaluate` or `encode`."""
+    """The `task` hyperparameter: `train` (also when absent), `evaluate`, `encode` or `autoencoder`."""
     task = read_json(root / "input" / "config" / "hyperparameters.json", {}).get("task", "train")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: the hyperparameter `task` is one of {', '.join(TASKS)}")
@@ -132,6 +133,8 @@ def run_job(root: Path) -> None:
     elif task == "encode":  # latent shards go where CheckpointConfig uploads them (trainer/encode.py)
         argv = ["--output-dir", str(root / "checkpoints" / "latents"), *hyperparameter_argv(root)]
         encode.main(parse_quietly(encode.parse_args, argv))
+    elif task == "autoencoder":
+        autoencoder.main(parse_quietly(autoencoder.parse_args, training_argv(root)))
     else:
         run_training(root)
 

@@ -261,7 +261,7 @@ def main(args: argparse.Namespace) -> dict:
     processes = distributed.setup()
     if processes.world_size > 1:
         raise ValueError("trainer.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
-    models = load_models(args.model_config, args.pretrained, args.seed)
+    models = load_models(args.model_config, args.pretrained, args.seed, args.vae)
     identity = models_identity(models)
     models.frozen_to(processes.device)
     resolution = args.resolution or models.default_resolution
@@ -286,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", required=True, help="latent shards go to <output-dir>/<identity>-r<resolution>/")
     parser.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/, as the training job's")
     parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")
+    parser.add_argument("--vae", default=None, help="an AutoencoderKL directory, channel or model.tar.gz, as the training job's")
     parser.add_argument("--seed", type=int, default=0, help="random init of a preset (the training job's seed)")
     parser.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
     parser.add_argument("--aspect-buckets", type=boolean, default=True, help="as the training job's")

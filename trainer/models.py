@@ -14,7 +14,8 @@ import json
 import os
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ class Models:
     tokenizers: list
     unet: UNet2DConditionModel
     noise_scheduler: DDPMScheduler
+    sources: dict[str, str] = field(default_factory=dict)  # component -> where it came from (the run's record)
 
     @property
     def sdxl(self) -> bool:
@@ -88,14 +90,88 @@ def vae_encoder_eager(models: Models) -> None:
     models.vae.encoder._compiled_call_impl = None  # what nn.Module.compile set; None is nn.Module's own default
 
 
-def load_models(model_config: str, pretrained: str | None, seed: int) -> Models:
-    """A pretrained pipeline directory (or channel) when given, else a preset built from scratch with `seed`."""
-    models = from_pretrained(resolve_pretrained(pretrained)) if pretrained else from_preset(model_config, seed)
+class BaseModelError(ValueError):
+    """A `--pretrained` base or `--vae` that cannot be used: missing, malformed or not matching the rest."""
+
+
+COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "unet", "scheduler")
+
+
+def load_models(model_config: str, pretrained: str | None, seed: int, vae: str | None = None,
+                init_unet: str | None = None) -> Models:
+    """The run's models: each component from `pretrained` (a pipeline, or some of its subfolders) where
+    it has one, the VAE from `vae` when given, the rest built from the preset `model_config` with `seed`.
+
+    `init_unet`: `pretrained` fine-tunes the base's UNet, `random` trains one from scratch on the base's
+    frozen parts (how a licensed-only model is trained); the default takes the base's UNet if it has one.
+    Everything is checked to fit together before any data is read: a bad base fails the job at start.
+    """
+    base = resolve_pretrained(pretrained) if pretrained else None
+    found = set(base_components(base)) if base else set()
+    if init_unet == "pretrained" and "unet" not in found:
+        raise BaseModelError(f"--init-unet pretrained, but the base {pretrained} has no unet/ to fine-tune")
+    from_base = {name for name in found if name != "unet" or init_unet != "random"}
+    if vae:
+        from_base.add("vae")  # given separately: the preset's is never built
+    models = from_preset(model_config, seed, skip=from_base)
+    if "vae" in found and not vae:
+        models.vae = AutoencoderKL.from_pretrained(base, subfolder="vae")
+    if "unet" in from_base:
+        models.unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet")
+    if "scheduler" in found:  # whatever sampler the pipeline ships with, training adds noise the DDPM way
+        models.noise_scheduler = DDPMScheduler.from_pretrained(base, subfolder="scheduler")
+    if "text_encoder" in found:
+        models.text_encoders, models.tokenizers = _text_parts(base, found)
+    if vae:
+        models.vae = load_vae(vae)
+    check_compatible(models, pretrained or model_config)
+    models.sources = {
+        "vae": f"--vae {vae}" if vae else f"--pretrained {pretrained}" if "vae" in found else f"{model_config} (random)",
+        "text_encoder": f"--pretrained {pretrained}" if "text_encoder" in found else f"{model_config} (random)",
+        "unet": f"--pretrained {pretrained}" if "unet" in from_base else f"{model_config} (random)",
+        "scheduler": f"--pretrained {pretrained}" if "scheduler" in found else model_config,
+    }
     for frozen in (models.vae, *models.text_encoders):
         frozen.requires_grad_(False)
         frozen.eval()
     models.unet.train()
     return models
+
+
+def _text_parts(base: Path, found: set[str]) -> tuple[list, list]:
+    """The base's text encoder(s) and their tokenizer(s): an encoder never comes without its tokenizer."""
+    encoders, tokenizers = [], []
+    for encoder, tokenizer, model_class in (("text_encoder", "tokenizer", CLIPTextModel),
+                                            ("text_encoder_2", "tokenizer_2", CLIPTextModelWithProjection)):
+        if encoder not in found:
+            continue
+        if tokenizer not in found:
+            raise BaseModelError(f"the base {base} has {encoder}/ but no {tokenizer}/: its token ids are unknown")
+        encoders.append(model_class.from_pretrained(base, subfolder=encoder))
+        tokenizers.append(AutoTokenizer.from_pretrained(base, subfolder=tokenizer))
+    return encoders, tokenizers
+
+
+def base_components(path: Path) -> list[str]:
+    """The pipeline components a base directory holds (a subfolder with a config or tokenizer files)."""
+    return [name for name in COMPONENTS if (path / name).is_dir()
+            and any((path / name / marker).is_file() for marker in
+                    ("config.json", "scheduler_config.json", "tokenizer_config.json", "vocab.json"))]
+
+
+def check_compatible(models: Models, source: str) -> None:
+    """The parts fit: the UNet reads the VAE's latents and the text encoders' context."""
+    latent_channels = models.vae.config.latent_channels
+    if models.unet.config.in_channels != latent_channels:
+        raise BaseModelError(f"the UNet takes {models.unet.config.in_channels} latent channels but the VAE makes "
+                             f"{latent_channels} ({source}): use a UNet built for this VAE (--init-unet random with "
+                             f"a --model-config whose unet in_channels is {latent_channels})")
+    context = sum(encoder.config.hidden_size for encoder in models.text_encoders) if models.sdxl \
+        else models.text_encoders[0].config.hidden_size
+    if models.unet.config.cross_attention_dim != context:
+        raise BaseModelError(f"the UNet attends to a context of {models.unet.config.cross_attention_dim} but the text "
+                             f"encoder gives {context} ({source}): pick a --model-config whose unet "
+                             f"cross_attention_dim is {context}")
 
 
 def read_preset(name: str) -> dict:
@@ -107,13 +183,14 @@ def read_preset(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def from_preset(name: str, seed: int) -> Models:
-    """Fresh weights for the preset's architecture; the same seed gives the same weights."""
+def from_preset(name: str, seed: int, skip: Collection[str] = ()) -> Models:
+    """Fresh weights for the preset's architecture; the same seed gives the same weights. Components
+    named in `skip` (the ones a base brings) are not built and are None until the caller fills them."""
     preset = read_preset(name)
     torch.manual_seed(seed)
     tokenizers, text_encoders = [], []
     for key, model_class in (("text_encoder", CLIPTextModel), ("text_encoder_2", CLIPTextModelWithProjection)):
-        if key not in preset:
+        if key not in preset or "text_encoder" in skip:
             continue
         tokenizer = build_tokenizer()
         text_config = CLIPTextConfig(
@@ -126,45 +203,60 @@ def from_preset(name: str, seed: int) -> Models:
         tokenizers.append(tokenizer)
         text_encoders.append(model_class(text_config))
     return Models(
-        vae=AutoencoderKL(**preset["vae"]),
+        vae=None if "vae" in skip else AutoencoderKL(**preset["vae"]),
         text_encoders=text_encoders,
         tokenizers=tokenizers,
-        unet=UNet2DConditionModel(**preset["unet"]),
+        unet=None if "unet" in skip else UNet2DConditionModel(**preset["unet"]),
         noise_scheduler=DDPMScheduler(**preset["scheduler"]),
     )
 
 
-def resolve_pretrained(value: str) -> Path:
-    """A pipeline directory from `--pretrained`: a local path, or the name of a SageMaker channel.
-
-    A channel that holds a previous job's `model.tar.gz` instead of a directory is unpacked first.
-    """
+def channel_path(value: str) -> Path:
+    """A local path, or the directory of the SageMaker channel of that name; a `model.tar.gz` in it unpacked."""
     path = Path(value)
     if not path.exists() and os.environ.get(f"SM_CHANNEL_{value.upper()}"):
         path = Path(os.environ[f"SM_CHANNEL_{value.upper()}"])
-    if (path / "model.tar.gz").is_file() and not (path / "model_index.json").is_file():
-        unpacked = Path(tempfile.mkdtemp(prefix="atelier-pretrained-"))
-        with tarfile.open(path / "model.tar.gz") as archive:
-            archive.extractall(unpacked, filter="data")
+    archive = path if path.is_file() else path / "model.tar.gz"
+    if archive.is_file() and archive.name.endswith(".tar.gz"):
+        unpacked = Path(tempfile.mkdtemp(prefix="atelier-base-"))
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(unpacked, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as error:
+            raise BaseModelError(f"{value}: {archive.name} cannot be unpacked ({error})") from None
         path = unpacked
-    if not (path / "model_index.json").is_file():
-        raise ValueError(f"--pretrained {value} is not a diffusers pipeline directory or channel (no model_index.json)")
+    if not path.is_dir():
+        raise BaseModelError(f"{value} is neither a directory nor a channel (no SM_CHANNEL_{value.upper()})")
     return path
 
 
+def resolve_pretrained(value: str) -> Path:
+    """A base directory from `--pretrained`: a diffusers pipeline, or some of its component subfolders."""
+    path = channel_path(value)
+    if not base_components(path):
+        raise BaseModelError(f"--pretrained {value} is not a diffusers pipeline directory or channel (no "
+                             f"{', '.join(COMPONENTS)} subfolder with a config)")
+    return path
+
+
+def load_vae(value: str) -> AutoencoderKL:
+    """The VAE from `--vae`: an AutoencoderKL directory (the autoencoder job's model), or a pipeline's `vae/`."""
+    path = channel_path(value)
+    folder = path / "vae" if (path / "vae" / "config.json").is_file() else path
+    try:
+        return AutoencoderKL.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as error:
+        raise BaseModelError(f"--vae {value} holds no diffusers AutoencoderKL ({type(error).__name__}: {error})") from None
+
+
 def from_pretrained(path: Path) -> Models:
-    """The components of a diffusers pipeline saved at `path` (a local directory, never a hub id)."""
-    text_encoders = [CLIPTextModel.from_pretrained(path, subfolder="text_encoder")]
-    tokenizers = [AutoTokenizer.from_pretrained(path, subfolder="tokenizer")]
-    if (path / "text_encoder_2").is_dir():
-        text_encoders.append(CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2"))
-        tokenizers.append(AutoTokenizer.from_pretrained(path, subfolder="tokenizer_2"))
+    """The components of a whole diffusers pipeline saved at `path` (a local directory, never a hub id)."""
+    text_encoders, tokenizers = _text_parts(path, set(base_components(path)))
     return Models(
         vae=AutoencoderKL.from_pretrained(path, subfolder="vae"),
         text_encoders=text_encoders,
         tokenizers=tokenizers,
         unet=UNet2DConditionModel.from_pretrained(path, subfolder="unet"),
-        # Whatever sampler the pipeline ships with, training adds noise the DDPM way.
         noise_scheduler=DDPMScheduler.from_pretrained(path, subfolder="scheduler"),
     )
 

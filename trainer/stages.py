@@ -9,16 +9,19 @@ A run config is `configs/runs/<name>.json` (or a path to such a file):
 Without one, `--steps`, `--batch-size`, `--resolution` and `--learning-rate` make a single stage.
 Steps are counted over the whole run (1-based): the stage of a step, its learning rate and its data
 are pure functions of the step, so a resumed job lands in the right stage with nothing else saved.
-The learning rate warms up linearly over a stage's first `warmup_steps`, then stays constant.
+The learning rate warms up linearly over a stage's first `warmup_steps`, then stays constant, or,
+with `final_lr_fraction` below 1, follows a cosine from there down to that fraction of itself at the
+stage's last step (what a from-scratch run wants: the weights settle instead of wandering at full rate).
 """
 
 import bisect
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 RUNS_DIR = Path(__file__).resolve().parent / "configs" / "runs"
-STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps"}
+STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps", "final_lr_fraction"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Stage:
     learning_rate: float
     steps: int
     warmup_steps: int = 0
+    final_lr_fraction: float = 1.0  # 1: constant after warm-up; below 1: a cosine down to this share
     first_step: int = 1  # the run's step number of this stage's first step
 
 
@@ -46,6 +50,8 @@ class RunPlan:
             stage = Stage(**fields, first_step=first)
             if min(stage.resolution, stage.batch_size, stage.steps) <= 0 or stage.learning_rate <= 0:
                 raise ValueError(f"stage {number}: resolution, batch_size, steps and learning_rate must be positive")
+            if not 0 < stage.final_lr_fraction <= 1:
+                raise ValueError(f"stage {number}: final_lr_fraction must lie in (0, 1], got {stage.final_lr_fraction}")
             self.stages.append(stage)
             first += stage.steps
         self.total_steps = first - 1
@@ -59,16 +65,22 @@ class RunPlan:
         return self.stages[self.stage_index(step)]
 
     def learning_rate(self, step: int) -> float:
-        """The learning rate of `step`: the stage's, ramped up over its warm-up steps."""
+        """The learning rate of `step`: the stage's, ramped up over its warm-up steps, then maybe a cosine down."""
         stage = self.stage(step)
-        if stage.warmup_steps <= 0:
+        done = step - stage.first_step + 1  # steps of this stage so far, this one included
+        if done < stage.warmup_steps:
+            return stage.learning_rate * done / stage.warmup_steps
+        if stage.final_lr_fraction >= 1 or stage.steps <= stage.warmup_steps:
             return stage.learning_rate
-        return stage.learning_rate * min(1.0, (step - stage.first_step + 1) / stage.warmup_steps)
+        progress = (done - stage.warmup_steps) / (stage.steps - stage.warmup_steps)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return stage.learning_rate * (stage.final_lr_fraction + (1 - stage.final_lr_fraction) * cosine)
 
     def describe(self) -> list[dict]:
         return [
             {"stage": number, "first_step": s.first_step, "steps": s.steps, "resolution": s.resolution,
-             "batch_size": s.batch_size, "learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps}
+             "batch_size": s.batch_size, "learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps,
+             "final_lr_fraction": s.final_lr_fraction}
             for number, s in enumerate(self.stages)
         ]
 
@@ -83,7 +95,8 @@ def read_run_config(name: str) -> dict:
 
 
 def plan_from_args(run_config: str | None, steps: int | None, batch_size: int | None, resolution: int | None,
-                   learning_rate: float | None, warmup_steps: int, default_resolution: int) -> RunPlan:
+                   learning_rate: float | None, warmup_steps: int, default_resolution: int,
+                   final_lr_fraction: float = 1.0) -> RunPlan:
     """The run's stages: the run config's, or one stage from the single-stage arguments."""
     if run_config:
         given = [name for name, value in (("steps", steps), ("batch-size", batch_size), ("resolution", resolution),
@@ -97,4 +110,5 @@ def plan_from_args(run_config: str | None, steps: int | None, batch_size: int | 
         "learning_rate": learning_rate or 1e-4,
         "steps": 1000 if steps is None else steps,
         "warmup_steps": warmup_steps,
+        "final_lr_fraction": final_lr_fraction,
     }])

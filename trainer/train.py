@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from diffusers import UNet2DConditionModel
+from diffusers import DDPMScheduler, UNet2DConditionModel
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -127,6 +127,16 @@ def progress_and_eta(step: int, total: int, window_steps: int, window_s: float) 
             "eta_s": round((total - step) / rate, 1) if rate else None}
 
 
+def zero_terminal_snr(scheduler: DDPMScheduler) -> DDPMScheduler:
+    """The schedule rescaled so its last timestep is pure noise, sampled from the last timestep
+    (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps are Flawed"): otherwise
+    training always leaks the picture's mean colour at t = T and sampling, which starts from pure
+    noise, cannot choose it from the prompt. Needs v-prediction (epsilon is undefined at SNR 0)."""
+    if scheduler.config.prediction_type != "v_prediction":
+        raise ValueError("--zero-terminal-snr needs --prediction-type v_prediction (epsilon is undefined at SNR 0)")
+    return DDPMScheduler.from_config(scheduler.config, rescale_betas_zero_snr=True, timestep_spacing="trailing")
+
+
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """A plain tensor (FSDP returns the gradient norm as a replicated DTensor)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
@@ -144,13 +154,15 @@ def main(args: argparse.Namespace) -> dict:
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
     # models: the same initial weights on every rank
-    models = load_models(args.model_config, args.pretrained, args.seed)
+    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet)
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
     if args.prediction_type:
         models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
+    if args.zero_terminal_snr:
+        models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
-                          args.lr_warmup_steps, models.default_resolution)
+                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction)
     models.frozen_to(device)
     unet = models.unet.to(device)
     if args.channels_last:
@@ -258,7 +270,7 @@ def main(args: argparse.Namespace) -> dict:
 
     # save: the pipeline with the EMA (or trained) weights, and the run's record
     weights = weights_to_sample(unet, ema, use_ema=args.final_weights == "ema")
-    record = {"args": vars(args), "steps": step, "final_loss": loss_history[-1][1] if loss_history else None,
+    record = {"args": vars(args), "steps": step, "components": models.sources, "final_loss": loss_history[-1][1] if loss_history else None,
               "history": history,
               "stages": plan.describe(), "weights": "ema" if ema is not None and args.final_weights == "ema" else "trained",
               "skipped_steps": progress["skipped_steps"], "corrupt_samples": sorted(distributed.union(corrupt)),
@@ -266,7 +278,10 @@ def main(args: argparse.Namespace) -> dict:
     if rank == 0:
         model_dir = Path(args.model_dir)
         models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
-        build_pipeline(models, sampling_unet(models, weights, torch.device("cpu"))).save_pretrained(model_dir)
+        final_unet = sampling_unet(models, weights, torch.device("cpu"))
+        # the pipeline's default image size (unet.config.sample_size) is the one the run ended at
+        final_unet.register_to_config(sample_size=plan.stages[-1].resolution // models.vae_scale_factor)
+        build_pipeline(models, final_unet).save_pretrained(model_dir)
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
         draw_loss_curve(loss_history, health_dir / "loss.png")
         write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it
@@ -303,9 +318,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             "read (default $SM_CHANNEL_MANIFEST)")
     model = parser.add_argument_group("model")
     model.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/ (without .json)")
-    model.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory, or a channel name, to start from")
+    model.add_argument("--pretrained", default=None,
+                       help="a diffusers pipeline, or some of its subfolders (vae, text_encoder + tokenizer, scheduler, "
+                            "unet): a directory, a channel name or a model.tar.gz; what it lacks comes from --model-config")
+    model.add_argument("--vae", default=None,
+                       help="an AutoencoderKL (the autoencoder job's model: a directory, channel or model.tar.gz); "
+                            "replaces the base's")
+    model.add_argument("--init-unet", default=None, choices=["pretrained", "random"],
+                       help="fine-tune the base's UNet, or train one from scratch on its frozen parts "
+                            "(default: the base's UNet when it has one)")
     model.add_argument("--prediction-type", default=None, choices=["epsilon", "v_prediction"],
                        help="the UNet's target (default: the scheduler's)")
+    model.add_argument("--zero-terminal-snr", type=boolean, default=False,
+                       help="rescale the noise schedule to reach pure noise at its last step (needs v_prediction)")
     model.add_argument("--noise-offset", type=float, default=0.0, help="offset noise strength (0: off; 0.05 is common)")
     model.add_argument("--snr-gamma", type=float, default=None, help="min-SNR loss weighting with this gamma (5 is common; default off)")
     model.add_argument("--ema-decay", type=float, default=0.9999, help="EMA of the UNet weights (0: no EMA)")
@@ -317,6 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
     run.add_argument("--learning-rate", type=float, default=None, help="AdamW's, after warm-up (default 1e-4)")
     run.add_argument("--lr-warmup-steps", type=int, default=0, help="linear warm-up of a single-stage run")
+    run.add_argument("--lr-final-fraction", type=float, default=1.0,
+                     help="below 1: a cosine from the warm-up's end down to this share of the rate (single stage)")
     run.add_argument("--gradient-accumulation", type=int, default=1, help="micro-batches per optimizer step")
     run.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (inf: measure only)")
     run.add_argument("--seed", type=int, default=0, help="model init, data order, noise")
