@@ -2,6 +2,11 @@
 
 The demo and the tests need real images with real captions and no download; coloured shapes on
 coloured grounds give a text-to-image model something it can learn in a few CPU minutes.
+
+`procedural_catalog` is the demo's: every shape x colour x background, with captions built from the
+attributes ("a red circle on a blue background"), except the combinations in `UNSEEN`, which only
+the demo's prompts name, so the prompt match rate (atelier/prompt_match.py) measures composition,
+not recall.
 """
 
 from __future__ import annotations
@@ -78,3 +83,37 @@ def write_catalog(items: list[CatalogItem], folder: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(item.image)
         (folder / item.sidecar_name).write_text(json.dumps(item.sidecar))
+
+
+# (shape, colour, background) never uploaded for training: the demo asks for them all the same.
+UNSEEN = (("square", "red", "blue"), ("circle", "green", "black"), ("triangle", "yellow", "blue"),
+          ("circle", "white", "red"), ("square", "blue", "yellow"), ("triangle", "black", "white"))
+
+
+def caption_of(shape: str, colour: str, ground: str) -> str:
+    return f"a {colour} {shape} on a {ground} background"
+
+
+def training_combinations() -> list[tuple[str, str, str]]:
+    """Every (shape, colour, background) a training picture shows: all but UNSEEN."""
+    return [(shape, colour, ground) for shape in SHAPES for colour in sorted(COLOURS) for ground in sorted(COLOURS)
+            if colour != ground and (shape, colour, ground) not in UNSEEN]
+
+
+def procedural_catalog(variants: int, size: int = 64, seed: int = 0) -> list[CatalogItem]:
+    """`variants` pictures of every (shape, colour, background) outside UNSEEN, each a little moved and
+    resized, in a shuffled order; PNG (lossless: the colours are the captions' exactly)."""
+    rng = random.Random(seed)
+    work = [(combo, variant) for combo in training_combinations() for variant in range(variants)]
+    rng.shuffle(work)
+    items = []
+    for index, ((shape, colour, ground), variant) in enumerate(work):
+        image = picture(shape, colour, ground, size=size, jitter=rng)
+        shift = size // 16
+        image = image.rotate(0, translate=(rng.randint(-shift, shift), rng.randint(-shift, shift)), fillcolor=COLOURS[ground])
+        items.append(CatalogItem(
+            name=f"procedural/{index:05d} {colour} {shape} on {ground} {variant}.png",
+            image=encode(image, "png"),
+            sidecar={"caption": caption_of(shape, colour, ground), "license": LICENSE, "source": "atelier procedural catalog"},
+        ))
+    return items

@@ -79,7 +79,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except DemoFailed as exc:
         errors.print(f"[bold red]demo failed[/]: {exc}")
         return 1
-    print(json.dumps(result))  # with or without --json: scripts and bench/demo.py read this line
+    for line in result:  # with or without --json: one JSON line per figure, as bench/ prints them
+        print(json.dumps(line))
     return 0
 
 
@@ -175,7 +176,7 @@ def model_line(model: dict) -> str:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     endpoint = args.endpoint or client.stack_outputs(args.stack)["EndpointName"]
-    image = client.generate(endpoint, args.prompt, seed=args.seed, steps=args.steps)
+    image = client.generate(endpoint, args.prompt, seed=args.seed, steps=args.steps, guidance=args.guidance)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_bytes(image)
     console.print(f"{args.prompt!r} -> {args.output} ({len(image)} bytes)")
@@ -202,7 +203,7 @@ def parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="upload -> shards -> training -> endpoint -> image, on the local stack",
                                parents=[output_flags()])
-    demo.add_argument("--images", type=int, default=16)
+    demo.add_argument("--images", type=int, default=252, help="training pictures of the procedural catalogue (three per combination)")
     demo.add_argument("--output", type=Path, default=REPO / "demo-output" / "image.png")
     demo.add_argument("--stage-timeout", type=float, default=600.0, help="seconds a stage may take")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
@@ -236,11 +237,13 @@ def parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
 
     generate = commands.add_parser("generate", help="draw an image with the deployed endpoint")
-    generate.add_argument("prompt")
-    generate.add_argument("-o", "--output", type=Path, required=True)
-    generate.add_argument("--endpoint")
-    generate.add_argument("--seed", type=int, default=0)
-    generate.add_argument("--steps", type=int, default=20)
+    generate.add_argument("prompt", help="what to draw")
+    generate.add_argument("-o", "--output", type=Path, required=True, help="where the PNG goes")
+    generate.add_argument("--endpoint", help="endpoint name (default: the stack's)")
+    generate.add_argument("--seed", type=int, default=0, help="the starting noise")
+    generate.add_argument("--steps", type=int, default=20, help="sampling steps")
+    generate.add_argument("--guidance", type=float, default=None,
+                          help="classifier-free guidance scale (default: the server's, 5); the demo's model: 2")
     generate.set_defaults(func=cmd_generate)
 
     # Each area's commands live in their own module; each adds its subcommands here.

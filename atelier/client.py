@@ -171,8 +171,12 @@ def models_of(jobs: set[str]) -> dict[str, list[str]]:
 
 # --- generate -----------------------------------------------------------------------------------
 
-def generate(endpoint: str, prompt: str, seed: int, steps: int) -> bytes:
-    body = json.dumps({"prompt": prompt, "seed": seed, "num_inference_steps": steps})
+def generate(endpoint: str, prompt: str, seed: int, steps: int, guidance: float | None = None) -> bytes:
+    """A PNG from the endpoint; `guidance` None leaves the server's default (trainer/serve.py)."""
+    request = {"prompt": prompt, "seed": seed, "num_inference_steps": steps}
+    if guidance is not None:
+        request["guidance_scale"] = guidance
+    body = json.dumps(request)
     try:
         response = boto3.client("sagemaker-runtime").invoke_endpoint(
             EndpointName=endpoint, ContentType="application/json", Accept="image/png", Body=body)

@@ -1,7 +1,8 @@
-"""Benchmark `demo.upload_to_image_s`: a fresh local stack, the demo catalog uploaded, time until
-the endpoint has drawn the image. Prints one JSON line.
+"""Benchmark `demo.upload_to_image_s` and `demo.prompt_match_rate`: a fresh local stack, the demo
+catalogue uploaded, the time until the endpoint has drawn the image, and the share of the demo's
+prompts whose pictures show the prompt's colours. Prints one JSON line per figure.
 
-    .venv/bin/python bench/demo.py [--images 16]
+    .venv/bin/python bench/demo.py [--images 168]
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--images", type=int, default=DemoOptions.images)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as state:
-        result = run_demo(DemoOptions(root=REPO, state_dir=Path(state), output=Path(state) / "image.png",
-                                      images=args.images))
-    result["config"] = {"images": args.images, "jobs": len([j for j in result["config"]["jobs"] if j["role"] == "train"])}
-    result["machine"] = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "gpu": None}
-    result["versions"] = {p: version(p) for p in ("torch", "diffusers", "moto", "aws-lambda-powertools")}
-    print(json.dumps(result))
+        lines = run_demo(DemoOptions(root=REPO, state_dir=Path(state), output=Path(state) / "image.png",
+                                     images=args.images))
+    lines[0]["config"] = {"images": args.images, "jobs": len([j for j in lines[0]["config"]["jobs"] if j["role"] == "train"])}
+    for line in lines:
+        line["machine"] = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "gpu": None}
+        line["versions"] = {p: version(p) for p in ("torch", "diffusers", "moto", "aws-lambda-powertools")}
+        print(json.dumps(line))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The whole chain on the local stack: upload -> ingest -> pack -> training -> deploy -> image.
+"""The whole chain on the local stack: upload -> ingest -> pack -> autoencoder -> encode -> training
+-> deploy -> image, with the demo's defaults (the procedural catalogue, samconfig.toml [local]).
 
 One stack, one run (training is the slow part); each test reads one stage's outcome from it.
 """
@@ -17,13 +18,14 @@ import pytest
 from PIL import Image
 
 from atelier import client
-from atelier.catalog import make_catalog
-from atelier.demo import DemoOptions, drive
+from atelier.catalog import procedural_catalog
+from atelier.demo import DEMO_PROMPTS, GUIDANCE, DemoOptions, drive
+from atelier.prompt_match import match_rate
 from atelier.local.stack import LocalStack, StackOptions
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-IMAGES = 16
+IMAGES = DemoOptions.images  # the demo's own run
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,9 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     output = state / "image.png"
     options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)
     with LocalStack(options) as stack:
-        result = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES,
-                                          stage_timeout_s=420))
-        yield stack, result, output
+        lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES,
+                                         stage_timeout_s=420))
+        yield stack, lines, output
 
 
 @pytest.fixture(autouse=True)
@@ -62,18 +64,18 @@ def test_shards_hold_exactly_the_uploaded_images_once(chain: Any) -> None:
             names = tar.getnames()
             images += [tar.extractfile(n).read() for n in names if n.rsplit(".", 1)[1] in {"png", "jpg", "webp"}]
             assert len(names) == 3 * (len(names) // 3)
-    assert sorted(images) == sorted(item.image for item in make_catalog(IMAGES))
+    assert sorted(images) == sorted(item.image for item in procedural_catalog(3)[:IMAGES])
 
 
 def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(chain: Any) -> None:
-    stack, result, _ = chain
+    stack, _, _ = chain
     sagemaker = boto3.client("sagemaker")
     every = sagemaker.list_training_jobs()["TrainingJobSummaries"]
-    jobs = [j for j in every if not j["TrainingJobName"].endswith(("-eval", "-enc"))]
-    # one training job, the encode job before it (samconfig [local]) and the deploy gate's evaluation
+    jobs = [j for j in every if not j["TrainingJobName"].endswith(("-eval", "-enc", "-ae"))]
+    # one training job, the autoencoder and encode jobs before it (samconfig [local]) and the gate's evaluation
     assert [j["TrainingJobStatus"] for j in jobs] == ["Completed"]
     name = jobs[0]["TrainingJobName"]
-    assert sorted(j["TrainingJobName"] for j in every) == sorted([name, f"{name}-enc", f"{name}-eval"])
+    assert sorted(j["TrainingJobName"] for j in every) == sorted([name, f"{name}-ae", f"{name}-enc", f"{name}-eval"])
     assert sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")["TrainingJobStatus"] == "Completed"
     job = sagemaker.describe_training_job(TrainingJobName=name)
     encode = sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")
@@ -103,8 +105,56 @@ def _members(uri: str) -> list[str]:
         return tar.getnames()
 
 
+def test_the_autoencoder_job_trained_the_vae_every_later_job_used(chain: Any) -> None:
+    stack, _, _ = chain
+    sagemaker = boto3.client("sagemaker")
+    name = next(j["TrainingJobName"] for j in sagemaker.list_training_jobs()["TrainingJobSummaries"]
+                if j["TrainingJobName"].endswith("-ae"))
+    vae = sagemaker.describe_training_job(TrainingJobName=name)["ModelArtifacts"]["S3ModelArtifacts"]
+    training = name.removesuffix("-ae")
+    for job in (f"{training}-enc", training):
+        request = sagemaker.describe_training_job(TrainingJobName=job)
+        channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
+        assert channels["vae"] == vae and request["HyperParameters"]["vae"] == "vae"
+    bucket, key = vae.removeprefix("s3://").split("/", 1)
+    with tarfile.open(fileobj=io.BytesIO(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())) as tar:
+        record = json.load(tar.extractfile("autoencoder.json"))
+    # reconstructions of held-out pictures beat the untrained VAE's and an all-zeros guess by far
+    assert record["held_out"] and record["psnr_db"] >= 20 and record["psnr_db"] > record["psnr_db_initial"] + 8
+    assert record["psnr_db"] > record["psnr_db_zeros"] + 8
+
+
+def test_the_model_draws_the_prompts_colours_and_an_untrained_one_does_not(chain: Any, tmp_path: Path) -> None:
+    stack, lines, output = chain
+    rate = next(line for line in lines if line["metric"] == "demo.prompt_match_rate")
+    assert rate["unit"] == "share" and rate["config"]["prompts"] == len(DEMO_PROMPTS) >= 8
+    assert rate["value"] >= 0.8, rate
+    assert match_rate([("a red circle on a blue background", output.read_bytes())]) == 1.0  # the saved image
+    # GIVEN the deployed pipeline with its UNet re-initialised: the same VAE, text encoder and prompts
+    from diffusers import DiffusionPipeline, UNet2DConditionModel
+    import torch
+    model = boto3.client("sagemaker").describe_training_job(
+        TrainingJobName=next(j["name"] for j in lines[0]["config"]["jobs"] if j["role"] == "train"))
+    bucket, key = model["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").split("/", 1)
+    with tarfile.open(fileobj=io.BytesIO(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())) as tar:
+        tar.extractall(tmp_path, filter="data")
+    pipeline = DiffusionPipeline.from_pretrained(tmp_path)
+    torch.manual_seed(0)
+    pipeline.unet = UNet2DConditionModel.from_config(pipeline.unet.config)
+    untrained = []
+    for prompt in DEMO_PROMPTS:
+        picture = pipeline(prompt, num_inference_steps=20, guidance_scale=GUIDANCE,
+                           generator=torch.Generator().manual_seed(0)).images[0]
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        untrained.append((prompt, buffer.getvalue()))
+    # THEN it matches about as often as chance (1 in 30), far below the trained model
+    assert match_rate(untrained) <= 0.25
+
+
 def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> None:
-    stack, result, output = chain
+    stack, lines, output = chain
+    result = lines[0]
     endpoint = boto3.client("sagemaker").describe_endpoint(EndpointName=stack.outputs["EndpointName"])
     assert endpoint["EndpointStatus"] == "InService"
     assert endpoint["EndpointConfigName"] == next(j["name"] for j in result["config"]["jobs"] if j["role"] == "train")
@@ -114,9 +164,10 @@ def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> No
     assert Image.open(io.BytesIO(again)).size == image.size
 
 
-def test_the_benchmark_line_has_the_fixed_metric_name(chain: Any) -> None:
-    _, result, _ = chain
-    assert result["metric"] == "demo.upload_to_image_s" and result["unit"] == "s" and result["value"] > 0
+def test_the_benchmark_lines_have_the_fixed_metric_names(chain: Any) -> None:
+    _, lines, _ = chain
+    assert [line["metric"] for line in lines] == ["demo.upload_to_image_s", "demo.prompt_match_rate"]
+    assert lines[0]["unit"] == "s" and lines[0]["value"] > 0
 
 
 def test_the_cli_reads_the_same_status_through_aws_apis_only(chain: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,6 +26,7 @@ from safetensors.torch import save as save_safetensors
 
 from atelier.demo import DemoOptions, drive
 from atelier.local.stack import LocalStack, StackOptions
+from tests.support import quick_training
 from core import aws, records
 
 pytestmark = pytest.mark.e2e
@@ -36,10 +37,11 @@ UNET_WEIGHTS = "unet/diffusion_pytorch_model.safetensors"
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, str]]:
     state = tmp_path_factory.mktemp("stack")
-    with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)) as stack:
+    with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0,
+                                 overrides=quick_training())) as stack:
         result = drive(stack, DemoOptions(root=REPO, state_dir=state, output=state / "a.png", images=16,
                                           stage_timeout_s=420))
-        yield stack, next(j["name"] for j in result["config"]["jobs"] if j["role"] == "train")  # not its encode job
+        yield stack, next(j["name"] for j in result[0]["config"]["jobs"] if j["role"] == "train")  # not its encode job
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ import pytest
 from atelier import client
 from atelier.catalog import LICENSE, make_catalog
 from atelier.local.stack import LocalStack, StackOptions
+from tests.support import quick_training
 from tests.functions.import_helpers import IMG2DATASET, run_img2dataset, sample_of, webdataset_tar
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not IMG2DATASET.exists(), reason="img2dataset is not installed")]
@@ -28,7 +29,8 @@ ITEMS = [item for n, item in enumerate(make_catalog(16, seed=3)) if n not in (4,
 def imported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, dict]]:
     state = tmp_path_factory.mktemp("stack")
     folder = tmp_path_factory.mktemp("source")
-    with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)) as stack:
+    with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0,
+                                 overrides=quick_training())) as stack:
         # GIVEN a registered partner who uploaded one image, and a folder of shards: img2dataset's
         # own output (2 tars) and hand-written ones with a corrupt member, that upload again, a cut tar
         client.add_partner(stack.outputs, PARTNER, [LICENSE], [], "e2e")
