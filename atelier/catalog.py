@@ -106,14 +106,19 @@ def procedural_catalog(variants: int, size: int = 64, seed: int = 0) -> list[Cat
     rng = random.Random(seed)
     work = [(combo, variant) for combo in training_combinations() for variant in range(variants)]
     rng.shuffle(work)
-    items = []
+    items, seen = [], set()
     for index, ((shape, colour, ground), variant) in enumerate(work):
-        image = picture(shape, colour, ground, size=size, jitter=rng)
-        shift = size // 16
-        image = image.rotate(0, translate=(rng.randint(-shift, shift), rng.randint(-shift, shift)), fillcolor=COLOURS[ground])
+        data = None
+        while data is None or data in seen:  # the same jitter twice would be an exact duplicate upload
+            image = picture(shape, colour, ground, size=size, jitter=rng)
+            shift = size // 16
+            image = image.rotate(0, translate=(rng.randint(-shift, shift), rng.randint(-shift, shift)),
+                                 fillcolor=COLOURS[ground])
+            data = encode(image, "png")
+        seen.add(data)
         items.append(CatalogItem(
             name=f"procedural/{index:05d} {colour} {shape} on {ground} {variant}.png",
-            image=encode(image, "png"),
+            image=data,
             sidecar={"caption": caption_of(shape, colour, ground), "license": LICENSE, "source": "atelier procedural catalog"},
         ))
     return items

@@ -179,7 +179,8 @@ def _show_training(bar: Progress, stack: LocalStack, status: client.Status, task
         if job["name"] not in tasks:
             tasks[job["name"]] = bar.add_task(job["name"], total=figures["steps"])
         bar.update(tasks[job["name"]], completed=figures["step"], total=figures["steps"],
-                   description=f"{job.get('role')} {job['name']}: {figures['img_per_s']:g} img/s, eta {eta}")
+                   description=f"{'training' if job.get('role') == 'train' else job.get('role')} {job['name']}: "
+                               f"{figures['img_per_s']:g} img/s, trainer's eta {eta}")
 
 
 def training_figures(log: str) -> dict | None:

@@ -134,15 +134,16 @@ def test_audit_json_is_one_parseable_object_and_no_bar(outputs, capsys) -> None:
     assert captured.err == "" and json.loads(captured.out)["ok"] is True
 
 
-def test_demo_json_turns_the_bar_off_and_prints_the_result_object(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_demo_json_turns_the_bar_off_and_prints_one_line_per_figure(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     given = []
-    result = {"metric": "demo.upload_to_image_s", "value": 12.5, "unit": "s", "config": {}, "commit": "abc"}
+    result = [{"metric": "demo.upload_to_image_s", "value": 12.5, "unit": "s", "config": {}, "commit": "abc"},
+              {"metric": "demo.prompt_match_rate", "value": 0.9, "unit": "share", "config": {}, "commit": "abc"}]
     monkeypatch.setattr(demo, "run_demo", lambda options: given.append(options) or result)
 
     assert cli.main(["demo", "--json"]) == 0
 
     assert given[0].quiet is True
-    assert json.loads(capsys.readouterr().out) == result
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == result
 
 
 TRAINER_LOG = "\n".join([

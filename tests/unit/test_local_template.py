@@ -197,7 +197,7 @@ def test_load_overrides_reads_the_list_form_of_the_real_samconfig() -> None:
     overrides = load_overrides(REPO / "samconfig.toml", "local")
 
     assert {k: overrides[k] for k in ("TrainingQuota", "TrainingInstanceType", "EndpointInstanceType")} \
-        == {"TrainingQuota": "2", "TrainingInstanceType": "ml.m5.xlarge", "EndpointInstanceType": "ml.m5.large"}
+        == {"TrainingQuota": "9", "TrainingInstanceType": "ml.m5.xlarge", "EndpointInstanceType": "ml.m5.large"}
     assert json.loads(overrides["TrainingHyperparameters"])["model-config"] == "tiny"
 
 
