@@ -202,13 +202,19 @@ def from_preset(name: str, seed: int, skip: Collection[str] = ()) -> Models:
         )
         tokenizers.append(tokenizer)
         text_encoders.append(model_class(text_config))
+    # each part seeded on its own: a preset UNet is the same whether or not a base brings the rest
     return Models(
-        vae=None if "vae" in skip else AutoencoderKL(**preset["vae"]),
+        vae=None if "vae" in skip else seeded(seed, AutoencoderKL, preset["vae"]),
         text_encoders=text_encoders,
         tokenizers=tokenizers,
-        unet=None if "unet" in skip else UNet2DConditionModel(**preset["unet"]),
+        unet=None if "unet" in skip else seeded(seed, UNet2DConditionModel, preset["unet"]),
         noise_scheduler=DDPMScheduler(**preset["scheduler"]),
     )
+
+
+def seeded(seed: int, model_class, config: dict):
+    torch.manual_seed(seed)
+    return model_class(**config)
 
 
 def channel_path(value: str) -> Path:

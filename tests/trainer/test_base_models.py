@@ -3,6 +3,7 @@
 
 import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ def same(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> bool:
 def partial_base(trained, tmp_path):
     """A saved pipeline without its UNet: a VAE, a text encoder and tokenizer, a scheduler."""
     base = tmp_path / "base"
-    shutil.copytree(trained["model_dir"], base, ignore=shutil.ignore_patterns("unet", "*.json", "health", "*.html"))
+    source = trained["model_dir"]
+    top_level = {"unet", "model_index.json", "atelier-training.json", "health", "report.html"}
+    shutil.copytree(source, base, ignore=lambda folder, names: [n for n in names if Path(folder) == source and n in top_level])
     return base
 
 
