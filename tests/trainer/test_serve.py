@@ -97,7 +97,7 @@ def test_one_image_is_a_png_of_the_model_size_whatever_accept_allows_it(server):
         assert (status, content_type) == (200, "image/png")
         assert body[:8] == b"\x89PNG\r\n\x1a\n"
         image = Image.open(io.BytesIO(body), formats=["PNG"])
-        assert (image.size, image.mode) == ((64, 64), "RGB")
+        assert (image.size, image.mode) == ((32, 32), "RGB")  # the resolution the model was trained at
 
 
 def test_every_png_carries_its_provenance_and_settings(server):
@@ -146,7 +146,7 @@ def test_several_images_come_back_as_json_with_their_seeds_and_provenance(server
     }
     images = [Image.open(io.BytesIO(base64.b64decode(data)), formats=["PNG"]) for data in reply["images"]]
     assert [image.text["atelier:seed"] for image in images] == ["7", "8", "9"]
-    assert [image.size for image in images] == [(64, 64)] * 3
+    assert [image.size for image in images] == [(32, 32)] * 3
     assert len({image.tobytes() for image in images}) == 3
 
 
