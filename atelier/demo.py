@@ -88,27 +88,28 @@ def drive(stack: LocalStack, options: DemoOptions) -> list[dict]:
     console.print(f"[bold green]done[/] in {elapsed:.0f} s: {PROMPT!r} -> {options.output}")
     results = [(prompt, image if prompt == PROMPT else client.generate(endpoint, prompt, seed=0, steps=STEPS, guidance=GUIDANCE))
                for prompt in DEMO_PROMPTS]
+    matched = [matches(prompt, png) for prompt, png in results]  # the classifier, once per picture
     sheet = options.output.with_name("prompts.png")
-    prompt_sheet(results).save(sheet)
-    rate = sum(matches(prompt, png) for prompt, png in results) / len(results)
+    prompt_sheet(results, matched).save(sheet)
+    rate = sum(matched) / len(results)
     console.print(f"prompt match rate {rate:.2f} over {len(results)} prompts ({len(UNSEEN)} never seen in training) -> {sheet}")
     commit = _commit(options.root)
     return [{"metric": "demo.upload_to_image_s", "value": round(elapsed, 1), "unit": "s",
              "config": {"images": options.images, "jobs": status.jobs}, "commit": commit},
             {"metric": "demo.prompt_match_rate", "value": round(rate, 3), "unit": "share",
              "config": {"prompts": len(results), "unseen": len(UNSEEN), "steps": STEPS, "seed": 0, "guidance": GUIDANCE,
-                        "matched": [prompt for prompt, png in results if matches(prompt, png)]}, "commit": commit}]
+                        "matched": [prompt for (prompt, _), hit in zip(results, matched) if hit]}, "commit": commit}]
 
 
-def prompt_sheet(results: list[tuple[str, bytes]], tile: int = 192) -> Image.Image:
+def prompt_sheet(results: list[tuple[str, bytes]], matched: list[bool], tile: int = 192) -> Image.Image:
     """Every prompt's picture, enlarged (NEAREST) under its prompt, with the classifier's verdict."""
     sheet = Image.new("RGB", (tile * 4, (tile + 36) * -(-len(results) // 4)), "white")
     draw = ImageDraw.Draw(sheet)
-    for n, (prompt, png) in enumerate(results):
+    for n, ((prompt, png), hit) in enumerate(zip(results, matched)):
         x, y = tile * (n % 4), (tile + 36) * (n // 4)
         with Image.open(io.BytesIO(png)) as picture:
             sheet.paste(picture.convert("RGB").resize((tile, tile), Image.Resampling.NEAREST), (x, y + 36))
-        verdict = "match" if matches(prompt, png) else "no match"
+        verdict = "match" if hit else "no match"
         unseen = " (unseen)" if n >= len(DEMO_PROMPTS) - len(UNSEEN) else ""
         draw.text((x + 4, y + 2), prompt.removeprefix("a ").replace(" background", ""), fill="black")
         draw.text((x + 4, y + 18), verdict + unseen, fill="darkgreen" if verdict == "match" else "darkred")
