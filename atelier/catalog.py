@@ -85,6 +85,9 @@ def write_catalog(items: list[CatalogItem], folder: Path) -> None:
         (folder / item.sidecar_name).write_text(json.dumps(item.sidecar))
 
 
+DEMO_IMAGES = 252  # the demo's training pictures: three of every combination the catalogue shows
+EVAL_IMAGES = 12  # held-out pictures the autoencoder's PSNR and the deploy gate's loss are measured on
+
 # (shape, colour, background) never uploaded for training: the demo asks for them all the same.
 UNSEEN = (("square", "red", "blue"), ("circle", "green", "black"), ("triangle", "yellow", "blue"),
           ("circle", "white", "red"), ("square", "blue", "yellow"), ("triangle", "black", "white"))

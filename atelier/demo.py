@@ -27,23 +27,13 @@ from rich.progress import Progress, TaskID
 from PIL import Image, ImageDraw
 
 from atelier import client, evalset
-from atelier.catalog import LICENSE, UNSEEN, caption_of, procedural_catalog, training_combinations, write_catalog
-from atelier.prompt_match import matches
+from atelier.catalog import DEMO_IMAGES, EVAL_IMAGES, LICENSE, UNSEEN, procedural_catalog, training_combinations, write_catalog
+from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, PROMPT, STEPS, matches
 from atelier.local.stack import LocalStack, StackOptions
 from atelier.progress import progress
 
 console = Console(stderr=True)
 PARTNER = "demo-partner"
-PROMPT = "a red circle on a blue background"
-# Six combinations the catalogue shows and every one it leaves out (atelier.catalog.UNSEEN).
-DEMO_PROMPTS = [PROMPT, *(caption_of(*combo) for combo in (
-    ("square", "green", "white"), ("triangle", "blue", "yellow"), ("circle", "black", "green"),
-    ("square", "yellow", "red"), ("triangle", "white", "black"))), *(caption_of(*combo) for combo in UNSEEN)]
-EVAL_IMAGES = 12  # held-out pictures the autoencoder's PSNR and the deploy gate's loss are measured on
-STEPS = 20  # sampling steps per picture
-# Classifier-free guidance: at the server's default of 5 this small model oversaturates and shifts
-# hues (red drawn orange); 2 matched 0.92 of the prompts against 0.58 at 5 (docs/trainer.md).
-GUIDANCE = 2.0
 
 
 class DemoFailed(RuntimeError):
@@ -55,8 +45,10 @@ class DemoOptions:
     root: Path
     state_dir: Path
     output: Path
-    images: int = 252  # training pictures: three of every combination the catalogue shows
-    stage_timeout_s: float = 600.0
+    images: int = DEMO_IMAGES
+    # a stall detector, not a time goal: on two cores the training stage (autoencoder, encode and
+    # 1800 UNet steps) takes 6-7 minutes beside the stack
+    stage_timeout_s: float = 900.0
     keep_running: bool = False
     quiet: bool = False  # no progress bar
 

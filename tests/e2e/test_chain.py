@@ -19,7 +19,8 @@ from PIL import Image
 
 from atelier import client
 from atelier.catalog import procedural_catalog
-from atelier.demo import DEMO_PROMPTS, GUIDANCE, DemoOptions, drive
+from atelier.demo import DemoOptions, drive
+from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE
 from atelier.prompt_match import match_rate
 from atelier.local.stack import LocalStack, StackOptions
 
@@ -34,8 +35,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     output = state / "image.png"
     options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)
     with LocalStack(options) as stack:
-        lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES,
-                                         stage_timeout_s=420))
+        lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES))
         yield stack, lines, output
 
 

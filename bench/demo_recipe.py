@@ -1,0 +1,171 @@
+"""Benchmark how robust the demo's recipe is: `demo.prompt_match_rate` over several UNet seeds.
+
+The demo's match rate depends on the numbers a machine happens to compute (its thread count, its
+vector unit), so one run says little about the next machine's. This runs the recipe of
+samconfig.toml [local] through the trainer's own entry points, without the stack: the demo's
+catalogue as shards, the autoencoder job once, then per seed (in parallel processes of --threads
+threads each) the encode job, the training job and the demo's twelve prompts, scored by the demo's
+classifier. One JSON line per seed, then `demo.prompt_match_rate_min` over the seeds.
+
+    .venv/bin/python bench/demo_recipe.py --seeds 0,1,2,3 --threads 2 [--set steps=1600 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "functions")]
+
+
+def recipe_value(name: str) -> str:
+    """A parameter override of samconfig.toml [local], as `atelier local up` applies it."""
+    config = tomllib.loads((REPO / "samconfig.toml").read_text())
+    for override in config["local"]["deploy"]["parameters"]["parameter_overrides"]:
+        key, _, value = override.partition("=")
+        if key == name:
+            return value
+    raise KeyError(f"{name} is not in samconfig.toml [local]")
+
+
+def recipe(name: str) -> dict[str, str]:
+    """A hyperparameter JSON of samconfig.toml [local] (TrainingHyperparameters, ...)."""
+    return json.loads(recipe_value(name))
+
+
+def argv(hyperparameters: dict[str, str]) -> list[str]:
+    return [part for key, value in hyperparameters.items() for part in (f"--{key}", value)]
+
+
+def write_shards(items: list, folder: Path, per_shard: int) -> None:
+    """PNG + caption per sample, in the packer's member layout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for start in range(0, len(items), per_shard):
+        with tarfile.open(folder / f"{start // per_shard:05d}.tar", "w") as tar:
+            for item in items[start:start + per_shard]:
+                key = hashlib.sha256(item.image).hexdigest()
+                caption = item.sidecar["caption"]
+                metadata = {"sha256": key, "caption": caption, "format": "png", "width": 64, "height": 64,
+                            "license": item.sidecar["license"], "partner": "demo"}
+                for extension, data in (("png", item.image), ("json", json.dumps(metadata).encode()), ("txt", caption.encode())):
+                    info = tarfile.TarInfo(f"{key}.{extension}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, threads: int, device: str,
+             guidances: list[float]) -> dict:
+    """encode, train, draw DEMO_PROMPTS and score them, for one (variant, seed), in a process of its own."""
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: this process never sees a GPU
+    import torch
+    torch.set_num_threads(threads)
+    from atelier.prompt_match import DEMO_PROMPTS, STEPS
+    from atelier.prompt_match import matches
+    from trainer import encode, serve, train
+
+    base, work = Path(root), Path(root) / f"{variant}-{seed}"
+    hyper = {**recipe("TrainingHyperparameters"), "seed": str(seed), "validation-prompts": "", **overrides}
+    started = time.monotonic()
+    encode.main(encode.parse_args(["--train-dir", str(base / "shards"), "--output-dir", str(work / "latents"),
+                                   "--vae", str(base / "vae"), "--seed", str(seed), "--resolution", hyper["resolution"],
+                                   "--model-config", hyper["model-config"],
+                                   "--aspect-buckets", "false", "--num-workers", "0"]))
+    summary = train.main(train.parse_args(["--train-dir", str(work / "latents"), "--model-dir", str(work / "model"),
+                                           "--vae", str(base / "vae"), *argv({**hyper, "num-workers": "0"})]))
+    trained_s = time.monotonic() - started
+    pipeline = serve.load_pipeline(work / "model")
+    scores = {}
+    for guidance in guidances:
+        matched = []
+        for prompt in DEMO_PROMPTS:
+            generation = serve.parse_request(json.dumps({"prompt": prompt, "seed": 0, "num_inference_steps": STEPS,
+                                                         "guidance_scale": guidance}).encode(), serve.ServeSettings())
+            png = io.BytesIO()
+            serve.generate(pipeline, generation)[0].save(png, format="PNG")
+            matched.append(matches(prompt, png.getvalue()))
+        scores[f"{guidance:g}"] = {"rate": round(sum(matched) / len(matched), 3),
+                                   "missed": [prompt for prompt, hit in zip(DEMO_PROMPTS, matched) if not hit]}
+    return {"variant": variant, "overrides": overrides, "seed": seed, "train_s": round(trained_s, 1),
+            "final_loss": summary["final_loss"], "guidance": scores}
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """'NAME' or 'NAME:key=value,key=value' (TrainingHyperparameters overrides)."""
+    name, _, pairs = text.partition(":")
+    return name, dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1,2,3", help="comma-separated UNet seeds")
+    parser.add_argument("--variant", action="append", type=variant, default=[], metavar="NAME[:KEY=VALUE,...]",
+                        help="a recipe to try: the shipped TrainingHyperparameters with these overrides (default: shipped)")
+    parser.add_argument("--guidance", default=None, help="comma-separated guidance scales to score (default: the demo's)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process (CI has 2 cores)")
+    parser.add_argument("--workers", type=int, default=None, help="processes at once (default: one per job)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where each seed's jobs run")
+    parser.add_argument("--images", type=int, default=None, help="training pictures (default: the demo's)")
+    parser.add_argument("--autoencoder-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override an AutoencoderHyperparameters entry")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    from atelier.catalog import DEMO_IMAGES, EVAL_IMAGES, procedural_catalog, training_combinations
+    from atelier.prompt_match import GUIDANCE
+    from trainer import autoencoder
+
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    variants = args.variant or [("shipped", {})]
+    guidances = [float(g) for g in args.guidance.split(",")] if args.guidance else [GUIDANCE]
+    count = args.images or DEMO_IMAGES
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    machine = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "device": args.device}
+    with tempfile.TemporaryDirectory() as root:
+        base = Path(root)
+        catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
+        write_shards(catalogue, base / "shards", int(recipe_value("ShardMaxSamples")))
+        write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES)
+        started = time.monotonic()
+        vae = autoencoder.main(autoencoder.parse_args([
+            "--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"), "--model-dir", str(base / "vae"),
+            *argv({**recipe("AutoencoderHyperparameters"), "num-workers": "0",
+                   **dict(item.split("=", 1) for item in args.autoencoder_set)})]))
+        print(json.dumps({"event": "vae", "psnr_db": vae["psnr_db"], "s": round(time.monotonic() - started, 1)}), flush=True)
+        jobs = [(name, overrides, seed) for name, overrides in variants for seed in seeds]
+        results: dict[str, list[dict]] = {name: [] for name, _ in variants}
+        # spawned, not forked: a fork of a process whose OpenMP pool has run deadlocks in torch
+        with ProcessPoolExecutor(max_workers=args.workers or len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(one_seed, root, name, overrides, seed, args.threads, args.device, guidances)
+                       for name, overrides, seed in jobs]
+            for future in futures:
+                result = future.result()
+                results[result["variant"]].append(result)
+                print(json.dumps({"event": "seed", **result}), flush=True)
+    for name, overrides in variants:
+        for guidance in guidances:
+            rates = [result["guidance"][f"{guidance:g}"]["rate"] for result in results[name]]
+            print(json.dumps({"metric": "demo.prompt_match_rate_min", "value": min(rates), "unit": "share",
+                              "config": {"variant": name, "overrides": overrides, "guidance": guidance, "images": count,
+                                         "threads": args.threads, "seeds": seeds, "rates": rates,
+                                         "mean": round(sum(rates) / len(rates), 3),
+                                         "train_s_median": sorted(r["train_s"] for r in results[name])[len(seeds) // 2]},
+                              "machine": machine, "commit": commit}))
+
+
+if __name__ == "__main__":
+    main()
