@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from atelier import client
@@ -74,7 +75,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from atelier.demo import DemoFailed, DemoOptions, run_demo
     try:
         result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
-                                      images=args.images, stage_timeout_s=args.stage_timeout, keep_running=args.keep,
+                                      images=args.images, keep_running=args.keep,
+                                      **({"stage_timeout_s": args.stage_timeout} if args.stage_timeout else {}),
                                       quiet=args.quiet or args.json))
     except DemoFailed as exc:
         errors.print(f"[bold red]demo failed[/]: {exc}")
@@ -153,6 +155,10 @@ def status_table(status: client.Status) -> Table:
     for job in status.jobs:
         table.add_row(f"{job.get('role', 'train')} job", f"{job['name']}: {job['status']} ({job['shards']} shards)"
                       + (f" - {job['failure']}" if job.get("failure") else ""))
+    for lineage in status.lineages:
+        if lineage["held"]:  # halted or backing off: the reason a person should see first
+            table.add_row("lineage", f"[bold red]{lineage['name']}: {escape(lineage['held'])}[/]"
+                          + (f" - `atelier lineage resume {lineage['name']}`" if "halted" in lineage["held"] else ""))
     for model in status.models[-5:]:
         table.add_row("model", model_line(model))
     for endpoint in status.endpoints or [{"name": "-", "status": "none", "config": None}]:
@@ -205,7 +211,8 @@ def parser() -> argparse.ArgumentParser:
                                parents=[output_flags()])
     demo.add_argument("--images", type=int, default=252, help="training pictures of the procedural catalogue (three per combination)")
     demo.add_argument("--output", type=Path, default=REPO / "demo-output" / "image.png")
-    demo.add_argument("--stage-timeout", type=float, default=600.0, help="seconds a stage may take")
+    demo.add_argument("--stage-timeout", type=float, default=None,
+                      help="seconds a stage may take before the demo calls it stalled (default 900)")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
     demo.set_defaults(func=cmd_demo, state_dir=REPO / ".atelier" / "demo")
 

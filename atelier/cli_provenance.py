@@ -19,6 +19,10 @@ console = Console()
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
+    if args.model == "resume":
+        return cmd_lineage_resume(args)
+    if args.name:
+        raise SystemExit(f"atelier lineage: unexpected {args.name!r} after the model (did you mean `lineage resume NAME`?)")
     found = client.lineage(client.stack_outputs(args.stack), args.model)
     if args.json:
         print(found.model_dump_json(indent=1))
@@ -37,6 +41,23 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     for line in model_parts(found):
         console.print(line)
     console.print("--json lists every shard and sample (sha256, partner, license, upload key and version)")
+    return 0
+
+
+def cmd_lineage_resume(args: argparse.Namespace) -> int:
+    """`atelier lineage resume NAME`: lift the failure brake of a halted (or backing-off) lineage."""
+    if not args.name:
+        raise SystemExit("atelier lineage resume: name the lineage (TrainingLineage; `atelier status` shows it)")
+    result = client.resume_lineage(client.stack_outputs(args.stack), args.name)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    last = result["last_failure"]
+    state = "was halted" if result["was_halted"] else (
+        f"was backing off ({result['was_backing_off_s']} s left)" if result["was_backing_off_s"] else "was not held")
+    console.print(f"lineage {args.name} resumed ({state}; {result['model_failures']} failed jobs in a row)"
+                  + (f"; last failure: {last['job']}: {last['reason']}" if last else ""))
+    console.print("the next job starts now if its shards are due")
     return 0
 
 
@@ -97,8 +118,12 @@ def cmd_takedown(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `atelier` parser."""
-    lineage = commands.add_parser("lineage", help="what a model learned from: jobs, manifests, shards, samples")
-    lineage.add_argument("model", help="an endpoint name, a SageMaker model name or a training job name")
+    lineage = commands.add_parser(
+        "lineage", help="what a model learned from: jobs, manifests, shards, samples; `lineage resume NAME` "
+                        "lifts the failure brake of a halted lineage")
+    lineage.add_argument("model", help="an endpoint name, a SageMaker model name or a training job name; "
+                                       "or `resume`")
+    lineage.add_argument("name", nargs="?", help="with `resume`: the lineage (TrainingLineage) to resume")
     lineage.add_argument("--json", action="store_true", help="the whole lineage.json")
     lineage.set_defaults(func=cmd_lineage)
 

@@ -7,6 +7,7 @@ local stack registers the same outputs).
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,11 +198,12 @@ class Status:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     endpoints: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
+    lineages: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"uploads": dict(self.uploads), "quarantined": dict(self.quarantined), "samples": self.samples,
                 "packed": self.packed, "shards": dict(self.shards), "jobs": self.jobs, "endpoints": self.endpoints,
-                "models": self.models}
+                "models": self.models, "lineages": self.lineages}
 
 
 def pipeline_status(outputs: dict[str, str]) -> Status:
@@ -221,6 +223,8 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
             status.jobs.append(_job(item))
         elif kind == "model":
             status.models.append(model_summary(item))
+        elif kind == "lineage":
+            status.lineages.append(lineage_summary(item))
     status.jobs.sort(key=lambda j: j["created"])
     status.models.sort(key=lambda m: m["order"])
     status.endpoints = _endpoints(outputs["EndpointName"])
@@ -276,6 +280,32 @@ def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
     aws.put_event("default", EVALUATE_SOURCE, EVALUATE_REQUEST, json.dumps({"model": model}))
     return {"model": model, "requested": True, "previous_reason": record.get("reason", ""),
             "attempt": int(record.get("eval_attempt", 0))}  # the request's evaluation is a later attempt
+
+
+def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
+    """Lift a lineage's failure brake (`atelier lineage resume NAME`) and ask StartTrainingFunction
+    to start what is due; the failures stay on record."""
+    from core import failure_brake
+    from core.training import RESUME_REQUEST, RESUME_SOURCE, write_brake
+    table = outputs["PipelineTableName"]
+    record = aws.get_item(table, f"LINEAGE#{name}")
+    if record is None:
+        known = sorted(i["pk"].removeprefix("LINEAGE#") for i in aws.scan_prefix(table, "LINEAGE#"))
+        raise PipelineError(f"no lineage {name!r}; lineages: {', '.join(known) or 'none yet'}")
+    brake = failure_brake.Brake.from_item(record)
+    write_brake(failure_brake.resumed(brake), table, name)
+    aws.put_event("default", RESUME_SOURCE, RESUME_REQUEST, json.dumps({"lineage": name}))
+    return {"lineage": name, "was_halted": brake.halted, "was_backing_off_s": max(0, int(brake.not_before - time.time())),
+            "model_failures": brake.model_failures, "last_failure": brake.failures[-1] if brake.failures else None}
+
+
+def lineage_summary(item: dict[str, Any]) -> dict[str, Any]:
+    """A lineage's brake for `atelier status`."""
+    from core import failure_brake
+    brake = failure_brake.Brake.from_item(item)
+    return {"name": item["pk"].removeprefix("LINEAGE#"), "running_job": item.get("running_job") or None,
+            "held": failure_brake.hold(brake, time.time()), "model_failures": brake.model_failures,
+            "failures": list(brake.failures[-3:])}
 
 
 def rollback(outputs: dict[str, str], to: str | None, reason: str) -> dict[str, Any]:

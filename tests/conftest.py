@@ -16,9 +16,10 @@ from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.runtime import LambdaContext
 from atelier.local.template import expand
 from core import aws
-from tests.support import ACCOUNT, REGION, REPO, STACK
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK
 
 TEST_OVERRIDES = {
+    **IMAGES,
     "TrainingQuota": "2",
     "MinShortSide": "64",  # the test pictures are 96 px
     # moto's SageMaker knows an old list of instance types only
@@ -27,6 +28,7 @@ TEST_OVERRIDES = {
     "EncodeInstanceType": "",  # jobs train on the image shards; the encode tests set it
     "AutoencoderInstanceType": "",  # no lineage trains its own VAE first; the autoencoder tests set it
     "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"}),
+    "TrainingFailureBackoffSeconds": "0",  # a failed job's shards are retried at once unless a test sets a backoff
 }
 
 

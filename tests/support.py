@@ -9,6 +9,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 EVENTS = REPO / "events"
 ACCOUNT, REGION, STACK = "123456789012", "us-east-1", "atelier"
+# The template's image parameters have no defaults (AWS runs ECR images only); the local SageMaker
+# runs trainer/ from this checkout for any image.
+IMAGES = {"TrainingImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier-trainer:test",
+          "InferenceImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier-trainer:test"}
 
 
 def load_event(name: str) -> dict[str, Any]:

@@ -8,28 +8,50 @@
         training_state.pt       step, stage, args, optimizer (keyed by parameter name), lr scheduler,
                                 EMA counters, loss history, corrupt samples, shards seen
         rng-rank<r>.pt          rank r's torch / CUDA / Python / NumPy RNG states
-      latest                    "step-00000200", written last
+        manifest.json           {"format": 1, "step": 200, "files": [{"path", "size", "sha256"}, ...]}
+                                for every file above (every rank's RNG file), written last
+      latest                    "step-00000200": a hint for people, never read by resume
 
-A checkpoint is written under `.tmp-step-…`, renamed into place, and only then named in `latest`
-(itself replaced atomically): a job killed at any moment leaves `latest` naming a complete
-checkpoint. The newest `keep` step directories are kept.
+A checkpoint is complete when its manifest verifies: every file it lists is there with its size and
+sha256 (files it does not list are ignored). SageMaker syncs the checkpoint dir to S3 file by file
+while training and restores whatever reached S3 into the next job, in no promised order, so `latest`,
+a half-uploaded step directory or even a `.tmp-step-…` one can come back; the manifest is the only
+thing trusted. A checkpoint is written under `.tmp-step-…`, its manifest built by rank 0 once every
+rank has hashed its RNG file, then renamed into place. `--resume latest` takes the newest step
+directory that verifies and logs each newer one it skips (those written before manifests existed are
+skipped as "no manifest"); pruning keeps the newest `keep` step directories, the newest verified one
+and the one just written.
 """
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import diffusers
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from trainer.distributed import Processes, barrier, full_model_state, full_optimizer_state, load_full_state
 from trainer.ema import EMA
+from trainer.health import log
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+HASH_CHUNK = 4 * 1024 * 1024  # bytes per read: few calls over GBs of weights, little memory held
+STEP_DIR = re.compile(r"step-(\d+)")
+ENTRY_KEYS = {"path", "size", "sha256"}
+REQUIRED_FILES = ("training_state.pt", f"unet/{WEIGHTS_NAME}")  # what load_checkpoint cannot do without
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be resumed from, with the reason."""
 
 
 def rng_states() -> dict:
@@ -58,9 +80,106 @@ def save_unet(directory: Path, config: dict, weights: dict[str, torch.Tensor]) -
     save_file({name: tensor.contiguous() for name, tensor in weights.items()}, directory / WEIGHTS_NAME)
 
 
+# ---------------------------------------------------------------- manifest
+
+
+def sha256_of(path: Path, sync: bool = False) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a file read in HASH_CHUNK pieces; `sync` also fsyncs it."""
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as stream:
+        while chunk := stream.read(HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        if sync:  # the manifest vouches for these bytes: have them on disk before it exists
+            os.fsync(stream.fileno())
+    return size, digest.hexdigest()
+
+
+def file_entry(directory: Path, relative: str) -> dict:
+    """One manifest entry for a file just written (fsynced as it is hashed)."""
+    size, sha256 = sha256_of(directory / relative, sync=True)
+    return {"path": relative, "size": size, "sha256": sha256}
+
+
+def write_manifest(directory: Path, step: int, entries: list[dict]) -> None:
+    """manifest.json for every file in `directory`; `entries` are files already hashed (other ranks')."""
+    files = {entry["path"]: entry for entry in entries}
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory).as_posix()
+        if path.is_file() and relative not in files:
+            files[relative] = file_entry(directory, relative)
+    manifest = {"format": MANIFEST_FORMAT, "step": step, "files": [files[name] for name in sorted(files)]}
+    write_atomically(directory / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+
+
+def listed_files(directory: Path) -> list[dict]:
+    """The manifest's file entries, or CheckpointError saying why there are none to trust."""
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    except FileNotFoundError:
+        raise CheckpointError("no manifest") from None
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"unreadable manifest: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise CheckpointError(f"manifest format {found!r}, this trainer reads {MANIFEST_FORMAT}")
+    files = manifest.get("files")
+    if not isinstance(files, list) or not all(isinstance(entry, dict) and ENTRY_KEYS <= entry.keys() for entry in files):
+        raise CheckpointError("unreadable manifest: no list of {path, size, sha256}")
+    listed = {entry["path"] for entry in files}
+    for required in REQUIRED_FILES:  # a manifest listing less would verify and then fail to load
+        if required not in listed:
+            raise CheckpointError(f"manifest does not list {required}")
+    return files
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Raise CheckpointError unless every file the manifest lists is there with its size and sha256."""
+    if not directory.is_dir():
+        raise CheckpointError("not a directory")
+    files = listed_files(directory)
+    for entry in files:  # sizes first: a missing or cut-off file is found without hashing GBs
+        path = directory / entry["path"]
+        if not path.is_file():
+            raise CheckpointError(f"missing {entry['path']}")
+        if path.stat().st_size != entry["size"]:
+            raise CheckpointError(f"size mismatch {entry['path']}: {path.stat().st_size} bytes, manifest says {entry['size']}")
+    for entry in files:
+        try:
+            _, sha256 = sha256_of(directory / entry["path"])
+        except OSError as error:
+            raise CheckpointError(f"unreadable {entry['path']}: {error}") from None
+        if sha256 != entry["sha256"]:
+            raise CheckpointError(f"sha256 mismatch {entry['path']}")
+
+
+def step_directories(checkpoint_dir: Path) -> list[Path]:
+    """The step-N directories, newest first (a `.tmp-step-…` one was never finished and never counts)."""
+    found = [path for path in checkpoint_dir.glob("step-*") if path.is_dir() and STEP_DIR.fullmatch(path.name)]
+    return sorted(found, key=lambda path: int(STEP_DIR.fullmatch(path.name)[1]), reverse=True)
+
+
+def first_verified(directories: list[Path], trusted: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The first directory that verifies (`trusted` counts without hashing) and (directory, reason) for each before it."""
+    skipped = []
+    for directory in directories:
+        if directory == trusted:
+            return directory, skipped
+        try:
+            verify_checkpoint(directory)
+        except CheckpointError as error:
+            skipped.append((directory, str(error)))
+            continue
+        return directory, skipped
+    return None, skipped
+
+
+# ---------------------------------------------------------------- save, prune, choose, load
+
+
 def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None,
                     state: dict, keep: int) -> Path:
-    """Write step-N/ (every rank takes part; rank 0 writes all but its own RNG file)."""
+    """Write step-N/ (every rank takes part; rank 0 writes all but its own RNG file, and the manifest)."""
     weights = full_model_state(unet)
     optimizer_state = full_optimizer_state(unet, optimizer)
     ema_weights = ema.full_weights() if ema else None
@@ -72,7 +191,8 @@ def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    torch.save(rng_states(), tmp / f"rng-rank{processes.rank}.pt")
+    rng_name = f"rng-rank{processes.rank}.pt"
+    torch.save(rng_states(), tmp / rng_name)
     if processes.rank == 0:
         save_unet(tmp / "unet", unet.config, weights)
         if ema:
@@ -83,6 +203,11 @@ def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer,
             "lr_scheduler": lr_schedule.state_dict(),
             "ema": ema.state_dict() if ema else None,
         }, tmp / "training_state.pt")
+    # Every rank hashes its own RNG file (other hosts' are not in rank 0's directory, but reach the
+    # same S3 prefix and must be vouched for); the gather is also the barrier before the manifest.
+    rng_entries = every_rank(file_entry(tmp, rng_name))
+    if processes.rank == 0:
+        write_manifest(tmp, state["step"], rng_entries)
     barrier()
     if processes.local_rank == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -90,33 +215,81 @@ def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer,
     if processes.rank == 0:
         write_atomically(checkpoint_dir / "latest", name)
     if processes.local_rank == 0:
-        prune_checkpoints(checkpoint_dir, keep)
+        prune_checkpoints(checkpoint_dir, keep, written=final)
     barrier()
     return final
 
 
+def every_rank(item: dict) -> list[dict]:
+    """Every rank's `item`, in rank order (a collective)."""
+    if not dist.is_initialized():
+        return [item]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, item)
+    return everyone
+
+
 def write_atomically(path: Path, text: str) -> None:
+    # fsynced before the rename, so a crash leaves the old file or the whole new one
     tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
+    with tmp.open("w") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
     os.replace(tmp, path)
 
 
-def prune_checkpoints(checkpoint_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` step directories."""
-    for old in sorted(checkpoint_dir.glob("step-*"))[:-keep]:
-        shutil.rmtree(old)
+def prune_checkpoints(checkpoint_dir: Path, keep: int, written: Path | None = None) -> None:
+    """Delete all step directories but the newest `keep`, the newest verified one and `written`, and unfinished ones.
+
+    `written` is the checkpoint just written, trusted without hashing, so only directories newer
+    than it (leftovers a resumed job found) are verified. A `.tmp-step-…` is never resumed from.
+    """
+    newest_first = step_directories(checkpoint_dir)
+    verified, _ = first_verified(newest_first, trusted=written)
+    for old in newest_first[keep:]:
+        if old not in (verified, written):
+            shutil.rmtree(old)
+    for unfinished in checkpoint_dir.glob(".tmp-step-*"):
+        if unfinished.is_dir():
+            shutil.rmtree(unfinished)
 
 
 def checkpoint_to_resume(resume: str, checkpoint_dir: Path | None) -> Path | None:
-    """The checkpoint directory `--resume` asks for, or None to start from step 0."""
+    """The verified checkpoint `--resume` asks for, or None to start from step 0 (every rank calls it).
+
+    `latest`: the newest step directory whose manifest verifies; one `checkpoint_skipped` log line
+    for each newer one, with the reason. `latest` the file is not read, and checkpoints written
+    before manifests existed are skipped ("no manifest"). A named directory that does not verify
+    raises CheckpointError before anything is loaded. Rank 0 alone hashes and decides; every rank
+    gets its answer, so all load the same checkpoint.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    answer = [choose_checkpoint(resume, checkpoint_dir) if rank == 0 else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(answer, src=0)
+    chosen, error = answer[0]
+    if error:
+        raise CheckpointError(error)
+    return Path(chosen) if chosen else None
+
+
+def choose_checkpoint(resume: str, checkpoint_dir: Path | None) -> tuple[str | None, str | None]:
+    """(the checkpoint to resume or None, None) or (None, why the named one cannot be): rank 0's decision."""
     if resume == "none":
-        return None
+        return None, None
     if resume != "latest":
-        return Path(resume)
-    marker = checkpoint_dir / "latest" if checkpoint_dir else None
-    if marker is None or not marker.is_file():
-        return None
-    return checkpoint_dir / marker.read_text().strip()
+        try:
+            verify_checkpoint(Path(resume))
+        except CheckpointError as error:
+            return None, f"--resume {resume}: {error}"
+        return resume, None
+    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+        return None, None
+    chosen, skipped = first_verified(step_directories(checkpoint_dir))
+    for directory, reason in skipped:
+        log(0, event="checkpoint_skipped", checkpoint=str(directory), reason=reason)
+    return (str(chosen) if chosen else None), None
 
 
 def load_checkpoint(path: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None) -> dict:

@@ -1,9 +1,10 @@
 """The image's entrypoint: `python -m trainer.container train` or `... serve`, as SageMaker runs it.
 
 `train` reads the job's configuration from <root>/input/config/, exports the SM_* variables the
-SageMaker training toolkit would (a custom image has no toolkit), and runs trainer.train: in this
-process on one host with a CPU or one GPU, otherwise under torchrun with one process per GPU (and,
-with several hosts, the first host leading the rendezvous). A failure's reason goes to
+SageMaker training toolkit would (a custom image has no toolkit) and the NCCL/EFA ones it would set
+for torchrun (trainer/cluster.py; a variable the job's Environment set is kept), and runs
+trainer.train: in this process on one host with a CPU or one GPU, otherwise under torchrun with one
+process per GPU (and, with several hosts, the first host leading the rendezvous). A failure's reason goes to
 <root>/output/failure (SageMaker's FailureReason is its first 1,024 characters; a reason the
 trainer wrote there itself is kept) and the exit status is 1. With the hyperparameter `task=evaluate`
 (absent or `train`: training), `train` runs trainer.evaluate instead, in this process, with the other
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import autoencoder, encode, evaluate, serve, train
+from trainer import autoencoder, cluster, encode, evaluate, serve, train
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
@@ -44,12 +45,17 @@ def read_json(path: Path, default):
     return json.loads(path.read_text()) if path.is_file() else default
 
 
+def resource_config(root: Path) -> dict:
+    """resourceconfig.json: this host, every host, the network interface, the instance type (one host without it)."""
+    return read_json(root / "input" / "config" / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
+
+
 def sagemaker_environment(root: Path) -> dict[str, str]:
     """The SM_* variables for the job configured under `root`, as the training toolkit sets them."""
     config = root / "input" / "config"
     hyperparameters = read_json(config / "hyperparameters.json", {})
     channels = sorted(read_json(config / "inputdataconfig.json", {}))
-    resources = read_json(config / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
+    resources = resource_config(root)
     environment = {
         "SM_MODEL_DIR": str(root / "model"),
         "SM_OUTPUT_DIR": str(root / "output"),
@@ -118,8 +124,9 @@ def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] |
 
 
 def prepare_job(root: Path) -> None:
-    """The SM_* variables exported, the model dir made, a previous run's failure reason gone."""
+    """The SM_* and the NCCL/EFA variables exported, the model dir made, a previous run's failure reason gone."""
     os.environ.update(sagemaker_environment(root))
+    os.environ.update(cluster.network_environment(resource_config(root), os.environ, cluster.network_interfaces()))
     (root / "model").mkdir(parents=True, exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)  # a reason written now is this run's
 
@@ -143,7 +150,7 @@ def run_training(root: Path) -> None:
     """trainer.train with the job's hyperparameters: in this process, or under torchrun."""
     argv = training_argv(root)
     parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
-    resources = read_json(root / "input" / "config" / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
+    resources = resource_config(root)
     command = torchrun_command(argv, torch.cuda.device_count(), resources)
     if command is None:
         train.main(parse_training_args(argv))

@@ -1,7 +1,8 @@
 """One process or many: torchrun's environment in, the process group and the wrapped UNet out.
 
-- Backend: SMDDP (`smddp`, AWS's collectives for SageMaker GPU instances) when
-  `smdistributed.dataparallel` is importable, NCCL on other GPUs, gloo on CPUs.
+- Backend: NCCL on GPUs (over EFA where the instance has it: trainer/cluster.py), gloo on CPUs.
+  Not SMDDP: its last release (2.5.0) is built for PyTorch 2.4.1 and supports P4d/P4de only, while
+  this image runs PyTorch 2.7 on any GPU type (docs/trainer.md, "Multi-node on SageMaker").
 - `ddp` (default): DistributedDataParallel, every rank holds the whole UNet and optimizer.
 - `fsdp`: FSDP2 `fully_shard` per UNet block and on the whole, so parameters, gradients and
   optimizer state are sharded across ranks (for SDXL-size models); bf16 compute on GPUs.
@@ -39,13 +40,7 @@ class Processes:
 
 
 def collective_backend() -> str:
-    if not torch.cuda.is_available():
-        return "gloo"
-    try:
-        import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  (registers the "smddp" backend)
-    except ImportError:
-        return "nccl"
-    return "smddp"
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def setup() -> Processes:

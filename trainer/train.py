@@ -24,11 +24,13 @@ $SM_OUTPUT_DATA_DIR; $SM_HPS, when set, supplies the other defaults.
 Progressive resolution: `--run-config sd2-progressive` (configs/runs/) lists stages of resolution,
 batch size, learning rate and steps; the run moves through them by itself (trainer/stages.py).
 
-Resuming: `--resume latest` (the default) continues from the checkpoint `<checkpoint-dir>/latest`
-names, if there is one. Every batch and every noise draw is a pure function of (seed, step, rank),
+Resuming: `--resume latest` (the default) continues from the newest checkpoint in `<checkpoint-dir>`
+whose manifest verifies, if there is one, and logs each newer one it skips (`checkpoint_skipped`,
+with the reason). Every batch and every noise draw is a pure function of (seed, step, rank),
 so the resumed job trains on exactly what the uninterrupted one would have and its loss curve is
 the same; on another number of GPUs it continues with its own draws. `--resume none` starts over;
-`--resume <checkpoint dir>` picks one. Checkpoints: trainer/checkpoints.py.
+`--resume <checkpoint dir>` picks one, and the job stops at once if it does not verify.
+Checkpoints: trainer/checkpoints.py.
 
 Provenance: `--manifest` (default $SM_CHANNEL_MANIFEST, the job's manifest JSON) lists samples to
 leave out, which the loader never reads; `draws` in atelier-training.json counts the samples drawn
@@ -42,6 +44,9 @@ hold `report.html`, the run's self-contained report (trainer/report.py).
 Logs: JSON lines on stdout (trainer/health.py); each training line also carries `steps` (the total),
 `progress` (steps done / total) and `eta_s` (seconds left at the step rate since the line before).
 Too many non-finite steps in a row end the job with the reason in `$SM_OUTPUT_DIR/failure`.
+Before the models load, every rank's device, free memory and an all-reduce over all ranks are checked
+(trainer/preflight.py); no optimizer step for `--watchdog-minutes` dumps the stacks and ends the job
+(trainer/watchdog.py). Both name the host and rank in that failure reason.
 """
 
 import argparse
@@ -59,7 +64,7 @@ from diffusers import DDPMScheduler, UNet2DConditionModel
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer import distributed
+from trainer import distributed, preflight
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
@@ -69,6 +74,7 @@ from trainer.models import Models, build_pipeline, caption_ids, compile_vae_enco
 from trainer.report import write_report
 from trainer.objective import autocast, diffusion_loss, step_generator
 from trainer.stages import RunPlan, plan_from_args
+from trainer.watchdog import stops_watchdogs, training_watchdog
 
 DEFAULT_VALIDATION_PROMPTS = "a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table|a mountain lake at sunrise"
 
@@ -145,11 +151,13 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- main
 
 
+@stops_watchdogs
 def main(args: argparse.Namespace) -> dict:
     """Train, checkpoint, save the pipeline; return what atelier-training.json records."""
     # setup
     processes = distributed.setup()
     rank, device = processes.rank, processes.device
+    checks = preflight.check(processes, args.preflight_timeout, args.preflight_min_free_fraction)  # before anything loads
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
@@ -209,7 +217,8 @@ def main(args: argparse.Namespace) -> dict:
 
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
-        backend=processes.backend, strategy=args.strategy, sdxl=models.sdxl, stages=plan.describe())
+        backend=processes.backend, strategy=args.strategy, sdxl=models.sdxl, stages=plan.describe(), preflight=checks)
+    watchdog = training_watchdog(args.watchdog_minutes, rank, step)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
     while step < plan.total_steps:
         step += 1
@@ -248,6 +257,7 @@ def main(args: argparse.Namespace) -> dict:
                 raise NonFiniteLossError(reason)
         optimizer.zero_grad(set_to_none=True)
         lr_schedule.step()
+        watchdog.pet(step)
         if step % args.log_every == 0 or step == plan.total_steps:
             loss_sum, good_steps = distributed.mean(torch.stack([window.loss_sum, torch.tensor(float(window.good_steps))]).to(device)).tolist()
             mean_loss = loss_sum / good_steps if good_steps else float("nan")
@@ -267,6 +277,7 @@ def main(args: argparse.Namespace) -> dict:
                 path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema, state, args.keep_checkpoints)
                 log(rank, event="checkpoint", step=step, dir=str(path))
                 check_health(args, processes, models, unet, ema, plan, step, loss_history, health_dir)
+    watchdog.stop()
 
     # save: the pipeline with the EMA (or trained) weights, and the run's record
     weights = weights_to_sample(unet, ema, use_ema=args.final_weights == "ema")
@@ -312,7 +323,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="loss curve and validation grids (default $SM_OUTPUT_DATA_DIR, else <model-dir>/health)")
     where.add_argument("--checkpoint-dir", default=None,
                        help="checkpoints go here; none are written without it (SageMaker: /opt/ml/checkpoints)")
-    where.add_argument("--resume", default="latest", help="'latest' (if any), 'none', or a checkpoint directory")
+    where.add_argument("--resume", default="latest", help="'latest' (the newest complete checkpoint, if any), 'none', or a checkpoint directory")
     where.add_argument("--manifest", default=env.get("SM_CHANNEL_MANIFEST"),
                        help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
                             "read (default $SM_CHANNEL_MANIFEST)")
@@ -367,6 +378,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     health.add_argument("--keep-checkpoints", type=int, default=2, help="the newest K step directories are kept")
     health.add_argument("--log-every", type=int, default=10, help="also at the last step")
     health.add_argument("--max-nonfinite-steps", type=int, default=10, help="non-finite steps in a row that end the job")
+    health.add_argument("--watchdog-minutes", type=float, default=30,
+                        help="no optimizer step for this long (before the first: twice as long) dumps every thread's "
+                             "stack, writes the failure reason and ends the job (0: off)")
+    health.add_argument("--preflight-timeout", type=float, default=120,
+                        help="seconds the start-up all-reduce over all ranks may take (it connects them too)")
+    health.add_argument("--preflight-min-free-fraction", type=float, default=0.8,
+                        help="share of each GPU's memory that must be free at start")
     health.add_argument("--validation-prompts", default=DEFAULT_VALIDATION_PROMPTS, help="'|'-separated; '' for none")
     health.add_argument("--validation-seeds", default="0", help="comma-separated; one grid column each")
     health.add_argument("--validation-inference-steps", type=int, default=None,
@@ -382,6 +400,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.seed < 0 or args.gradient_accumulation < 1 or args.keep_checkpoints < 1:
         parser.error("--seed must be >= 0, --gradient-accumulation and --keep-checkpoints >= 1")
+    if args.watchdog_minutes < 0 or args.preflight_timeout <= 0 or not 0 <= args.preflight_min_free_fraction <= 1:
+        parser.error("--watchdog-minutes must be >= 0, --preflight-timeout > 0, --preflight-min-free-fraction in 0..1")
     return args
 
 

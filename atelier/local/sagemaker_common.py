@@ -25,6 +25,8 @@ from typing import Any
 
 import boto3
 
+from core.instance_types import has_instance_store
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -328,3 +330,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def check_volume_key(instance_type: str, key: str | None, member: str) -> None:
+    """SageMaker refuses a KMS key for the volumes of an instance type with instance store (its
+    hardware encrypts them; core/instance_types.py has the rule and its source)."""
+    if key and has_instance_store(instance_type):
+        raise validation_error(f"{member} is not supported for instance type {instance_type}: its local instance "
+                               "storage is encrypted by the instance's hardware module; do not specify a KMS key for it")

@@ -33,6 +33,7 @@ from atelier.local.sagemaker_common import (
     S3Uri,
     Settings,
     check_name,
+    check_volume_key,
     container_env,
     convert_times,
     download,
@@ -324,6 +325,8 @@ class Hosting:
         for variant in variants:
             require(variant, "VariantName")
             self._model(require(variant, "ModelName"))
+            if variant.get("InstanceType"):  # serverless variants have none
+                check_volume_key(variant["InstanceType"], request.get("KmsKeyId"), "KmsKeyId")
         config = EndpointConfig(name, self._settings.arn("endpoint-config", name), variants)
         with self._lock:
             if name in self._configs:

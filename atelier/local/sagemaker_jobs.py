@@ -28,6 +28,7 @@ from atelier.local.sagemaker_common import (
     S3Uri,
     Settings,
     check_name,
+    check_volume_key,
     container_env,
     convert_times,
     epoch_millis,
@@ -510,6 +511,8 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
                    "ResourceConfig", "StoppingCondition"):
         require(request, member)
     S3Uri.parse(request["OutputDataConfig"]["S3OutputPath"], "S3OutputPath")
+    check_volume_key(require(request, "ResourceConfig.InstanceType"), request["ResourceConfig"].get("VolumeKmsKeyId"),
+                     "VolumeKmsKeyId")
     if request.get("CheckpointConfig"):
         S3Uri.parse(require(request, "CheckpointConfig.S3Uri"), "CheckpointConfig.S3Uri")
     normalised = json.loads(json.dumps(request))  # a deep copy the caller cannot change

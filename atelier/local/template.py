@@ -87,6 +87,9 @@ def _point_code_at_placeholders(template: dict[str, Any], root: Path) -> dict[st
         props = resource.get("Properties", {})
         if resource.get("Type") == "AWS::Serverless::Function" and isinstance(props.get("CodeUri"), str):
             props["CodeUri"] = placeholder(props["CodeUri"])
+        # a layer's packages come from the local environment (the venv has them); only its place is kept
+        if resource.get("Type") == "AWS::Serverless::LayerVersion" and isinstance(props.get("ContentUri"), str):
+            props["ContentUri"] = placeholder(props["ContentUri"])
     return code_dirs
 
 
@@ -100,9 +103,33 @@ def _parameter_values(declared: dict[str, Any], overrides: dict[str, str]) -> di
             values[name] = overrides[name]
         elif "Default" in spec:
             values[name] = str(spec["Default"])
-        else:
-            raise TemplateError(f"parameter {name} has no default and no override")
+        else:  # CloudFormation: "Parameters: [X] must have values"
+            raise TemplateError(f"parameter {name} has no default and no override: {spec.get('Description', '')}")
+        check_parameter(name, spec, values[name])
     return values
+
+
+def check_parameter(name: str, spec: dict[str, Any], value: str) -> None:
+    """The constraints CloudFormation checks before it creates anything (AllowedPattern,
+    AllowedValues, MinLength/MaxLength, MinValue/MaxValue), each item of a list type on its own."""
+    why = spec.get("ConstraintDescription")
+    kind = spec.get("Type", "String")
+    listed = kind.startswith("List<") or kind == "CommaDelimitedList"
+    for item in (value.split(",") if value else []) if listed else [value]:
+        pattern = spec.get("AllowedPattern")
+        if pattern is not None and not re.fullmatch(pattern, item):
+            raise TemplateError(f"parameter {name}={item!r} {why or f'must match pattern {pattern}'}")
+        if "AllowedValues" in spec and item not in [str(v) for v in spec["AllowedValues"]]:
+            raise TemplateError(f"parameter {name}={item!r} must be one of {spec['AllowedValues']}")
+        if "MinLength" in spec and len(item) < int(spec["MinLength"]) or "MaxLength" in spec and len(item) > int(spec["MaxLength"]):
+            raise TemplateError(f"parameter {name}={item!r} must be {spec.get('MinLength', 0)}..{spec.get('MaxLength')} characters")
+        if spec.get("Type") == "Number":
+            try:
+                number = float(item)
+            except ValueError:
+                raise TemplateError(f"parameter {name}={item!r} must be a number") from None
+            if "MinValue" in spec and number < float(spec["MinValue"]) or "MaxValue" in spec and number > float(spec["MaxValue"]):
+                raise TemplateError(f"parameter {name}={item} must be within {spec.get('MinValue')}..{spec.get('MaxValue')}")
 
 
 class Resolver:

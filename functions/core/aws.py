@@ -231,6 +231,10 @@ def transact_updates(table: str, updates: list[tuple[str, str, str, dict[str, An
 
 # --- SageMaker ----------------------------------------------------------------------------------
 
+class ServiceQuotaExceeded(RuntimeError):
+    """CreateTrainingJob's ResourceLimitExceeded: the account's quota for the instance type is used up."""
+
+
 def create_training_job(request: dict[str, Any]) -> bool:
     """Start a job; False when a job of that name exists already (a redelivered event)."""
     try:
@@ -239,6 +243,8 @@ def create_training_job(request: dict[str, Any]) -> bool:
     except ClientError as exc:
         if error_code(exc) == "ResourceInUse":
             return False
+        if error_code(exc) == "ResourceLimitExceeded":
+            raise ServiceQuotaExceeded(f"ResourceLimitExceeded: {exc.response['Error'].get('Message', '')}") from exc
         raise
 
 

@@ -24,6 +24,8 @@ from aws_lambda_powertools import Logger
 from core import aws, records, telemetry, training_report
 from core.errors import BadMessage
 from core.gate import Evaluation, Scores, Thresholds, decide, parse_evaluation
+from core.instance_types import has_instance_store
+from core.job_requests import encrypt_with_key
 from core.settings import DeploySettings
 
 logger = Logger(child=True)
@@ -150,7 +152,7 @@ def endpoint_config_request(job: JobState, settings: DeploySettings) -> dict[str
         }],
         "Tags": [{"Key": TRAINING_JOB_TAG, "Value": job.name}],
     }
-    if settings.kms_key:
+    if settings.kms_key and not has_instance_store(settings.instance_type):  # AWS refuses the key there
         request["KmsKeyId"] = settings.kms_key
     return request
 
@@ -198,9 +200,7 @@ def evaluation_job_request(name: str, candidate: dict[str, Any], production: dic
         "Tags": [{"Key": ROLE_TAG, "Value": "evaluation"}, {"Key": CANDIDATE_TAG, "Value": candidate["model"]},
                  {"Key": "atelier:baseline", "Value": production["model"] if production else ""}],
     }
-    if settings.kms_key:
-        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
-        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
+    encrypt_with_key(request, settings.kms_key)
     return request
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.instance_types import has_instance_store
 from core.pretrained import AUTOENCODER_SUFFIX
 from core.settings import Stage, TrainingSettings
 
@@ -110,10 +111,18 @@ def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], ins
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
     if settings.subnets:
         request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
-    if settings.kms_key:
-        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
-        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
+    encrypt_with_key(request, settings.kms_key)
     return request
+
+
+def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
+    """The job's outputs, and its ML storage volume unless it is instance store, for which AWS
+    refuses a VolumeKmsKeyId (core/instance_types.py): the hardware encrypts those."""
+    if not kms_key:
+        return
+    request["OutputDataConfig"]["KmsKeyId"] = kms_key
+    if not has_instance_store(request["ResourceConfig"]["InstanceType"]):
+        request["ResourceConfig"]["VolumeKmsKeyId"] = kms_key
 
 
 def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettings) -> dict[str, str]:

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from core.errors import ConfigError
+from core.failure_brake import BrakeSettings
 from core.images import KNOWN_FORMATS, DecodePolicy
+from core.instance_types import GPUS_PER_INSTANCE
 from core.pretrained import AUTOENCODER_SUFFIX, check_uri
 
 
@@ -139,12 +141,6 @@ class PackSettings:
         )
 
 
-# GPUs per instance of the types a run plan names; others count as one training process.
-GPUS_PER_INSTANCE: dict[str, int] = {
-    "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8, "ml.p4d.24xlarge": 8,
-    "ml.p4de.24xlarge": 8, "ml.g5.48xlarge": 8, "ml.g6e.48xlarge": 8, "ml.g5.24xlarge": 4,
-    "ml.g5.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.12xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3.8xlarge": 4,
-}
 
 
 @dataclass(frozen=True)
@@ -192,6 +188,7 @@ class TrainingSettings:
     autoencoder_instance_type: str = ""
     autoencoder_hyperparameters: dict[str, str] = field(default_factory=dict)
     eval_data_uri: str = ""  # s3://<data>/<EvalDataPrefix>: the autoencoder job's `validation` channel
+    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.failure_brake)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
@@ -223,6 +220,7 @@ class TrainingSettings:
             autoencoder_hyperparameters=_hyperparameters(env.get("TRAINING_AUTOENCODER_HYPERPARAMETERS") or "{}",
                                                          "TRAINING_AUTOENCODER_HYPERPARAMETERS"),
             eval_data_uri=env.get("TRAINING_EVAL_DATA_URI", "").strip(),
+            brake=_brake(env),
         )
         if bool(settings.subnets) != bool(settings.security_groups):
             raise ConfigError("TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS go together (a VPC config needs both)")
@@ -235,6 +233,13 @@ class TrainingSettings:
             if settings.encode_instance_type:
                 check_encodable(stage)
         return settings
+
+
+def _brake(env: Mapping[str, str]) -> BrakeSettings:
+    backoff = int(_bounded("TRAINING_FAILURE_BACKOFF_S", _int(env, "TRAINING_FAILURE_BACKOFF_S"), 0))
+    return BrakeSettings(
+        max_failures=int(_bounded("TRAINING_MAX_CONSECUTIVE_FAILURES", _int(env, "TRAINING_MAX_CONSECUTIVE_FAILURES"), 1)),
+        backoff_s=backoff, max_backoff_s=max(backoff, 6 * 3600))
 
 
 def _pretrained_uri(raw: str) -> str:

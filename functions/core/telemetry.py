@@ -35,6 +35,7 @@ UPLOAD_TO_SHARD_SECONDS = "UploadToShardSeconds"  # the upload's S3 time -> its 
 SHARDS_SEALED = "ShardsSealed"
 SHARD_BYTES = "ShardBytes"
 TRAINING_JOBS_STARTED = "TrainingJobsStarted"
+LINEAGES_HALTED = "LineagesHalted"  # the circuit breaker opened (core.failure_brake): nothing starts until resumed
 TRAINING_JOBS_FINISHED = {"Completed": "TrainingJobsCompleted", "Failed": "TrainingJobsFailed",
                           "Stopped": "TrainingJobsStopped"}
 DEPLOYMENTS = "Deployments"  # endpoint created or updated (emitted by core.deploy)

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from aws_lambda_powertools import Logger
 
-from core import attribution, autoencoder_job, aws, encode_job, licensing, records
+from core import attribution, autoencoder_job, aws, encode_job, failure_brake, licensing, records, telemetry
 from core.job_requests import MANIFEST_PREFIX, autoencoder_job_name, encode_job_name, training_job_request
 from core.models import Manifest, ShardRef, ShardSealed
 from core.pretrained import PretrainedBase, describe_base
@@ -53,6 +53,7 @@ from core.settings import TrainingSettings
 logger = Logger(child=True)
 TRAINED_SHARDS = "SHARDS#trained"
 ENDED = frozenset({"Completed", "Failed", "Stopped"})
+RESUME_SOURCE, RESUME_REQUEST = "atelier.cli", "Lineage Resumed"  # `atelier lineage resume NAME`
 
 
 class JobNameCollision(RuntimeError):
@@ -143,6 +144,7 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
         return on_autoencoder_finished(job, status, reason, settings)
     if _record_end(job, status, reason, settings):
         _settle(job, status, settings)
+        _apply_brake(name, status, reason, settings)  # once per job: before `advance` reads it
     if status == "Completed":  # every delivery (idempotent), so a crash after settling is made good
         attribution.record_model(name, settings)
     return advance(settings)
@@ -215,9 +217,39 @@ def _advance_once(settings: TrainingSettings) -> Decision:
         if settings.concurrency == "skip":
             return Decision("busy", running)
         return _claim_next(settings, lock, queue=True)
+    held = failure_brake.hold(failure_brake.Brake.from_item(lock), _now())
+    if held:  # the pending shards wait; the schedule (or the next event) looks again
+        logger.info("lineage held", extra={"lineage": settings.lineage, "why": held})
+        return Decision("halted" if lock.get("halted") else "backing-off")
     if lock.get("queue"):
         return _start_queued(lock["queue"][0], settings)
     return _claim_next(settings, lock, queue=False)
+
+
+def _apply_brake(name: str, status: str, reason: str | None, settings: TrainingSettings) -> None:
+    """A Failed job backs the lineage off (and may halt it); a Completed one releases the brake."""
+    if status not in ("Failed", "Completed"):
+        return  # Stopped: a person stopped it, which says nothing about the next job
+    brake = failure_brake.Brake.from_item(_lineage(settings))
+    after = failure_brake.after_failure(brake, name, reason, _now(), settings.brake) if status == "Failed" \
+        else failure_brake.after_success(brake)
+    write_brake(after, settings.table, settings.lineage)
+    if after.halted and not brake.halted:
+        logger.error("lineage halted", extra={"lineage": settings.lineage, "failures": list(after.failures[-3:])})
+        telemetry.count(telemetry.LINEAGES_HALTED)
+    elif status == "Failed":
+        logger.warning("lineage backing off", extra={"lineage": settings.lineage, "until": after.not_before,
+                                                     "model_failures": after.model_failures})
+
+
+def write_brake(brake: failure_brake.Brake, table: str, lineage: str) -> None:
+    item = brake.to_item()
+    aws.update_item(table, f"LINEAGE#{lineage}", "SET " + ", ".join(f"#{k} = :{k}" for k in item),
+                    {f":{k}": v for k, v in item.items()}, names={f"#{k}": k for k in item})
+
+
+def _now() -> float:
+    return datetime.now(timezone.utc).timestamp()
 
 
 def _lineage(settings: TrainingSettings) -> dict[str, Any]:
@@ -247,7 +279,8 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
     if queue:
         logger.info("manifest queued behind the running job", extra={"job": name})
         return Decision("queued", name, pending=len(pending))
-    _ensure_started(name, settings)
+    if not _ensure_started(name, settings):
+        return Decision("backing-off", name, pending=len(pending))
     return Decision("started", name, pending=len(pending))
 
 
@@ -322,7 +355,8 @@ def _start_queued(name: str, settings: TrainingSettings) -> Decision:
     if taken:
         aws.update_item(settings.table, records.job_pk(name), "SET #s = :s, steps_base = :b", {
             ":s": "Requested", ":b": int(_lineage(settings)["steps_done"])}, names={"#s": "status"})
-        _ensure_started(name, settings)
+        if not _ensure_started(name, settings):
+            return Decision("backing-off", name)
     return Decision("started" if taken else "already-claimed", name)
 
 
@@ -395,9 +429,20 @@ def _inputs(name: str, job: dict[str, Any], settings: TrainingSettings) -> _Inpu
                    PretrainedBase.model_validate_json(job["pretrained"]).uri if job.get("pretrained") else "")
 
 
-def _ensure_started(name: str, settings: TrainingSettings) -> None:
+def _ensure_started(name: str, settings: TrainingSettings) -> bool:
     """CreateTrainingJob for a recorded job, after the jobs it waits for (the lineage's autoencoder
-    job, its encode job); an existing job of that name must be ours."""
+    job, its encode job); an existing job of that name must be ours. A quota refusal fails the job
+    as a capacity failure (False): its shards return to pending and the lineage backs off."""
+    try:
+        _start_what_is_due(name, settings)
+        return True
+    except aws.ServiceQuotaExceeded as exc:
+        logger.warning("no quota for the job's instances", extra={"job": name, "error": str(exc)})
+        on_job_finished(name, "Failed", str(exc), settings)
+        return False
+
+
+def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     job = aws.get_item(settings.table, records.job_pk(name))
     if job is None or job.get("status") not in ("Requested", "InProgress"):
         return

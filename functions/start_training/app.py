@@ -1,5 +1,6 @@
 """StartTrainingFunction: "Shard Sealed" events count towards the quota; a training job's end
-(Completed, Failed, Stopped) frees its lineage for the next stage or the next manifest."""
+(Completed, Failed, Stopped) frees its lineage for the next stage or the next manifest; the
+schedule looks again at a lineage whose failure backoff may have ended."""
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
@@ -8,7 +9,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from core import telemetry
 from core.models import ShardSealed
 from core.settings import TrainingSettings
-from core.training import Decision, on_job_finished, on_shard_sealed
+from core.training import RESUME_REQUEST, Decision, advance, on_job_finished, on_shard_sealed
 
 logger = Logger()
 metrics = Metrics()
@@ -29,6 +30,10 @@ def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
                                    detail.get("FailureReason"), settings)
         if decision.action != "not-ours":  # evaluation jobs end here too
             telemetry.count(telemetry.TRAINING_JOBS_FINISHED[detail["TrainingJobStatus"]])  # the rule's three states
+    elif event.detail_type == "Scheduled Event":
+        decision = advance(settings)
+    elif event.detail_type == RESUME_REQUEST:  # an operator resumed a halted lineage
+        decision = advance(settings) if event.detail["lineage"] == settings.lineage else Decision("not-ours")
     else:
         decision = on_shard_sealed(ShardSealed.model_validate(event.detail), settings)
     if decision.action == "started":

@@ -21,8 +21,8 @@ from tests.support import load_event
 
 from atelier.local.provision import Provisioned
 from core import aws, records
-from core.deploy import (JobState, deployment_config, evaluation_job_name, job_state_from_event, model_request,
-                         on_artefact_published, on_endpoint_state, on_job_state, reevaluate, rollback)
+from core.deploy import (JobState, deployment_config, endpoint_config_request, evaluation_job_name,
+                         evaluation_job_request, job_state_from_event, model_request, on_artefact_published, on_endpoint_state, on_job_state, reevaluate, rollback)
 from core.errors import BadMessage
 from core.models import LeftOut
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
@@ -557,3 +557,32 @@ def test_model_request_names_the_job_and_manifest() -> None:
     assert request["ModelName"] == JOB
     assert {t["Key"]: t["Value"] for t in request["Tags"]} == {"atelier:training-job": JOB, "atelier:manifest": "ab" * 32}
     assert request["EnableNetworkIsolation"] is True
+
+
+# AWS: CreateEndpointConfig "fails" when KmsKeyId is given for an instance type with local storage,
+# as CreateTrainingJob does for VolumeKmsKeyId (docs/aws-differences.md).
+KEY = "arn:aws:kms:us-east-1:123456789012:key/k"
+
+
+@pytest.mark.parametrize("instance_type, keyed", [("ml.g5.xlarge", False), ("ml.g4dn.xlarge", False),
+                                                  ("ml.p4d.24xlarge", False), ("ml.m5.large", True),
+                                                  ("ml.g6e.2xlarge", False), ("ml.inf2.xlarge", True)])
+def test_the_endpoint_config_names_the_key_only_where_aws_accepts_it(instance_type: str, keyed: bool) -> None:
+    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+                              endpoint_name="atelier", instance_type=instance_type, models_bucket="models", kms_key=KEY)
+
+    request = endpoint_config_request(completed(), settings)
+
+    assert request.get("KmsKeyId") == (KEY if keyed else None)
+
+
+@pytest.mark.parametrize("instance_type, keyed", [("ml.g5.2xlarge", False), ("ml.m5.xlarge", True)])
+def test_the_evaluation_job_encrypts_its_volume_only_where_aws_accepts_it(instance_type: str, keyed: bool) -> None:
+    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+                              endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
+                              kms_key=KEY, eval_instance_type=instance_type, eval_data_uri="s3://data/eval/")
+
+    request = evaluation_job_request("m-eval", {"model": "m", "model_data": "s3://models/m.tar.gz"}, None, settings)
+
+    assert request["ResourceConfig"].get("VolumeKmsKeyId") == (KEY if keyed else None)
+    assert request["OutputDataConfig"]["KmsKeyId"] == KEY

@@ -190,6 +190,10 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     "pack_samples": lambda e: {"batchItemFailures": []},
     "pack_seal_timer": lambda e: {"sealed": []},  # nothing open yet
     "start_training_shard_sealed": lambda e: {"action": "waiting", "job": None},  # quota is 2
+    # the schedule that ends a failure backoff: nothing pending, nothing to start
+    "start_training_retry_schedule": lambda e: {"action": "waiting", "job": None},
+    # `atelier lineage resume main`: the brake is off, nothing is pending yet
+    "start_training_lineage_resumed": lambda e: {"action": "waiting", "job": None},
     # moto's EventBridge delivers events without `account`
     "start_training_moto_shard_sealed": lambda e: {"action": "waiting", "job": None},
     # latent shards ready: the training job they were encoded for starts on them

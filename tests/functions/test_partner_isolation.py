@@ -22,7 +22,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from atelier.local.template import Resolver, expand
-from tests.support import ACCOUNT, REGION, REPO, STACK
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK
 
 NAMES = {"UploadsBucket": "atelier-uploads", "DataBucket": "atelier-data", "ModelsBucket": "atelier-models"}
 TAG_VARIABLE = "${aws:PrincipalTag/partner}"
@@ -32,7 +32,7 @@ def role(overrides: dict[str, str]) -> dict[str, Any]:
     """PartnerUploadRole's properties from template.yaml, bucket names as above."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", REGION)
-        expanded = expand(REPO / "template.yaml", overrides, STACK, REGION, ACCOUNT)
+        expanded = expand(REPO / "template.yaml", {**IMAGES, **overrides}, STACK, REGION, ACCOUNT)
     resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: NAMES.get(name, name),
                         get_att=lambda name, attribute: f"arn:aws:s3:::{NAMES[name]}",
                         list_parameters=expanded.list_parameters)

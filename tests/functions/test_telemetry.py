@@ -14,7 +14,7 @@ from typing import Any, Callable
 import boto3
 import pytest
 from aws_lambda_powertools import Logger, Metrics
-from tests.support import ACCOUNT, REGION, REPO, STACK, load_event
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, load_event
 
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
@@ -177,6 +177,24 @@ def test_start_training_counts_a_failed_job_once_per_event(start_training, emf) 
     assert values(blobs, telemetry.TRAINING_JOBS_FINISHED["Completed"]) == []
 
 
+def test_start_training_counts_a_lineage_halted_once_for_the_alarm(start_training, emf, monkeypatch) -> None:
+    # GIVEN the breaker set to open at the second failed job in a row (backoff 0: tests/conftest.py)
+    monkeypatch.setenv("TRAINING_MAX_CONSECUTIVE_FAILURES", "2")
+    start_training(shard_sealed(1))
+    job = start_training(shard_sealed(2))["job"]
+    emf()
+    # WHEN its job and the retry fail
+    retry = start_training(job_ended(job, "Failed"))["job"]
+    first = emf()
+    halted = start_training(job_ended(retry, "Failed"))
+    # THEN LineagesHalted (LineageHaltedAlarm's metric) is counted with the second failure, not the first
+    assert values(first, telemetry.LINEAGES_HALTED) == []
+    assert (halted["action"], values(emf(), telemetry.LINEAGES_HALTED)) == ("halted", [1.0])
+    # AND a redelivered Failed event counts it no more
+    start_training(job_ended(retry, "Failed"))
+    assert values(emf(), telemetry.LINEAGES_HALTED) == []
+
+
 def test_start_training_does_not_count_jobs_it_did_not_start(start_training, emf) -> None:
     assert start_training(job_ended("atelier-3f9a1c2b7d4e5f6a8b9c-eval", "Failed"))["action"] == "not-ours"
 
@@ -231,7 +249,7 @@ LAMBDA_MARKERS = ("LAMBDA_TASK_ROOT", "AWS_SAM_LOCAL", "POWERTOOLS_TRACE_DISABLE
 ])
 def test_the_functions_trace_only_in_lambda(where: str, markers: dict, tracing: bool) -> None:
     # GIVEN a fresh interpreter (Powertools decides once per process) with a function's environment
-    expanded = expand(REPO / "template.yaml", {}, STACK, REGION, ACCOUNT)
+    expanded = expand(REPO / "template.yaml", IMAGES, STACK, REGION, ACCOUNT)
     resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: name, get_att=lambda name, _: name)
     template_env = resolver.resolve(expanded.resources["PackFunction"]["Properties"]["Environment"]["Variables"])
     env = {k: v for k, v in os.environ.items() if k not in LAMBDA_MARKERS}

@@ -25,7 +25,8 @@ from atelier.local.provision import Provisioned
 from core import aws, records
 from core.models import Manifest, ShardRef, ShardSealed
 from core.settings import TrainingSettings
-from core.training import (Decision, JobNameCollision, job_name_for, manifest_file, on_job_finished,
+from core import training
+from core.training import (Decision, JobNameCollision, advance, job_name_for, manifest_file, on_job_finished,
                            on_shard_sealed)
 
 TWO_STAGES = json.dumps([
@@ -50,6 +51,7 @@ class FakeSageMaker:
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.requests: list[dict[str, Any]] = []  # every CreateTrainingJob, refused ones too
+        self.quota_left: int | None = None  # jobs the account's instance quota allows (None: no limit)
         self._lock = threading.Lock()
 
     def create_training_job(self, **request: Any) -> dict[str, Any]:
@@ -57,6 +59,13 @@ class FakeSageMaker:
         name = request["TrainingJobName"]
         with self._lock:
             self.requests.append(copy.deepcopy(request))
+            if self.quota_left is not None and name not in self.jobs:
+                if self.quota_left <= 0:
+                    raise ClientError({"Error": {"Code": "ResourceLimitExceeded", "Message": (
+                        f"The account-level service limit 'ml.m5.xlarge for training job usage' is 0 Instances, "
+                        "with current utilization of 0 Instances and a request delta of 1 Instances.")}},
+                        "CreateTrainingJob")
+                self.quota_left -= 1
             if name in self.jobs:
                 raise ClientError({"Error": {"Code": "ResourceInUse", "Message": (
                     "Training job names must be unique within an AWS account and region, and a training job "
@@ -143,7 +152,7 @@ def empty(stack: Provisioned) -> None:
 def sagemaker(stack: Provisioned, monkeypatch: pytest.MonkeyPatch) -> FakeSageMaker:
     empty(stack)
     fake, lock, real = FakeSageMaker(), threading.RLock(), aws.client
-    clients = {service: Serialized(real(service), lock) for service in ("dynamodb", "s3")}  # made before any thread
+    clients = {service: Serialized(real(service), lock) for service in ("dynamodb", "s3", "events")}  # before any thread
     monkeypatch.setattr(aws, "client", lambda service: fake if service == "sagemaker" else clients[service])
     return fake
 
@@ -1012,3 +1021,140 @@ def test_the_handler_counts_an_encode_job_s_end_and_starts_its_training_job(enco
 
     assert handle(event, lambda_context) == {"action": "encoded", "job": name}
     assert sagemaker.created == [f"{name}-enc", name]
+
+
+# --- the brake on failing jobs (core.failure_brake) -------------------------------------------------
+
+NOW = 1_800_000_000.0
+MODEL_FAILURE = "AlgorithmError: unrecognized arguments: --learning-rat 1e-4"
+CAPACITY_FAILURE = "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The orchestration's time, moved by the test: clock[0] is now."""
+    now = [NOW]
+    monkeypatch.setattr(training, "_now", lambda: now[0])
+    return now
+
+
+def test_a_failed_job_backs_off_and_the_schedule_starts_the_next_after_the_wait(
+        configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, clock: list[float]) -> None:
+    settings = configure(TRAINING_FAILURE_BACKOFF_S="600")
+    first = seal(settings, 1, 2)[1].job_name
+
+    # WHEN the job fails
+    decision = finish(settings, first, "Failed", MODEL_FAILURE)
+
+    # THEN nothing starts for the backoff, its shards wait in the pending index, the reason is kept
+    assert decision == Decision("backing-off") and sagemaker.created == [first]
+    assert pending(settings) == [sid(1), sid(2)]
+    assert (lineage(settings)["not_before"], lineage(settings)["failures"][-1]["reason"]) == (NOW + 600, MODEL_FAILURE)
+    clock[0] = NOW + 599
+    assert advance(settings) == Decision("backing-off") and sagemaker.created == [first]
+    # AND the schedule's look after the wait starts the retry on the same shards
+    clock[0] = NOW + 600
+    retry = advance(settings)
+    assert retry.action == "started" and sagemaker.created == [first, retry.job_name]
+
+
+def test_the_backoff_doubles_with_each_failure_in_a_row(configure: Callable[..., TrainingSettings],
+                                                          sagemaker: FakeSageMaker, clock: list[float]) -> None:
+    settings = configure(TRAINING_FAILURE_BACKOFF_S="600", TRAINING_MAX_CONSECUTIVE_FAILURES="5")
+    name = seal(settings, 1, 2)[1].job_name
+    waits = []
+    for _ in range(3):
+        finish(settings, name, "Failed", MODEL_FAILURE)
+        waits.append(float(lineage(settings)["not_before"]) - clock[0])
+        clock[0] = float(lineage(settings)["not_before"])
+        name = advance(settings).job_name
+
+    assert waits == [600, 1200, 2400]
+
+
+def test_three_model_failures_in_a_row_halt_the_lineage_until_it_is_resumed(
+        configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, clock: list[float],
+        stack: Provisioned) -> None:
+    from atelier import client
+    settings = configure(TRAINING_MAX_CONSECUTIVE_FAILURES="3")  # backoff 0 (tests/conftest.py)
+    name = seal(settings, 1, 2)[1].job_name
+    decisions = []
+    for n in range(3):  # a bad hyperparameter fails every job the same way
+        decisions.append(finish(settings, name, "Failed", f"{MODEL_FAILURE} (attempt {n})"))
+        name = decisions[-1].job_name
+
+    # THEN the third failure halts it: no fourth job, however many events come
+    assert [d.action for d in decisions] == ["started", "started", "halted"]
+    assert seal(settings, 3, 4)[-1].action == "halted" and advance(settings) == Decision("halted")
+    assert len(sagemaker.created) == 3
+    record = lineage(settings)
+    assert (record["halted"], record["model_failures"]) == (True, 3)
+    assert [f["reason"] for f in record["failures"]] == [f"{MODEL_FAILURE} (attempt {n})" for n in range(3)]
+    assert pending(settings) == [sid(n) for n in (1, 2, 3, 4)]  # nothing lost
+    held = next(line for line in client.pipeline_status(stack.outputs).lineages if line["name"] == "main")["held"]
+    assert held.startswith("halted after 3 failed jobs in a row") and "(attempt 2)" in held
+
+    # WHEN an operator resumes it (`atelier lineage resume main`)
+    resumed = client.resume_lineage(stack.outputs, "main")
+
+    # THEN the next job starts, the failures stay on record
+    assert (resumed["was_halted"], resumed["model_failures"]) == (True, 3)
+    assert advance(settings).action == "started" and len(sagemaker.created) == 4
+    assert (lineage(settings)["halted"], len(lineage(settings)["failures"])) == (False, 3)
+
+
+def test_capacity_failures_back_off_but_never_halt(configure: Callable[..., TrainingSettings],
+                                                    sagemaker: FakeSageMaker, clock: list[float]) -> None:
+    settings = configure(TRAINING_MAX_CONSECUTIVE_FAILURES="2", TRAINING_FAILURE_BACKOFF_S="60")
+    name = seal(settings, 1, 2)[1].job_name
+    for _ in range(4):
+        assert finish(settings, name, "Failed", CAPACITY_FAILURE) == Decision("backing-off")
+        clock[0] = float(lineage(settings)["not_before"])
+        name = advance(settings).job_name
+
+    record = lineage(settings)
+    assert (record["halted"], record["model_failures"], record["failures_in_a_row"]) == (False, 0, 4)
+    assert {f["kind"] for f in record["failures"]} == {"capacity"} and len(sagemaker.created) == 5
+
+
+def test_a_quota_refusal_fails_the_job_as_a_capacity_failure_and_backs_off(
+        configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, clock: list[float]) -> None:
+    settings = configure(TRAINING_FAILURE_BACKOFF_S="300")
+    sagemaker.quota_left = 0
+
+    # WHEN the quota refuses CreateTrainingJob (no exception escapes: EventBridge would retry it for a day)
+    decisions = seal(settings, 1, 2)
+
+    # THEN the job is recorded failed with the reason, its shards wait, the lineage backs off
+    name = job_name_for(expected_manifest(settings, [1, 2]))
+    assert job(settings, name)["status"] == "Failed"
+    assert job(settings, name)["failure_reason"].startswith("ResourceLimitExceeded: The account-level service limit")
+    assert pending(settings) == [sid(1), sid(2)] and sagemaker.created == []
+    assert lineage(settings)["failures"][-1]["kind"] == "capacity" and lineage(settings)["model_failures"] == 0
+    assert decisions[-1] == Decision("backing-off", name, 2) and advance(settings) == Decision("backing-off")
+    # AND once the quota allows it, the retry after the wait runs
+    sagemaker.quota_left, clock[0] = 1, NOW + 300
+    assert advance(settings).action == "started" and len(sagemaker.created) == 1
+
+
+def test_a_completed_job_releases_the_brake_and_keeps_the_failures_on_record(
+        configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, clock: list[float]) -> None:
+    settings = configure(TRAINING_MAX_CONSECUTIVE_FAILURES="3")
+    name = seal(settings, 1, 2)[1].job_name
+    for _ in range(2):
+        name = finish(settings, name, "Failed", MODEL_FAILURE).job_name
+    finish(settings, name, "Completed")
+
+    record = lineage(settings)
+    assert (record["model_failures"], record["failures_in_a_row"], record["halted"]) == (0, 0, False)
+    assert len(record["failures"]) == 2
+
+
+def test_a_stopped_job_is_no_failure(configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker,
+                                     clock: list[float]) -> None:
+    settings = configure(TRAINING_FAILURE_BACKOFF_S="600")
+    first = seal(settings, 1, 2)[1].job_name
+
+    decision = finish(settings, first, "Stopped", "stopped by an operator")
+
+    assert decision.action == "started" and lineage(settings).get("failures_in_a_row", 0) == 0

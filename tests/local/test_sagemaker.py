@@ -575,6 +575,35 @@ def test_a_failing_script_is_not_retried(sm: Any, s3: Any) -> None:
     assert secondary_statuses(job) == ["Starting", "Downloading", "Training", "Failed"]
 
 
+@pytest.mark.parametrize("instance_type", ["ml.p4d.24xlarge", "ml.g5.xlarge", "ml.p5.48xlarge"])
+def test_a_volume_key_on_an_instance_store_type_is_refused_as_aws_refuses_it(sm: Any, instance_type: str) -> None:
+    resources = {"InstanceType": instance_type, "InstanceCount": 1, "VolumeSizeInGB": 50, "VolumeKmsKeyId": "k"}
+
+    code, message = error_of(lambda: sm.create_training_job(**training_request("keyed", ResourceConfig=resources)))
+
+    assert code == "ValidationException" and instance_type in message
+
+
+def test_a_volume_key_on_an_ebs_type_is_accepted(sm: Any) -> None:
+    resources = {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50, "VolumeKmsKeyId": "k"}
+
+    sm.create_training_job(**training_request("keyed-ebs", ResourceConfig=resources))
+
+    assert sm.describe_training_job(TrainingJobName="keyed-ebs")["ResourceConfig"]["VolumeKmsKeyId"] == "k"
+
+
+def test_an_endpoint_config_key_on_an_instance_store_type_is_refused(sm: Any, s3: Any) -> None:
+    put_model(s3, sm, "kms-model", "ok")
+    variant = {"VariantName": "AllTraffic", "ModelName": "kms-model", "InitialInstanceCount": 1}
+
+    code, message = error_of(lambda: sm.create_endpoint_config(
+        EndpointConfigName="kms-g5", KmsKeyId="k", ProductionVariants=[{**variant, "InstanceType": "ml.g5.xlarge"}]))
+    sm.create_endpoint_config(EndpointConfigName="kms-m5", KmsKeyId="k",
+                              ProductionVariants=[{**variant, "InstanceType": "ml.m5.large"}])
+
+    assert code == "ValidationException" and "ml.g5.xlarge" in message
+
+
 @pytest.mark.parametrize("member, value", [("ResourceConfig", {"InstanceType": "ml.g5.xlarge", "InstanceCount": 0}),
                                            ("RetryStrategy", {"MaximumRetryAttempts": 31})])
 def test_instance_count_and_retry_attempts_are_range_checked(sm: Any, member: str, value: dict) -> None:

@@ -53,7 +53,7 @@ def write_shard():
     return _write_shard
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a pure function: module-scoped runs can use it too
 def train_args():
     """train_args(train_dir, model_dir, checkpoint_dir, *extra): parsed arguments for a tiny CPU run."""
     return _train_args

@@ -65,7 +65,7 @@ def test_checkpoints_every_n_steps_and_at_the_end_with_latest_marking_the_last(t
     assert sorted(path.name for path in checkpoint_dir.iterdir()) == ["latest", "step-00000002", "step-00000003"]
     assert (checkpoint_dir / "latest").read_text() == "step-00000003"
     assert sorted(path.name for path in (checkpoint_dir / "step-00000003").iterdir()) == [
-        "ema_unet", "rng-rank0.pt", "training_state.pt", "unet",
+        "ema_unet", "manifest.json", "rng-rank0.pt", "training_state.pt", "unet",
     ]
     # both weight directories load as UNets on their own
     UNet2DConditionModel.from_pretrained(checkpoint_dir / "step-00000003" / "ema_unet")
@@ -230,7 +230,7 @@ def test_stages_hand_off_by_themselves_and_a_resumed_job_continues_in_the_right_
     assert Image.open(tmp_path / "model" / "health" / "validation" / "step-00000003.png").size == grid_layout(64, 2, 1).size
     # WHEN it is resumed from its step-3 checkpoint
     straight = losses(lines)
-    (tmp_path / "ckpt" / "latest").write_text("step-00000003")
+    args.resume = str(tmp_path / "ckpt" / "step-00000003")
     train.main(args)
     resumed = json_lines(capsys.readouterr().out)
     # THEN it continues in stage 1 and repeats step 4 exactly
@@ -475,8 +475,10 @@ def test_two_processes_train_with_ddp_and_a_checkpoint_resumes_with_fsdp_and_wit
     assert list(losses(lines)) == [1, 2]
     start = next(line for line in lines if line.get("event") == "start")
     assert (start["world_size"], start["backend"], start["strategy"]) == (2, "gloo", "ddp")
+    assert list(start["preflight"]) == ["all_reduce_s"]  # the preflight's all-reduce ran over both processes
     checkpoint = tmp_path / "ckpt" / "step-00000002"
-    assert sorted(path.name for path in checkpoint.iterdir()) == ["ema_unet", "rng-rank0.pt", "rng-rank1.pt", "training_state.pt", "unet"]
+    assert sorted(path.name for path in checkpoint.iterdir()) == ["ema_unet", "manifest.json", "rng-rank0.pt", "rng-rank1.pt", "training_state.pt", "unet"]
+    assert {"rng-rank0.pt", "rng-rank1.pt"} <= {entry["path"] for entry in json.loads((checkpoint / "manifest.json").read_text())["files"]}
     rng = [torch.load(checkpoint / f"rng-rank{rank}.pt", weights_only=False)["torch"] for rank in (0, 1)]
     assert not torch.equal(*rng)  # each rank draws its own noise
     record = json.loads((tmp_path / "model" / "atelier-training.json").read_text())

@@ -121,6 +121,16 @@ def test_the_training_failure_alarm_reads_start_training_s_metric(resources, exp
         [{"Name": "service", "Value": service["POWERTOOLS_SERVICE_NAME"]}])
 
 
+def test_the_lineage_halted_alarm_reads_start_training_s_metric(resources) -> None:
+    alarm = of_type(resources, "AWS::CloudWatch::Alarm")["LineageHaltedAlarm"]
+    service = of_type(resources, "AWS::Lambda::Function")["StartTrainingFunction"]["Environment"]["Variables"]
+
+    assert (alarm["Namespace"], alarm["MetricName"], alarm["Dimensions"]) == (
+        service["POWERTOOLS_METRICS_NAMESPACE"], telemetry.LINEAGES_HALTED,
+        [{"Name": "service", "Value": service["POWERTOOLS_SERVICE_NAME"]}])
+    assert (alarm["Statistic"], alarm["Threshold"], alarm["ComparisonOperator"]) == ("Sum", 0, "GreaterThanThreshold")
+
+
 def test_alarms_notify_the_topic_only_when_one_is_given(resources) -> None:
     topic = "arn:aws:sns:us-east-1:123456789012:ops"
     with_topic = of_type(resolve(expand_with({"AlarmTopicArn": topic})), "AWS::CloudWatch::Alarm")

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import IMAGES
 from atelier.local.template import Resolver, TemplateError, creation_order, dependencies, expand, load_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,7 +174,7 @@ def test_creation_order_puts_dependencies_first() -> None:
 def test_creation_order_of_the_template_has_every_resource_after_its_dependencies() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        resources = expand(REPO / "template.yaml", {}, "atelier", "us-east-1", "123456789012").resources
+        resources = expand(REPO / "template.yaml", IMAGES, "atelier", "us-east-1", "123456789012").resources
 
     order = creation_order(resources)
 
@@ -206,7 +207,7 @@ def test_real_local_overrides_name_only_template_parameters() -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        expanded = expand(REPO / "template.yaml", overrides, "atelier", "us-east-1", "123456789012")
+        expanded = expand(REPO / "template.yaml", {**IMAGES, **overrides}, "atelier", "us-east-1", "123456789012")
 
     assert {k: expanded.parameters[k] for k in overrides} == overrides
 
@@ -232,14 +233,34 @@ def test_load_overrides_of_a_missing_environment_or_file_is_empty(tmp_path: Path
 
 def test_expand_rejects_an_override_of_an_unknown_parameter() -> None:
     with pytest.raises(TemplateError, match="NoSuchParameter"):
-        expand(REPO / "template.yaml", {"TrainingQuota": "2", "NoSuchParameter": "1"}, "atelier", "us-east-1",
+        expand(REPO / "template.yaml", {**IMAGES, "TrainingQuota": "2", "NoSuchParameter": "1"}, "atelier", "us-east-1",
                "123456789012")
+
+
+def test_expand_refuses_a_stack_without_its_images_as_cloudformation_does() -> None:
+    # no placeholder default: a stack with no image would fail at its first training job, hours later
+    with pytest.raises(TemplateError, match="TrainingImageUri has no default"):
+        expand(REPO / "template.yaml", {"InferenceImageUri": IMAGES["InferenceImageUri"]}, "atelier", "us-east-1",
+               "123456789012")
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"TrainingImageUri": "atelier-trainer:latest"}, "must be the ECR URI of the image built from trainer/Dockerfile"),
+    ({"TrainingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-trainer"}, "with a tag or digest"),
+    ({"TrainingQuota": "0"}, r"TrainingQuota=0 must be within 1\.\.None"),
+    ({"TrainingQuota": "many"}, "must be a number"),
+    ({"TrainingConcurrency": "both"}, "must be one of"),
+    ({"SweepSchedule": "cron(0 * * * ? *)"}, "must match pattern"),
+])
+def test_expand_checks_each_parameter_s_constraints_as_cloudformation_does(override: dict, message: str) -> None:
+    with pytest.raises(TemplateError, match=message):
+        expand(REPO / "template.yaml", {**IMAGES, **override}, "atelier", "us-east-1", "123456789012")
 
 
 def test_expand_applies_overrides_and_pseudo_parameters() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        expanded = expand(REPO / "template.yaml", {"TrainingQuota": "5"}, "stack1", "eu-west-1", "210987654321")
+        expanded = expand(REPO / "template.yaml", {**IMAGES, "TrainingQuota": "5"}, "stack1", "eu-west-1", "210987654321")
 
     assert ({k: expanded.parameters[k] for k in ("TrainingQuota", "TrainingLineage", "AWS::StackName", "AWS::Region",
                                                    "AWS::AccountId")}

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from tests.support import IMAGES
 from atelier.local.template import Expanded, Resolver, expand
 from core.errors import ConfigError
 from core.images import DecodePolicy
-from core.settings import (GPUS_PER_INSTANCE, DeploySettings, IngestSettings, PackSettings, Stage, TrainingSettings,
+from core.instance_types import GPUS_PER_INSTANCE
+from core.settings import (DeploySettings, IngestSettings, PackSettings, Stage, TrainingSettings,
                            check_sharding)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +34,8 @@ TRAINING_ENV = {
     "TRAINING_HYPERPARAMETERS": '{"steps": "100000", "batch-size": "32"}',
     "TRAINING_CONCURRENCY": "queue",
     "TRAINING_REPLAY_SHARE": "0.2",
+    "TRAINING_MAX_CONSECUTIVE_FAILURES": "3",
+    "TRAINING_FAILURE_BACKOFF_S": "600",
     "TRAINING_KEEP_ALIVE_S": "600",
     "TRAINING_SUBNETS": "subnet-a,subnet-b",
     "TRAINING_SECURITY_GROUPS": "sg-1",
@@ -427,7 +431,7 @@ def test_settings_take_the_gpus_per_instance_override() -> None:
 def expanded() -> Expanded:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # samtranslator asks boto for a region
-        return expand(REPO / "template.yaml", {}, "atelier", "us-east-1", "123456789012")
+        return expand(REPO / "template.yaml", IMAGES, "atelier", "us-east-1", "123456789012")
 
 
 def function_environment(expanded: Expanded, logical_id: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.support import IMAGES
 from atelier.local.template import Expanded, Resolver, expand
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ LOCAL_ENDPOINT = "http://host.docker.internal:5100"
 def expand_with(overrides: dict[str, str]) -> Expanded:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # samtranslator asks boto for a region
-        return expand(REPO / "template.yaml", overrides, "atelier", "us-east-1", "123456789012")
+        return expand(REPO / "template.yaml", {**IMAGES, **overrides}, "atelier", "us-east-1", "123456789012")
 
 
 def resolve(expanded: Expanded) -> dict[str, dict[str, Any]]:
@@ -164,13 +165,14 @@ def test_every_rule_target_that_is_a_function_has_a_dead_letter_queue(resources:
     lambda_targets = [(rule, t) for rule, props in of_type(resources, "AWS::Events::Rule").items()
                       for t in props.get("Targets", []) if t["Arn"].removesuffix(".Arn") in functions]
 
-    # Shard Sealed and job finished (start-training); job state changes, model artefacts, endpoint
-    # state changes and `atelier evaluate` requests (deploy); the pack seal timer; the sweep's schedule
+    # Shard Sealed, job finished, `atelier lineage resume` and the backoff's schedule (start-training);
+    # job state changes, model artefacts, endpoint state changes and `atelier evaluate` requests
+    # (deploy); the pack seal timer; the sweep's schedule
     assert sorted(rule for rule, _ in lambda_targets) == [
         "DeployFunctionEndpointStateChange", "DeployFunctionEvaluateRequest", "DeployFunctionModelArtefactCreated",
         "DeployFunctionTrainingJobStateChange",
-        "PackFunctionSealTimer", "StartTrainingFunctionJobFinished", "StartTrainingFunctionShardSealed",
-        "SweepFunctionSchedule"]
+        "PackFunctionSealTimer", "StartTrainingFunctionJobFinished", "StartTrainingFunctionLineageResumed",
+        "StartTrainingFunctionRetryAfterBackoff", "StartTrainingFunctionShardSealed", "SweepFunctionSchedule"]
     assert [rule for rule, t in lambda_targets if "Arn" not in t.get("DeadLetterConfig", {})] == []
 
 
@@ -228,7 +230,7 @@ def requirement_names(path: Path) -> set[str]:
 
 
 def test_function_requirements_are_powertools_and_pillow() -> None:
-    assert requirement_names(FUNCTIONS_DIR / "requirements.txt") == {"aws-lambda-powertools", "pillow"}
+    assert requirement_names(FUNCTIONS_DIR / "layer" / "requirements.txt") == {"aws-lambda-powertools", "pillow"}
 
 
 def imported_top_level_modules() -> dict[str, set[str]]:
@@ -362,3 +364,46 @@ def test_the_start_training_function_gets_the_base_and_the_autoencoder_settings(
         "TRAINING_PRETRAINED_MODEL_URI": "", "TRAINING_AUTOENCODER_INSTANCE_TYPE": "ml.g5.2xlarge",
         "TRAINING_AUTOENCODER_HYPERPARAMETERS": '{"steps": "20000", "batch-size": "32", "learning-rate": "0.0001"}',
         "TRAINING_EVAL_DATA_URI": "s3://DataBucket/eval/"}
+
+
+# --- KMS: what AWS asks of a role that writes to a bucket encrypted with the storage key -------------
+
+STORAGE_KEY = "arn:aws:kms:us-east-1:123456789012:key/storage"
+
+
+def roles_that_put_objects(resources: dict[str, dict[str, Any]]) -> list[str]:
+    return [logical for logical, resource in resources.items() if resource["Type"] == "AWS::IAM::Role"
+            and any("s3:PutObject" in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
+                    for policy in resource["Properties"].get("Policies", [])
+                    for st in policy["PolicyDocument"]["Statement"] if st.get("Effect") == "Allow")]
+
+
+def test_every_role_that_writes_objects_may_make_and_read_data_keys_of_the_storage_key() -> None:
+    # S3: a PUT to an SSE-KMS bucket needs kms:GenerateDataKey; a multipart upload (boto3 switches to
+    # one above 8 MiB, and partners' tools do) also needs kms:Decrypt to assemble the parts.
+    # Source: the S3 User Guide, "Protecting data with server-side encryption using AWS KMS keys".
+    keyed = resolve(expand_with({"StorageKmsKeyArn": STORAGE_KEY}))
+    writers = roles_that_put_objects(keyed)
+    assert {"PartnerUploadRole", "SageMakerRole"} <= set(writers)
+    missing = {role: {"kms:GenerateDataKey", "kms:Decrypt"} - role_actions_on(keyed, role, STORAGE_KEY)
+               for role in writers}
+    assert not {role: actions for role, actions in missing.items() if actions}
+
+
+def test_sagemaker_may_encrypt_outputs_with_the_training_key() -> None:
+    # SageMaker, OutputDataConfig.KmsKeyId: "the SageMaker execution role must include permissions to
+    # call kms:Encrypt"; volumes need CreateGrant; reading the outputs back needs Decrypt.
+    key = "arn:aws:kms:us-east-1:123456789012:key/training"
+    keyed = resolve(expand_with({"TrainingKmsKeyArn": key}))
+    assert {"kms:Encrypt", "kms:GenerateDataKey", "kms:Decrypt", "kms:CreateGrant"} <= role_actions_on(
+        keyed, "SageMakerRole", key)
+
+
+def test_sam_build_installs_the_function_dependencies_once_into_one_layer(resources: dict[str, dict[str, Any]]) -> None:
+    # `sam build` runs pip for every function whose CodeUri holds a requirements.txt, and builds each
+    # function on its own when their Metadata differ (ours do): the packages go to one layer instead
+    functions = of_type(resources, "AWS::Lambda::Function")
+    (layer,) = of_type(resources, "AWS::Lambda::LayerVersion")
+    assert all(f.get("Layers") == [layer] for f in functions.values()), {n: f.get("Layers") for n, f in functions.items()}
+    assert not (FUNCTIONS_DIR / "requirements.txt").exists()
+    assert (FUNCTIONS_DIR / "layer" / "requirements.txt").is_file()
