@@ -27,7 +27,7 @@ STEPS = 20  # sampling steps per picture
 # hues (red drawn orange); 2 matched 0.92 of the prompts against 0.58 at 5 (docs/trainer.md).
 GUIDANCE = 2.0
 
-PROMPT = re.compile(r"an? (?P<colour>\w+) (?P<shape>\w+) on an? (?P<ground>\w+) background")
+CAPTION = re.compile(r"an? (?P<colour>\w+) (?P<shape>\w+) on an? (?P<ground>\w+) background")
 
 
 def named_colour(rgb: np.ndarray) -> str:
@@ -52,7 +52,7 @@ def picture_colours(image: Image.Image) -> tuple[str, str]:
 
 def prompt_colours(prompt: str) -> tuple[str, str]:
     """(foreground, background) colours a catalogue prompt names."""
-    found = PROMPT.fullmatch(prompt.strip())
+    found = CAPTION.fullmatch(prompt.strip())
     if not found or found["colour"] not in COLOURS or found["ground"] not in COLOURS:
         raise ValueError(f"not a catalogue prompt ('a <colour> <shape> on a <colour> background'): {prompt!r}")
     return found["colour"], found["ground"]
