@@ -3,7 +3,7 @@
 A DLQ of a queue (UploadsDLQ, PackDLQ) is redriven to its source queue: with SQS's
 StartMessageMoveTask where the service has it, else one message at a time, each deleted from the
 DLQ only after its send succeeded (a crash in between sends it twice: every consumer is
-idempotent). A DLQ of EventBridge deliveries (StartTrainingDLQ, DeployDLQ, PackScheduleDLQ) holds
+idempotent). A DLQ of EventBridge deliveries (StartTrainingDLQ, DeployDLQ, the schedules' DLQs) holds
 events: each is put on the bus again, and deleted only once EventBridge accepted it (a body that is
 not an event stays). Every rule matching the event fires again; their functions are idempotent.
 """

@@ -45,7 +45,7 @@ PROPERTIES = {"IngestFunction": {"Timeout": 6}, "PackFunction": {"Timeout": 8}, 
               "SweepFunction": {"Timeout": 6}, "UploadsQueue": {"VisibilityTimeout": 8},
               "PackQueue": {"VisibilityTimeout": 10}}
 REDRIVEN = ("UploadsDLQ", "PackDLQ", "StartTrainingDLQ")  # replayed after the storm (docs/reliability.md)
-TIMER_DLQS = ("PackScheduleDLQ", "SweepScheduleDLQ")  # a failed tick: the next one does its work
+TIMER_DLQS = ("PackScheduleDLQ", "SweepScheduleDLQ", "StartTrainingScheduleDLQ")  # a failed tick: the next one does its work
 QUIET_S = 180
 
 

@@ -41,7 +41,8 @@ def test_list_shows_every_dlq_with_its_count_and_source(outputs, capsys) -> None
               for d in json.loads(capsys.readouterr().out)}
     assert listed["UploadsDLQ"] == (1, ["atelier-UploadsQueue"])
     assert listed["DeployDLQ"][0] == 0
-    assert {"UploadsDLQ", "PackDLQ", "StartTrainingDLQ", "DeployDLQ", "PackScheduleDLQ", "SweepScheduleDLQ"} <= set(listed)
+    assert {"UploadsDLQ", "PackDLQ", "StartTrainingDLQ", "DeployDLQ", "PackScheduleDLQ", "SweepScheduleDLQ",
+            "StartTrainingScheduleDLQ"} <= set(listed)
 
 
 def test_show_leaves_the_messages_in_place(outputs, capsys) -> None:
