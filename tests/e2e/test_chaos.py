@@ -60,6 +60,18 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
         yield stack
 
 
+def runtime_timeouts(stack: LocalStack, stalls: int) -> int:
+    """The runtime's "Task timed out" lines. A stall injected in the storm's last seconds (a timer's
+    tick) may still be sleeping towards its function's Timeout: wait that long at most."""
+    deadline = time.monotonic() + max(p.get("Timeout", 0) for p in PROPERTIES.values()) + 5
+    while True:
+        count = sum(p.read_text(errors="replace").count("Task timed out")
+                    for p in (stack.options.state_dir / "logs").glob("*.log"))
+        if count >= stalls or time.monotonic() > deadline:
+            return count
+        time.sleep(1)
+
+
 @pytest.fixture(autouse=True)
 def stack_env(chaos_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point boto3 at the local stack again (the shared fixtures clear AWS_ENDPOINT_URL*)."""
@@ -92,7 +104,7 @@ def test_storms_lose_and_duplicate_nothing(chaos_stack: LocalStack) -> None:
     ticks = [json.loads(m["Body"]) for name in TIMER_DLQS for m in traffic.receive_all(outputs[f"{name}Url"])]
     assert all(t.get("detail-type") == "Scheduled Event" for t in ticks), "a timer DLQ holds something else"
     faults = Counter(json.loads(line)["fault"] for line in chaos_file.with_name("chaos.json.log").read_text().splitlines())
-    timeouts = sum(p.read_text(errors="replace").count("Task timed out") for p in (stack.options.state_dir / "logs").glob("*.log"))
+    timeouts = runtime_timeouts(stack, faults["stall"])
     summary = {"test": "chaos", "seed": SEED, "runs": RUNS, "seconds": round(time.monotonic() - clock, 1),
                "uploads": report.uploads, "accepted": report.accepted, "quarantined": report.quarantined,
                "shards": report.shards, "lost": sum(v.kind == "lost" for v in report.violations),
