@@ -123,7 +123,7 @@ def check_parameter(name: str, spec: dict[str, Any], value: str) -> None:
             raise TemplateError(f"parameter {name}={item!r} must be one of {spec['AllowedValues']}")
         if "MinLength" in spec and len(item) < int(spec["MinLength"]) or "MaxLength" in spec and len(item) > int(spec["MaxLength"]):
             raise TemplateError(f"parameter {name}={item!r} must be {spec.get('MinLength', 0)}..{spec.get('MaxLength')} characters")
-        if spec.get("Type") == "Number":
+        if kind == "Number":
             try:
                 number = float(item)
             except ValueError:

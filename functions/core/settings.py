@@ -239,7 +239,7 @@ def _brake(env: Mapping[str, str]) -> BrakeSettings:
     backoff = int(_bounded("TRAINING_FAILURE_BACKOFF_S", _int(env, "TRAINING_FAILURE_BACKOFF_S"), 0))
     return BrakeSettings(
         max_failures=int(_bounded("TRAINING_MAX_CONSECUTIVE_FAILURES", _int(env, "TRAINING_MAX_CONSECUTIVE_FAILURES"), 1)),
-        backoff_s=backoff, max_backoff_s=max(backoff, 6 * 3600))
+        backoff_s=backoff, max_backoff_s=max(backoff, BrakeSettings.max_backoff_s))
 
 
 def _pretrained_uri(raw: str) -> str:
