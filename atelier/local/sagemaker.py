@@ -32,6 +32,7 @@ from werkzeug.wrappers import Request, Response
 from atelier.local.sagemaker_common import ApiError, AwsClients, Settings, convert_times, epoch_seconds
 from atelier.local.sagemaker_endpoints import Hosting
 from atelier.local.sagemaker_jobs import TrainingJobs
+from atelier.local.sagemaker_tags import ResourceTags
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +46,19 @@ class SageMakerApp:
     """WSGI app: SageMaker's JSON 1.1 protocol (POST / with X-Amz-Target) and the Runtime's
     REST POST /endpoints/<name>/invocations, over the local jobs and endpoints."""
 
-    def __init__(self, jobs: TrainingJobs, hosting: Hosting):
+    def __init__(self, jobs: TrainingJobs, hosting: Hosting, tags: ResourceTags):
         self._operations: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "CreateTrainingJob": jobs.create, "DescribeTrainingJob": jobs.describe,
             "ListTrainingJobs": jobs.list_jobs, "StopTrainingJob": jobs.stop,
             "CreateModel": hosting.create_model, "DescribeModel": hosting.describe_model,
-            "DeleteModel": hosting.delete_model,
+            "DeleteModel": hosting.delete_model, "ListModels": hosting.list_models,
             "CreateEndpointConfig": hosting.create_endpoint_config,
             "DescribeEndpointConfig": hosting.describe_endpoint_config,
             "DeleteEndpointConfig": hosting.delete_endpoint_config,
             "CreateEndpoint": hosting.create_endpoint, "DescribeEndpoint": hosting.describe_endpoint,
             "UpdateEndpoint": hosting.update_endpoint, "DeleteEndpoint": hosting.delete_endpoint,
             "ListEndpoints": hosting.list_endpoints,
+            "AddTags": tags.add_tags, "ListTags": tags.list_tags, "DeleteTags": tags.delete_tags,
         }
         self._hosting = hosting
 
@@ -136,9 +138,10 @@ class LocalSageMaker:
     def __init__(self, settings: Settings, session: boto3.session.Session | None = None):
         self.settings = settings
         clients = AwsClients(settings.region, session)
-        self.jobs = TrainingJobs(settings, clients)
-        self.hosting = Hosting(settings, clients)
-        self.app = SageMakerApp(self.jobs, self.hosting)
+        self.tags = ResourceTags()
+        self.jobs = TrainingJobs(settings, clients, self.tags)
+        self.hosting = Hosting(settings, clients, self.tags)
+        self.app = SageMakerApp(self.jobs, self.hosting, self.tags)
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -53,6 +53,7 @@ from atelier.local.sagemaker_deployments import (
     routing_type,
     traffic_plan,
 )
+from atelier.local.sagemaker_tags import ResourceTags, checked_tags
 from atelier.local.sagemaker_telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class Model:
         echoed: dict[str, Any] = {key: self.request[key] for key in (
             "PrimaryContainer", "ExecutionRoleArn", "VpcConfig", "EnableNetworkIsolation") if key in self.request}
         return {"ModelName": self.name, "ModelArn": self.arn, **echoed, "CreationTime": self.creation_time}
+
+    def summary(self) -> dict[str, Any]:
+        return {"ModelName": self.name, "ModelArn": self.arn, "CreationTime": self.creation_time}
 
 
 @dataclass
@@ -241,7 +245,6 @@ class Endpoint:
     server: Server | None = None  # the live (blue) container
     deployment: Deployment | None = None
     deployment_config: dict[str, Any] | None = None  # LastDeploymentConfig
-    tags: dict[str, str] = field(default_factory=dict)
     deleted: threading.Event = field(default_factory=threading.Event)
 
     def route(self) -> Server | None:
@@ -275,9 +278,10 @@ class Endpoint:
 class Hosting:
     """The hosting half of the SageMaker API and the SageMaker Runtime's InvokeEndpoint."""
 
-    def __init__(self, settings: Settings, clients: AwsClients):
+    def __init__(self, settings: Settings, clients: AwsClients, tags: ResourceTags):
         self._settings = settings
         self._clients = clients
+        self._tags = tags
         self._models: dict[str, Model] = {}
         self._configs: dict[str, EndpointConfig] = {}
         self._endpoints: dict[str, Endpoint] = {}
@@ -296,21 +300,40 @@ class Hosting:
         require(request, "PrimaryContainer.Image")
         if request["PrimaryContainer"].get("ModelDataUrl"):
             S3Uri.parse(request["PrimaryContainer"]["ModelDataUrl"], "ModelDataUrl")
+        tags = checked_tags(request.get("Tags"))
         model = Model(name, self._settings.arn("model", name), request)
         with self._lock:
             if name in self._models:
                 raise validation_error(f'Cannot create already existing model "{model.arn}".')
             self._models[name] = model
+            self._tags.created(model.arn, tags)
         self._persist("models", name, model.describe())
         return {"ModelArn": model.arn}
 
     def describe_model(self, request: dict[str, Any]) -> dict[str, Any]:
         return self._model(require(request, "ModelName")).describe()
 
+    def list_models(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            summaries = [model.summary() for model in self._models.values()]
+        if request.get("NameContains"):
+            summaries = [s for s in summaries if request["NameContains"] in s["ModelName"]]
+        # botocore sends timestamps as epoch seconds
+        if request.get("CreationTimeBefore") is not None:
+            summaries = [s for s in summaries if s["CreationTime"].timestamp() < float(request["CreationTimeBefore"])]
+        if request.get("CreationTimeAfter") is not None:
+            summaries = [s for s in summaries if s["CreationTime"].timestamp() > float(request["CreationTimeAfter"])]
+        sort_key = "ModelName" if request.get("SortBy") == "Name" else "CreationTime"
+        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
+        items, token = page(summaries, request)
+        return {"Models": items, **({"NextToken": token} if token else {})}
+
     def delete_model(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = self._model(require(request, "ModelName")).name
+        model = self._model(require(request, "ModelName"))
+        name = model.name
         with self._lock:
             self._models.pop(name, None)
+            self._tags.deleted(model.arn)
         self._forget("models", name)
         return {}
 
@@ -327,11 +350,13 @@ class Hosting:
             self._model(require(variant, "ModelName"))
             if variant.get("InstanceType"):  # serverless variants have none
                 check_volume_key(variant["InstanceType"], request.get("KmsKeyId"), "KmsKeyId")
+        tags = checked_tags(request.get("Tags"))
         config = EndpointConfig(name, self._settings.arn("endpoint-config", name), variants)
         with self._lock:
             if name in self._configs:
                 raise validation_error(f'Cannot create already existing endpoint configuration "{config.arn}".')
             self._configs[name] = config
+            self._tags.created(config.arn, tags)
         self._persist("endpoint-configs", name, config.describe())
         return {"EndpointConfigArn": config.arn}
 
@@ -339,9 +364,11 @@ class Hosting:
         return self._config(require(request, "EndpointConfigName")).describe()
 
     def delete_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = self._config(require(request, "EndpointConfigName")).name
+        config = self._config(require(request, "EndpointConfigName"))
+        name = config.name
         with self._lock:
             self._configs.pop(name, None)
+            self._tags.deleted(config.arn)
         self._forget("endpoint-configs", name)
         return {}
 
@@ -352,13 +379,15 @@ class Hosting:
         config = self._config(require(request, "EndpointConfigName"))
         # Kept for later updates (RetainDeploymentConfig); a create itself is never blue/green.
         deployment_config = self._checked_deployment_config(request.get("DeploymentConfig"), config.instance_count)
+        tags = checked_tags(request.get("Tags"))
         endpoint = Endpoint(name, self._settings.arn("endpoint", name), config.name,
-                            deployment_config=deployment_config, tags=tag_map(request.get("Tags")))
+                            deployment_config=deployment_config)
         with self._lock:
             self._refuse_when_closing()
             if name in self._endpoints:
                 raise validation_error(f'Cannot create already existing endpoint "{endpoint.arn}".')
             self._endpoints[name] = endpoint
+            self._tags.created(endpoint.arn, tags)
             endpoint.deployment = Deployment(config, None, config.instance_count)
             self._changed(endpoint)
             self._start_deployment(endpoint, endpoint.deployment)
@@ -399,6 +428,7 @@ class Hosting:
             endpoint.deleted.set()  # a deployment in flight stops its new container itself
             endpoint.status, endpoint.deployment, endpoint.last_modified = "Deleting", None, utc_now()
             self._announce(endpoint, ENDPOINT_EVENT)
+            self._tags.deleted(endpoint.arn)  # after its last event, which carries them
             server, endpoint.server = endpoint.server, None
             self._endpoint_file(endpoint.name).unlink(missing_ok=True)
         if server:
@@ -742,7 +772,7 @@ class Hosting:
 
     def _announce(self, endpoint: Endpoint, detail_type: str) -> None:
         """Queue the event; the detail is the Describe document as SageMaker's events carry it."""
-        detail = convert_times({**endpoint.describe(), "Tags": endpoint.tags}, epoch_millis)
+        detail = convert_times({**endpoint.describe(), "Tags": self._tags.of(endpoint.arn)}, epoch_millis)
         detail["EndpointStatus"] = event_status(endpoint.status)
         self._telemetry.put_event({"Source": EVENT_SOURCE, "DetailType": detail_type, "Resources": [endpoint.arn],
                                    "Detail": json.dumps(detail)})
@@ -761,8 +791,3 @@ def variant_summary(server: Server) -> dict[str, Any]:
 def event_status(status: str) -> str:
     """Endpoint events spell the status in capitals (InService -> IN_SERVICE), as AWS's examples show."""
     return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", status).upper()
-
-
-def tag_map(tags: list[dict[str, str]] | None) -> dict[str, str]:
-    """Tags as events carry them: {key: value}."""
-    return {tag["Key"]: tag["Value"] for tag in tags or []}

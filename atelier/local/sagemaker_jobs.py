@@ -52,6 +52,7 @@ from atelier.local.sagemaker_instances import (
     materialise_channels,
     write_layout,
 )
+from atelier.local.sagemaker_tags import ResourceTags, checked_tags
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,6 @@ class TrainingJob:
     arn: str
     request: dict[str, Any]
     root: Path
-    tags: dict[str, str]
     creation_time: datetime = field(default_factory=utc_now)
     status: str = "InProgress"
     secondary: str = "Starting"
@@ -142,9 +142,10 @@ class TrainingJob:
 class TrainingJobs:
     """The training-job half of the SageMaker API, and the runner behind it."""
 
-    def __init__(self, settings: Settings, clients: AwsClients):
+    def __init__(self, settings: Settings, clients: AwsClients, tags: ResourceTags):
         self._settings = settings
         self._clients = clients
+        self._tags = tags
         self._jobs: dict[str, TrainingJob] = {}
         self._lock = threading.RLock()
         self._closing = False
@@ -155,6 +156,7 @@ class TrainingJobs:
     def create(self, request: dict[str, Any]) -> dict[str, Any]:
         name = check_name(require(request, "TrainingJobName"), "trainingJobName")
         normalised = normalise_request(request)
+        tags = checked_tags(request.get("Tags"))
         arn = self._settings.arn("training-job", name)
         with self._lock:
             if self._closing:
@@ -163,9 +165,10 @@ class TrainingJobs:
                 raise ApiError("ResourceInUse", "Training job names must be unique within an AWS account and "
                                f"region, and a training job with this name already exists ({arn})")
             root = self._settings.state_dir / "jobs" / name
-            job = TrainingJob(name, arn, normalised, root, tags=tag_map(request.get("Tags")))
+            job = TrainingJob(name, arn, normalised, root)
             job.transitions.append(transition("Starting", job.creation_time))
             self._jobs[name] = job
+            self._tags.created(arn, tags)
             job.thread = threading.Thread(target=JobRun(self, job), name=f"training-job-{name}", daemon=True)
         shutil.rmtree(root, ignore_errors=True)  # left by an earlier run of the stack; outside the lock: may be big
         self._persist(job.describe(), job)
@@ -314,7 +317,7 @@ class TrainingJobs:
     def _emit(self, job: TrainingJob, snapshot: dict[str, Any]) -> None:
         """Put the state-change event; a lost event is logged, never fatal to the job (EventBridge
         delivery is best effort in AWS too)."""
-        detail = convert_times({**snapshot, "Tags": job.tags}, epoch_millis)
+        detail = convert_times({**snapshot, "Tags": self._tags.of(job.arn)}, epoch_millis)
         entry = {"Source": EVENT_SOURCE, "DetailType": EVENT_DETAIL_TYPE, "Resources": [job.arn],
                  "Detail": json.dumps(detail)}
         try:
@@ -569,8 +572,3 @@ def failure_reason(instance: Instance, code: int) -> str:
 
 def transition(status: str, start: datetime, message: str | None = None) -> dict[str, Any]:
     return {"Status": status, "StartTime": start, "StatusMessage": message or STATUS_MESSAGES.get(status, status)}
-
-
-def tag_map(tags: list[dict[str, str]] | None) -> dict[str, str]:
-    """Tags as events carry them: {key: value}."""
-    return {tag["Key"]: tag.get("Value", "") for tag in tags or []}
