@@ -3,12 +3,15 @@
 Rules (docs/metadata.md): the format is sniffed, never taken from the name; the decompression
 bomb guard stays on at an explicit limit; every byte of the image is decoded (JPEG in draft mode,
 which still reads the whole entropy-coded stream, so truncation is caught); EXIF orientation is
-applied; every colour mode becomes RGB by a stated rule (alpha over `background`).
+applied; every colour mode becomes RGB by a stated rule (alpha over `background`). A JPEG cut
+short and closed with an end marker is caught too, though libjpeg decodes it without an error
+(`_scan_cut_short`).
 """
 
 from __future__ import annotations
 
 import io
+import random
 import re
 import warnings
 from dataclasses import dataclass
@@ -20,8 +23,9 @@ from core.errors import RejectedUpload
 # Pillow's format id -> ours. MPO is the multi-picture JPEG phones write; Pillow reports it so.
 KNOWN_FORMATS: dict[str, str] = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "WEBP": "webp", "TIFF": "tiff",
                                  "BMP": "bmp", "GIF": "gif"}
-# Formats we recognise by their first bytes but never decode: named in the rejection reason.
-UNSUPPORTED_MAGIC: tuple[tuple[re.Pattern[bytes], str], ...] = (
+# Formats we recognise by their first bytes: named when unsupported, and how image bytes under a
+# sidecar's name are told from JSON.
+MAGIC: tuple[tuple[re.Pattern[bytes], str], ...] = (
     (re.compile(rb"^(\xef\xbb\xbf)?\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*(<!DOCTYPE svg[^>]*>\s*)?<svg", re.S | re.I),
      "svg"),
     (re.compile(rb"^%PDF-"), "pdf"),
@@ -37,7 +41,13 @@ UNSUPPORTED_MAGIC: tuple[tuple[re.Pattern[bytes], str], ...] = (
     (re.compile(rb"^\x89PNG\r\n\x1a\n"), "png"),
     (re.compile(rb"^RIFF....WEBP", re.S), "webp"),
 )
+PILLOW_NAMES = {ours: name for name, ours in KNOWN_FORMATS.items() if name != "MPO"}
 SRGB = ImageCms.createProfile("sRGB")
+EOI = b"\xff\xd9"
+# Bytes put before a JPEG's end marker to see whether its scan still wanted data (`_scan_cut_short`):
+# fixed, varied, and never 0xFF (which would start a marker).
+SCAN_PROBE = bytes(b % 255 for b in random.Random(0).randbytes(64))
+MID_GREY = 128  # in every channel: what libjpeg fills the blocks of a scan that ended early with
 SHARD_FORMATS = frozenset({"jpeg", "png", "webp"})  # what a shard may carry unchanged
 HASH_SIDE = 64  # enough pixels for the perceptual hash when the original bytes are kept
 
@@ -64,10 +74,10 @@ class DecodedImage:
     text: dict[str, str]  # embedded descriptions: exif, iptc, xmp
 
 
-def sniff_unsupported(data: bytes) -> str | None:
-    """The name of a known but unsupported format these bytes start with, if any."""
+def sniff_format(data: bytes) -> str | None:
+    """The name of the image format these bytes start with, if we know it (decodable or not)."""
     head = data[:512]
-    return next((name for pattern, name in UNSUPPORTED_MAGIC if pattern.match(head)), None)
+    return next((name for pattern, name in MAGIC if pattern.match(head)), None)
 
 
 def decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
@@ -75,17 +85,19 @@ def decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
     if not data:
         raise RejectedUpload("empty", "the object has no bytes")
     Image.MAX_IMAGE_PIXELS = policy.max_pixels  # the decompression-bomb guard stays on, at our limit
+    Image.WARN_POSSIBLE_FORMATS = True  # a plugin's reason for refusing bytes of its format, as a warning
+    opening: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as opening:
+            warnings.simplefilter("always")
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             return _decode(data, policy)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise RejectedUpload("too_many_pixels", str(exc)) from exc
     except UnidentifiedImageError as exc:
-        unsupported = sniff_unsupported(data)
-        if unsupported:
-            raise RejectedUpload("unsupported_format", unsupported) from exc
-        raise RejectedUpload("not_an_image", "no supported image format matches these bytes") from exc
+        raise _unidentified(data, policy, [str(w.message) for w in opening]) from exc
+    except RejectedUpload:
+        raise
     except OSError as exc:
         reason = "truncated" if "truncated" in str(exc).lower() else "corrupt"
         raise RejectedUpload(reason, str(exc)) from exc
@@ -93,6 +105,19 @@ def decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
         raise RejectedUpload("corrupt", str(exc)) from exc
     except ImageCms.PyCMSError as exc:  # an ICC profile that does not fit the pixels
         raise RejectedUpload("corrupt", f"ICC profile: {exc}") from exc
+
+
+def _unidentified(data: bytes, policy: DecodePolicy, opening: list[str]) -> RejectedUpload:
+    """Why no allowed plugin opened `data`: an allowed format whose plugin refused it is corrupt (with
+    the plugin's words); a known format not allowed is named with the allowed list; else not an image."""
+    sniffed = sniff_format(data)
+    if sniffed is None:
+        return RejectedUpload("not_an_image", "no supported image format matches these bytes")
+    if sniffed not in policy.allowed:
+        return RejectedUpload("unsupported_format", f"{sniffed} (allowed: {', '.join(sorted(policy.allowed))})")
+    prefix = f"{PILLOW_NAMES.get(sniffed, sniffed.upper())} opening failed. "
+    said = next((message.removeprefix(prefix) for message in opening if message.startswith(prefix)), "")
+    return RejectedUpload("corrupt", f"{sniffed}: {said or 'its header cannot be read'}")
 
 
 def _decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
@@ -106,9 +131,37 @@ def _decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
             # Decode at the smallest DCT scale that still serves: the whole stream is still read.
             image.draft("RGB", (policy.max_side, policy.max_side) if reason else (HASH_SIDE, HASH_SIDE))
         image.load()
+        if fmt == "jpeg" and _scan_cut_short(data, image):
+            raise RejectedUpload("truncated", "the JPEG's scan ends before its last block: the file was cut "
+                                              "short and closed with an end marker")
         oriented = ImageOps.exif_transpose(image) or image
         width, height = (full_size[1], full_size[0]) if orientation in (5, 6, 7, 8) else full_size
         return DecodedImage(fmt, mode, width, height, to_rgb(oriented, policy.background), reason, text)
+
+
+def _scan_cut_short(data: bytes, decoded: Image.Image) -> bool:
+    """Whether the scan ran out of data before the end of the image, though an end marker follows.
+
+    libjpeg fills the blocks it has no data for with mid-grey and only warns, which Pillow does not
+    pass on. So the bytes are decoded again with SCAN_PROBE just before the last end marker: a
+    complete scan never reads them (they are skipped before the marker), a scan cut short decodes
+    them as blocks, and the pixels differ. The second decode is paid only when the last pixel is
+    libjpeg's grey (a baseline scan cut anywhere but in its last block) or the file is progressive
+    (later scans refine pixels already there). A progressive file cut exactly between two scans has
+    every pixel at a lower quality, which libjpeg deems complete: it passes.
+    """
+    last = decoded.getpixel((decoded.width - 1, decoded.height - 1))
+    grey = set(last if isinstance(last, tuple) else (last,)) == {MID_GREY}
+    end = data.rfind(EOI)
+    if end < 0 or not (grey or decoded.info.get("progressive")):
+        return False
+    with Image.open(io.BytesIO(data[:end] + SCAN_PROBE + data[end:]), formats=["JPEG"]) as probe:
+        probe.draft(decoded.mode, decoded.size)
+        try:
+            probe.load()
+        except OSError:
+            return True  # the probe's bytes were read as scan data and did not decode
+        return probe.tobytes() != decoded.tobytes()
 
 
 def reencode_reason(fmt: str, mode: str, orientation: int, transparency: bool, size: tuple[int, int],

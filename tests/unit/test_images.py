@@ -118,14 +118,14 @@ def heif_like(brand: bytes) -> bytes:
     pytest.param(save(Image.new("RGBA", (32, 32), (0, 0, 255, 255)), "ICO"), "ico", id="ico"),
 ])
 def test_known_unsupported_formats_are_named(data: bytes, name: str) -> None:
-    assert rejection(data) == ("unsupported_format", name)
+    assert rejection(data) == ("unsupported_format", f"{name} (allowed: jpeg, png, tiff, webp)")
 
 
 def test_svg_with_a_utf8_byte_order_mark_is_named() -> None:
     # Editors on Windows save SVG with a BOM; it is still an SVG, not "not an image".
     svg = b'\xef\xbb\xbf<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg"/>'
 
-    assert rejection(svg) == ("unsupported_format", "svg")
+    assert rejection(svg) == ("unsupported_format", "svg (allowed: jpeg, png, tiff, webp)")
 
 
 @pytest.mark.parametrize(("pil_format", "name"), [("GIF", "gif"), ("BMP", "bmp"), ("TIFF", "tiff")])
@@ -133,7 +133,8 @@ def test_valid_image_of_a_format_not_allowed_is_unsupported(pil_format: str, nam
     data = save(Image.new("RGB", (64, 64), (10, 200, 30)), pil_format)
     assert Image.open(io.BytesIO(data)).format == pil_format  # a valid image of that format
 
-    assert rejection(data, policy(allowed=frozenset({"jpeg", "png", "webp"}))) == ("unsupported_format", name)
+    assert rejection(data, policy(allowed=frozenset({"jpeg", "png", "webp"}))) == (
+        "unsupported_format", f"{name} (allowed: jpeg, png, webp)")
 
 
 @pytest.mark.parametrize(("pil_format", "name"), [("GIF", "gif"), ("BMP", "bmp")])
@@ -163,14 +164,60 @@ def test_jpeg_missing_only_its_end_marker_is_truncated(large_noisy_jpeg: bytes) 
     assert rejection(large_noisy_jpeg[:-2])[0] == "truncated"
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (docs/metadata.md): Pillow hides libjpeg's 'premature end of "
-                   "data segment' warning, so a cut JPEG with FFD9 appended decodes as grey-padded")
-def test_truncated_jpeg_closed_with_an_end_marker_is_truncated(large_noisy_jpeg: bytes) -> None:
-    # A partial download "repaired" by appending FFD9: libjpeg pads the missing half with grey and
-    # only warns (premature end of data segment); the sample would train on half a picture.
-    half = large_noisy_jpeg[: len(large_noisy_jpeg) // 2] + b"\xff\xd9"
+@pytest.mark.parametrize("kept", [0.3, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("store", [pytest.param(POLICY, id="draft-1/8"), pytest.param(policy(max_side=512), id="re-encoded")])
+def test_truncated_jpeg_closed_with_an_end_marker_is_truncated(large_noisy_jpeg: bytes, kept: float,
+                                                                store: DecodePolicy) -> None:
+    # A partial download "repaired" by appending FFD9: libjpeg pads the missing part with grey and
+    # only warns (premature end of data segment), a warning Pillow does not pass on.
+    cut = large_noisy_jpeg[: int(len(large_noisy_jpeg) * kept)] + b"\xff\xd9"
 
-    assert rejection(half)[0] == "truncated"
+    assert rejection(cut, store) == ("truncated", "the JPEG's scan ends before its last block: the file was cut "
+                                                  "short and closed with an end marker")
+
+
+@pytest.mark.parametrize("picture", [
+    pytest.param(lambda: Image.new("RGB", (200, 120), (128, 128, 128)), id="all-mid-grey"),
+    pytest.param(lambda: Image.new("L", (200, 120), 128), id="grey-mode-mid-grey"),
+    pytest.param(lambda: scene((300, 200)), id="scene"),
+])
+def test_a_complete_jpeg_ending_in_mid_grey_is_not_truncated(picture: Callable[[], Image.Image]) -> None:
+    # libjpeg's padding is mid-grey: a picture that really ends in it is decoded again, and passes.
+    image = picture()
+    ImageDraw.Draw(image).rectangle((0, 100, image.width, image.height), fill=128)
+    data = save(image, "JPEG", quality=90)
+
+    decoded = images.decode(data, POLICY)
+
+    assert (decoded.width, decoded.height) == image.size
+
+
+def test_a_complete_progressive_jpeg_is_not_truncated(large_noisy_jpeg: bytes) -> None:
+    data = save(noise((512, 512)), "JPEG", quality=80, progressive=True)
+
+    assert images.decode(data, POLICY).width == 512
+
+
+def test_a_progressive_jpeg_cut_in_a_scan_and_closed_with_an_end_marker_is_truncated() -> None:
+    data = save(noise((512, 512)), "JPEG", quality=80, progressive=True)
+    cut = data[: int(len(data) * 0.6)] + b"\xff\xd9"
+
+    assert rejection(cut)[0] == "truncated"
+
+
+def test_png_with_a_damaged_chunk_header_is_corrupt_with_the_decoder_s_message() -> None:
+    # PNG is allowed: a PNG that Pillow's plugin refuses is broken, not of an unsupported format.
+    png = save(Image.new("RGB", (64, 64), (10, 200, 30)), "PNG")
+    damaged = png[:12] + b"IHDx" + png[16:]  # the first chunk's type, so its CRC no longer matches
+
+    assert rejection(damaged) == ("corrupt", "png: broken PNG file (bad header checksum in b'IHDx')")
+
+
+def test_png_not_allowed_is_unsupported_and_names_the_allowed_formats() -> None:
+    png = save(Image.new("RGB", (64, 64), (10, 200, 30)), "PNG")
+
+    assert rejection(png, policy(allowed=frozenset({"jpeg", "webp"}))) == (
+        "unsupported_format", "png (allowed: jpeg, webp)")
 
 
 @pytest.mark.parametrize("kept", [0.5, 0.9, 0.999])
