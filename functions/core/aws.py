@@ -495,6 +495,15 @@ def list_objects(bucket: str, prefix: str = "") -> Iterator[dict[str, Any]]:
         yield from page.get("Contents", [])
 
 
+def version_with_etag(bucket: str, key: str, etag: str) -> str:
+    """The id of the version of `key` whose ETag is `etag` (a deleted object's versions remain), or ""."""
+    if not etag:
+        return ""
+    pages = client("s3").get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=key)
+    return next((v["VersionId"] for page in pages for v in page.get("Versions", [])
+                 if v["Key"] == key and str(v.get("ETag", "")).strip('"') == etag), "")
+
+
 def read_prefix_if_exists(bucket: str, key: str, max_bytes: int) -> bytes | None:
     """At most the first `max_bytes` of an object (one ranged GET); None when it does not exist."""
     try:

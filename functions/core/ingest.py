@@ -73,7 +73,7 @@ def _ingest(upload: UploadRef, settings: IngestSettings) -> Outcome:
         data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes)
         described = metadata.describe(data, upload, partner, sidecar, license_id, settings)
     except RejectedUpload as rejected:
-        return quarantine(upload, partner, rejected, settings)
+        return quarantine(rejected.upload or upload, partner, rejected, settings)
     return _accept(upload, described, settings)
 
 
@@ -97,29 +97,34 @@ def _already_handled(upload: UploadRef, settings: IngestSettings) -> Outcome | N
 
 
 def _with_object_facts(upload: UploadRef, settings: IngestSettings) -> UploadRef:
-    """Size checks before any byte is read; the time and ETag from S3 when the event lacks them."""
+    """The object's time, ETag, version and size from S3 where the event lacks them, then the size
+    checks (before any byte is read). A refusal carries these facts like any other record."""
     head = aws.head_object(upload.bucket, upload.key)
     if head is None:
-        raise RejectedUpload("gone", "the object was deleted before ingest")
-    if head["ContentLength"] == 0:
-        raise RejectedUpload("empty", "the object has no bytes")
-    if head["ContentLength"] > settings.max_upload_bytes:
-        raise RejectedUpload("too_large", f"{head['ContentLength']} bytes > {settings.max_upload_bytes}")
-    return upload.model_copy(update={
+        version = upload.version_id or aws.version_with_etag(upload.bucket, upload.key, upload.etag)
+        raise RejectedUpload("gone", "the object was deleted before ingest",
+                             upload.model_copy(update={"version_id": version}))
+    upload = upload.model_copy(update={
         "event_time": upload.event_time or head["LastModified"].isoformat(),
         "etag": upload.etag or str(head.get("ETag", "")).strip('"'),
         "version_id": upload.version_id or head.get("VersionId") or "",
+        "size": head["ContentLength"],
     })
+    if head["ContentLength"] == 0:
+        raise RejectedUpload("empty", "the object has no bytes", upload)
+    if head["ContentLength"] > settings.max_upload_bytes:
+        raise RejectedUpload("too_large", f"{head['ContentLength']} bytes > {settings.max_upload_bytes}", upload)
+    return upload
 
 
 def quarantine(upload: UploadRef, partner: str, rejected: RejectedUpload, settings: IngestSettings,
-               sha256: str | None = None, duplicate_of: str | None = None) -> Outcome:
+               sha256: str | None = None, duplicate_of: str | None = None, duplicate_of_key: str | None = None) -> Outcome:
     """Record why, and tag the object so the quarantine is visible in S3 itself."""
     if rejected.reason != "gone":
         aws.tag_object(upload.bucket, upload.key, {QUARANTINE_TAG: rejected.reason})
     aws.put_item(settings.table, records.upload_item(
         upload, "quarantined", partner, sha256=sha256, reason=rejected.reason, detail=rejected.detail,
-        duplicate_of=duplicate_of))
+        duplicate_of=duplicate_of, duplicate_of_key=duplicate_of_key))
     logger.info("upload quarantined", extra={"key": upload.key, "reason": rejected.reason, "detail": rejected.detail})
     return Outcome(upload.key, "quarantined", sha256, rejected.reason)
 
@@ -138,8 +143,10 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
         existing = aws.get_item(settings.table, records.sample_pk(sample.sha256)) or {}
         first = Sample.model_validate_json(existing["record"]) if existing.get("record") else sample
         if first.key != upload.key:  # the same bytes under another name: recorded once, packed once
-            return quarantine(upload, sample.partner, RejectedUpload("duplicate", f"same bytes as {first.key}"),
-                              settings, sha256=sample.sha256, duplicate_of=sample.sha256)
+            # A partner reads its records: another partner's key stays in the operators' field.
+            where = first.key if first.partner == sample.partner else "a sample already in the dataset"
+            return quarantine(upload, sample.partner, RejectedUpload("duplicate", f"same bytes as {where}"),
+                              settings, sha256=sample.sha256, duplicate_of=sample.sha256, duplicate_of_key=first.key)
         sample = first  # a redelivery of the first upload: hand over the record it already has
     dedup.remember(settings.table, sample.sha256, sample.phash)
     if not (existing or {}).get("packed_in"):

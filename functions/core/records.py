@@ -63,11 +63,17 @@ def sample_item(sample: Sample) -> dict[str, Any]:
 
 
 def upload_item(upload: UploadRef, status: UploadStatus, partner: str, sha256: str | None = None,
-                reason: str | None = None, detail: str | None = None, duplicate_of: str | None = None) -> dict[str, Any]:
-    """What happened to one upload; keyed by the object, so a redelivery finds it."""
+                reason: str | None = None, detail: str | None = None, duplicate_of: str | None = None,
+                duplicate_of_key: str | None = None) -> dict[str, Any]:
+    """What happened to one upload; keyed by the object, so a redelivery finds it.
+
+    `detail` is for the partner (their report shows it); `duplicate_of_key`, the key of the first
+    upload of the same bytes (maybe another partner's), is for operators only.
+    """
     return {"pk": upload_pk(upload.bucket, upload.key), "kind": "upload", "status": status, "partner": partner,
             "at": upload.event_time, "etag": upload.etag, "version_id": upload.version_id, "sha256": sha256,
-            "reason": reason, "detail": (detail or "")[:500] or None, "duplicate_of": duplicate_of}
+            "reason": reason, "detail": (detail or "")[:500] or None, "duplicate_of": duplicate_of,
+            "duplicate_of_key": duplicate_of_key}
 
 
 def shard_item(shard: ShardSealed) -> dict[str, Any]:

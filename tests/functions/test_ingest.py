@@ -209,3 +209,41 @@ def test_a_multipart_upload_s_two_notifications_make_one_sample(stack, partner, 
     assert len(messages) >= 2 and results == [{"batchItemFailures": []}] * len(messages)
     assert [m["key"] for m in pack_messages(stack)] == [key]
     assert uploads_table(stack)[key]["status"] == "accepted"
+
+
+def test_empty_too_large_and_gone_records_carry_the_object_s_version(ingest, stack, monkeypatch) -> None:
+    # GIVEN an empty object, one over the size limit, and one deleted before its notification is read
+    monkeypatch.setenv("MAX_UPLOAD_BYTES", "1000")
+    s3, bucket = boto3.client("s3"), stack.outputs["UploadsBucketName"]
+    gone = s3.put_object(Bucket=bucket, Key="partner-a/gone.png", Body=RED)["VersionId"]
+    s3.delete_object(Bucket=bucket, Key="partner-a/gone.png")  # a delete marker over that version
+    # WHEN they are ingested (moto's notifications carry no versionId, as a sweep's re-drive does not)
+    ingest({"partner-a/empty.png": b"", "partner-a/big.png": RED + b"\0" * 2000})
+    # THEN each record names the version it is about, as every other record does
+    versions = {key: s3.head_object(Bucket=bucket, Key=key)["VersionId"] for key in ("partner-a/empty.png", "partner-a/big.png")}
+    records = uploads_table(stack)
+    assert {k: (r["reason"], r["version_id"]) for k, r in records.items()} == {
+        "partner-a/empty.png": ("empty", versions["partner-a/empty.png"]),
+        "partner-a/big.png": ("too_large", versions["partner-a/big.png"]),
+        "partner-a/gone.png": ("gone", gone)}
+
+
+def test_a_duplicate_of_another_partner_s_sample_does_not_name_its_key(ingest, stack) -> None:
+    from atelier.reports import partner_report
+    put_partner(stack.outputs["PipelineTableName"], Partner(partner_id="partner-b", licenses=("CC-BY-4.0",)))
+    ingest({"partner-a/secret/red.png": RED})
+    ingest({"partner-b/red.png": RED})
+    record = uploads_table(stack)["partner-b/red.png"]
+    # THEN partner-b reads that the bytes are already in the dataset; operators keep the pointer
+    assert (record["reason"], record["detail"]) == ("duplicate", "same bytes as a sample already in the dataset")
+    assert record["duplicate_of_key"] == "partner-a/secret/red.png"
+    report = partner_report(stack.outputs, "partner-b")
+    assert [(i["key"], i["reason"], i["detail"]) for i in report["items"]] == [
+        ("partner-b/red.png", "duplicate", "same bytes as a sample already in the dataset")]
+    assert "partner-a" not in json.dumps(report)
+
+
+def test_a_duplicate_of_the_partner_s_own_sample_names_it(ingest, stack) -> None:
+    ingest({"partner-a/red.png": RED})
+    ingest({"partner-a/red copy.png": RED})
+    assert uploads_table(stack)["partner-a/red copy.png"]["detail"] == "same bytes as partner-a/red.png"
