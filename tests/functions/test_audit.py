@@ -137,3 +137,23 @@ def register_outputs(stack: Provisioned) -> None:
     template = {"Resources": {"Handle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
                 "Outputs": {k: {"Value": v} for k, v in stack.outputs.items()}}
     boto3.client("cloudformation").create_stack(StackName="atelier", TemplateBody=json.dumps(template))
+
+
+def test_a_re_upload_after_its_shard_was_sealed_before_the_window_is_found_in_that_shard(stack, packed) -> None:
+    # GIVEN the shards sealed long before the audited window (their SEALED# records say two days ago)
+    table, bucket = stack.outputs["PipelineTableName"], stack.outputs["UploadsBucketName"]
+    long_ago = (datetime.now(timezone.utc) - 2 * DAY).isoformat(timespec="milliseconds")
+    for shard_id in sealed_ids(stack):
+        item = aws.get_item(table, records.sealed_pk(shard_id))
+        aws.put_item(table, {**item, "record": json.dumps({**json.loads(item["record"]), "sealed_at": long_ago})})
+    # AND one sample's upload made again now: the same bytes under the same key, recorded as ingest does
+    index = json.loads(aws.read_object(stack.outputs["DataBucketName"], shards.index_key(sealed_ids(stack)[0])))
+    sha256 = index["samples"][0]["key"]
+    sample = json.loads(aws.get_item(table, records.sample_pk(sha256))["record"])
+    body = aws.read_object(bucket, sample["key"])
+    boto3.client("s3").put_object(Bucket=bucket, Key=sample["key"], Body=body)
+    record_upload(stack, sample["key"], sha256=sha256)
+    # WHEN the last day is audited
+    report = run_audit(stack, grace_s=0)
+    # THEN every upload is found in its shard, whenever that was sealed; none is lost
+    assert (report.ok, report.violations, report.accepted, report.pending) == (True, [], 12, [])
