@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from atelier import client
+from atelier import client, failures
 from atelier.progress import output_flags, progress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,14 +38,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port,
                            sagemaker_port=args.port + 1 if args.port else 0)
     with LocalStack(options) as stack:
-        console.print(f"[bold green]local stack up[/]: {len(stack.outputs)} outputs, "
-                      f"{len(stack.workers)} function workers; logs in {args.state_dir / 'logs'}")
-        console.print("Point boto3 and atelier at it:\n  eval \"$(atelier local env)\"   (or pass --local)")
-        console.print("Invoke one function in Docker with SAM (samconfig.toml [local] and events/env.json):\n"
-                      "  sam build && sam local invoke --config-env local IngestFunction -e events/ingest_s3_put.json")
-        if args.port != 5100:
-            console.print("  (events/env.json and samconfig.toml name port 5100: edit them for another port)")
-        console.print("Ctrl-C stops it.")
+        for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port):
+            console.print(line)
         _interrupt_on_stop_signals()
         try:
             while True:
@@ -53,6 +48,18 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             console.print("stopping")
     return 0
+
+
+def local_up_banner(outputs: int, workers: int, logs: Path, port: int) -> list[str]:
+    """What `local up` prints once the stack is up, as rich markup: text in brackets that is not
+    markup (`[local]`) is escaped, or rich would drop it."""
+    lines = [f"[bold green]local stack up[/]: {outputs} outputs, {workers} function workers; logs in {escape(str(logs))}",
+             "Point boto3 and atelier at it:\n  eval \"$(atelier local env)\"   (or pass --local)",
+             escape("Invoke one function in Docker with SAM (samconfig.toml [local] and events/env.json):\n"
+                    "  sam build && sam local invoke --config-env local IngestFunction -e events/ingest_s3_put.json")]
+    if port != 5100:
+        lines.append("  (events/env.json and samconfig.toml name port 5100: edit them for another port)")
+    return [*lines, "Ctrl-C stops it."]
 
 
 def _interrupt_on_stop_signals() -> None:
@@ -89,8 +96,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- pipeline -----------------------------------------------------------------------------------
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    bucket = client.stack_outputs(args.stack)["UploadsBucketName"]
+    outputs = client.stack_outputs(args.stack)
+    bucket = outputs["UploadsBucketName"]
     files = client.files_to_upload(args.path)
+    unregistered = client.unregistered_partner(outputs, args.partner, len(files))
+    if unregistered and not args.force:
+        raise client.PipelineError(f"{unregistered}: register it with `atelier partner add {args.partner} --license "
+                                   "LICENSE`, or pass --force to upload anyway")
+    if unregistered:
+        errors.print(f"[bold yellow]warning[/]: {escape(unregistered)} (uploading anyway: --force)", soft_wrap=True)
     size, count, started = sum(f.stat().st_size for f in files), 0, time.monotonic()
     with progress(args.quiet or args.json, transfer=True) as bar:
         task = bar.add_task(f"{len(files)} files -> s3://{bucket}/{args.partner}/", total=size)
@@ -210,7 +224,8 @@ def parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="upload -> shards -> training -> endpoint -> image, on the local stack",
                                parents=[output_flags()])
     demo.add_argument("--images", type=int, default=252, help="training pictures of the procedural catalogue (three per combination)")
-    demo.add_argument("--output", type=Path, default=REPO / "demo-output" / "image.png")
+    demo.add_argument("--output", type=Path, default=REPO / "demo-output" / "image.png",
+                      help="where the drawn PNG goes (default demo-output/image.png)")
     demo.add_argument("--stage-timeout", type=float, default=None,
                       help="seconds a stage may take before the demo calls it stalled (default 900)")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
@@ -218,14 +233,17 @@ def parser() -> argparse.ArgumentParser:
 
     upload = commands.add_parser("upload", help="upload an image or a folder (sidecar .json files first)",
                                  parents=[output_flags()])
-    upload.add_argument("path", type=Path)
-    upload.add_argument("--partner", required=True)
+    upload.add_argument("path", type=Path, help="an image (its .json sidecar goes with it) or a folder of them")
+    upload.add_argument("--partner", required=True, help="the registered partner the images are licensed from; "
+                        "they land under s3://<uploads bucket>/<partner>/")
+    upload.add_argument("--force", action="store_true",
+                        help="upload even when the partner is not registered (every file is then quarantined as unlicensed)")
     upload.set_defaults(func=cmd_upload)
 
     partner = commands.add_parser("partner", help="the partner registry: who licenses what").add_subparsers(
         dest="partner_command", required=True)
     add = partner.add_parser("add", help="register a partner and the licenses it grants (replaces an existing one)")
-    add.add_argument("partner_id")
+    add.add_argument("partner_id", help="lower-case letters, digits and '-': the prefix its uploads go under")
     add.add_argument("--license", action="append", required=True, help="a license id; repeat for several")
     add.add_argument("--prefix", action="append", default=[], help="key prefix under <partner>/ it may upload to")
     add.add_argument("--terms", default="", help="free text: contract reference, expiry, ...")
@@ -234,11 +252,11 @@ def parser() -> argparse.ArgumentParser:
                      "several; none: any use")
     add.set_defaults(func=cmd_partner_add)
     listing = partner.add_parser("list", help="the registered partners")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="a JSON list instead of the table")
     listing.set_defaults(func=cmd_partner_list)
 
     status = commands.add_parser("status", help="uploads, rejects, shards, training jobs and endpoints")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     status.add_argument("--watch", type=float, nargs="?", const=2.0, default=0.0,
                         help="refresh every N seconds (default 2) until Ctrl-C; with --json one line per refresh")
     status.set_defaults(func=cmd_status)
@@ -247,8 +265,10 @@ def parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", help="what to draw")
     generate.add_argument("-o", "--output", type=Path, required=True, help="where the PNG goes")
     generate.add_argument("--endpoint", help="endpoint name (default: the stack's)")
-    generate.add_argument("--seed", type=int, default=0, help="the starting noise")
-    generate.add_argument("--steps", type=int, default=20, help="sampling steps")
+    generate.add_argument("--seed", type=int, default=0,
+                          help="seed of the starting noise: the same prompt, seed and steps draw the same image (default 0)")
+    generate.add_argument("--steps", type=int, default=20,
+                          help="denoising steps: more is slower and finer (default 20)")
     generate.add_argument("--guidance", type=float, default=None,
                           help="classifier-free guidance scale (default: the server's, 5); the demo's model: 2")
     generate.set_defaults(func=cmd_generate)
@@ -267,8 +287,17 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.update(read_env(args.state_dir))
         return args.func(args)
     except (client.PipelineError, StackError) as exc:
-        errors.print(f"[bold red]error[/]: {exc}", soft_wrap=True)  # one line, however long
-        return 2
+        return _fail(str(exc))
+    except (BotoCoreError, ClientError) as exc:
+        sentence = failures.explain(exc, args.local, args.state_dir)
+        if sentence is None:  # not something the user can fix: the traceback is for us
+            raise
+        return _fail(sentence)
+
+
+def _fail(sentence: str) -> int:
+    errors.print(f"[bold red]error[/]: {escape(sentence)}", soft_wrap=True)  # one line, however long
+    return 2
 
 
 if __name__ == "__main__":

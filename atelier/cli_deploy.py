@@ -94,26 +94,26 @@ def cmd_evalset_add(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `atelier` parser."""
     models = commands.add_parser("models", help="deploy candidates: evaluation scores, the gate's decision, rollout")
-    models.add_argument("--json", action="store_true")
+    models.add_argument("--json", action="store_true", help="a JSON list instead of the table")
     models.set_defaults(func=cmd_models)
 
     rollback = commands.add_parser("rollback", help="serve the previous model again (blue/green)")
     rollback.add_argument("--to", help="a model that served before (default: the one before the current)")
     rollback.add_argument("--reason", default="rolled back by an operator", help="recorded with the rolled-back model")
-    rollback.add_argument("--json", action="store_true")
+    rollback.add_argument("--json", action="store_true", help="the outcome as one JSON object")
     rollback.set_defaults(func=cmd_rollback)
 
     evaluate = commands.add_parser("evaluate", help="evaluate an eval-failed model again (after `atelier evalset add`)")
     evaluate.add_argument("model", help="a model name from `atelier models`")
     evaluate.add_argument("--wait", action="store_true", help="until the gate decides")
     evaluate.add_argument("--timeout", type=float, default=3600, help="seconds --wait waits")
-    evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--json", action="store_true", help="the outcome as one JSON object")
     evaluate.set_defaults(func=cmd_evaluate)
 
     evalset = commands.add_parser("evalset", help="the held-out evaluation set the deploy gate scores on").add_subparsers(
         dest="evalset_command", required=True)
     add = evalset.add_parser("add", help="add a folder of images with .json sidecars (caption, license) as one tar")
-    add.add_argument("folder", type=Path)
+    add.add_argument("folder", type=Path, help="images with .json sidecars (caption, license), as `upload` takes them")
     add.add_argument("--partner", required=True, help="whose licensed images these are")
     add.add_argument("--name", default="heldout", help="the tar's name under the prefix")
     add.add_argument("--prefix", default="eval/", help="the template's EvalDataPrefix")

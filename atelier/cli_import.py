@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import boto3
+from botocore.exceptions import ClientError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -42,8 +43,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     report = commands.add_parser("import-report", help="an import batch's progress and report",
                                  parents=[output_flags()])
-    report.add_argument("batch")
-    report.add_argument("--wait", action="store_true")
+    report.add_argument("batch", help="the batch id `atelier import` printed (imp-...)")
+    report.add_argument("--wait", action="store_true", help="follow progress until every shard is done")
     report.set_defaults(func=cmd_import_report)
 
 
@@ -108,7 +109,13 @@ def list_sources(source: str, outputs: dict[str, str], batch_id: str) -> list[tu
     if source.startswith("s3://"):
         bucket, _, prefix = source.removeprefix("s3://").partition("/")
         pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return [(bucket, o["Key"]) for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".tar")]
+        try:
+            return [(bucket, o["Key"]) for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".tar")]
+        except ClientError as exc:
+            if aws.error_code(exc) != "NoSuchBucket":
+                raise
+            raise client.PipelineError(f"there is no bucket {bucket!r} (from {source}): check the URI; "
+                                       "`aws s3 ls` lists the buckets you can read") from exc
     folder = Path(source)
     if not folder.is_dir():
         raise client.PipelineError(f"{source} is neither s3://bucket/prefix nor a folder")

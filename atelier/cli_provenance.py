@@ -129,13 +129,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     attribution = commands.add_parser("attribution", help="a model's samples and draws per partner and license")
     attribution.add_argument("model", help="an endpoint name, a SageMaker model name or a training job name")
-    attribution.add_argument("--json", action="store_true")
+    attribution.add_argument("--json", action="store_true", help="the whole attribution report as JSON")
     attribution.set_defaults(func=cmd_attribution)
 
     takedown = commands.add_parser("takedown", help="revoke a partner's samples: left out of every later manifest")
-    takedown.add_argument("--partner", required=True)
+    takedown.add_argument("--partner", required=True, help="the partner whose samples are revoked")
     takedown.add_argument("--license", default="", help="only samples under this license")
     takedown.add_argument("--sha256", nargs="+", default=[], help="only these samples (their sha256)")
     takedown.add_argument("--reason", required=True, help="recorded with the takedown and in every manifest after it")
-    takedown.add_argument("--json", action="store_true")
+    takedown.add_argument("--json", action="store_true", help="the takedown, affected jobs and models as JSON")
     takedown.set_defaults(func=cmd_takedown)

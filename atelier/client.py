@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from core.attribution import Attribution
     from core.licensing import Partner, Revocation
     from core.provenance import Affected, Lineage, Stack
+
+
+# An endpoint being updated keeps serving its current model (blue/green) until the switch.
+SERVING = frozenset({"InService", "Updating", "SystemUpdating", "RollingBack"})
 
 
 class PipelineError(RuntimeError):
@@ -52,6 +57,17 @@ def files_to_upload(path: Path) -> list[Path]:
         raise PipelineError(f"{path} is neither a file nor a folder")
     every = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     return [p for p in every if p.suffix == SIDECAR_SUFFIX] + [p for p in every if p.suffix != SIDECAR_SUFFIX]
+
+
+def unregistered_partner(outputs: dict[str, str], partner: str, files: int) -> str | None:
+    """Why an upload under `partner` would be quarantined whole (it is not registered), or None.
+    Asked before the first byte goes: IngestFunction would quarantine every file as unlicensed."""
+    from core.licensing import get_partner
+    if not PARTNER_PATTERN.fullmatch(partner):
+        raise PipelineError(f"partner id {partner!r} must be lower-case letters, digits and '-' (at most 64)")
+    if get_partner(outputs["PipelineTableName"], partner) is not None:
+        return None
+    return f"partner {partner!r} is not registered, so all {files} files would be quarantined as unlicensed"
 
 
 def upload(path: Path, partner: str, bucket: str, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
@@ -182,8 +198,26 @@ def generate(endpoint: str, prompt: str, seed: int, steps: int, guidance: float 
         response = boto3.client("sagemaker-runtime").invoke_endpoint(
             EndpointName=endpoint, ContentType="application/json", Accept="image/png", Body=body)
     except ClientError as exc:
-        raise PipelineError(f"endpoint {endpoint!r}: {exc.response['Error'].get('Message', exc)}") from exc
+        # SageMaker answers "not found" for an endpoint that exists but is not InService yet
+        reason = not_serving(endpoint) or exc.response["Error"].get("Message", str(exc))
+        raise PipelineError(f"endpoint {endpoint!r}: {reason}") from exc
     return response["Body"].read()
+
+
+def not_serving(endpoint: str, now: datetime | None = None) -> str | None:
+    """Why an endpoint takes no invocations now, in a sentence; None when it should take them."""
+    from atelier.failures import elapsed
+    described = aws.describe_endpoint(endpoint)
+    if described is None:
+        return "no such endpoint: nothing was deployed under that name yet (`atelier status` shows the pipeline's stages)"
+    status = described["EndpointStatus"]
+    if status in SERVING:
+        return None
+    since = described["CreationTime"] if status == "Creating" else described["LastModifiedTime"]
+    age = elapsed(((now or datetime.now(timezone.utc)) - since).total_seconds())
+    failure = f" ({described['FailureReason']})" if described.get("FailureReason") else ""
+    return (f"it is {status}{failure}, for {age} now (since {since.astimezone(timezone.utc):%H:%M:%S} UTC); it takes "
+            "invocations once InService: `atelier status --watch` follows it")
 
 
 # --- status -------------------------------------------------------------------------------------

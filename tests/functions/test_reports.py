@@ -209,6 +209,7 @@ def test_status_json_watch_prints_one_json_line_per_refresh(outputs, monkeypatch
 def test_upload_quiet_writes_no_progress_and_uploads_every_file(outputs, tmp_path: Path, capsys) -> None:
     (tmp_path / "a.png").write_bytes(RED)
     (tmp_path / "a.json").write_text('{"caption": "a red circle"}')
+    client.add_partner(outputs, "partner-a", ["CC-BY-4.0"], [], "")  # upload refuses an unregistered partner
     capsys.readouterr()
 
     assert cli.main(["--quiet", "upload", str(tmp_path), "--partner", "partner-a"]) == 0

@@ -43,6 +43,7 @@ def wide(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def photos(tmp_path: Path) -> Path:
+    """A picture and its sidecar; upload them with `partner_a` (upload refuses a partner not registered)."""
     (tmp_path / "a.png").write_bytes(RED)
     (tmp_path / "a.json").write_text('{"caption": "a red circle"}')
     return tmp_path
@@ -91,9 +92,15 @@ def test_the_top_level_quiet_is_kept_and_both_default_to_off(command: tuple[str,
     assert (args.quiet, args.json) == (False, False)
 
 
+@pytest.fixture
+def partner_a(outputs: dict[str, str]) -> str:
+    client.add_partner(outputs, "partner-a", ["CC-BY-4.0"], [], "")
+    return "partner-a"
+
+
 # --- upload, audit, demo ------------------------------------------------------------------------
 
-def test_upload_shows_its_bar_on_stderr(outputs, photos: Path, wide, capsys) -> None:
+def test_upload_shows_its_bar_on_stderr(outputs, partner_a, photos: Path, wide, capsys) -> None:
     capsys.readouterr()
     assert cli.main(["upload", str(photos), "--partner", "partner-a"]) == 0
     captured = capsys.readouterr()
@@ -101,14 +108,14 @@ def test_upload_shows_its_bar_on_stderr(outputs, photos: Path, wide, capsys) -> 
     assert captured.out.strip() == "2 objects uploaded for partner partner-a"
 
 
-def test_upload_quiet_after_the_command_writes_no_progress(outputs, photos: Path, capsys) -> None:
+def test_upload_quiet_after_the_command_writes_no_progress(outputs, partner_a, photos: Path, capsys) -> None:
     capsys.readouterr()
     assert cli.main(["upload", str(photos), "--partner", "partner-a", "--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out.strip() == "2 objects uploaded for partner partner-a"
 
 
-def test_upload_json_prints_one_summary_object_and_no_bar(outputs, photos: Path, capsys) -> None:
+def test_upload_json_prints_one_summary_object_and_no_bar(outputs, partner_a, photos: Path, capsys) -> None:
     capsys.readouterr()
     assert cli.main(["upload", str(photos), "--partner", "partner-a", "--json"]) == 0
     captured = capsys.readouterr()
