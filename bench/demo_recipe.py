@@ -13,7 +13,6 @@ classifier. One JSON line per seed, then `demo.prompt_match_rate_min` over the s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import multiprocessing
@@ -21,7 +20,6 @@ import os
 import platform
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import tomllib
@@ -30,6 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "functions")]
+
+from bench.catalog_shards import write_shards  # noqa: E402
 
 
 def recipe_value(name: str) -> str:
@@ -49,22 +49,6 @@ def recipe(name: str) -> dict[str, str]:
 
 def argv(hyperparameters: dict[str, str]) -> list[str]:
     return [part for key, value in hyperparameters.items() for part in (f"--{key}", value)]
-
-
-def write_shards(items: list, folder: Path, per_shard: int) -> None:
-    """PNG + caption per sample, in the packer's member layout."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for start in range(0, len(items), per_shard):
-        with tarfile.open(folder / f"{start // per_shard:05d}.tar", "w") as tar:
-            for item in items[start:start + per_shard]:
-                key = hashlib.sha256(item.image).hexdigest()
-                caption = item.sidecar["caption"]
-                metadata = {"sha256": key, "caption": caption, "format": "png", "width": 64, "height": 64,
-                            "license": item.sidecar["license"], "partner": "demo"}
-                for extension, data in (("png", item.image), ("json", json.dumps(metadata).encode()), ("txt", caption.encode())):
-                    info = tarfile.TarInfo(f"{key}.{extension}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
 
 
 def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, threads: int, device: str,
@@ -138,8 +122,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         base = Path(root)
         catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
-        write_shards(catalogue, base / "shards", int(recipe_value("ShardMaxSamples")))
-        write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES)
+        write_shards(catalogue, base / "shards", int(recipe_value("ShardMaxSamples")), 64)
+        write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES, 64)
         started = time.monotonic()
         vae = autoencoder.main(autoencoder.parse_args([
             "--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"), "--model-dir", str(base / "vae"),

@@ -367,7 +367,7 @@ def test_noise_offset_shifts_each_channel_of_the_noise():
 
 
 def test_unknown_model_config_names_the_presets():
-    with pytest.raises(ValueError, match="unknown model config 'huge'; presets: sd2, sdxl, tiny, tiny-sdxl"):
+    with pytest.raises(ValueError, match="unknown model config 'huge'; presets: sd2, sdxl, small, tiny, tiny-sdxl"):
         load_models("huge", None, seed=0)
 
 

@@ -1,0 +1,395 @@
+"""Time to quality on one GPU: our trainer against diffusers' train_text_to_image.py, the MLPerf way.
+
+    PYTHONUNBUFFERED=1 python bench/time_to_target.py --peer-script .peer/train_text_to_image.py \\
+        --work /tmp/ttt --out $OUT/ttt.jsonl
+
+1. Data: the procedural catalogue (atelier/catalog.py: shapes x colours x backgrounds, captions from
+   the attributes) at --size px, --images pictures, written twice: as shards in the packer's layout
+   (ours) and as an imagefolder with metadata.jsonl (the peer's `--train_data_dir`). A held-out set
+   from another seed, with none of the training bytes, is the eval shards.
+2. A base pipeline both runs start from: the autoencoder job (trainer/autoencoder.py) trains the VAE on
+   the training shards; the text encoder (random, frozen), tokenizer (CLIP BPE), scheduler and a UNet
+   of --model-config with seed 0 come from trainer.models. Same weights, same images for both runs.
+3. Timed, one after the other, each from process start:
+   - ours: the encode job (image shards -> latent shards) and then the training job on the latents,
+     `--init-unet pretrained` (the base's seed-0 UNet);
+   - peer: the script unmodified, `--pretrained_model_name_or_path` the base.
+   Same batch, steps, constant learning rate without warm-up, AdamW defaults, gradient clipping 1,
+   bf16 autocast, no EMA, no caption dropout, no flips, centred crops; checkpoints every
+   --checkpoint-every steps. A checkpoint's time is when it is complete on disk (ours: the atomic
+   rename of step-N/; peer: its "Saved state to" log line). Both stop after their last checkpoint.
+4. Off the clock: every checkpoint's UNet (in the base pipeline) is scored by trainer/evaluate.py on the
+   same held-out shards, timesteps and seeds: `val_loss`.
+5. The target is the peer's held-out loss after --steps steps, scaled by --target-slack (1.0: the
+   exact loss). Time to target = the first checkpoint at or under it. Both final models draw the
+   demo's twelve prompts (atelier/prompt_match.py), so the target's meaning is measured beside it.
+
+Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours),
+`train.diffusers_time_to_target_s` and `train.time_to_target_ratio_vs_diffusers` (peer / ours;
+goal >= 2.0), and writes loss_vs_time.png into --plot-dir when matplotlib is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "functions")]
+
+from bench.catalog_shards import write_shards  # noqa: E402
+
+SAVED = re.compile(rb"Saved state to \S*checkpoint-(\d+)")
+
+
+@dataclass
+class Run:
+    name: str
+    started: float = 0.0
+    checkpoints: dict[int, float] = field(default_factory=dict)  # step -> seconds since start, when complete
+    directories: dict[int, Path] = field(default_factory=dict)  # step -> its UNet directory
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- data
+
+
+def catalogue_chunk(seed: int, variants: int, size: int) -> list:
+    from atelier.catalog import procedural_catalog
+    return procedural_catalog(variants, size=size, seed=seed)
+
+
+def make_catalogue(count: int, size: int, seed: int, workers: int) -> list:
+    """`count` pictures from `workers` independent seeds (procedural_catalog is sequential per seed)."""
+    from atelier.catalog import training_combinations
+    variants = -(-count // (len(training_combinations()) * workers))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        chunks = list(pool.map(catalogue_chunk, [seed * 1000 + n for n in range(workers)], [variants] * workers,
+                               [size] * workers))
+    return [item for chunk in chunks for item in chunk][:count]
+
+
+def write_imagefolder(items: list, folder: Path) -> None:
+    """datasets' imagefolder: the PNGs and metadata.jsonl with `file_name` and `text`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "metadata.jsonl", "w") as metadata:
+        for number, item in enumerate(items):
+            name = f"{number:06d}.png"
+            (folder / name).write_bytes(item.image)
+            metadata.write(json.dumps({"file_name": name, "text": item.sidecar["caption"]}) + "\n")
+
+
+def prepare(args, work: Path) -> None:
+    if (work / "base" / "model_index.json").is_file():
+        return
+    started = time.monotonic()
+    items = make_catalogue(args.images, args.size, 0, args.workers)
+    seen = {item.image for item in items}
+    held_out = [item for item in make_catalogue(args.eval_images * 2, args.size, 1, 2) if item.image not in seen]
+    write_shards(items, work / "shards", args.per_shard, args.size)
+    write_shards(held_out[:args.eval_images], work / "eval", args.eval_images, args.size)
+    write_imagefolder(items, work / "folder")
+    progress("data", images=len(items), eval_images=min(len(held_out), args.eval_images), s=time.monotonic() - started)
+
+    from trainer import autoencoder
+    started = time.monotonic()
+    vae = autoencoder.main(autoencoder.parse_args([
+        "--train-dir", str(work / "shards"), "--validation-dir", str(work / "eval"), "--model-dir", str(work / "vae"),
+        "--model-config", args.model_config, "--resolution", str(args.size), "--steps", str(args.vae_steps),
+        "--batch-size", str(args.vae_batch), "--learning-rate", "0.002", "--reconstruction-loss", "mse",
+        "--aspect-buckets", "false", "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
+        "--log-every", str(max(args.vae_steps // 4, 1)), "--checkpoint-every", str(args.vae_steps)]))
+    progress("vae", psnr_db=vae["psnr_db"], s=time.monotonic() - started)
+
+    import torch
+    from trainer.models import build_pipeline, load_models
+    models = load_models(args.model_config, None, 0, vae=str(work / "vae"))
+    build_pipeline(models, models.unet).save_pretrained(work / "base")
+    del models
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- the timed runs
+
+
+def watch(command: list[str], log: Path, run: Run, on_chunk=None, done=None, env=None) -> int:
+    """Run `command`, its output to `log`; `on_chunk(bytes, now)` sees it; stops it when `done()`."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    with open(log, "ab") as out:
+        while True:
+            chunk = process.stdout.read1(65536)
+            if not chunk:
+                break
+            out.write(chunk)
+            if on_chunk:
+                on_chunk(chunk, time.monotonic())
+            if done and done():
+                process.terminate()  # measured: skip its final save
+                break
+    code = process.wait(timeout=120)
+    return 0 if done and done() else code
+
+
+def poll_checkpoints(folder: Path, run: Run, stop: threading.Event) -> None:
+    """Stamp each step-N/ when it appears: the trainer renames a checkpoint into place once complete."""
+    while not stop.is_set():
+        if folder.is_dir():
+            for path in folder.glob("step-*"):
+                step = int(path.name.split("-")[1])
+                if step not in run.checkpoints and path.is_dir():
+                    run.checkpoints[step] = time.monotonic() - run.started
+                    run.directories[step] = path / "unet"
+        time.sleep(0.05)
+
+
+def run_ours(args, work: Path) -> Run:
+    run, checkpoints = Run("ours"), work / "ours-checkpoints"
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    shutil.rmtree(work / "latents", ignore_errors=True)
+    python = [sys.executable, "-m"]
+    run.started = time.monotonic()
+    code = watch([*python, "trainer.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
+                  "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
+                  "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers)],
+                 work / "ours.log", run)
+    if code:
+        raise RuntimeError(f"the encode job failed ({code}); see {work / 'ours.log'}")
+    run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
+    progress("ours encoded", s=run.phases["encoded_s"])
+    stop = threading.Event()
+    poller = threading.Thread(target=poll_checkpoints, args=(checkpoints, run, stop), daemon=True)
+    poller.start()
+    last = args.steps
+    code = watch([*python, "trainer.train", "--train-dir", str(work / "latents"), "--model-dir", str(work / "ours-model"),
+                  "--checkpoint-dir", str(checkpoints), "--resume", "none", "--pretrained", str(work / "base"),
+                  "--init-unet", "pretrained", "--model-config", args.model_config, "--steps", str(args.steps),
+                  "--batch-size", str(args.batch), "--resolution", str(args.size), "--learning-rate", str(args.learning_rate),
+                  "--max-grad-norm", "1", "--ema-decay", "0", "--final-weights", "trained", "--caption-dropout", "0",
+                  "--aspect-buckets", "false", "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
+                  "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
+                  "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
+                  *args.ours_args.split()],
+                 work / "ours.log", run, done=lambda: last in run.checkpoints)
+    time.sleep(0.2)
+    stop.set()
+    if code or last not in run.checkpoints:
+        raise RuntimeError(f"the training job failed ({code}); see {work / 'ours.log'}")
+    return run
+
+
+def run_peer(args, work: Path) -> Run:
+    run, output = Run("diffusers"), work / "peer-output"
+    shutil.rmtree(output, ignore_errors=True)
+    last = args.steps
+
+    def saved(chunk: bytes, now: float) -> None:
+        for match in SAVED.finditer(chunk):  # a line is one write: it does not straddle chunks
+            step = int(match.group(1))
+            run.checkpoints.setdefault(step, now - run.started)
+            run.directories[step] = output / f"checkpoint-{step}" / "unet"
+
+    run.started = time.monotonic()
+    code = watch([sys.executable, str(args.peer_script), "--pretrained_model_name_or_path", str(work / "base"),
+                  "--train_data_dir", str(work / "folder"), "--image_column", "image", "--caption_column", "text",
+                  "--resolution", str(args.size), "--center_crop", "--train_batch_size", str(args.batch),
+                  "--max_train_steps", str(args.steps), "--learning_rate", str(args.learning_rate),
+                  "--lr_scheduler", "constant", "--lr_warmup_steps", "0", "--max_grad_norm", "1",
+                  "--mixed_precision", "bf16", "--dataloader_num_workers", str(min(args.workers, 8)),
+                  "--output_dir", str(output), "--checkpointing_steps", str(args.checkpoint_every), "--seed", "0",
+                  *args.peer_args.split()],
+                 work / "peer.log", run, on_chunk=saved, done=lambda: last in run.checkpoints,
+                 env={"PYTHONPATH": os.pathsep.join(filter(None, [args.peer_path, os.environ.get("PYTHONPATH")]))})
+    if code or last not in run.checkpoints:
+        raise RuntimeError(f"the peer script failed ({code}); see {work / 'peer.log'}")
+    return run
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def pipeline_with(base: Path, unet: Path, folder: Path) -> Path:
+    """The base pipeline with another UNet: links, no copies."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for entry in base.iterdir():
+        (folder / entry.name).symlink_to(unet.resolve() if entry.name == "unet" else entry.resolve())
+    return folder
+
+
+def score(run: Run, work: Path, samples: list, config, device) -> dict[int, float]:
+    from trainer.evaluate import score_model
+    losses = {}
+    for step in sorted(run.checkpoints):
+        folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
+        losses[step] = score_model(folder, samples, config, None, device)["val_loss"]
+        emit({"event": "checkpoint", "run": run.name, "step": step, "s": round(run.checkpoints[step], 1),
+              "val_loss": round(losses[step], 5)})
+    return losses
+
+
+def match_rate(unet: Path, work: Path, name: str, config, device) -> float:
+    """The share of the demo's prompts whose picture shows the prompt's colours (atelier/prompt_match.py)."""
+    import io
+    from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, STEPS, matches
+    from trainer.evaluate import EvalConfig, load_models, sample_images
+    models = load_models(pipeline_with(work / "base", unet, work / "scoring" / f"{name}-final"), device)
+    drawn = sample_images(models, list(DEMO_PROMPTS), EvalConfig(config.timesteps, 0, config.resolution, STEPS, GUIDANCE))
+    hits = []
+    for prompt, image in zip(DEMO_PROMPTS, drawn):
+        png = io.BytesIO()
+        image.save(png, format="PNG")
+        hits.append(matches(prompt, png.getvalue()))
+    return round(sum(hits) / len(hits), 3)
+
+
+def time_to(target: float, run: Run, losses: dict[int, float]) -> tuple[int | None, float | None]:
+    for step in sorted(losses):
+        if losses[step] <= target:
+            return step, round(run.checkpoints[step], 1)
+    return None, None
+
+
+def plot(runs: list[tuple[Run, dict[int, float]]], target: float, folder: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for run, losses in runs:
+        steps = sorted(losses)
+        axes.plot([run.checkpoints[s] for s in steps], [losses[s] for s in steps], marker="o", label=run.name)
+    axes.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
+    axes.set_xlabel("seconds from process start")
+    axes.set_ylabel("held-out val_loss (trainer/evaluate.py)")
+    axes.set_yscale("log")
+    axes.legend()
+    axes.grid(True, which="both", alpha=0.3)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "loss_vs_time.png"
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    return str(path)
+
+
+# ---------------------------------------------------------------- output
+
+
+OUT: list[Path] = []  # --out, when given: each line is appended as it is made (a timed-out call keeps them)
+
+
+def emit(line: dict) -> None:
+    text = json.dumps(line)
+    print(text, flush=True)
+    for path in OUT:
+        with open(path, "a") as out:
+            out.write(text + "\n")
+
+
+def timed(args, work: Path, name: str, runner) -> Run:
+    """A run, or the record of one this --work already holds (a second call picks up where one stopped)."""
+    record = work / f"{name}-run.json"
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        return Run(saved["name"], 0.0, {int(k): v for k, v in saved["checkpoints"].items()},
+                   {int(k): Path(v) for k, v in saved["directories"].items()}, saved["phases"])
+    run = runner(args, work)
+    record.write_text(json.dumps({"name": run.name, "checkpoints": run.checkpoints, "phases": run.phases,
+                                  "directories": {step: str(path) for step, path in run.directories.items()}}))
+    return run
+
+
+def progress(what: str, **values) -> None:
+    print(json.dumps({"progress": what, **{k: round(v, 1) if isinstance(v, float) else v for k, v in values.items()}}),
+          file=sys.stderr, flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer-script", type=Path, required=True, help="diffusers' examples/text_to_image/train_text_to_image.py")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/time-to-target"), help="data, models and checkpoints")
+    parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here too")
+    parser.add_argument("--plot-dir", type=Path, default=None, help="where loss_vs_time.png goes (default: --work)")
+    parser.add_argument("--model-config", default="small", help="a preset in trainer/configs/")
+    parser.add_argument("--size", type=int, default=256, help="picture side in px (the training resolution)")
+    parser.add_argument("--images", type=int, default=20160, help="training pictures")
+    parser.add_argument("--eval-images", type=int, default=256, help="held-out pictures scored")
+    parser.add_argument("--per-shard", type=int, default=1000, help="samples per training shard")
+    parser.add_argument("--vae-steps", type=int, default=600, help="autoencoder job steps (setup, off the clock)")
+    parser.add_argument("--vae-batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=1200, help="optimizer steps of each run")
+    parser.add_argument("--batch", type=int, default=128, help="images per step, both runs")
+    parser.add_argument("--learning-rate", type=float, default=2e-4, help="constant, both runs")
+    parser.add_argument("--checkpoint-every", type=int, default=150, help="steps between checkpoints, both runs")
+    parser.add_argument("--encode-batch", type=int, default=128, help="images per VAE call in the encode job")
+    parser.add_argument("--target-slack", type=float, default=1.0, help="target = the peer's final loss x this")
+    parser.add_argument("--peer-args", default="", help="extra script flags, e.g. '--report_to all' without tensorboard")
+    parser.add_argument("--peer-path", default="", help="prepended to PYTHONPATH for the peer's process only")
+    parser.add_argument("--ours-args", default="", help="extra trainer.train flags, e.g. '--compile true'")
+    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16), help="data processes")
+    parser.add_argument("--skip-match", action="store_true", help="do not draw the demo prompts")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+    from bench.train_gpu import commit, versions
+    from trainer.evaluate import EvalConfig, find_eval_shards, read_eval_samples
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        OUT.append(args.out)
+    prepare(args, args.work)
+    peer = timed(args, args.work, "peer", run_peer)
+    progress("peer trained", s=peer.checkpoints[args.steps])
+    ours = timed(args, args.work, "ours", run_ours)
+    progress("ours trained", s=ours.checkpoints[args.steps])
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = EvalConfig(timesteps=[100, 300, 500, 700, 900], seed=0, resolution=args.size, steps=25, guidance=5.0)
+    samples, _ = read_eval_samples(find_eval_shards(str(args.work / "eval")), args.size, args.eval_images)
+    peer_losses = score(peer, args.work, samples, config, device)
+    our_losses = score(ours, args.work, samples, config, device)
+    target = peer_losses[args.steps] * args.target_slack
+    peer_step, peer_s = time_to(target, peer, peer_losses)
+    our_step, our_s = time_to(target, ours, our_losses)
+    matched = {} if args.skip_match else {
+        run.name: match_rate(run.directories[args.steps], args.work, run.name, config, device) for run in (peer, ours)}
+
+    common = {"commit": commit(), "versions": versions(),
+              "machine": {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "nproc": os.cpu_count()}}
+    setup = {"model_config": args.model_config, "resolution": args.size, "images": args.images, "eval_images": len(samples),
+             "batch": args.batch, "steps": args.steps, "learning_rate": args.learning_rate,
+             "checkpoint_every": args.checkpoint_every, "ours_args": args.ours_args,
+             "target": round(target, 5), "target_rule": f"the peer's held-out val_loss at step {args.steps} x {args.target_slack:g}",
+             "prompt_match_at_final": matched,
+             "note": "from process start; ours includes the encode job; checkpoint times when complete on disk; "
+                     "losses scored off the clock by trainer/evaluate.py"}
+    emit({"metric": "train.time_to_target_s", "value": our_s, "unit": "s", "step": our_step,
+          "encode_s": ours.phases["encoded_s"], "config": setup, **common})
+    emit({"metric": "train.diffusers_time_to_target_s", "value": peer_s, "unit": "s", "step": peer_step,
+          "baseline": "diffusers examples/text_to_image/train_text_to_image.py, unmodified", "config": setup, **common})
+    emit({"metric": "train.time_to_target_ratio_vs_diffusers", "value": round(peer_s / our_s, 3) if our_s else None,
+          "unit": "ratio", "goal": 2.0, "config": setup, **common})
+    picture = plot([(peer, peer_losses), (ours, our_losses)], target, args.plot_dir or args.work)
+    if picture:
+        progress("plot", path=picture)
+
+
+if __name__ == "__main__":
+    main()
