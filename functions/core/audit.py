@@ -1,8 +1,8 @@
 """The end-to-end invariants, checked over a time window (docs/reliability.md).
 
-For every upload in the window: it is quarantined, or its sample is in exactly one sealed shard
-(sealed in the window or at any time before: a re-upload of bytes packed long ago is in that shard);
-one still on its way (no record yet, not packed, its shard not sealed) is *pending* while younger
+For every upload in the window (sidecars too: each must have a record): it is quarantined, a
+recorded sidecar, or its sample is in exactly one sealed shard (sealed in the window or at any time
+before: a re-upload of bytes packed long ago is in that shard); one still on its way (no record yet, not packed, its shard not sealed) is *pending* while younger
 than the grace period and *lost* after. No sample is in two shards. Every sealed shard's bytes are
 what its index says: each member's header and data re-hashed at the index's offsets, padding and
 trailer zero, and the index's tree digest equal to the announced one.
@@ -66,6 +66,7 @@ class Report(BaseModel):
     uploads: int = 0
     accepted: int = 0
     quarantined: int = 0
+    sidecars: int = 0  # recorded sidecars (core.sidecars), whatever their fate: none needs a shard
     shards: int = 0  # whose index was read: sealed in the window, or earlier and holding an audited sample
     shards_verified: int = 0  # whose bytes were re-hashed: those sealed in the window
     pending: list[Pending] = []
@@ -91,13 +92,17 @@ def reconcile(facts: Iterable[UploadFact], upload_records: dict[str, dict[str, A
         if len(found) > 1:
             report.violations.append(Violation(kind="duplicated", subject=key, detail=f"in {sorted(found)}"))
     for fact in facts:
-        report.uploads += 1
+        sidecar = uploads.is_sidecar(fact.key)  # counted apart: any record of it will do
+        report.uploads += not sidecar
         record = upload_records.get(fact.key)
         if record and record.get("etag") and fact.etag and record["etag"] != fact.etag:
             record = None  # a record of an earlier version of the key: this version is not handled yet
         stage: Stage | None
         if record is None:
             stage = "unrecorded"
+        elif sidecar:
+            report.sidecars += 1
+            continue
         elif record.get("status") == "quarantined":
             report.quarantined += 1
             continue
@@ -188,7 +193,7 @@ def gather(targets: Targets, since: datetime, until: datetime, grace_s: float, v
     report = Report(since=since.isoformat(), until=until.isoformat(), grace_s=grace_s)
     facts = [UploadFact(o["Key"], str(o.get("ETag", "")).strip('"'), o["LastModified"])
              for o in aws.list_objects(targets.uploads_bucket)
-             if since <= o["LastModified"] < until and not uploads.is_sidecar(o["Key"])]
+             if since <= o["LastModified"] < until]
     found = aws.batch_get_items(targets.table, [records.upload_pk(targets.uploads_bucket, f.key) for f in facts])
     upload_records = {pk.removeprefix(records.upload_pk(targets.uploads_bucket, "")): item
                       for pk, item in found.items()}

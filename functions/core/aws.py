@@ -504,6 +504,17 @@ def version_with_etag(bucket: str, key: str, etag: str) -> str:
                  if v["Key"] == key and str(v.get("ETag", "")).strip('"') == etag), "")
 
 
+def read_prefix_with_etag(bucket: str, key: str, max_bytes: int) -> tuple[bytes, str] | None:
+    """At most the first `max_bytes` of an object and its ETag (one ranged GET); None when it does not exist."""
+    try:
+        response = client("s3").get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes - 1}")
+    except ClientError as exc:
+        if error_code(exc) in {"NoSuchKey", "404"}:
+            return None
+        raise
+    return response["Body"].read(), str(response.get("ETag", "")).strip('"')
+
+
 def read_prefix_if_exists(bucket: str, key: str, max_bytes: int) -> bytes | None:
     """At most the first `max_bytes` of an object (one ranged GET); None when it does not exist."""
     try:

@@ -1,5 +1,6 @@
 """Ingest stage: one uploaded object -> a licensed, described sample handed to packing, or a
-quarantined upload with a reason. Never silent: every upload ends with an UPLOAD# record.
+quarantined upload with a reason. Never silent: every upload, sidecars included (core.sidecars),
+ends with an UPLOAD# record.
 
 Order of side effects (each repeatable): derivative object -> sample record (create-only: the
 exact-duplicate check) -> near-duplicate index -> pack message -> upload record. The upload
@@ -10,11 +11,11 @@ that arrives after a crash redoes only what is missing (pack drops a sample sent
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from aws_lambda_powertools import Logger
-from pydantic import ValidationError
 
-from core import aws, dedup, licensing, metadata, records, telemetry, uploads
+from core import aws, dedup, licensing, metadata, records, sidecars, telemetry, uploads
 from core.errors import RejectedUpload
 from core.models import Sample, Sidecar, UploadRef
 from core.settings import IngestSettings
@@ -26,7 +27,7 @@ QUARANTINE_TAG = "atelier-quarantine"
 @dataclass(frozen=True)
 class Outcome:
     key: str
-    status: str  # accepted | quarantined | sidecar | repeat
+    status: str  # accepted | quarantined | sidecar (its fate in `reason`) | repeat
     sha256: str | None = None
     reason: str | None = None
     near_duplicate_of: str | None = None
@@ -58,38 +59,48 @@ def _record(outcome: Outcome) -> None:
 
 
 def _ingest(upload: UploadRef, settings: IngestSettings) -> Outcome:
-    if uploads.is_sidecar(upload.key):
-        return Outcome(upload.key, "sidecar")  # read when its image arrives
     done = _already_handled(upload, settings)
     if done is not None:
         return done
     partner = upload.key.split("/", 1)[0]
+    sidecar_etag = ""
     try:
         uploads.partner_of(upload.key)
         upload = _with_object_facts(upload, settings)
-        sidecar = _sidecar(upload, settings)
+        if uploads.is_sidecar(upload.key):
+            return _record_sidecar(upload, partner, sidecars.judge(upload, settings, datetime.now(timezone.utc)),
+                                   settings)
+        sidecar, sidecar_etag = _sidecar(upload, settings)
         license_id = licensing.license_for(licensing.get_partner(settings.table, partner), partner,
                                            upload.key, sidecar.license)
         data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes)
         described = metadata.describe(data, upload, partner, sidecar, license_id, settings)
     except RejectedUpload as rejected:
-        return quarantine(rejected.upload or upload, partner, rejected, settings)
-    return _accept(upload, described, settings)
+        return quarantine(rejected.upload or upload, partner, rejected, settings, sidecar_etag=sidecar_etag)
+    return _accept(upload, described, settings, sidecar_etag)
 
 
-def _sidecar(upload: UploadRef, settings: IngestSettings) -> Sidecar:
-    """The sidecar, read only up to its size limit, bounded in depth and caption length."""
-    raw = aws.read_prefix_if_exists(upload.bucket, uploads.sidecar_key(upload.key), settings.max_sidecar_bytes + 1)
-    try:
-        return Sidecar.model_validate(uploads.parse_sidecar(raw, settings.max_sidecar_bytes, settings.max_sidecar_depth))
-    except ValidationError as exc:
-        raise RejectedUpload("bad_sidecar", f"caption, license and source must be strings: {exc.errors()[0]['loc']}") from exc
+def _sidecar(upload: UploadRef, settings: IngestSettings) -> tuple[Sidecar, str]:
+    """The sidecar (read only up to its size limit, bounded in depth) and its ETag ("" if none): the
+    image's record keeps the ETag, so the sidecar's own notification knows it was read (core.sidecars)."""
+    found = aws.read_prefix_with_etag(upload.bucket, uploads.sidecar_key(upload.key), settings.max_sidecar_bytes + 1)
+    return sidecars.parse(found[0] if found else None, settings), found[1] if found else ""
+
+
+def _record_sidecar(upload: UploadRef, partner: str, fate: sidecars.Fate, settings: IngestSettings) -> Outcome:
+    aws.put_item(settings.table, records.upload_item(upload, "sidecar", partner, reason=fate.reason,
+                                                     detail=fate.detail, image=fate.image))
+    logger.info("sidecar recorded", extra={"key": upload.key, "reason": fate.reason, "image": fate.image})
+    return Outcome(upload.key, "sidecar", reason=fate.reason)
 
 
 def _already_handled(upload: UploadRef, settings: IngestSettings) -> Outcome | None:
-    """The outcome recorded for this very object version, if a delivery already finished it."""
+    """The outcome recorded for this very object version, if a delivery already finished it (a
+    sidecar waiting for its image is judged again: the sweep re-drives it for that)."""
     item = aws.get_item(settings.table, records.upload_pk(upload.bucket, upload.key))
     if not item or not upload.etag or item.get("etag") != upload.etag:
+        return None
+    if item.get("status") == "sidecar" and item.get("reason") == records.SIDECAR_WAITING:
         return None
     if upload.version_id and item.get("version_id") != upload.version_id:
         return None  # the same bytes uploaded again as a new version: a new upload
@@ -118,18 +129,19 @@ def _with_object_facts(upload: UploadRef, settings: IngestSettings) -> UploadRef
 
 
 def quarantine(upload: UploadRef, partner: str, rejected: RejectedUpload, settings: IngestSettings,
-               sha256: str | None = None, duplicate_of: str | None = None, duplicate_of_key: str | None = None) -> Outcome:
+               sha256: str | None = None, duplicate_of: str | None = None, duplicate_of_key: str | None = None,
+               sidecar_etag: str = "") -> Outcome:
     """Record why, and tag the object so the quarantine is visible in S3 itself."""
     if rejected.reason != "gone":
         aws.tag_object(upload.bucket, upload.key, {QUARANTINE_TAG: rejected.reason})
     aws.put_item(settings.table, records.upload_item(
         upload, "quarantined", partner, sha256=sha256, reason=rejected.reason, detail=rejected.detail,
-        duplicate_of=duplicate_of, duplicate_of_key=duplicate_of_key))
+        duplicate_of=duplicate_of, duplicate_of_key=duplicate_of_key, sidecar_etag=sidecar_etag))
     logger.info("upload quarantined", extra={"key": upload.key, "reason": rejected.reason, "detail": rejected.detail})
     return Outcome(upload.key, "quarantined", sha256, rejected.reason)
 
 
-def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSettings) -> Outcome:
+def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSettings, sidecar_etag: str) -> Outcome:
     sample = described.sample
     if described.derivative is not None:
         bucket, key = sample.content_location
@@ -146,12 +158,14 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
             # A partner reads its records: another partner's key stays in the operators' field.
             where = first.key if first.partner == sample.partner else "a sample already in the dataset"
             return quarantine(upload, sample.partner, RejectedUpload("duplicate", f"same bytes as {where}"),
-                              settings, sha256=sample.sha256, duplicate_of=sample.sha256, duplicate_of_key=first.key)
+                              settings, sha256=sample.sha256, duplicate_of=sample.sha256, duplicate_of_key=first.key,
+                              sidecar_etag=sidecar_etag)
         sample = first  # a redelivery of the first upload: hand over the record it already has
     dedup.remember(settings.table, sample.sha256, sample.phash)
     if not (existing or {}).get("packed_in"):
         aws.send_message(settings.pack_queue_url, sample.model_dump_json())
-    aws.put_item(settings.table, records.upload_item(upload, "accepted", sample.partner, sha256=sample.sha256))
+    aws.put_item(settings.table, records.upload_item(upload, "accepted", sample.partner, sha256=sample.sha256,
+                                                     sidecar_etag=sidecar_etag))
     logger.info("upload accepted", extra={"key": upload.key, "sha256": sample.sha256,
                                           "near_duplicate_of": sample.near_duplicate_of})
     return Outcome(upload.key, "accepted", sample.sha256, near_duplicate_of=sample.near_duplicate_of)

@@ -3,7 +3,8 @@
 The commit protocol (docs/pack.md), which every invocation follows:
 1. Read the journal head (core.journal, version v) and finish the `packed_in` marks of its
    pending segment, so every sample of every committed segment is marked.
-2. Drop the batch's samples that are marked: they are in a committed segment already.
+2. Drop the batch's samples that are marked: they are in a committed segment already. The others
+   are packed with the caption their records hold now (a late sidecar may have set it: core.sidecars).
 3. Stream the others, while they fit the open shard, into a new immutable segment (core.segments).
 4. Commit it with one conditional write of the head (`version = v`). If another packer committed
    first, go back to 1; the segment is reused if its samples are still unpacked.
@@ -33,6 +34,7 @@ MAX_SEGMENT_BYTES = 1 << 30
 MIN_SAMPLE_SPAN = 4 * shards.BLOCK  # three headers and some data: below this room, a shard is full
 TRANSACTION_ITEMS = 100  # DynamoDB's limit
 MAX_ROUNDS = 50  # of lost races before an invocation gives up (its messages come back later)
+SIDECAR_FIELDS = ("caption", "caption_source", "source")  # what a late sidecar may change (core.sidecars)
 
 
 class PackContention(RuntimeError):
@@ -61,9 +63,12 @@ def pack_samples(messages: list[tuple[str, Sample]], settings: PackSettings) -> 
         if not todo:
             break
         head = _settle(journal.load_head(settings.table), settings)
-        todo = sorted(set(todo) - _packed(todo, settings))
+        current = _records(todo, settings)
+        todo = sorted(k for k in todo if not current.get(k, {}).get("packed_in"))
         if not todo:
             break
+        samples.update({k: _with_sidecar_fields(samples[k], current[k])
+                        for k in todo if current.get(k, {}).get("record")})
         try:
             written = None if head.open and _due(head.open, settings) else \
                 _segment(head, [samples[k] for k in todo], spare, settings)
@@ -114,16 +119,24 @@ def _segment(head: Head, candidates: list[Sample], spare: segments.Written | Non
              settings: PackSettings) -> segments.Written | None:
     """Step 3: the segment to commit next (the one that lost a race, if it still fits), or None if full."""
     budget, slots = _room(head.open, settings)
-    if spare and {s.sha256 for s in spare.samples} <= {s.sha256 for s in candidates} \
+    if spare and set(spare.samples) <= set(candidates) \
             and spare.segment.samples <= slots and (spare.segment.size <= budget or head.open is None):
         return spare
     return segments.write_segment(candidates, settings.data_bucket, budget, slots, take_first=head.open is None,
                                   part_bytes=settings.part_bytes)
 
 
-def _packed(keys: list[str], settings: PackSettings) -> set[str]:
-    items = aws.batch_get_items(settings.table, [records.sample_pk(k) for k in keys], ["pk", "packed_in"])
-    return {k for k in keys if items.get(records.sample_pk(k), {}).get("packed_in")}
+def _with_sidecar_fields(sample: Sample, item: dict) -> Sample:
+    """The caption and source as the record says now, not as the message did: a late sidecar may
+    have set them since the message was sent (core.sidecars)."""
+    record = Sample.model_validate_json(item["record"])
+    return sample.model_copy(update={name: getattr(record, name) for name in SIDECAR_FIELDS})
+
+
+def _records(keys: list[str], settings: PackSettings) -> dict[str, dict]:
+    """Each sample's item (its `record` and `packed_in`), by sha256; absent ones left out."""
+    items = aws.batch_get_items(settings.table, [records.sample_pk(k) for k in keys], ["pk", "record", "packed_in"])
+    return {k: items[records.sample_pk(k)] for k in keys if records.sample_pk(k) in items}
 
 
 def _commit(head: Head, written: segments.Written, settings: PackSettings) -> bool:

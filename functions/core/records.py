@@ -9,11 +9,12 @@ from core.models import Sample, ShardSealed, UploadRef
 PENDING_SHARDS = "SHARDS#pending"
 PENDING_INDEX = "gsi1"
 REVOCATIONS = "REVOCATIONS"  # the sparse index partition of the takedowns (docs/provenance.md)
-UploadStatus = Literal["accepted", "quarantined"]
+UploadStatus = Literal["accepted", "quarantined", "sidecar"]  # sidecar: core.sidecars says which fate
+SIDECAR_WAITING = "waiting"  # a sidecar's record until its image is there; the sweep looks at it again
 # Why an upload is quarantined (docs/metadata.md); `atelier status` counts them.
 QUARANTINE_REASONS = ("empty", "truncated", "corrupt", "not_an_image", "unsupported_format", "too_small",
                       "bad_aspect", "too_many_pixels", "too_large", "unlicensed", "duplicate", "bad_key", "gone",
-                      "bad_sidecar", "caption_too_long")
+                      "bad_sidecar", "caption_too_long", "image_named_json", "orphan_sidecar", "sidecar_too_late")
 
 
 def sample_pk(sha256: str) -> str:
@@ -64,16 +65,20 @@ def sample_item(sample: Sample) -> dict[str, Any]:
 
 def upload_item(upload: UploadRef, status: UploadStatus, partner: str, sha256: str | None = None,
                 reason: str | None = None, detail: str | None = None, duplicate_of: str | None = None,
-                duplicate_of_key: str | None = None) -> dict[str, Any]:
+                duplicate_of_key: str | None = None, sidecar_etag: str = "", image: str | None = None) -> dict[str, Any]:
     """What happened to one upload; keyed by the object, so a redelivery finds it.
 
     `detail` is for the partner (their report shows it); `duplicate_of_key`, the key of the first
-    upload of the same bytes (maybe another partner's), is for operators only.
+    upload of the same bytes (maybe another partner's), is for operators only. An image's record
+    keeps the ETag of the sidecar it read; a sidecar's names its `image`.
     """
-    return {"pk": upload_pk(upload.bucket, upload.key), "kind": "upload", "status": status, "partner": partner,
+    # A sidecar's own fate (waiting, read, applied) is kind "sidecar": `atelier status` and the
+    # partner report count uploads; a quarantined sidecar is an upload refused like any other.
+    kind = "sidecar" if status == "sidecar" else "upload"
+    return {"pk": upload_pk(upload.bucket, upload.key), "kind": kind, "status": status, "partner": partner,
             "at": upload.event_time, "etag": upload.etag, "version_id": upload.version_id, "sha256": sha256,
             "reason": reason, "detail": (detail or "")[:500] or None, "duplicate_of": duplicate_of,
-            "duplicate_of_key": duplicate_of_key}
+            "duplicate_of_key": duplicate_of_key, "sidecar_etag": sidecar_etag or None, "image": image}
 
 
 def shard_item(shard: ShardSealed) -> dict[str, Any]:

@@ -92,6 +92,8 @@ class IngestSettings:
     max_sidecar_bytes: int = 65536
     max_sidecar_depth: int = 4
     max_caption_chars: int = 2000
+    # A sidecar whose image is still missing this long after it was written is an orphan (core.sidecars).
+    sidecar_orphan_grace_s: int = 3600
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "IngestSettings":
@@ -114,6 +116,7 @@ class IngestSettings:
             max_sidecar_bytes=int(_bounded("MAX_SIDECAR_BYTES", _int(env, "MAX_SIDECAR_BYTES"), 2, 1 << 20)),
             max_sidecar_depth=int(_bounded("MAX_SIDECAR_DEPTH", _int(env, "MAX_SIDECAR_DEPTH"), 1, 64)),
             max_caption_chars=int(_bounded("MAX_CAPTION_CHARS", _int(env, "MAX_CAPTION_CHARS"), 1, 100_000)),
+            sidecar_orphan_grace_s=_orphan_grace(env),
         )
 
 
@@ -389,6 +392,9 @@ class SweepSettings:
     # UploadsQueue deeper than this: ingest is behind, so uploads without a record are expected and
     # re-driving them would only add duplicates to the backlog; the run is deferred
     max_queue_depth: int = 1000
+    # A sidecar still waiting for its image this long after it was written is re-driven, so ingest
+    # records it as an orphan (core.sidecars)
+    sidecar_orphan_grace_s: int = 3600
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "SweepSettings":
@@ -401,7 +407,14 @@ class SweepSettings:
             grace_s=grace,
             lookback_s=int(_bounded("SWEEP_LOOKBACK_S", _int(env, "SWEEP_LOOKBACK_S"), grace + 1)),
             max_queue_depth=int(_bounded("SWEEP_MAX_QUEUE_DEPTH", depth, 1)),
+            sidecar_orphan_grace_s=_orphan_grace(env),
         )
+
+
+def _orphan_grace(env: Mapping[str, str]) -> int:
+    """SIDECAR_ORPHAN_GRACE_S (template.yaml's SidecarOrphanGraceSeconds); ImportFunction has no sidecars."""
+    value = _int(env, "SIDECAR_ORPHAN_GRACE_S") if env.get("SIDECAR_ORPHAN_GRACE_S") else 3600
+    return int(_bounded("SIDECAR_ORPHAN_GRACE_S", value, 0))
 
 
 @dataclass(frozen=True)

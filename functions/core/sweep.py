@@ -11,6 +11,10 @@ its notifications are evidently arriving, and re-driving every upload the backlo
 yet would multiply the backlog (the 10,000-upload load test grew its queue to 38,000 messages that
 way). A lost notification is then re-driven by the first run after the backlog drains (the
 lookback covers it): later, never dropped.
+
+Sidecars are uploads too: one without a record is re-driven like an image, and one whose record
+says it is still waiting for its image is re-driven once `sidecar_orphan_grace_s` has passed, so
+ingest records what became of it (read with its image, or an orphan: core.sidecars).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from urllib.parse import quote_plus
 
 from aws_lambda_powertools import Logger
 
-from core import aws, records, uploads
+from core import aws, records
 from core.settings import SweepSettings
 
 logger = Logger(child=True)
@@ -45,14 +49,16 @@ def sweep(settings: SweepSettings, now: datetime | None = None) -> SweepReport:
         return SweepReport(0, (), depth)
     now = now or datetime.now(timezone.utc)
     oldest, newest = now - timedelta(seconds=settings.lookback_s), now - timedelta(seconds=settings.grace_s)
-    candidates = [o for o in aws.list_objects(settings.uploads_bucket)
-                  if oldest <= o["LastModified"] <= newest and not uploads.is_sidecar(o["Key"])]
+    orphaned = now - timedelta(seconds=settings.sidecar_orphan_grace_s)
+    candidates = [o for o in aws.list_objects(settings.uploads_bucket) if oldest <= o["LastModified"] <= newest]
     found = aws.batch_get_items(settings.table, [records.upload_pk(settings.uploads_bucket, o["Key"])
-                                                 for o in candidates], ["pk", "etag"])
+                                                 for o in candidates], ["pk", "etag", "status", "reason"])
     redriven = []
     for listed in candidates:
         record = found.get(records.upload_pk(settings.uploads_bucket, listed["Key"]))
-        if record and record.get("etag") == _etag(listed):
+        waiting = bool(record) and record.get("status") == "sidecar" and record.get("reason") == records.SIDECAR_WAITING \
+            and listed["LastModified"] <= orphaned
+        if record and record.get("etag") == _etag(listed) and not waiting:
             continue
         aws.send_message(settings.uploads_queue_url, notification(settings.uploads_bucket, listed))
         redriven.append(listed["Key"])

@@ -157,3 +157,13 @@ def test_a_re_upload_after_its_shard_was_sealed_before_the_window_is_found_in_th
     report = run_audit(stack, grace_s=0)
     # THEN every upload is found in its shard, whenever that was sealed; none is lost
     assert (report.ok, report.violations, report.accepted, report.pending) == (True, [], 12, [])
+
+
+def test_a_sidecar_needs_a_record_like_any_upload(stack, packed) -> None:
+    bucket = stack.outputs["UploadsBucketName"]
+    boto3.client("s3").put_object(Bucket=bucket, Key="partner-a/a.json", Body=b'{"caption": "a"}')
+    boto3.client("s3").put_object(Bucket=bucket, Key="partner-a/b.json", Body=b'{"caption": "b"}')
+    record_upload(stack, "partner-a/b.json", status="quarantined")  # a sidecar: any record will do
+    report = run_audit(stack, grace_s=0)
+    assert [(v.kind, v.subject) for v in report.violations] == [("lost", "partner-a/a.json")]
+    assert (report.sidecars, report.uploads, report.quarantined) == (1, 12, 0)  # counted apart from uploads
