@@ -156,17 +156,19 @@ def poll_checkpoints(folder: Path, run: Run, stop: threading.Event) -> None:
 
 
 def run_ours(args, work: Path) -> Run:
-    run, checkpoints = Run("ours"), work / "ours-checkpoints"
+    run, checkpoints = Run(args.ours_name), work / f"{args.ours_name}-checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)
     shutil.rmtree(work / "latents", ignore_errors=True)
     python = [sys.executable, "-m"]
+    # the image puts the one Lambda module the trainer shares (core.training_report) on its path
+    path = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
     run.started = time.monotonic()
     code = watch([*python, "trainer.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
                   "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
                   "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers)],
-                 work / "ours.log", run)
+                 work / f"{args.ours_name}.log", run, env=path)
     if code:
-        raise RuntimeError(f"the encode job failed ({code}); see {work / 'ours.log'}")
+        raise RuntimeError(f"the encode job failed ({code}); see {work / (args.ours_name + '.log')}")
     run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
     progress("ours encoded", s=run.phases["encoded_s"])
     stop = threading.Event()
@@ -182,11 +184,11 @@ def run_ours(args, work: Path) -> Run:
                   "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
                   "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
                   *args.ours_args.split()],
-                 work / "ours.log", run, done=lambda: last in run.checkpoints)
+                 work / f"{args.ours_name}.log", run, done=lambda: last in run.checkpoints, env=path)
     time.sleep(0.2)
     stop.set()
     if code or last not in run.checkpoints:
-        raise RuntimeError(f"the training job failed ({code}); see {work / 'ours.log'}")
+        raise RuntimeError(f"the training job failed ({code}); see {work / (args.ours_name + '.log')}")
     return run
 
 
@@ -230,11 +232,15 @@ def pipeline_with(base: Path, unet: Path, folder: Path) -> Path:
 
 
 def score(run: Run, work: Path, samples: list, config, device) -> dict[int, float]:
+    """Each checkpoint's held-out loss (kept in --work: a run is scored once)."""
     from trainer.evaluate import score_model
-    losses = {}
+    record = work / f"{run.name}-losses.json"
+    losses = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
     for step in sorted(run.checkpoints):
-        folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
-        losses[step] = score_model(folder, samples, config, None, device)["val_loss"]
+        if step not in losses:
+            folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
+            losses[step] = score_model(folder, samples, config, None, device)["val_loss"]
+            record.write_text(json.dumps(losses))
         emit({"event": "checkpoint", "run": run.name, "step": step, "s": round(run.checkpoints[step], 1),
               "val_loss": round(losses[step], 5)})
     return losses
@@ -338,6 +344,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target-slack", type=float, default=1.0, help="target = the peer's final loss x this")
     parser.add_argument("--peer-args", default="", help="extra script flags, e.g. '--report_to all' without tensorboard")
     parser.add_argument("--peer-path", default="", help="prepended to PYTHONPATH for the peer's process only")
+    parser.add_argument("--ours-name", default="ours", help="names this configuration of ours (its records in --work)")
     parser.add_argument("--ours-args", default="", help="extra trainer.train flags, e.g. '--compile true'")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16), help="data processes")
     parser.add_argument("--skip-match", action="store_true", help="do not draw the demo prompts")
@@ -357,8 +364,8 @@ def main() -> None:
     prepare(args, args.work)
     peer = timed(args, args.work, "peer", run_peer)
     progress("peer trained", s=peer.checkpoints[args.steps])
-    ours = timed(args, args.work, "ours", run_ours)
-    progress("ours trained", s=ours.checkpoints[args.steps])
+    ours = timed(args, args.work, args.ours_name, run_ours)
+    progress(f"{ours.name} trained", s=ours.checkpoints[args.steps])
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = EvalConfig(timesteps=[100, 300, 500, 700, 900], seed=0, resolution=args.size, steps=25, guidance=5.0)
