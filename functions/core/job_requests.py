@@ -17,7 +17,7 @@ from core.instance_types import has_instance_store
 from core.pretrained import AUTOENCODER_SUFFIX
 from core.settings import Stage, TrainingSettings
 
-MANIFEST_PREFIX = "manifests/"  # in the data bucket: <job>.json, its ManifestFile <job>.manifest, <job>.latents.manifest
+MANIFEST_PREFIX = "manifests/"  # in the data bucket: <job>.json, its ManifestFile <job>.manifest, <job>.latents.manifest, <job>.wids.json
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
 PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of its folders), or its model.tar.gz

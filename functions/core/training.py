@@ -121,6 +121,24 @@ def manifest_file(manifest: Manifest) -> list[Any]:
     return [{"prefix": f"s3://{manifest.bucket}/{manifest.prefix}"}, *relative]
 
 
+def wids_shard_list(manifest: Manifest, name: str) -> dict[str, Any]:
+    """The manifest as the shard-list JSON `wids.ShardListDataset` opens (webdataset's wids spec).
+
+    URLs are relative to the list's own key (`manifests/`), so the list opens in place on S3 or in a
+    synced copy of the bucket. `nsamples` counts every sample in the tar, as wids indexes it; samples
+    the trainer skips (revoked or no longer licensed) are listed per shard under `atelier_exclude`,
+    which wids ignores: a reader must drop those `__key__`s itself (docs/pack.md).
+    """
+    depth = MANIFEST_PREFIX.count("/")
+    shards = []
+    for shard in manifest.shards:
+        entry: dict[str, Any] = {"url": "../" * depth + shard.key, "nsamples": shard.samples}
+        if manifest.exclude.get(shard.shard_id):
+            entry["atelier_exclude"] = list(manifest.exclude[shard.shard_id])
+        shards.append(entry)
+    return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name, "shardlist": shards}
+
+
 # --- orchestration: events in -------------------------------------------------------------------
 
 def on_shard_sealed(shard: ShardSealed, settings: TrainingSettings) -> Decision:
@@ -316,6 +334,8 @@ def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -
                      manifest.model_dump_json(indent=1).encode(), "application/json")
     aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.manifest",
                      json.dumps(manifest_file(manifest)).encode(), "application/json")
+    aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.wids.json",
+                     json.dumps(wids_shard_list(manifest, name), indent=1).encode(), "application/json")
 
 
 def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, base: PretrainedBase | None,

@@ -282,6 +282,54 @@ def test_started_job_s_manifests_are_in_the_data_bucket(settings: TrainingSettin
     assert body == manifest_file(stored_manifest(settings, name))
 
 
+def test_started_job_s_shards_open_with_wids_from_its_shard_list(settings: TrainingSettings, tmp_path) -> None:
+    """manifests/<job>.wids.json is webdataset's wids shard list: wids itself opens it in a copy of the bucket."""
+    import hashlib
+    import io
+
+    import wids
+    from PIL import Image
+    from core.models import Sample
+    from core.shards import build_shard
+
+    s3 = boto3.client("s3")
+    keys = {}
+    for n in (1, 2):  # shard n holds n real samples, as its Shard Sealed event says
+        samples = []
+        for i in range(n):
+            png = io.BytesIO()
+            Image.new("RGB", (8, 8), (40 * n, 40 * i, 0)).save(png, format="PNG")
+            image = png.getvalue()
+            digest = hashlib.sha256(image).hexdigest()
+            samples.append((Sample(sha256=digest, partner="partner-a", bucket="uploads", key=f"a/{n}-{i}.png",
+                                   format="png", width=8, height=8, size=len(image), caption=f"caption {n}.{i}",
+                                   license="CC-BY-4.0", uploaded_at="2026-11-29T12:00:00+00:00"), image))
+            keys[digest] = f"caption {n}.{i}"
+        s3.put_object(Bucket=settings.data_bucket, Key=f"shards/{sid(n)}.tar", Body=build_shard(samples))
+    name = seal(settings, 1, 2)[1].job_name
+
+    listing = json.loads(s3.get_object(Bucket=settings.data_bucket, Key=f"manifests/{name}.wids.json")["Body"].read())
+    assert listing["shardlist"] == [{"url": f"../shards/{sid(1)}.tar", "nsamples": 1},
+                                    {"url": f"../shards/{sid(2)}.tar", "nsamples": 2}]
+    for key in [f"manifests/{name}.wids.json", f"shards/{sid(1)}.tar", f"shards/{sid(2)}.tar"]:  # `aws s3 sync`
+        (tmp_path / "bucket" / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "bucket" / key).write_bytes(s3.get_object(Bucket=settings.data_bucket, Key=key)["Body"].read())
+    dataset = wids.ShardListDataset(str(tmp_path / "bucket" / "manifests" / f"{name}.wids.json"),
+                                    cache_dir=str(tmp_path / "cache"))
+    assert len(dataset) == 3
+    read = {dataset[i]["__key__"]: dataset[i][".txt"] for i in range(len(dataset))}
+    assert read == keys
+    assert dataset[0][".png"].size == (8, 8)  # decoded by wids' own PIL decoder
+
+
+def test_wids_shard_list_carries_what_the_trainer_skips(settings: TrainingSettings) -> None:
+    manifest = expected_manifest(settings, [1, 2]).model_copy(update={"exclude": {sid(2): ("a" * 64,)}})
+    listing = training.wids_shard_list(manifest, "job")
+    assert listing["name"] == "job" and listing["wids_version"] == 1
+    assert listing["shardlist"][0] == {"url": f"../shards/{sid(1)}.tar", "nsamples": 1}
+    assert listing["shardlist"][1] == {"url": f"../shards/{sid(2)}.tar", "nsamples": 2, "atelier_exclude": ["a" * 64]}
+
+
 def test_claim_records_the_job_the_shards_and_the_lineage_lock(settings: TrainingSettings) -> None:
     name = seal(settings, 1, 2)[1].job_name
 
