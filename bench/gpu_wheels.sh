@@ -3,6 +3,7 @@
 # lacks, downloaded here into .whl/ (ignored) and carried with `run(carry=[".whl"])`. There:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site
+# tensorboardX, protobuf: trainer.train writes TensorBoard event files.
 # pydantic: bench/catalog_shards.py writes shards with the packer's own records (core.models.Sample).
 # c2pa-python and cryptography: trainer/serve.py signs what it serves (bench/demo_recipe.py draws through it).
 # diffusers' and datasets' other needs are already in the device image (KINDS.md's package list).
@@ -14,5 +15,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   diffusers==0.42.1 wids==0.1.11 braceexpand==0.1.7 importlib_metadata==8.7.0 \
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
   c2pa-python==0.38.1 cryptography==46.0.3 cffi==2.0.0 pycparser==2.23 \
-  pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.7.0 typing-inspection==0.4.2
+  pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.7.0 typing-inspection==0.4.2 \
+  tensorboardX==2.6.5 protobuf==7.36.2
 ls -la .whl

@@ -70,6 +70,7 @@ from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, 
 from trainer.ema import EMA
 from trainer.encode import check_latent_shards
 from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
+from trainer.tensorboard_log import Board, default_dir
 from trainer.models import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
 from trainer.report import write_report
 from trainer.objective import autocast, diffusion_loss, step_generator
@@ -96,7 +97,7 @@ def weights_to_sample(unet, ema: EMA | None, use_ema: bool) -> dict[str, torch.T
 
 
 def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
-                 loss_history: list, health_dir: Path) -> None:
+                 loss_history: list, health_dir: Path, board: Board) -> None:
     """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes)."""
     prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
     weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
@@ -110,6 +111,7 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
                 grid = validation_grid(pipeline, prompts, seeds, plan.stage(step).resolution, steps)
             (health_dir / "validation").mkdir(parents=True, exist_ok=True)
             grid.save(health_dir / "validation" / f"step-{step:08d}.png")
+            board.validation(step, grid)
     distributed.barrier()
 
 
@@ -219,6 +221,7 @@ def main(args: argparse.Namespace) -> dict:
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
         backend=processes.backend, strategy=args.strategy, sdxl=models.sdxl, stages=plan.describe(), preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
+    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
     while step < plan.total_steps:
         step += 1
@@ -265,6 +268,7 @@ def main(args: argparse.Namespace) -> dict:
                 loss_history.append((step, mean_loss))
             figures = window.figures(mean_loss)
             history.append({"step": step, **{k: figures[k] for k in ("loss", "img_per_s", "data_wait_share")}})
+            board.figures(step, lr=learning_rate, **figures)
             log(rank, step=step, stage=stage, lr=learning_rate, **figures,
                 skipped_steps=progress["skipped_steps"], corrupt_samples=len(corrupt),
                 **progress_and_eta(step, plan.total_steps, step - logged_step, time.perf_counter() - window.start))
@@ -276,8 +280,9 @@ def main(args: argparse.Namespace) -> dict:
             with window.paused():
                 path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema, state, args.keep_checkpoints)
                 log(rank, event="checkpoint", step=step, dir=str(path))
-                check_health(args, processes, models, unet, ema, plan, step, loss_history, health_dir)
+                check_health(args, processes, models, unet, ema, plan, step, loss_history, health_dir, board)
     watchdog.stop()
+    board.close()
 
     # save: the pipeline with the EMA (or trained) weights, and the run's record
     weights = weights_to_sample(unet, ema, use_ema=args.final_weights == "ema")
@@ -377,6 +382,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     health.add_argument("--checkpoint-every", type=int, default=500, help="also at the last step")
     health.add_argument("--keep-checkpoints", type=int, default=2, help="the newest K step directories are kept")
     health.add_argument("--log-every", type=int, default=10, help="also at the last step")
+    health.add_argument("--tensorboard-dir", default=None,
+                        help="TensorBoard event files (default $SM_OUTPUT_DIR/tensorboard, else <health dir>/tensorboard; 'none': off)")
     health.add_argument("--max-nonfinite-steps", type=int, default=10, help="non-finite steps in a row that end the job")
     health.add_argument("--watchdog-minutes", type=float, default=30,
                         help="no optimizer step for this long (before the first: twice as long) dumps every thread's "

@@ -23,6 +23,7 @@ from atelier.local.sagemaker_common import S3Uri, download, download_prefix, ins
 logger = logging.getLogger(__name__)
 
 CONTAINER_CHECKPOINTS = "/opt/ml/checkpoints"
+CONTAINER_TENSORBOARD = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath's default
 INSTANCE_GROUP = "homogeneousCluster"  # the group name SageMaker gives a job without InstanceGroups
 
 
@@ -55,6 +56,13 @@ class Instance:
         if local.startswith("/opt/ml/"):
             return self.opt_ml / local.removeprefix("/opt/ml/")
         return self.opt_ml / "checkpoints"
+
+    def tensorboard_dir(self, request: dict[str, Any]) -> Path:
+        """TensorBoardOutputConfig.LocalPath inside this instance's tree."""
+        local = request["TensorBoardOutputConfig"].get("LocalPath", CONTAINER_TENSORBOARD)
+        if local.startswith("/opt/ml/"):
+            return self.opt_ml / local.removeprefix("/opt/ml/")
+        return self.opt_ml / "output" / "tensorboard"
 
 
 def job_instances(job_root: Path, count: int) -> list[Instance]:

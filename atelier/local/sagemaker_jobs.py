@@ -43,6 +43,7 @@ from atelier.local.sagemaker_common import (
 )
 from atelier.local.sagemaker_instances import (
     CONTAINER_CHECKPOINTS,
+    CONTAINER_TENSORBOARD,
     CheckpointSync,
     Instance,
     JobFailure,
@@ -436,7 +437,20 @@ class JobRun:
             stop_together(list(containers.values()), 0)  # nothing may outlive its attempt
             for host, sync in syncs.items():  # a last sync, also after a failure, but not from a lost instance
                 sync.stop(final_sync=not (end.lost and end.lost.host == host))
+            self._upload_tensorboard()
         return end
+
+    def _upload_tensorboard(self) -> None:
+        """TensorBoardOutputConfig: each instance's LocalPath files under S3OutputPath. SageMaker
+        uploads them while the job runs; here at the end of each attempt, failed ones too."""
+        config = self._job.request.get("TensorBoardOutputConfig")
+        if not config:
+            return
+        remote = S3Uri.parse(config["S3OutputPath"])
+        for instance in self._job.instances:
+            folder = instance.tensorboard_dir(self._job.request)
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []:
+                upload(self._s3, path, remote.join(path.relative_to(folder).as_posix()))
 
     def _supervise(self, containers: dict[str, ContainerProcess]) -> Exit:
         job, instances = self._job, {i.host: i for i in self._job.instances}
@@ -518,6 +532,8 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
                      "VolumeKmsKeyId")
     if request.get("CheckpointConfig"):
         S3Uri.parse(require(request, "CheckpointConfig.S3Uri"), "CheckpointConfig.S3Uri")
+    if request.get("TensorBoardOutputConfig"):
+        S3Uri.parse(require(request, "TensorBoardOutputConfig.S3OutputPath"), "TensorBoardOutputConfig.S3OutputPath")
     normalised = json.loads(json.dumps(request))  # a deep copy the caller cannot change
     normalised.setdefault("HyperParameters", {})
     normalised["ResourceConfig"].setdefault("InstanceCount", 1)
@@ -528,6 +544,8 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
     normalised["StoppingCondition"].setdefault("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
     if normalised.get("CheckpointConfig"):
         normalised["CheckpointConfig"].setdefault("LocalPath", CONTAINER_CHECKPOINTS)
+    if normalised.get("TensorBoardOutputConfig"):
+        normalised["TensorBoardOutputConfig"].setdefault("LocalPath", CONTAINER_TENSORBOARD)
     names = [require(channel, "ChannelName") for channel in normalised.get("InputDataConfig", [])]
     if len(names) != len(set(names)):
         raise validation_error(f"Channel names must be unique: {names}")

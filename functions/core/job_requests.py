@@ -17,6 +17,8 @@ from core.instance_types import has_instance_store
 from core.pretrained import AUTOENCODER_SUFFIX
 from core.settings import Stage, TrainingSettings
 
+TENSORBOARD_PREFIX = "tensorboard/"  # in the models bucket: <job>/ holds its TensorBoard event files
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # trainer/tensorboard_log.py LOCAL_PATH
 MANIFEST_PREFIX = "manifests/"  # in the data bucket: <job>.json, its ManifestFile <job>.manifest, <job>.latents.manifest, <job>.wids.json
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
@@ -150,12 +152,21 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
     `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel."""
     stage = settings.stages[stage_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
-    return _job_request(
+    request = _job_request(
         name, manifest_uri, {**stage_hyperparameters(stage, steps_target), **model_hyperparameters},
         (stage.instance_type, stage.instance_count), "training/",
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
         f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
         _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS)
+    # The trainer writes its event files to LocalPath (trainer/tensorboard_log.py); SageMaker's
+    # TensorBoard app and `atelier tensorboard JOB` read them from the job's own prefix.
+    request["TensorBoardOutputConfig"] = {"S3OutputPath": tensorboard_uri(settings.models_bucket, name),
+                                          "LocalPath": TENSORBOARD_LOCAL_PATH}
+    return request
+
+
+def tensorboard_uri(models_bucket: str, job: str) -> str:
+    return f"s3://{models_bucket}/{TENSORBOARD_PREFIX}{job}/"
 
 
 def encode_job_name(training_job: str) -> str:

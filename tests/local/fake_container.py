@@ -3,7 +3,7 @@
 train: writes model/hosts/<current_host>.json (its channels' files, the hyperparameters, the
 checkpoint it resumed from, current_host and hosts from resourceconfig.json) and, on the first host
 only (a leader, as the trainer's rank 0), model/files.json (the same minus the hosts) and
-model/sub/weights.bin; then the next checkpoint (atomically). Hyperparameters steer it: `sleep`
+model/sub/weights.bin and output/tensorboard/run/events.out.fake; then the next checkpoint (atomically). Hyperparameters steer it: `sleep`
 (seconds to linger after writing), `sleep-unless-resumed` (the same, only when no checkpoint was
 restored), `fail` (text for output/failure, exit 1), `exit-code` (exit with it, no failure file).
 
@@ -55,6 +55,8 @@ def train() -> int:
         (model / "files.json").write_text(json.dumps(seen))
         (model / "sub").mkdir(exist_ok=True)
         (model / "sub" / "weights.bin").write_bytes(b"\0" * 16)
+        (ROOT / "output" / "tensorboard" / "run").mkdir(parents=True, exist_ok=True)  # the trainer's LocalPath
+        (ROOT / "output" / "tensorboard" / "run" / "events.out.fake").write_text(f"events of {resources['current_host']}")
     step = int(resumed_from or 0) + 1
     write_atomically(checkpoints / f"step-{step}.txt", f"weights at step {step}")
     write_atomically(latest, str(step))  # the marker last, as the trainer does

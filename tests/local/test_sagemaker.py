@@ -396,6 +396,25 @@ def test_checkpoints_sync_during_the_job_and_restore_into_the_next(sm: Any, s3: 
     assert sorted(keys) == ["checkpoints/base/latest", "checkpoints/base/step-1.txt", "checkpoints/base/step-2.txt"]
 
 
+def test_tensorboard_files_reach_the_s3_output_path_of_finished_and_failed_jobs(sm: Any, s3: Any) -> None:
+    put_shards(s3, "shards/a.tar")
+    for name, hyperparameters in (("board-ok", {}), ("board-failed", {"fail": "boom"})):
+        sm.create_training_job(**training_request(name, hyperparameters=hyperparameters, TensorBoardOutputConfig={
+            "S3OutputPath": f"s3://models/tensorboard/{name}/"}))
+        job = wait_for_job(sm, name, "Completed", "Failed")
+        assert job["TensorBoardOutputConfig"] == {"S3OutputPath": f"s3://models/tensorboard/{name}/",
+                                                  "LocalPath": "/opt/ml/output/tensorboard"}
+        assert s3_text(s3, "models", f"tensorboard/{name}/run/events.out.fake") == "events of algo-1"
+    sm.create_training_job(**training_request("no-board"))
+    wait_for_job(sm, "no-board", "Completed")
+    assert not s3.list_objects_v2(Bucket="models", Prefix="tensorboard/no-board").get("KeyCount")
+
+
+def test_tensorboard_output_path_must_be_an_s3_uri(sm: Any) -> None:
+    with pytest.raises(ClientError, match="TensorBoardOutputConfig.S3OutputPath"):
+        sm.create_training_job(**training_request("bad-board", TensorBoardOutputConfig={"S3OutputPath": "/tmp/x"}))
+
+
 def test_failing_container_fails_the_job_with_its_failure_file(sm: Any, s3: Any, job_events: Callable) -> None:
     put_shards(s3, "shards/a.tar")
     checkpoint = {"S3Uri": "s3://models/checkpoints/failing/"}

@@ -1,10 +1,12 @@
 """trainer.train: tiny runs on the CPU; checkpoints, exact resume, stages, SDXL, DDP/FSDP, health."""
 
+import io
 import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -279,6 +281,40 @@ def test_health_a_loss_curve_and_a_validation_grid_per_checkpoint(trained):
     grids = sorted(path.name for path in (health / "validation").iterdir())
     assert grids == ["step-00000002.png", "step-00000003.png"]
     assert Image.open(health / "validation" / grids[0]).size == grid_layout(32, 2, 1).size  # 2 prompts x 1 seed at 32 px
+
+
+def tensorboard_events(folder: Path) -> list:
+    """Every Event in the folder's event files (TFRecord framing: length, its CRC, the Event, its CRC)."""
+    from tensorboardX.proto import event_pb2
+    events = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            events.append(event_pb2.Event.FromString(data[offset + 12:offset + 12 + length]))
+            offset += 12 + length + 4
+    return events
+
+
+def test_tensorboard_holds_every_logged_figure_and_each_checkpoint_s_validation_grid(trained):
+    events = tensorboard_events(trained["model_dir"] / "health" / "tensorboard")
+    scalars = {(value.tag, event.step): value.simple_value for event in events for value in event.summary.value
+               if value.HasField("simple_value")}
+    history = json.loads((trained["model_dir"] / "atelier-training.json").read_text())["history"]
+    for figures in history:  # the all-rank means the log lines carry, at the same steps
+        for name in ("loss", "img_per_s", "data_wait_share"):
+            assert scalars[(f"train/{name}", figures["step"])] == pytest.approx(figures[name], rel=1e-6)
+    assert {step for tag, step in scalars if tag == "train/lr"} == {1, 2, 3}
+    grids = {event.step: value.image for event in events for value in event.summary.value if value.HasField("image")}
+    assert sorted(grids) == [2, 3]
+    width, height = grid_layout(32, 2, 1).size
+    assert (grids[2].width, grids[2].height) == (width, height)
+    assert Image.open(io.BytesIO(grids[2].encoded_image_string)).size == (width, height)
+
+
+def test_tensorboard_none_writes_no_event_files(tmp_path, shards_dir, train_args):
+    train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--tensorboard-dir", "none"))
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))
 
 
 def test_the_run_s_report_is_written_beside_the_model_with_every_logged_step_and_grid(trained):

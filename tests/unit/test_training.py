@@ -275,6 +275,13 @@ def test_request_checkpoint_prefix_follows_the_lineage() -> None:
     assert request["CheckpointConfig"]["S3Uri"] == f"s3://{MODELS}/checkpoints/faces/"
 
 
+def test_request_sends_tensorboard_files_to_the_job_s_own_prefix() -> None:
+    from trainer.tensorboard_log import LOCAL_PATH
+    assert REQUEST["TensorBoardOutputConfig"] == {"S3OutputPath": f"s3://{MODELS}/tensorboard/atelier-0123456789abcdef0123/",
+                                                  "LocalPath": LOCAL_PATH}
+    assert LOCAL_PATH == "/opt/ml/output/tensorboard"  # SageMaker's default LocalPath, where the trainer writes
+
+
 def test_request_writes_models_under_training() -> None:
     assert REQUEST["OutputDataConfig"] == {"S3OutputPath": f"s3://{MODELS}/training/"}
 
