@@ -45,6 +45,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    folder = args.dir or Path("tensorboard") / args.job
+    uri, count = reports.fetch_tensorboard(client.stack_outputs(args.stack), args.job, folder)
+    console.print(f"{count} TensorBoard file(s) of {args.job} from {uri} -> {folder}")
+    console.print(f"open them with: tensorboard --logdir {folder}")
+    if not args.local:
+        console.print(f"or point SageMaker's TensorBoard app (or tensorboard --logdir) at {uri}")
+    return 0
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add this area's subcommands to the `atelier` parser."""
     report = commands.add_parser("report", help="a partner's uploads and where they went, or a training job's report")
@@ -54,3 +64,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--json", action="store_true", help="with --partner: the report as JSON")
     report.add_argument("-o", "--output", type=Path, help="with --job: the file to write (default stdout)")
     report.set_defaults(func=cmd_report)
+
+    board = commands.add_parser("tensorboard", help="fetch a training job's TensorBoard logs and print the dir to open")
+    board.add_argument("job", help="the training job's name (`atelier status` lists them)")
+    board.add_argument("--dir", type=Path, default=None, help="where the event files go (default ./tensorboard/<job>)")
+    board.set_defaults(func=cmd_tensorboard)

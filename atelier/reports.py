@@ -10,7 +10,7 @@ import json
 import tarfile
 from collections import Counter, defaultdict
 from contextlib import suppress
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from atelier import client
@@ -140,6 +140,27 @@ def job_report(outputs: dict[str, str], job: str) -> bytes:
             return page
     raise PipelineError(f"no {REPORT} for job {job!r} under s3://{bucket}/{folder}/: "
                         "has it finished? (`atelier status` lists jobs)")
+
+
+def fetch_tensorboard(outputs: dict[str, str], job: str, folder: Path) -> tuple[str, int]:
+    """The job's TensorBoard event files (TensorBoardOutputConfig) into `folder`: their S3 prefix and count."""
+    from core.job_requests import tensorboard_uri
+    bucket = outputs["ModelsBucketName"]
+    uri = tensorboard_uri(bucket, job)
+    prefix = uri.removeprefix(f"s3://{bucket}/")
+    count = 0
+    for item in aws.list_objects(bucket, prefix):
+        relative = PurePosixPath(item["Key"].removeprefix(prefix))
+        if ".." in relative.parts or relative.is_absolute():
+            continue  # a key that would land outside the folder
+        target = folder.joinpath(*relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(aws.read_object(bucket, item["Key"]))
+        count += 1
+    if not count:
+        raise PipelineError(f"no TensorBoard files for job {job!r} under {uri}: a training job writes them from its "
+                            "first logged step (`atelier status` lists jobs)")
+    return uri, count
 
 
 def report_from_tar(stream: Any) -> bytes | None:

@@ -190,6 +190,23 @@ def test_a_job_without_a_report_says_so(outputs, capsys) -> None:
     assert "no report.html for job 'atelier-none'" in capsys.readouterr().err.replace("\n", "")
 
 
+def test_tensorboard_fetches_the_job_s_event_files_and_prints_the_dir_to_open(outputs, tmp_path: Path, capsys) -> None:
+    s3, bucket = boto3.client("s3"), outputs["ModelsBucketName"]
+    s3.put_object(Bucket=bucket, Key="tensorboard/atelier-0003/events.out.tfevents.1.host", Body=b"events")
+    s3.put_object(Bucket=bucket, Key="tensorboard/atelier-0003/run/events.out.tfevents.2.host", Body=b"more")
+    s3.put_object(Bucket=bucket, Key="tensorboard/atelier-00031/events.out.tfevents.3.host", Body=b"another job's")
+
+    assert cli.main(["tensorboard", "atelier-0003", "--dir", str(tmp_path / "tb")]) == 0
+    files = {p.relative_to(tmp_path / "tb").as_posix(): p.read_bytes() for p in (tmp_path / "tb").rglob("*") if p.is_file()}
+    assert files == {"events.out.tfevents.1.host": b"events", "run/events.out.tfevents.2.host": b"more"}
+    assert f"tensorboard --logdir {tmp_path / 'tb'}" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_tensorboard_of_a_job_without_logs_says_so(outputs, capsys) -> None:
+    assert cli.main(["tensorboard", "atelier-none"]) == 2
+    assert "no TensorBoard files for job 'atelier-none'" in capsys.readouterr().err.replace("\n", "")
+
+
 def test_status_json_watch_prints_one_json_line_per_refresh(outputs, monkeypatch, capsys) -> None:
     naps = []
 
