@@ -48,6 +48,14 @@ def endpoint_pk(endpoint_name: str) -> str:
     return f"ENDPOINT#{endpoint_name}"
 
 
+REDRIVE_PREFIX = "REDRIVE#"  # RedriveFunction may write only these items (template.yaml: dynamodb:LeadingKeys)
+
+
+def redrive_pk(queue: str, identity: str) -> str:
+    """The redrive ledger of one dead letter: how often it was redriven, and when (core.redrive)."""
+    return f"{REDRIVE_PREFIX}{queue}#{identity}"
+
+
 def revocation_pk(revocation_id: str) -> str:
     return f"REVOKED#{revocation_id}"
 

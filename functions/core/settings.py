@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from core.dead_letters import CONTRACTS, RedrivePolicy
 from core.errors import ConfigError
 from core.failure_brake import BrakeSettings
 from core.images import KNOWN_FORMATS, DecodePolicy
@@ -433,3 +434,38 @@ class ImportSettings:
                             event_bus=_require(env, "EVENT_BUS_NAME"), shard_target_bytes=0, shard_max_samples=0,
                             shard_max_age_s=0)  # one imported shard per source tar: no size policy applies
         return cls(ingest=ingest, pack=pack)
+
+
+@dataclass(frozen=True)
+class DeadLetterQueue:
+    # Queue names, not URLs: the same on AWS, under moto and in events/env.json (`sam local invoke`)
+    name: str
+    contract: str  # core.dead_letters.CONTRACTS: what its messages' consumer parses
+    source: str = ""  # the queue it redrives to; empty: it holds events, re-put on the bus
+
+
+@dataclass(frozen=True)
+class RedriveSettings:
+    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.redrive)."""
+
+    table: str
+    event_bus: str
+    queues: dict[str, DeadLetterQueue]  # by logical id, e.g. UploadsDLQ
+    policy: RedrivePolicy
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "RedriveSettings":
+        raw = _require(env, "DEAD_LETTER_QUEUES")
+        try:
+            queues = {name: DeadLetterQueue(name=q["queue"], contract=q["contract"], source=q.get("source", ""))
+                      for name, q in json.loads(raw).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"DEAD_LETTER_QUEUES is not a JSON object of {{logical id: {{queue, contract[, source]}}}}: {exc}") from exc
+        unknown = {name for name, q in queues.items() if q.contract not in CONTRACTS}
+        if unknown:
+            raise ConfigError(f"DEAD_LETTER_QUEUES: {sorted(unknown)} name no contract of {sorted(CONTRACTS)}")
+        policy = RedrivePolicy(cap=int(_bounded("DEAD_LETTER_REDRIVE_CAP", _int(env, "DEAD_LETTER_REDRIVE_CAP"), 1)),
+                               backoff_s=int(_bounded("DEAD_LETTER_BACKOFF_S", _int(env, "DEAD_LETTER_BACKOFF_S"), 0)),
+                               memory_s=int(_bounded("DEAD_LETTER_MEMORY_S", _int(env, "DEAD_LETTER_MEMORY_S"), 1)))
+        return cls(table=_require(env, "PIPELINE_TABLE"), event_bus=_require(env, "EVENT_BUS_NAME"), queues=queues,
+                   policy=policy)

@@ -46,6 +46,9 @@ IMPORTED_SHARDS = "ImportedShards"  # dimension `status`: imported | empty | rej
 IMPORTED_SAMPLES = "ImportedSamples"  # accepted into a pipeline shard
 IMPORT_DUPLICATES = "ImportDuplicates"  # left out: already in the pipeline
 IMPORT_REJECTS = "ImportRejects"  # quarantined for any other reason
+DEAD_LETTERS_REDRIVEN = "DeadLettersRedriven"  # sent back to their source by RedriveFunction (core.redrive)
+POISON_MESSAGES = "PoisonMessages"  # held in their DLQs as poison, per run (a gauge: PoisonDeadLettersAlarm)
+SCHEDULE_TICKS_DROPPED = "ScheduleTicksDropped"  # failed timer ticks removed (the next tick does their work)
 REASON = "reason"
 
 

@@ -101,3 +101,139 @@ def test_event_dead_letters_are_put_back_on_the_bus(outputs, capsys) -> None:
 
 def outputs_sources(outputs: dict[str, str]) -> list[str]:
     return boto3.client("sqs").list_queues(QueueNamePrefix="atelier-StartTrainingFunctionShardSealed")["QueueUrls"]
+
+
+# --- RedriveFunction: dead letters that empty themselves (core.redrive, core.dead_letters) ---------
+
+NOTIFICATION = json.dumps({"Records": [{"eventName": "ObjectCreated:Put", "s3": {
+    "bucket": {"name": "uploads"}, "object": {"key": "partner/a.png", "size": 3, "eTag": "abc"}}}]})
+
+
+@pytest.fixture
+def redrive(outputs, function_env, lambda_context, monkeypatch):
+    """Run RedriveFunction's handler once with the template's environment (`backoff` overrides its base)."""
+    def run(backoff: int | None = None) -> dict:
+        function_env("RedriveFunction")
+        if backoff is not None:
+            monkeypatch.setenv("DEAD_LETTER_BACKOFF_S", str(backoff))
+        from redrive import app
+        return app.lambda_handler({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}},
+                                  lambda_context)
+    return run
+
+
+def counts(url: str) -> tuple[int, int]:
+    """(visible, hidden) messages of a queue."""
+    attributes = boto3.client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]), int(attributes["ApproximateNumberOfMessagesNotVisible"])
+
+
+def held(url: str) -> list[tuple[str, dict[str, str]]]:
+    """Bodies and string attributes of a DLQ's messages, released again at once."""
+    sqs, found = boto3.client("sqs"), []
+    messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30,
+                                   MessageAttributeNames=["All"]).get("Messages", [])
+    for m in messages:
+        found.append((m["Body"], {k: v["StringValue"] for k, v in m.get("MessageAttributes", {}).items()}))
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
+    return found
+
+
+def test_a_transient_dead_letter_goes_back_to_its_queue_and_is_counted(outputs, redrive) -> None:
+    dead_letter(outputs, NOTIFICATION)
+
+    assert redrive()["redriven"] == {"UploadsDLQ": 1}
+
+    assert bodies(outputs["UploadsQueueUrl"]) == [NOTIFICATION]
+    assert counts(outputs["UploadsDLQUrl"]) == (0, 0)
+    from core import aws, dead_letters, records
+    ledger = aws.get_item(outputs["PipelineTableName"], records.redrive_pk("UploadsDLQ", dead_letters.identity(NOTIFICATION)))
+    assert (ledger["redrives"], ledger["reason"]) == (1, "transient: redrive 1 of 3")
+
+
+def test_a_body_its_consumer_cannot_parse_stays_marked_with_its_error(outputs, redrive) -> None:
+    # GIVEN an UploadsQueue message ingest can never parse, dead-lettered after its five receives
+    dead_letter(outputs, "not an S3 notification")
+    # WHEN the redriver runs twice
+    first, second = redrive(), redrive()
+    # THEN it is held, visible, marked once with why, and counted as poison on both runs
+    assert first["poison"] == second["poison"] == {"UploadsDLQ": 1}
+    assert first["redriven"] == second["redriven"] == {}
+    ((body, attributes),) = held(outputs["UploadsDLQUrl"])
+    assert body == "not an S3 notification"
+    assert attributes == {"atelier.verdict": "poison", "atelier.redrives": "0", "atelier.error":
+                          "poison: does not match its queue's contract: not JSON: Expecting value: line 1 column 1 (char 0)"}
+    assert bodies(outputs["UploadsQueueUrl"]) == []
+
+
+def test_a_message_failing_every_redrive_is_held_after_the_cap(outputs, redrive) -> None:
+    # GIVEN a valid notification whose consumer fails every time (here: nobody deletes it)
+    dead_letter(outputs, NOTIFICATION)
+    for attempt in range(3):  # DeadLetterRedriveCap
+        assert redrive(backoff=0)["redriven"] == {"UploadsDLQ": 1}, attempt
+        for _ in range(6):  # it fails its five receives again and is dead-lettered again
+            boto3.client("sqs").receive_message(QueueUrl=outputs["UploadsQueueUrl"], VisibilityTimeout=0)
+    # WHEN the redriver finds it a fourth time
+    report = redrive(backoff=0)
+    # THEN it stays, with the count and the reason
+    assert (report["redriven"], report["poison"]) == ({}, {"UploadsDLQ": 1})
+    ((body, attributes),) = held(outputs["UploadsDLQUrl"])
+    assert body == NOTIFICATION
+    assert attributes["atelier.redrives"] == "3"
+    assert attributes["atelier.error"] == (
+        "poison: failed again after 3 automatic redrives, each after its queue's full retries; "
+        "last error: none recorded (SQS keeps no error; see the consumer logs)")
+
+
+def test_a_second_redrive_waits_hidden_in_the_dlq_until_its_backoff_has_passed(outputs, redrive) -> None:
+    dead_letter(outputs, NOTIFICATION)
+    assert redrive(backoff=600)["redriven"] == {"UploadsDLQ": 1}
+    for _ in range(6):
+        boto3.client("sqs").receive_message(QueueUrl=outputs["UploadsQueueUrl"], VisibilityTimeout=0)
+
+    report = redrive(backoff=600)
+
+    assert (report["redriven"], report["waiting"]) == ({}, {"UploadsDLQ": 1})
+    assert counts(outputs["UploadsDLQUrl"]) == (0, 1)  # not visible: its DLQ's alarm does not count it
+    assert counts(outputs["UploadsQueueUrl"]) == (0, 0)
+
+
+def test_an_event_goes_back_on_the_bus_and_a_failed_tick_is_dropped(outputs, redrive) -> None:
+    event = {"version": "0", "id": "1", "source": "atelier.pack", "detail-type": "Shard Sealed",
+             "resources": [], "detail": {"shard_id": "shard-1"}}
+    tick = {"version": "0", "id": "2", "source": "aws.events", "detail-type": "Scheduled Event",
+            "resources": ["arn:aws:events:us-east-1:123456789012:rule/atelier-PackFunctionSealTimer"], "detail": {}}
+    boto3.client("sqs").send_message(QueueUrl=outputs["StartTrainingDLQUrl"], MessageBody=json.dumps(event))
+    boto3.client("sqs").send_message(QueueUrl=outputs["PackScheduleDLQUrl"], MessageBody=json.dumps(tick))
+
+    report = redrive()
+
+    assert (report["redriven"], report["dropped"], report["poison"]) == (
+        {"StartTrainingDLQ": 1}, {"PackScheduleDLQ": 1}, {})
+    source = next(s for s in outputs_sources(outputs) if "ShardSealed" in s)
+    assert [json.loads(b)["detail"] for b in bodies(source)] == [{"shard_id": "shard-1"}]
+    assert counts(outputs["StartTrainingDLQUrl"]) == counts(outputs["PackScheduleDLQUrl"]) == (0, 0)
+
+
+def test_a_failed_send_leaves_the_dead_letter_where_it_was(outputs, redrive, monkeypatch) -> None:
+    dead_letter(outputs, NOTIFICATION)
+    from core import redrive as core_redrive
+    real = core_redrive.aws.client
+
+    class Failing:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def send_message(self, **kwargs):
+            raise ConnectionError("SQS is unreachable")
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(core_redrive.aws, "client", lambda service: Failing(real(service)))
+    with pytest.raises(ConnectionError):
+        redrive()
+    monkeypatch.setattr(core_redrive.aws, "client", real)
+    assert counts(outputs["UploadsDLQUrl"]) == (0, 1)  # hidden for the run's hold, then visible again
+    assert bodies(outputs["UploadsQueueUrl"]) == []

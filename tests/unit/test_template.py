@@ -167,11 +167,11 @@ def test_every_rule_target_that_is_a_function_has_a_dead_letter_queue(resources:
 
     # Shard Sealed, job finished, `atelier lineage resume` and the backoff's schedule (start-training);
     # job state changes, model artefacts, endpoint state changes and `atelier evaluate` requests
-    # (deploy); the pack seal timer; the sweep's schedule
+    # (deploy); the pack seal timer; the sweep's and the redriver's schedules
     assert sorted(rule for rule, _ in lambda_targets) == [
         "DeployFunctionEndpointStateChange", "DeployFunctionEvaluateRequest", "DeployFunctionModelArtefactCreated",
         "DeployFunctionTrainingJobStateChange",
-        "PackFunctionSealTimer", "StartTrainingFunctionJobFinished", "StartTrainingFunctionLineageResumed",
+        "PackFunctionSealTimer", "RedriveFunctionSchedule", "StartTrainingFunctionJobFinished", "StartTrainingFunctionLineageResumed",
         "StartTrainingFunctionRetryAfterBackoff", "StartTrainingFunctionShardSealed", "SweepFunctionSchedule"]
     assert [rule for rule, t in lambda_targets if "Arn" not in t.get("DeadLetterConfig", {})] == []
 
@@ -184,7 +184,7 @@ def test_functions_get_no_endpoint_override_by_default(resources: dict[str, dict
     environments = function_environments(resources)
 
     assert sorted(environments) == ["DeployFunction", "ImportFunction", "IngestFunction", "PackFunction",
-                                    "StartTrainingFunction", "SweepFunction"]
+                                    "RedriveFunction", "StartTrainingFunction", "SweepFunction"]
     assert {name: sorted(k for k in env if k.startswith("AWS_ENDPOINT_URL")) for name, env in environments.items()} \
         == {name: [] for name in environments}
 
