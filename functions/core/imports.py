@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import IO, Any, Iterator, Literal
@@ -42,6 +42,9 @@ BATCH_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "tif", "tiff", "bmp", "gif")
 CAPTION_EXTENSIONS = ("txt", "caption")
 DUPLICATE_REASONS = ("duplicate", "near_duplicate")
+# img2dataset's per-sample fields its tools read back (its docs, "Output format"), kept verbatim
+SOURCE_FIELDS = ("url", "key", "status", "original_width", "original_height", "exif")
+SOURCE_FIELDS_MAX_BYTES = 16 << 10
 # webdataset's rule: the key is the name up to the first dot of its last path component.
 _NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -284,8 +287,9 @@ class _Reader:
             item = aws.get_item(table, records.sample_pk(sha256))
             if item:
                 first = Sample.model_validate_json(item["record"]) if item.get("record") else None
-                raise RejectedUpload("duplicate", f"same {'bytes' if sha256 == sample.sha256 else 'original'} as "
-                                                  f"{first.key if first else sha256}")
+                # the partner sees its own key, never another partner's (the sha256 points operators at it)
+                where = first.key if first and first.partner == sample.partner else "a sample already in the dataset"
+                raise RejectedUpload("duplicate", f"same {'bytes' if sha256 == sample.sha256 else 'original'} as {where}")
         near = dedup.nearest(table, sample.phash, self.settings.ingest.near_duplicate_distance, exclude=sample.sha256) \
             if sample.phash else None
         if near:
@@ -331,10 +335,23 @@ def _describe(source: SourceSample, upload: UploadRef, message: ImportShard,
     sidecar = Sidecar(caption=caption, license=message.license, source=str(meta.get("url") or ""))
     described = metadata.describe(source.members[extension], upload, message.partner, sidecar, message.license,
                                   settings.ingest)
+    if kept := source_fields(meta):
+        described = replace(described, sample=described.sample.model_copy(update={"source_fields": kept}))
     original = str(meta.get("sha256") or "").lower()
     width, height = meta.get("width"), meta.get("height")
     claimed = (width, height) if type(width) is int and type(height) is int else None
     return described, original if _SHA256.match(original) and original != described.sample.sha256 else None, claimed
+
+
+def source_fields(meta: dict[str, Any]) -> dict[str, str | int | float | bool | None]:
+    """img2dataset's own fields of the sample's .json that its tools read, kept for the shard's .json;
+    JSON scalars only, and none at all past SOURCE_FIELDS_MAX_BYTES (an EXIF block can be large, and
+    the record lives in a DynamoDB item)."""
+    kept = {name: meta[name] for name in SOURCE_FIELDS
+            if name in meta and (meta[name] is None or isinstance(meta[name], (str, int, float, bool)))}
+    if len(json.dumps(kept)) > SOURCE_FIELDS_MAX_BYTES:
+        kept.pop("exif", None)
+    return kept if len(json.dumps(kept)) <= SOURCE_FIELDS_MAX_BYTES else {}
 
 
 def _same_size(claimed: tuple[int, int] | None, sample: Sample) -> bool:

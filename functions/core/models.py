@@ -73,6 +73,10 @@ class Sample(Frozen):
     content_width: int = 0
     content_height: int = 0
     reencoded: str | None = None  # why the stored bytes are not the upload's
+    # The source dataset's own fields, verbatim (img2dataset's url, key, original_width, ...:
+    # core.imports.SOURCE_FIELDS); the shard's .json carries them at its top level (core.shards).
+    # Left out of the JSON when empty: an upload's record (and the shard bytes made from it) is unchanged.
+    source_fields: dict[str, str | int | float | bool | None] = Field(default={}, exclude_if=lambda fields: not fields)
 
     @property
     def extension(self) -> str:

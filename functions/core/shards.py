@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 import tarfile
 from dataclasses import dataclass
@@ -65,9 +66,24 @@ def image_sha256(sample: Sample) -> str:
     return sample.content_sha256 or sample.sha256
 
 
+def record_json(sample: Sample) -> bytes:
+    """The `.json` member: the metadata record and, at its top level, the source dataset's own fields
+    (img2dataset's `url`, `key`, `status`, ...) so tools built for that dataset read it unchanged.
+    A source field named like one of ours wins there (`key`: img2dataset's sample key), and ours
+    moves to `upload_<name>` (`upload_key`: the `<tar>#<member>` provenance pointer)."""
+    if not sample.source_fields:
+        return sample.model_dump_json().encode()
+    record = sample.model_dump(mode="json", exclude={"source_fields"})
+    for name, value in sample.source_fields.items():
+        if name in record:
+            record[f"upload_{name}"] = record[name]
+        record[name] = value
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
 def small_members(sample: Sample) -> list[tuple[str, bytes]]:
     """The record and the caption, in member order after the image."""
-    return [(member_name(sample.sha256, "json"), sample.model_dump_json().encode()),
+    return [(member_name(sample.sha256, "json"), record_json(sample)),
             (member_name(sample.sha256, "txt"), sample.caption.encode())]
 
 

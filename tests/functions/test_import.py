@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import tarfile
@@ -120,6 +121,35 @@ def test_the_imported_shard_is_a_packed_shard_byte_for_byte_with_a_matching_inde
     [event] = announced(stack)
     assert (event["source"], event["detail-type"], event["detail"]["shard_id"], event["detail"]["samples"]) == (
         "atelier.pack", "Shard Sealed", shard_id, 6)
+
+
+def test_img2dataset_s_own_fields_are_in_the_shard_s_records_for_its_tools(stack, settings) -> None:
+    exif = json.dumps({"Image Make": "Atelier", "Image Model": "procedural"})
+    fields = {"status": "success", "original_width": 640, "original_height": 480, "exif": exif}
+    body = webdataset_tar([sample_of("000000012", ITEMS[0], **fields, error_message=None, extra={"nested": 1}),
+                           sample_of("000000013", ITEMS[1], status="success", exif="x" * (20 << 10))])
+    import_shard(put_tar(stack, "i2d.tar", body), settings)
+    [shard] = sealed_shards(settings.pack).values()
+    records = {r["key"]: r for r in (json.loads(data) for name, data in shard.members if name.endswith(".json"))}
+    first, second = records["000000012"], records["000000013"]
+    # img2dataset's fields at the top level, as its tools read them; `key` is its sample key
+    assert {k: first[k] for k in ("url", "key", *fields)} == {
+        "url": f"https://example.org/000000012.{ITEMS[0].name.rsplit('.', 1)[1]}", "key": "000000012", **fields}
+    # ours stay beside them: the provenance pointer moves to upload_key, the URL is also `source`
+    assert first["upload_key"] == f"imports/{BATCH}/i2d.tar#000000012" and first["source"] == first["url"]
+    assert first["partner"] == "partner-a" and first["width"] == 96 and "extra" not in first
+    # an EXIF block past the bound is left out, the rest kept
+    assert "exif" not in second and second["status"] == "success" and second["key"] == "000000013"
+
+
+def test_a_duplicate_of_another_partner_s_sample_names_no_key_of_theirs(stack, settings, function_env) -> None:
+    ingest_upload(stack, function_env, "partner-a/secret-name.png", ITEMS[0].image)
+    item = aws.get_item(settings.ingest.table, f"SAMPLE#{hashlib.sha256(ITEMS[0].image).hexdigest()}")
+    first = Sample.model_validate_json(item["record"])
+    aws.put_item(settings.ingest.table, {**item, "record": first.model_copy(update={"partner": "partner-b"}).model_dump_json()})
+    import_shard(put_tar(stack, "dup.tar", webdataset_tar([sample_of("same", ITEMS[0])])), settings)
+    [detail] = [i["detail"] for i in aws.scan_prefix(settings.ingest.table, "UPLOAD#") if i.get("reason") == "duplicate"]
+    assert detail == "same bytes as a sample already in the dataset" and "secret-name" not in detail
 
 
 def test_a_truncated_tar_keeps_the_samples_before_the_break(stack, settings) -> None:
@@ -316,6 +346,13 @@ def test_shards_downloaded_by_img2dataset_import_with_its_metadata(stack, settin
                   for name, data in shard.members if name.endswith(".json")}
     assert sorted(by_caption) == sorted(item.sidecar["caption"] for item in ITEMS[:6])
     assert all(r["source"].startswith("http://127.0.0.1:") for r in by_caption.values())
+    # img2dataset's own fields reach the shard's records unchanged: its tools read our shards as its own
+    by_key = {c["key"]: c for c in claims}
+    for record in by_caption.values():
+        claim = by_key[record["key"]]
+        assert {k: record[k] for k in ("url", "status", "original_width", "original_height")} == {
+            k: claim[k] for k in ("url", "status", "original_width", "original_height")}
+        assert record["upload_key"].endswith(f".tar#{record['key']}")
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------
