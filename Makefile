@@ -4,17 +4,18 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The CPU build of torch; on machines with a local wheel cache this installs without a download.
-TORCH  ?= torch==2.13.0
+# The ML stack's versions come from constraints.txt, the pin list trainer/Dockerfile installs too.
+# torch: on machines with a local wheel cache this is the CPU build, installed without a download.
+TORCH  ?= $(shell grep -m1 '^torch==' constraints.txt)
 
 .PHONY: demo test lint local clean checkov-env browser
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt "$(TORCH)"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
