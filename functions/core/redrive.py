@@ -10,7 +10,8 @@ Each run receives every DLQ's messages and acts on core.dead_letters' verdict:
 - drop: a failed schedule tick is deleted; the next tick does its work.
 - hold: poison. The first time, the message is put back into its DLQ with its verdict, last error
   and redrive count as message attributes (`atelier dlq show` prints them) and the unmarked copy
-  deleted; it then stays visible, so the DLQ's alarm and PoisonDeadLettersAlarm both see it.
+  deleted; it then stays visible, so the DLQ's alarm and PoisonDeadLettersAlarm both see it. Copies
+  of one poison message (the same identity) are collapsed into one marked copy.
 
 Not StartMessageMoveTask: it moves a whole DLQ, poison included, and cannot count redrives, so
 neither the verdict nor the cap could hold. `atelier dlq redrive` still uses it for a person's
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from aws_lambda_powertools import Logger
+from botocore.exceptions import BotoCoreError, ClientError
 
 from core import aws, dead_letters, records, telemetry
 from core.dead_letters import Action, Decision, Ledger, Letter
@@ -48,70 +50,88 @@ class RedriveReport:
 
 def redrive_all(settings: RedriveSettings, hold_s: int, time_left_s: Callable[[], float],
                 now: Callable[[], float] = time.time) -> RedriveReport:
-    """One run over every DLQ: each received message hidden `hold_s`; no receive once `time_left_s()` <= 0."""
-    report = RedriveReport()
+    """One run over every DLQ: each received message hidden `hold_s`; no receive once `time_left_s()` <= 0.
+    A DLQ that fails (a refused call) does not stop the others; the run then fails with the first error."""
+    report, failed = RedriveReport(), []
     for name, queue in settings.queues.items():
-        _one_queue(name, queue, settings, hold_s, time_left_s, now, report)
+        try:
+            _one_queue(name, queue, settings, hold_s, time_left_s, now, report)
+        except (ClientError, BotoCoreError) as exc:
+            logger.exception("a DLQ could not be redriven", extra={"queue": name})
+            failed.append(exc)
     telemetry.count(telemetry.DEAD_LETTERS_REDRIVEN, sum(report.redriven.values()))
     telemetry.count(telemetry.POISON_MESSAGES, sum(report.poison.values()))
     telemetry.count(telemetry.SCHEDULE_TICKS_DROPPED, sum(report.dropped.values()))
+    if failed:
+        raise failed[0]
     return report
 
 
 def _one_queue(name: str, queue: DeadLetterQueue, settings: RedriveSettings, hold_s: int,
                time_left_s: Callable[[], float], now: Callable[[], float], report: RedriveReport) -> None:
-    sqs, held, poison = aws.client("sqs"), [], set()
+    sqs = aws.client("sqs")
     contract = dead_letters.CONTRACTS[queue.contract]
     url = sqs.get_queue_url(QueueName=queue.name)["QueueUrl"]
     source_url = sqs.get_queue_url(QueueName=queue.source)["QueueUrl"] if queue.source else ""
-    try:
-        # Held messages stay hidden until the run is over: received again, a marked copy would loop.
-        while time_left_s() > 0:
-            batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=RECEIVE_MAX, VisibilityTimeout=hold_s,
-                                        AttributeNames=["All"], MessageAttributeNames=["All"],
-                                        WaitTimeSeconds=0).get("Messages", [])
-            if not batch:
-                return
-            keys = {m["MessageId"]: dead_letters.identity(m["Body"]) for m in batch}
-            ledgers = aws.batch_get_items(settings.table, sorted({records.redrive_pk(name, k) for k in keys.values()}))
-            for message in batch:
-                key = keys[message["MessageId"]]
-                found = ledgers.get(records.redrive_pk(name, key), {})
-                ledger = Ledger(int(found.get("redrives", 0)), float(found.get("last_redrive_at", 0)))
-                letter = Letter(message["Body"], _strings(message))
-                at = now()
-                decision = dead_letters.judge(letter, contract, ledger, settings.policy, at)
-                _act(name, (url, source_url), settings, message, key, ledger, decision, at, held)
-                if decision.action is Action.HOLD:
-                    poison.add(key)
-                    report.poison[name] = len(poison)
-                else:
-                    getattr(report, {Action.REDRIVE: "redriven", Action.WAIT: "waiting",
-                                     Action.DROP: "dropped"}[decision.action])[name] += 1
-    finally:
-        for receipt in held:
-            sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=0)
-        if poison:
-            logger.warning("poison messages held", extra={"queue": name, "count": len(poison)})
+    poison: dict[str, list[tuple[dict[str, Any], Decision, Ledger]]] = {}  # by identity
+    # Poison ones stay hidden until every message was seen: a marked copy is sent after the loop.
+    while time_left_s() > 0:
+        batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=RECEIVE_MAX, VisibilityTimeout=hold_s,
+                                    AttributeNames=["All"], MessageAttributeNames=["All"],
+                                    WaitTimeSeconds=0).get("Messages", [])
+        if not batch:
+            break
+        keys = {m["MessageId"]: dead_letters.identity(m["Body"]) for m in batch}
+        ledgers = aws.batch_get_items(settings.table, sorted({records.redrive_pk(name, k) for k in keys.values()}))
+        for message in batch:
+            key = keys[message["MessageId"]]
+            found = ledgers.get(records.redrive_pk(name, key), {})
+            ledger = Ledger(int(found.get("redrives", 0)), float(found.get("last_redrive_at", 0)))
+            at = now()
+            decision = dead_letters.judge(Letter(message["Body"], _strings(message)), contract, ledger,
+                                          settings.policy, at)
+            if decision.action is Action.HOLD:
+                poison.setdefault(key, []).append((message, decision, ledger))
+                continue
+            _act(name, (url, source_url), settings, message, key, ledger, decision, at)
+            getattr(report, {Action.REDRIVE: "redriven", Action.WAIT: "waiting",
+                             Action.DROP: "dropped"}[decision.action])[name] += 1
+    for key, copies in poison.items():
+        _hold(name, url, key, copies)
+    if poison:
+        report.poison[name] = len(poison)
+        logger.warning("poison messages held", extra={"queue": name, "count": len(poison)})
+
+
+def _hold(name: str, url: str, key: str, copies: list[tuple[dict[str, Any], Decision, Ledger]]) -> None:
+    """Leave exactly one marked, visible copy of a poison message. A run that died between marking a
+    copy and deleting the unmarked one left both: the extra copies (same identity) are deleted."""
+    sqs = aws.client("sqs")
+    marked = [c for c in copies if _strings(c[0]).get(dead_letters.VERDICT_ATTRIBUTE) == dead_letters.POISON]
+    if marked:
+        kept = marked[0][0]
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=kept["ReceiptHandle"], VisibilityTimeout=0)
+    else:
+        kept, decision, ledger = copies[0]
+        marks = {dead_letters.VERDICT_ATTRIBUTE: dead_letters.POISON, dead_letters.ERROR_ATTRIBUTE: decision.reason,
+                 dead_letters.REDRIVES_ATTRIBUTE: str(ledger.redrives)}
+        sqs.send_message(QueueUrl=url, MessageBody=kept["Body"], MessageAttributes=_attributes(kept, marks))
+        logger.error("dead letter held as poison", extra={"queue": name, "message_id": kept["MessageId"],
+                                                         "identity": key, "reason": decision.reason})
+        kept = None  # the marked copy replaces it
+    for message, _, _ in copies:
+        if message is not kept:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
 
 
 def _act(name: str, urls: tuple[str, str], settings: RedriveSettings, message: dict[str, Any], key: str,
-         ledger: Ledger, decision: Decision, at: float, held: list[str]) -> None:
+         ledger: Ledger, decision: Decision, at: float) -> None:
     (url, source_url), sqs, receipt = urls, aws.client("sqs"), message["ReceiptHandle"]
     if decision.action is Action.WAIT:
         sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt,
                                       VisibilityTimeout=min(VISIBILITY_MAX_S, max(1, int(decision.wait_s) + 1)))
         return
-    if decision.action is Action.HOLD:
-        if _strings(message).get(dead_letters.VERDICT_ATTRIBUTE) == dead_letters.POISON:
-            held.append(receipt)
-            return
-        marks = {dead_letters.VERDICT_ATTRIBUTE: dead_letters.POISON, dead_letters.ERROR_ATTRIBUTE: decision.reason,
-                 dead_letters.REDRIVES_ATTRIBUTE: str(ledger.redrives)}
-        sqs.send_message(QueueUrl=url, MessageBody=message["Body"], MessageAttributes=_attributes(message, marks))
-        logger.error("dead letter held as poison", extra={"queue": name, "message_id": message["MessageId"],
-                                                         "identity": key, "reason": decision.reason})
-    elif decision.action is Action.REDRIVE:
+    if decision.action is Action.REDRIVE:
         aws.put_item(settings.table, {"pk": records.redrive_pk(name, key), "kind": "redrive", "queue": name,
                                       "redrives": ledger.redrives + 1, "last_redrive_at": int(at),
                                       "reason": decision.reason})

@@ -237,3 +237,17 @@ def test_a_failed_send_leaves_the_dead_letter_where_it_was(outputs, redrive, mon
     monkeypatch.setattr(core_redrive.aws, "client", real)
     assert counts(outputs["UploadsDLQUrl"]) == (0, 1)  # hidden for the run's hold, then visible again
     assert bodies(outputs["UploadsQueueUrl"]) == []
+
+
+def test_a_run_that_died_after_marking_leaves_one_marked_copy_after_the_next(outputs, redrive) -> None:
+    # GIVEN a poison message marked by a run that died before deleting the unmarked original
+    sqs, url = boto3.client("sqs"), outputs["UploadsDLQUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="not JSON", MessageAttributes={
+        "atelier.verdict": {"DataType": "String", "StringValue": "poison"},
+        "atelier.error": {"DataType": "String", "StringValue": "poison: why"}})
+    sqs.send_message(QueueUrl=url, MessageBody="not JSON")
+    # WHEN the redriver runs
+    assert redrive()["poison"] == {"UploadsDLQ": 1}
+    # THEN only the marked copy is left, visible
+    assert held(url) == [("not JSON", {"atelier.verdict": "poison", "atelier.error": "poison: why"})]
+    assert counts(url) == (1, 0)
