@@ -6,6 +6,11 @@ DLQ only after its send succeeded (a crash in between sends it twice: every cons
 idempotent). A DLQ of EventBridge deliveries (StartTrainingDLQ, DeployDLQ, the schedules' DLQs) holds
 events: each is put on the bus again, and deleted only once EventBridge accepted it (a body that is
 not an event stays). Every rule matching the event fires again; their functions are idempotent.
+
+This is the person's tool. RedriveFunction (core.redrive) already empties every DLQ of transient
+failures on a schedule and leaves only poison, marked with `atelier.error` (shown by `peek`); a
+redrive from here drops those marks but keeps the message's ledger count (`REDRIVE#`), so a message
+that fails again after its last automatic redrive is held again.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from typing import Any, Iterator
 from botocore.exceptions import ClientError
 
 from atelier.client import PipelineError
-from core import aws
+from core import aws, dead_letters
 
 OUTPUT_SUFFIX = "DLQUrl"
 RECEIVE_MAX = 10
 HOLD_S = 60  # a received message stays hidden this long while it is shown or replayed
+REDRIVER_MARKS = (dead_letters.VERDICT_ATTRIBUTE, dead_letters.ERROR_ATTRIBUTE, dead_letters.REDRIVES_ATTRIBUTE)
 
 
 class DlqError(PipelineError):
@@ -116,8 +122,9 @@ def _move_task(dead: DeadLetters, source_url: str) -> Redriven:
 def _one_by_one(dead: DeadLetters, source_url: str, limit: int) -> Redriven:
     sqs, done = aws.client("sqs"), Redriven("one-by-one")
     for message in _receive(dead.url, limit):
+        # Without the redriver's marks: a person sends it back to be tried again, not to stay poison.
         attributes = {k: {key: value for key, value in v.items() if key in {"DataType", "StringValue", "BinaryValue"}}
-                      for k, v in message.get("MessageAttributes", {}).items()}
+                      for k, v in message.get("MessageAttributes", {}).items() if k not in REDRIVER_MARKS}
         sqs.send_message(QueueUrl=source_url, MessageBody=message["Body"], MessageAttributes=attributes)
         # Only now: a failure above leaves the message in the DLQ (visible again after HOLD_S).
         sqs.delete_message(QueueUrl=dead.url, ReceiptHandle=message["ReceiptHandle"])

@@ -251,3 +251,14 @@ def test_a_run_that_died_after_marking_leaves_one_marked_copy_after_the_next(out
     # THEN only the marked copy is left, visible
     assert held(url) == [("not JSON", {"atelier.verdict": "poison", "atelier.error": "poison: why"})]
     assert counts(url) == (1, 0)
+
+
+def test_a_redrive_by_hand_sends_a_held_message_back_without_its_marks(outputs, redrive) -> None:
+    dead_letter(outputs, "not JSON")
+    assert redrive()["poison"] == {"UploadsDLQ": 1}
+
+    dlq.redrive(dlq.lookup(outputs, "UploadsDLQ"), 10, "one-by-one")
+
+    received = boto3.client("sqs").receive_message(QueueUrl=outputs["UploadsQueueUrl"],
+                                                   MessageAttributeNames=["All"])["Messages"]
+    assert [(m["Body"], m.get("MessageAttributes", {})) for m in received] == [("not JSON", {})]
