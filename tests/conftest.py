@@ -28,6 +28,7 @@ TEST_OVERRIDES = {
     "EncodeInstanceType": "",  # jobs train on the image shards; the encode tests set it
     "AutoencoderInstanceType": "",  # no lineage trains its own VAE first; the autoencoder tests set it
     "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"}),
+    "TrainingRunPlan": "[]",  # one job a manifest; the run-plan tests set stages
     "TrainingFailureBackoffSeconds": "0",  # a failed job's shards are retried at once unless a test sets a backoff
 }
 

@@ -284,10 +284,19 @@ def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ..
 
 
 def check_encodable(stage: Stage) -> None:
-    """Latent shards hold one centred crop per sample at the stage's resolution (trainer/encode.py)."""
+    """Latent shards hold one centred crop per sample at the stage's resolution (trainer/encode.py):
+    a stage they cannot serve is refused here, at deploy time, before any encode job is paid for."""
     if stage.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
         raise ConfigError(f"stage {stage.name!r} asks for random-crop, which needs image shards: "
                           "set TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty or drop random-crop")
+    if stage.hyperparameters.get("run-config"):
+        raise ConfigError(f"stage {stage.name!r} sets run-config, several resolutions in one job, but its encode job "
+                          "writes latents at one: give each resolution its own TRAINING_RUN_PLAN stage, or set "
+                          "TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty to train on image shards")
+    resolution = stage.hyperparameters.get("resolution")
+    if resolution is not None and (not resolution.isdigit() or int(resolution) % 8):
+        raise ConfigError(f"stage {stage.name!r}: resolution {resolution!r} must be a whole number of pixels, a multiple "
+                          "of 8 (the VAE's downsampling), for its encode job")
 
 
 def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:

@@ -466,12 +466,30 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
     assert (parsed.quota, parsed.max_retries, parsed.lineage, parsed.concurrency, parsed.replay_share,
             parsed.keep_alive_s, parsed.subnets, parsed.security_groups, parsed.kms_key) \
         == (8, 3, "main", "queue", 0.2, 600, (), (), "")
-    assert parsed.stages == (Stage("main", "ml.p5.48xlarge", 1, {
-        "steps": "100000", "batch-size": "32", "resolution": "256", "learning-rate": "0.0001",
-        "checkpoint-every": "1000", "seed": "0", "model-config": "sd2"}),)
+    # the seeds' progressive resolution, one job (and one encode job) per stage, over the base hyperparameters
+    base = {"learning-rate": "0.0001", "checkpoint-every": "1000", "seed": "0", "model-config": "sd2"}
+    assert parsed.encode_instance_type and parsed.stages == (
+        Stage("256", "ml.p5.48xlarge", 1, {**base, "steps": "200000", "batch-size": "128", "resolution": "256",
+                                          "lr-warmup-steps": "10000"}),
+        Stage("512", "ml.p5.48xlarge", 1, {**base, "steps": "100000", "batch-size": "32", "resolution": "512",
+                                          "lr-warmup-steps": "1000"}),
+        Stage("1024", "ml.p5.48xlarge", 1, {**base, "steps": "50000", "batch-size": "8", "resolution": "1024",
+                                           "learning-rate": "0.00005", "lr-warmup-steps": "1000"}))
 
 
 # --- training: latent shards ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("hyperparameters, refusal", [
+    ({"run-config": "sd2-progressive"}, "'hi' sets run-config, several resolutions in one job"),
+    ({"resolution": "500"}, "'hi': resolution '500' must be a whole number of pixels, a multiple of 8"),
+    ({"resolution": "big"}, "'hi': resolution 'big' must be a whole number"),
+])
+def test_a_stage_latent_shards_cannot_serve_is_refused_before_any_encode_job(hyperparameters, refusal) -> None:
+    plan = json.dumps([{"name": "lo"}, {"name": "hi", "hyperparameters": hyperparameters}])
+    with pytest.raises(ConfigError, match=refusal):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge",
+                                   "TRAINING_RUN_PLAN": plan})
+
 
 def test_no_encode_instance_type_trains_on_image_shards() -> None:
     assert TrainingSettings.from_env(TRAINING_ENV).encode_instance_type == ""
