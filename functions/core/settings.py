@@ -285,7 +285,7 @@ def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ..
 
 def check_encodable(stage: Stage) -> None:
     """Latent shards hold one centred crop per sample at the stage's resolution (trainer/encode.py):
-    a stage they cannot serve is refused here, at deploy time, before any encode job is paid for."""
+    a stage they cannot serve is refused here, when the function starts, before any encode job is paid for."""
     if stage.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
         raise ConfigError(f"stage {stage.name!r} asks for random-crop, which needs image shards: "
                           "set TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty or drop random-crop")
