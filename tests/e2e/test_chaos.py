@@ -4,10 +4,12 @@ One stack, several seeded runs. In each, 20..40 generated pictures (and a broken
 duplicate, both to be quarantined) are uploaded while the workers die at random AWS requests
 (raise, kill -> cold start, stall past the function's Timeout so the runtime's timeout fires
 mid-batch) and deliveries are shuffled, repeated, duplicated late and lose their deletes
-(atelier/local/chaos.py). Then the faults stop, the DLQs are redriven as the runbook says, and once
-the pipeline is quiet `core.audit` must find every upload quarantined or in exactly one sealed,
-byte-exact shard; every shard must read back with tarfile and webdataset; the DLQs must be empty
-but for failed timer ticks (the next tick redoes their work). Timeouts and visibility timeouts are
+(atelier/local/chaos.py); each run also sends UploadsQueue one message ingest can never parse (poison).
+Then the faults stop and nobody touches a DLQ: RedriveFunction, on its schedule, sends transient
+dead letters back and holds poison ones. Once the pipeline is quiet `core.audit` must find every
+upload quarantined or in exactly one sealed, byte-exact shard; every shard must read back with
+tarfile and webdataset; every DLQ must be empty but UploadsDLQ, which must hold exactly the poison
+messages, each marked with the contract error that proves it poison. Timeouts and visibility timeouts are
 a few seconds (property overrides) so a crashed batch comes back quickly; training never starts
 (TrainingQuota 1000). ATELIER_CHAOS_RUNS=N runs more; ATELIER_CHAOS_SEED=S replays a seed's draws
 (the interleaving with real time is not replayed).
@@ -31,7 +33,7 @@ from atelier import client, dlq
 from atelier.local import traffic
 from atelier.local.chaos import ChaosConfig
 from atelier.local.stack import LocalStack, StackOptions
-from core import audit, aws
+from core import audit, aws, dead_letters, records
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +41,12 @@ RUNS = int(os.environ.get("ATELIER_CHAOS_RUNS", "3"))
 SEED = int(os.environ.get("ATELIER_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 31))))
 PARTNER = "chaos"
 OVERRIDES = {"TrainingQuota": "1000", "ShardMaxAgeSeconds": "4", "ShardMaxSamples": "8", "PackBatchSize": "8",
-             "PackBatchWindowSeconds": "1"}
+             "PackBatchWindowSeconds": "1", "DeadLetterBackoffSeconds": "2"}  # the redriver runs every 3 s
 # Lambda timeouts and visibility timeouts of seconds, not minutes: a crashed batch is back soon.
 PROPERTIES = {"IngestFunction": {"Timeout": 6}, "PackFunction": {"Timeout": 8}, "StartTrainingFunction": {"Timeout": 6},
-              "SweepFunction": {"Timeout": 6}, "UploadsQueue": {"VisibilityTimeout": 8},
+              "SweepFunction": {"Timeout": 6}, "RedriveFunction": {"Timeout": 10}, "UploadsQueue": {"VisibilityTimeout": 8},
               "PackQueue": {"VisibilityTimeout": 10}}
-REDRIVEN = ("UploadsDLQ", "PackDLQ", "StartTrainingDLQ")  # replayed after the storm (docs/reliability.md)
-TIMER_DLQS = ("PackScheduleDLQ", "SweepScheduleDLQ", "StartTrainingScheduleDLQ")  # a failed tick: the next one does its work
+POISON_DLQ = "UploadsDLQ"  # where the runs' poison messages must end, and stay
 QUIET_S = 180
 
 
@@ -99,10 +100,15 @@ def test_storms_lose_and_duplicate_nothing(chaos_stack: LocalStack) -> None:
     shards = traffic.sealed(outputs["PipelineTableName"])
     assert [p for shard in shards for p in traffic.read_back(shard)] == []
     assert sum(s.samples for s in shards) == totals["accepted"]
-    for name in REDRIVEN + ("DeployDLQ",):
-        assert traffic.receive_all(outputs[f"{name}Url"]) == [], f"{name} is not empty"
-    ticks = [json.loads(m["Body"]) for name in TIMER_DLQS for m in traffic.receive_all(outputs[f"{name}Url"])]
-    assert all(t.get("detail-type") == "Scheduled Event" for t in ticks), "a timer DLQ holds something else"
+    # AND every DLQ is empty but for the poison messages, which stay, each marked with its proof
+    held = {name: _dead_letters(outputs[f"{name}Url"]) for name in dlq.queues(outputs)}
+    assert {name: len(m) for name, m in held.items() if m} == {POISON_DLQ: RUNS}, held
+    assert sorted(body for body, _ in held[POISON_DLQ]) == sorted(_poison(SEED + run) for run in range(RUNS))
+    for body, marks in held[POISON_DLQ]:
+        assert marks[dead_letters.VERDICT_ATTRIBUTE] == dead_letters.POISON, body
+        assert marks[dead_letters.ERROR_ATTRIBUTE].startswith(
+            "poison: does not match its queue's contract: not JSON: Expecting value"), marks
+    redriven = sum(int(item["redrives"]) for item in aws.scan_prefix(outputs["PipelineTableName"], records.REDRIVE_PREFIX))
     faults = Counter(json.loads(line)["fault"] for line in chaos_file.with_name("chaos.json.log").read_text().splitlines())
     timeouts = runtime_timeouts(stack, faults["stall"])
     summary = {"test": "chaos", "seed": SEED, "runs": RUNS, "seconds": round(time.monotonic() - clock, 1),
@@ -110,7 +116,7 @@ def test_storms_lose_and_duplicate_nothing(chaos_stack: LocalStack) -> None:
                "shards": report.shards, "lost": sum(v.kind == "lost" for v in report.violations),
                "duplicated": sum(v.kind == "duplicated" for v in report.violations),
                "faults": dict(sorted(faults.items())), "faults_total": sum(faults.values()),
-               "runtime_timeouts": timeouts, "dlq_redriven": totals["redriven"], "timer_dlq_ticks": len(ticks)}
+               "runtime_timeouts": timeouts, "dlq_redriven_automatically": redriven, "dlq_poison_held": RUNS}
     print(json.dumps(summary))
     assert faults["raise"] + faults["kill"] + faults["stall"] > 0 and faults["duplicate"] > 0
     assert timeouts >= faults["stall"]  # every stall ended in the runtime's timeout
@@ -130,19 +136,42 @@ def _storm(stack: LocalStack, chaos_file: Path, seed: int) -> Counter[str]:
     # WHEN they are uploaded and the storm has run its course
     for upload in good + bad:
         traffic.put(outputs["UploadsBucketName"], upload)
+    aws.send_message(outputs["UploadsQueueUrl"], _poison(seed))  # fails every receive, then its redrives
     queues = [outputs["UploadsQueueUrl"], outputs["PackQueueUrl"]]
     traffic.wait_until(lambda: traffic.queue_depth(queues) == 0, QUIET_S, check=stack.check)
     _configure(chaos_file, ChaosConfig(enabled=False, seed=seed))
-    redriven = sum(dlq.redrive(dlq.lookup(outputs, name), limit=10_000).moved for name in REDRIVEN)
-    quiet = traffic.wait_until(lambda: traffic.queue_depth(queues) == 0 and not _audit(outputs, began, False).pending,
-                               QUIET_S, check=stack.check)
+    # nobody redrives: the redriver must empty the DLQs of everything but poison by itself
+    poison_so_far = seed - SEED + 1
+    quiet = traffic.wait_until(lambda: traffic.queue_depth(queues) == 0 and not _audit(outputs, began, False).pending
+                               and _settled(outputs, poison_so_far), QUIET_S, check=stack.check)
     # THEN every upload is quarantined or in exactly one sound shard
     report = _audit(outputs, began)
     assert quiet, f"seed {seed}: still pending after {QUIET_S} s: {[p.model_dump() for p in report.pending]}"
     assert report.ok, f"seed {seed}: {[v.model_dump() for v in report.violations]}"
     assert (report.uploads, report.accepted, report.quarantined) == (len(good) + 2, len(good), 2), f"seed {seed}"
-    return Counter(uploads=report.uploads, accepted=report.accepted, quarantined=report.quarantined,
-                   redriven=redriven)
+    return Counter(uploads=report.uploads, accepted=report.accepted, quarantined=report.quarantined)
+
+
+def _poison(seed: int) -> str:
+    return f"poison {seed}: not an S3 notification"
+
+
+def _settled(outputs: dict[str, str], poison: int) -> bool:
+    """Every DLQ empty, waiting messages included, but the poison ones in POISON_DLQ."""
+    depths = {name: traffic.queue_depth([url]) for name, url in dlq.queues(outputs).items()}
+    return depths == {name: poison if name == POISON_DLQ else 0 for name in depths}
+
+
+def _dead_letters(url: str) -> list[tuple[str, dict[str, str]]]:
+    """A DLQ's messages with their string attributes, each made visible again once all are received."""
+    sqs, found = aws.client("sqs"), {}
+    while batch := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30,
+                                       MessageAttributeNames=["All"]).get("Messages"):
+        found.update({m["MessageId"]: m for m in batch})
+    for message in found.values():
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+    return [(m["Body"], {k: v["StringValue"] for k, v in m.get("MessageAttributes", {}).items() if "StringValue" in v})
+            for m in found.values()]
 
 
 def _audit(outputs: dict[str, str], since: datetime, verify_bytes: bool = True) -> audit.Report:
