@@ -39,7 +39,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
                            sagemaker_port=args.port + 1 if args.port else 0)
     with LocalStack(options) as stack:
         for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port):
-            console.print(line)
+            console.print(line, soft_wrap=True)  # the terminal wraps: commands stay one line to copy
         _interrupt_on_stop_signals()
         try:
             while True:

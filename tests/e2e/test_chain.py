@@ -1,14 +1,18 @@
 """The whole chain on the local stack: upload -> ingest -> pack -> autoencoder -> encode -> training
 -> deploy -> image, with the demo's defaults (the procedural catalogue, samconfig.toml [local]).
 
-One stack, one run (training is the slow part); each test reads one stage's outcome from it.
+One stack, one run (training is the slow part); each test reads one stage's outcome from it. The
+last test runs every `atelier` command once against it, as a user would after `make demo`.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +22,16 @@ import pytest
 from PIL import Image
 
 from atelier import client
-from atelier.catalog import procedural_catalog
+from atelier.catalog import LICENSE, make_catalog, procedural_catalog, write_catalog
 from atelier.demo import DemoOptions, drive
 from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE
 from atelier.prompt_match import match_rate
+from atelier.cli import parser
+from atelier.demo import PARTNER
 from atelier.local.stack import LocalStack, StackOptions
+from tests.functions.import_helpers import sample_of, webdataset_tar
+from tests.functions.test_cli_base import pipeline
+from tests.unit.test_cli_text import commands
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -175,3 +184,101 @@ def test_the_cli_reads_the_same_status_through_aws_apis_only(chain: Any, capsys:
     assert main(["status", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["uploads"] == {"accepted": IMAGES} and printed["endpoints"][0]["status"] == "InService"
+
+
+# --- every command once, as a user runs them after the demo ---------------------------------------
+
+# Not run here: each starts a stack of its own (tests/e2e/test_cli.py runs `local up`, `make demo` the demo).
+NOT_RUN = {"local up", "demo"}
+# Refused, in one sentence, in this state: one model was deployed, so there is none to roll back
+# to, and only an eval-failed model is evaluated again.
+REFUSED = {"rollback", "evaluate"}
+
+
+def run_cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`atelier --local ARGS` in its own process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "atelier.cli", "--local", "--state-dir", str(state), *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def queues_in_flight(stack: LocalStack) -> dict[str, int]:
+    """Messages waiting or being handled (a handler that keeps failing holds one) on every queue a function reads."""
+    sqs = boto3.client("sqs")
+    counts = {}
+    for source in stack.provisioned.sources:
+        attributes = sqs.get_queue_attributes(QueueUrl=source.queue_url, AttributeNames=[
+            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+        counts[source.queue_url.rsplit("/", 1)[-1]] = sum(int(v) for v in attributes.values())
+    return counts
+
+
+def test_every_cli_command_runs_once_without_a_traceback_and_leaves_no_dead_letter(chain: Any, tmp_path: Path) -> None:
+    # Runs last: it uploads, imports and revokes, which the tests above must not see.
+    stack, lines, output = chain
+    state = output.parent
+    job = next(j["name"] for j in lines[0]["config"]["jobs"] if j["role"] == "train")
+    endpoint = stack.outputs["EndpointName"]
+    model = client.models(stack.outputs)[-1]["model"]
+    ran: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def ok(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        result = run_cli(state, *command.split(), *args)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (command, args, result.stderr)
+        ran[command] = result
+        return result
+
+    def refused(command: str, *args: str) -> None:
+        result = run_cli(state, *command.split(), *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (command, args, result.stderr)
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
+        ran[command] = result
+
+    # GIVEN the files a user brings: a note that is no image, a base, a held-out set, a shard that
+    # repeats an uploaded picture
+    (tmp_path / "notes.txt").write_text("not an image")
+    base = pipeline(tmp_path / "base")
+    write_catalog(make_catalog(2), tmp_path / "heldout")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "again.tar").write_bytes(webdataset_tar([sample_of("again", procedural_catalog(3)[0])]))
+
+    # WHEN every command runs once: those that read first, then those that write
+    assert "export AWS_ENDPOINT_URL=" in ok("local env").stdout
+    ok("audit", "-q")
+    ok("status")
+    ok("models")
+    found = json.loads(ok("lineage", endpoint, "--json").stdout)  # ListTags: the model's training job
+    assert found["job"] == job
+    ok("attribution", model)
+    ok("report", "--partner", PARTNER)
+    ok("report", "--job", job, "-o", str(tmp_path / "report.html"))
+    ok("tensorboard", job, "--dir", str(tmp_path / "tensorboard"))
+    assert any((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    ok("partner list", "--json")
+    ok("dlq show", "DeployDLQ")
+    ok("generate", "a red circle on a blue background", "-o", str(tmp_path / "drawn.png"), "--steps", "2")
+    refused("rollback")
+    refused("evaluate", model)
+    ok("partner add", "e2e-partner", "--license", LICENSE)
+    ok("upload", str(tmp_path / "notes.txt"), "--partner", PARTNER)
+    ok("base add", str(base), "--name", "e2e-base")
+    ok("evalset add", str(tmp_path / "heldout"), "--partner", PARTNER, "--name", "e2e-heldout")
+    ok("import", str(tmp_path / "shards"), "--partner", PARTNER, "--license", LICENSE, "--wait", "--batch", "e2e-cli")
+    assert json.loads(ok("import-report", "e2e-cli", "--json").stdout)["samples_duplicate"] == 1
+    ok("lineage resume", found["lineage"])  # `lineage resume NAME` is the same command as `lineage MODEL`
+    revoked = json.loads(ok("takedown", "--partner", PARTNER, "--sha256", found["samples"][0]["sha256"],
+                            "--reason", "e2e: one sample revoked", "--json").stdout)
+    assert [a["job"] for a in revoked["affected"]] == [job] and revoked["models"][job]  # ListModels + ListTags
+    ok("dlq redrive", "DeployDLQ")
+
+    # THEN once every function is idle (the note ingested and quarantined), no queue holds a message
+    deadline = time.monotonic() + 180
+    while (any(queues_in_flight(stack).values()) or sum(client.pipeline_status(stack.outputs).uploads.values())
+           < IMAGES + 1) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert {name: n for name, n in queues_in_flight(stack).items() if n} == {}
+    dead = json.loads(ok("dlq list", "--json").stdout)
+    assert len(dead) >= 7 and {d["name"]: d["messages"] for d in dead if d["messages"]} == {}
+    # AND nothing was left out: every command of the CLI ran (`lineage resume` is `lineage`'s)
+    every = {" ".join(path[1:]) for path, command in commands(parser()) if not command._subparsers}
+    assert set(ran) | NOT_RUN | {"lineage resume"} >= every and set(ran) - {"lineage resume"} <= every
+    assert REFUSED <= set(ran)

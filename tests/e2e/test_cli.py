@@ -41,6 +41,7 @@ def local_up(tmp_path: Path) -> Iterator[Path]:
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output
     assert "sam local invoke --config-env local" in output  # the exact command for SAM users
+    assert "(samconfig.toml [local] and events/env.json)" in output  # not eaten as rich markup
 
 
 def test_local_env_prints_exports_for_the_running_stack(local_up: Path) -> None:
@@ -60,9 +61,15 @@ def test_partner_then_upload_then_status_through_the_cli(local_up: Path, tmp_pat
     uploaded = atelier("--local", "upload", str(tmp_path / "catalog"), "--partner", "acme", state=local_up)
     assert uploaded.returncode == 0, uploaded.stderr
     assert "7 objects uploaded for partner acme" in uploaded.stdout
-    unlicensed = atelier("--local", "upload", str(tmp_path / "catalog" / "shapes"), "--partner", "nobody",
+    refused = atelier("--local", "upload", str(tmp_path / "catalog" / "shapes"), "--partner", "nobody", state=local_up)
+    assert refused.returncode == 2 and "partner 'nobody' is not registered" in refused.stderr, refused.stderr
+    # with --force the files go, after a warning, and are quarantined as the warning said
+    unlicensed = atelier("--local", "upload", str(tmp_path / "catalog" / "shapes"), "--partner", "nobody", "--force",
                          state=local_up)
     assert unlicensed.returncode == 0, unlicensed.stderr
+    warning = unlicensed.stderr.splitlines()[0]
+    assert warning.startswith("warning: partner 'nobody' is not registered, so all ") and warning.endswith(
+        "files would be quarantined as unlicensed (uploading anyway: --force)"), unlicensed.stderr
     deadline = time.monotonic() + 60
     while True:
         status = json.loads(atelier("--local", "status", "--json", state=local_up).stdout)

@@ -50,12 +50,12 @@ def test_every_command_has_help() -> None:
 
 def test_the_local_up_banner_keeps_text_in_brackets() -> None:
     shown = io.StringIO()
-    terminal = Console(file=shown, width=200, force_terminal=False)
+    terminal = Console(file=shown, width=60, force_terminal=False)
 
     for line in local_up_banner(12, 5, Path("/state/[x]/logs"), 5100):
-        terminal.print(line)
+        terminal.print(line, soft_wrap=True)  # as `local up` prints them
 
     text = shown.getvalue()
     assert "(samconfig.toml [local] and events/env.json)" in text
     assert "logs in /state/[x]/logs" in text
-    assert "sam local invoke --config-env local IngestFunction" in text
+    assert "  sam build && sam local invoke --config-env local IngestFunction -e events/ingest_s3_put.json\n" in text
