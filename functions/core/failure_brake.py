@@ -103,10 +103,17 @@ def resumed(brake: Brake) -> Brake:
     return after_success(brake)
 
 
+def halted_by(brake: Brake, job: str, reason: str, now: float) -> Brake:
+    """Halted for a reason no job's failure gave (a refusal before any job starts): kept like a failure."""
+    return replace(brake, halted=True, failures=(*brake.failures, Failure(job, reason, "model", now).to_item())[-KEPT_FAILURES:])
+
+
 def hold(brake: Brake, now: float) -> str | None:
     """Why nothing may start now (None when something may)."""
     if brake.halted:
         last = brake.failures[-1]["reason"] if brake.failures else "no reason recorded"
+        if not brake.model_failures:  # halted by a refusal (halted_by), not by failing jobs
+            return f"halted: {last}"
         return f"halted after {brake.model_failures} failed jobs in a row (last: {last})"
     if now < brake.not_before:
         return f"backing off for {brake.not_before - now:.0f} s after {brake.failures_in_a_row} failed jobs in a row"

@@ -51,6 +51,7 @@ from core.provenance import Verdict, screen_shard
 from core.settings import TrainingSettings
 
 logger = Logger(child=True)
+NO_BASE = "none"  # a lineage's base_digest when it trains without PretrainedModelUri
 TRAINED_SHARDS = "SHARDS#trained"
 ENDED = frozenset({"Completed", "Failed", "Stopped"})
 RESUME_SOURCE, RESUME_REQUEST = "atelier.cli", "Lineage Resumed"  # `atelier lineage resume NAME`
@@ -289,6 +290,8 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
         return Decision("waiting", pending=len(pending))
     base = describe_base(settings.pretrained_uri) if settings.pretrained_uri else None  # as it is when claimed
     name = job_name_for(manifest)
+    if changed := _base_change(lock, base):
+        return _halt_for(changed, name, settings)
     _write_manifest(manifest, name, settings)
     if not _claim(manifest, name, lock, queue, base, settings):
         return Decision("already-claimed", pending=len(pending))
@@ -338,6 +341,32 @@ def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -
                      json.dumps(wids_shard_list(manifest, name), indent=1).encode(), "application/json")
 
 
+def _base_digest(base: PretrainedBase | None) -> str:
+    return base.digest if base else NO_BASE
+
+
+def _base_change(lock: dict[str, Any], base: PretrainedBase | None) -> str | None:
+    """Why the lineage may not go on with this base: its checkpoints were trained from another."""
+    recorded = lock.get("base_digest")
+    if recorded is None or recorded == _base_digest(base):
+        return None
+    was = "no base" if recorded == NO_BASE else f"the base with digest {recorded[:16]}"
+    now = f"{base.uri} (digest {base.digest[:16]})" if base else "no base"
+    return (f"BaseChanged: lineage {lock['pk'].removeprefix('LINEAGE#')} was trained from {was}, and PretrainedModelUri "
+            f"now gives {now}: its checkpoints do not fit another base. Set TrainingLineage to a new name to train on "
+            "the new base, or set PretrainedModelUri back; then `atelier lineage resume`")
+
+
+def _halt_for(reason: str, name: str, settings: TrainingSettings) -> Decision:
+    """Nothing is claimed; the lineage halts (LineageHaltedAlarm, `atelier status`) until a person acts."""
+    brake = failure_brake.Brake.from_item(_lineage(settings))
+    if not brake.halted:
+        write_brake(failure_brake.halted_by(brake, name, reason, _now()), settings.table, settings.lineage)
+        telemetry.count(telemetry.LINEAGES_HALTED)
+    logger.error("lineage halted", extra={"lineage": settings.lineage, "why": reason})
+    return Decision("halted", name)
+
+
 def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, base: PretrainedBase | None,
            settings: TrainingSettings) -> bool:
     """One transaction: the new shards claimed, the job recorded, the lineage lock taken or queued,
@@ -350,10 +379,11 @@ def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, bas
     lineage_update = (
         f"LINEAGE#{settings.lineage}",
         ("SET #q = list_append(#q, :one), #seq = :next" if queue else "SET running_job = :job, #seq = :next")
-        + ", autoencoder = if_not_exists(autoencoder, :ae)",
+        + ", autoencoder = if_not_exists(autoencoder, :ae), base_digest = if_not_exists(base_digest, :bd)",
         ("running_job <> :empty AND #seq = :seq" if queue else "running_job = :empty AND #seq = :seq"),
-        {":one": [name], ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder} if queue
-        else {":job": name, ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder},
+        {":one": [name], ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder, ":bd": _base_digest(base)}
+        if queue else {":job": name, ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder,
+                       ":bd": _base_digest(base)},
     )
     job = {**records.job_item(name, f"{MANIFEST_PREFIX}{name}.json", [s.shard_id for s in manifest.new_shards],
                               datetime.now(timezone.utc).isoformat(timespec="seconds")),

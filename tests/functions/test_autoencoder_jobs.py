@@ -22,7 +22,7 @@ from core import autoencoder_job, aws, training
 from core.pretrained import BaseMissing
 from core.provenance import output_key, stored_lineage
 from core.settings import TrainingSettings
-from core.training import Decision, job_name_for
+from core.training import Decision, advance, job_name_for
 
 ON = {"TRAINING_AUTOENCODER_INSTANCE_TYPE": "ml.g5.2xlarge"}  # the template's default; conftest turns it off
 ENCODE = {"TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge"}
@@ -342,18 +342,44 @@ def test_the_job_records_the_base_and_its_digest_when_claimed(configure: Callabl
         "size": sum(len(b) for b in PIPELINE.values()), "objects": len(PIPELINE), "has_vae": True}
 
 
-def test_a_changed_base_changes_the_digest_a_later_job_records(configure: Callable[..., TrainingSettings],
-                                                               sagemaker: FakeSageMaker) -> None:
+def test_a_changed_base_halts_the_lineage_before_any_job_until_it_is_set_back(
+        configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, stack) -> None:
+    from atelier import client
     uri = put_base(configure(), PIPELINE)
     settings = configure(TRAINING_PRETRAINED_MODEL_URI=uri)
     first = seal(settings, 1, 2)[1].job_name
     finish(settings, first, "Completed")
+    digest = json.loads(job(settings, first)["pretrained"])["digest"]
+    assert lineage(settings)["base_digest"] == digest == listing_sha256(settings, "bases/sd2/")
+
+    # WHEN the base changes under the lineage (its checkpoints were trained from the first one)
     put_base(settings, {"text_encoder/config.json": b'{"hidden_size": 8}'})
+    decision = seal(settings, 3, 4)[1]
 
-    second = seal(settings, 3, 4)[1].job_name
+    # THEN nothing is claimed or started; the lineage halts, saying why and what to do
+    assert decision.action == "halted" and len(sagemaker.created) == 1
+    assert pending(settings) == [sid(3), sid(4)]
+    held = next(line for line in client.pipeline_status(stack.outputs).lineages if line["name"] == "main")["held"]
+    assert held.startswith("halted: BaseChanged: lineage main was trained from the base with digest " + digest[:16])
+    assert "Set TrainingLineage to a new name" in held
 
-    assert json.loads(job(settings, first)["pretrained"])["digest"] != json.loads(job(settings, second)["pretrained"])["digest"]
-    assert json.loads(job(settings, second)["pretrained"])["digest"] == listing_sha256(settings, "bases/sd2/")
+    # WHEN the base is set back and the lineage resumed, the manifest is claimed with the first digest
+    put_base(settings, {"text_encoder/config.json": PIPELINE["text_encoder/config.json"]})
+    client.resume_lineage(stack.outputs, "main")
+    second = advance(settings).job_name
+    assert len(sagemaker.created) == 2 and json.loads(job(settings, second)["pretrained"])["digest"] == digest
+
+
+def test_a_lineage_without_a_base_may_not_take_one_later(configure: Callable[..., TrainingSettings],
+                                                         sagemaker: FakeSageMaker) -> None:
+    settings = configure()
+    first = seal(settings, 1, 2)[1].job_name
+    finish(settings, first, "Completed")
+    assert lineage(settings)["base_digest"] == "none"
+
+    later = configure(TRAINING_PRETRAINED_MODEL_URI=put_base(settings, PIPELINE))
+    assert seal(later, 3, 4)[1].action == "halted" and len(sagemaker.created) == 1
+    assert "was trained from no base" in lineage(later)["failures"][-1]["reason"]
 
 
 def test_a_base_without_a_vae_gets_an_autoencoder_job_that_reads_the_base(configure: Callable[..., TrainingSettings],
