@@ -34,9 +34,13 @@ COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_provenance", "cli_
 # --- local stack ----------------------------------------------------------------------------------
 
 def cmd_local_up(args: argparse.Namespace) -> int:
+    from atelier import bases
     from atelier.local.stack import LocalStack, StackOptions
+    if args.base is not None:
+        bases.check(args.base, args.base.resolve().name)  # a bad folder fails before anything starts
     options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port,
-                           sagemaker_port=args.port + 1 if args.port else 0)
+                           sagemaker_port=args.port + 1 if args.port else 0, overrides=dict(args.parameter),
+                           base=args.base)
     with LocalStack(options) as stack:
         for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port):
             console.print(line, soft_wrap=True)  # the terminal wraps: commands stay one line to copy
@@ -205,6 +209,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # --- parsing ------------------------------------------------------------------------------------
 
+def parameter_override(text: str) -> tuple[str, str]:
+    """NAME=VALUE, as `sam deploy --parameter-overrides` takes it."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE (a template parameter and its value)")
+    return name, value
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="atelier", description=__doc__.split("\n\n")[0])
     top.add_argument("--stack", default=os.environ.get("ATELIER_STACK", "atelier"), help="CloudFormation stack name")
@@ -217,6 +229,12 @@ def parser() -> argparse.ArgumentParser:
     local = commands.add_parser("local", help="the embedded local stack").add_subparsers(dest="local_command", required=True)
     up = local.add_parser("up", help="start moto, the template's resources, the functions and a local SageMaker")
     up.add_argument("--port", type=int, default=5100, help="moto's port (SageMaker's is the next one; 0: any free)")
+    up.add_argument("--parameter", action="append", type=parameter_override, default=[], metavar="NAME=VALUE",
+                    help="a template parameter, over samconfig.toml [local]'s (repeat for several), "
+                         "e.g. TrainingHyperparameters='{...}'")
+    up.add_argument("--base", type=Path, default=None, metavar="DIR",
+                    help="a diffusers pipeline folder (or some of its parts: vae/, text_encoder/, ...) every job "
+                         "starts from: uploaded and set as PretrainedModelUri")
     up.set_defaults(func=cmd_local_up)
     local.add_parser("env", help="print the exports that point boto3 at the running local stack").set_defaults(
         func=cmd_local_env)
@@ -281,12 +299,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from atelier.local.stack import StackError, read_env
+    from atelier.local.template import TemplateError
     args = parser().parse_args(argv)
     try:
         if args.local:
             os.environ.update(read_env(args.state_dir))
         return args.func(args)
-    except (client.PipelineError, StackError) as exc:
+    except (client.PipelineError, StackError, TemplateError) as exc:
         return _fail(str(exc))
     except (BotoCoreError, ClientError) as exc:
         sentence = failures.explain(exc, args.local, args.state_dir)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ from atelier.local.worker import SCHEDULE_SCALE_ENV
 log = logging.getLogger("atelier.local")
 MOTO_ACCOUNT = "123456789012"  # moto's default account id
 OUTPUTS_TEMPLATE_RESOURCE = {"Handle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}
+
+
+LOCAL_BASES_BUCKET = "atelier-local-bases"  # `--base DIR` uploads there (AWS: any bucket the SageMaker role reads)
 
 
 class StackError(RuntimeError):
@@ -52,6 +55,9 @@ class StackOptions:
     property_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # logical id -> properties
     schedule_scale: float = 1.0  # rate(...) schedules fire this much more often (0.05: every 3 s for 1 minute)
     chaos_file: Path | None = None  # fault injection (atelier/local/chaos.py)
+    # A diffusers pipeline folder (or some of its parts): uploaded once moto is up, before the template
+    # is provisioned, and given to every job as PretrainedModelUri (`atelier local up --base DIR`).
+    base: Path | None = None
 
     @property
     def state_file(self) -> Path:
@@ -76,6 +82,8 @@ class LocalStack:
         moto_url = self._start_moto()
         self._set_env({"AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
                        "AWS_DEFAULT_REGION": opts.region, "AWS_REGION": opts.region})
+        if opts.base is not None:
+            self.options = opts = replace(opts, overrides={**opts.overrides, "PretrainedModelUri": self._upload_base(opts.base)})
         self.provisioned = self._provision()
         self._register_outputs(self.provisioned)
         self.sagemaker = LocalSageMaker(Settings(state_dir=opts.state_dir / "sagemaker", region=opts.region,
@@ -145,6 +153,14 @@ class LocalStack:
         url = f"http://127.0.0.1:{port}"
         _wait_for_http(f"{url}/moto-api/", self.moto, timeout_s=60)
         return url
+
+    def _upload_base(self, folder: Path) -> str:
+        """The base into a bucket of its own (the stack's buckets do not exist yet): its URI."""
+        from atelier import bases
+        if "PretrainedModelUri" in self.options.overrides:
+            raise StackError("give a base either as --base or as --parameter PretrainedModelUri=..., not both")
+        boto3.client("s3", region_name=self.options.region).create_bucket(Bucket=LOCAL_BASES_BUCKET)
+        return bases.add(LOCAL_BASES_BUCKET, folder, folder.resolve().name).uri
 
     def _provision(self) -> Provisioned:
         opts = self.options
