@@ -49,15 +49,24 @@ def build_request(args: argparse.Namespace, settings: TrainingSettings, manifest
     steps = args.steps or settings.stages[args.stage].steps
     exclusions_uri = rich_manifest_uri(args.manifest) if manifest.exclude else ""
     return training_job_request(args.job_name, args.manifest, manifest.digest, args.stage, steps, settings,
-                                exclusions_uri)
+                                exclusions_uri, vae_uri=args.vae_uri)
+
+
+def lineage_vae(settings: TrainingSettings, boto_session: Any) -> str:
+    """The VAE the lineage trained itself (its autoencoder job's model.tar.gz), "" if it has none."""
+    item = boto_session.client("dynamodb").get_item(TableName=settings.table, Key={"pk": {"S": f"LINEAGE#{settings.lineage}"}},
+                                                    ProjectionExpression="vae_uri").get("Item", {})
+    return item.get("vae_uri", {}).get("S", "")
 
 
 def launch(args: argparse.Namespace) -> dict[str, Any]:
     import sagemaker  # the `launch` extra: the SDK is not needed anywhere else
 
     session = sagemaker.Session()
-    request = build_request(args, settings_from(args, session.boto_session),
-                            read_manifest(args.manifest, session.boto_session))
+    settings = settings_from(args, session.boto_session)
+    if args.vae_uri is None:  # as the pipeline's job would: the lineage's own VAE, when it trained one
+        args.vae_uri = lineage_vae(settings, session.boto_session)
+    request = build_request(args, settings, read_manifest(args.manifest, session.boto_session))
     session.sagemaker_client.create_training_job(**request)
     print(f"started {args.job_name}: {request['ResourceConfig']['InstanceCount']} x "
           f"{request['ResourceConfig']['InstanceType']}", flush=True)
@@ -75,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--env-json", help="a JSON file of the StartTrainingFunction's variables")
     parser.add_argument("--stage", type=int, default=0, help="which run-plan stage to run")
     parser.add_argument("--steps", type=int, default=0, help="the lineage step total to train to (default: the stage's)")
+    parser.add_argument("--vae-uri", default=None,
+                        help="the VAE channel: an autoencoder job's model.tar.gz (default: the lineage's own, read "
+                             "from the pipeline table, if it trained one; '' for none)")
     parser.add_argument("--wait", action="store_true", help="stream the job's logs until it ends")
     return parser.parse_args(argv)
 

@@ -70,6 +70,29 @@ def test_a_manual_launch_carries_the_manifest_s_exclusion_list(stack, function_e
     assert channels["manifest"]["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{data}/manifests/atelier-y.json"
 
 
+def test_a_manual_launch_reads_the_lineage_s_own_vae_as_the_pipeline_s_job_would(stack, function_env, tmp_path,
+                                                                                    monkeypatch) -> None:
+    env = function_env("StartTrainingFunction")
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    settings = TrainingSettings.from_env(env)
+    data, vae = stack.outputs["DataBucketName"], f"s3://{stack.outputs['ModelsBucketName']}/training/ae/output/model.tar.gz"
+    manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
+        ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="1" * 64, samples=8),))
+    boto3.client("s3").put_object(Bucket=data, Key="manifests/atelier-z.json", Body=manifest.model_dump_json())
+    boto3.client("dynamodb").put_item(TableName=settings.table, Item={"pk": {"S": f"LINEAGE#{settings.lineage}"},
+                                                                      "vae_uri": {"S": vae}})
+    session = FakeSession()
+    monkeypatch.setitem(sys.modules, "sagemaker", types.SimpleNamespace(Session=lambda: session))
+    argv = ["--manifest", f"s3://{data}/manifests/atelier-z.manifest", "--env-json", str(tmp_path / "env.json")]
+
+    sent = launch.launch(launch.parse_args([*argv, "--job-name", "manual-3"]))
+    assert sent == training_job_request("manual-3", f"s3://{data}/manifests/atelier-z.manifest", manifest.digest, 0,
+                                        settings.stages[0].steps, settings, vae_uri=vae)
+    assert vae in {c["DataSource"]["S3DataSource"]["S3Uri"] for c in sent["InputDataConfig"]}
+    without = launch.launch(launch.parse_args([*argv, "--job-name", "manual-4", "--vae-uri", ""]))
+    assert vae not in json.dumps(without)
+
+
 def test_launch_needs_a_source_for_the_pipelines_settings() -> None:
     with pytest.raises(SystemExit):
         launch.parse_args(["--manifest", "s3://b/m.manifest", "--job-name", "x"])
