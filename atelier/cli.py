@@ -168,6 +168,9 @@ def status_table(status: client.Status) -> Table:
     table.add_column("state")
     table.add_row("uploads", ", ".join(f"{k} {v}" for k, v in sorted(status.uploads.items())) or "none")
     table.add_row("quarantined", ", ".join(f"{k} {v}" for k, v in sorted(status.quarantined.items())) or "none")
+    if status.imported or status.imports_quarantined:  # `atelier import`: not uploads, counted apart
+        table.add_row("imports", f"{status.imported} samples; refused: "
+                      + (", ".join(f"{k} {v}" for k, v in sorted(status.imports_quarantined.items())) or "none"))
     table.add_row("samples", f"{status.samples} ({status.packed} packed)")
     table.add_row("shards", ", ".join(f"{k} {v}" for k, v in sorted(status.shards.items())) or "none")
     for job in status.jobs:

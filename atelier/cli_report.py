@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from atelier import client, reports
@@ -30,15 +31,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    console.print(f"[bold]{report['partner']}[/]: {report['uploads']} uploads, {report['accepted']} accepted, "
-                  f"{report['packed']} in shards; rejected: "
+    origins = report["by_origin"]
+    console.print(f"[bold]{escape(report['partner'])}[/]: {report['uploads']} uploaded "
+                  f"({origins['upload']['accepted']} accepted), {report['imported']} imported "
+                  f"({origins['import']['accepted']} accepted); {report['packed']} in shards; rejected: "
                   + (", ".join(f"{k} {v}" for k, v in sorted(report["rejected"].items())) or "none"))
-    table = Table(title=f"Uploads of {report['partner']}")
-    for column in ("key", "status", "reason", "shard", "jobs", "models"):
+    table = Table(title=f"Samples of {escape(report['partner'])}")
+    for column in ("key", "origin", "status", "reason", "shard", "jobs", "models"):
         table.add_column(column)
     for item in report["items"]:
-        table.add_row(item["key"], item["status"], item["reason"] or "", (item["shard"] or "")[:16],
-                      ", ".join(item["jobs"]), ", ".join(item["models"]))
+        table.add_row(escape(item["key"]), item["origin"], item["status"], escape(item["reason"] or ""),
+                      (item["shard"] or "")[:16], ", ".join(item["jobs"]), ", ".join(item["models"]))
     console.print(table)
     for job in report["jobs"]:
         console.print(f"job {job['job']}: {job['status']}" + (f" -> model {job['model']}" if job["model"] else ""))

@@ -224,8 +224,10 @@ def not_serving(endpoint: str, now: datetime | None = None) -> str | None:
 
 @dataclass
 class Status:
-    uploads: Counter[str] = field(default_factory=Counter)
+    uploads: Counter[str] = field(default_factory=Counter)  # objects partners put in the uploads bucket
     quarantined: Counter[str] = field(default_factory=Counter)
+    imported: int = 0  # samples `atelier import` brought from shards made elsewhere
+    imports_quarantined: Counter[str] = field(default_factory=Counter)
     samples: int = 0
     packed: int = 0
     shards: Counter[str] = field(default_factory=Counter)
@@ -235,8 +237,9 @@ class Status:
     lineages: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"uploads": dict(self.uploads), "quarantined": dict(self.quarantined), "samples": self.samples,
-                "packed": self.packed, "shards": dict(self.shards), "jobs": self.jobs, "endpoints": self.endpoints,
+        return {"uploads": dict(self.uploads), "quarantined": dict(self.quarantined),
+                "imports": {"samples": self.imported, "quarantined": dict(self.imports_quarantined)},
+                "samples": self.samples, "packed": self.packed, "shards": dict(self.shards), "jobs": self.jobs, "endpoints": self.endpoints,
                 "models": self.models, "lineages": self.lineages}
 
 
@@ -244,13 +247,17 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
     status = Status()
     for item in aws.scan(outputs["PipelineTableName"]):
         kind = item.get("kind")
-        if kind == "upload":
+        if kind == "upload" and item.get("import_batch"):  # a sample of an imported tar it refused
+            if item["status"] == "quarantined":
+                status.imports_quarantined[item.get("reason", "unknown")] += 1
+        elif kind == "upload":
             status.uploads[item["status"]] += 1
             if item["status"] == "quarantined":
                 status.quarantined[item.get("reason", "unknown")] += 1
         elif kind == "sample":
             status.samples += 1
             status.packed += bool(item.get("packed_in"))
+            status.imported += sample_origin(item, outputs["UploadsBucketName"]) == "import"
         elif kind == "shard":
             status.shards[item["status"]] += 1
         elif kind == "job":
@@ -263,6 +270,13 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
     status.models.sort(key=lambda m: m["order"])
     status.endpoints = _endpoints(outputs["EndpointName"])
     return status
+
+
+def sample_origin(item: dict[str, Any], uploads_bucket: str) -> str:
+    """"upload" for a sample a partner put in the uploads bucket, "import" for one `atelier import`
+    brought (its record names the source tar in the data bucket)."""
+    record = json.loads(item["record"]) if item.get("record") else {}
+    return "upload" if record.get("bucket", uploads_bucket) == uploads_bucket else "import"
 
 
 def _job(item: dict[str, Any]) -> dict[str, Any]:

@@ -25,14 +25,17 @@ AFTER_TRAINING = ("evaluation.json", "lineage.json")  # written beside the artef
 def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
     """Every upload of `partner`: accepted or rejected (why), the shard it is in, the jobs that trained
     on it and the models that hold it."""
-    uploads, samples, shards, jobs, models = [], {}, {}, [], []
-    bucket_prefix = f"UPLOAD#{outputs['UploadsBucketName']}/"
+    uploads, samples, imported, shards, jobs, models = [], {}, [], {}, [], []
     for item in aws.scan(outputs["PipelineTableName"]):
         kind = item.get("kind")
         if kind == "upload" and item.get("partner") == partner:
             uploads.append(item)
         elif kind == "sample" and item.get("partner") == partner:
             samples[item["pk"].removeprefix("SAMPLE#")] = item.get("packed_in")
+            if client.sample_origin(item, outputs["UploadsBucketName"]) == "import":  # no upload record: the sample is it
+                record = json.loads(item["record"])
+                imported.append({"pk": f"UPLOAD#{record['bucket']}/{record['key']}", "status": "accepted",
+                                 "sha256": record["sha256"], "at": record.get("uploaded_at"), "import_batch": True})
         elif kind == "shard":
             shards[item["pk"].removeprefix("SHARD#")] = item
         elif kind == "job" and item.get("role") not in provenance.HELPER_ROLES:  # its training job's samples
@@ -46,6 +49,7 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
         for shard_id in [*job.get("shards", []), *job.get("replay", [])]:
             jobs_of_shard[shard_id].append(job)
     left_out = _left_out(outputs["DataBucketName"])
+    uploads += imported
     mine = {u["sha256"]: samples.get(u["sha256"]) for u in uploads if u["status"] == "accepted" and u.get("sha256")}
     holding = _models_holding(outputs, {sha: shard for sha, shard in mine.items() if shard}, models)
     items = []
@@ -53,9 +57,10 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
         sha = upload.get("sha256") or ""
         shard = mine.get(sha) if upload["status"] == "accepted" else None
         trained = [_name(j) for j in jobs_of_shard.get(shard or "", []) if sha not in left_out(j, shard or "")]
-        items.append({"key": upload["pk"].removeprefix(bucket_prefix), "status": upload["status"],
-                      "reason": upload.get("reason"), "detail": upload.get("detail"), "sha256": upload.get("sha256"),
-                      "uploaded_at": upload.get("at"), "shard": shard, "jobs": trained,
+        origin = "import" if upload.get("import_batch") else "upload"
+        items.append({"key": upload["pk"].removeprefix("UPLOAD#").split("/", 1)[1], "origin": origin,
+                      "status": upload["status"], "reason": upload.get("reason"), "detail": upload.get("detail"),
+                      "sha256": upload.get("sha256"), "uploaded_at": upload.get("at"), "shard": shard, "jobs": trained,
                       "models": holding.get(sha, []) if shard else []})
     used_shards = sorted({i["shard"] for i in items if i["shard"]})
     held = [m for m in models if any(m["model"] in i["models"] for i in items)]
@@ -63,10 +68,15 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
     named = {name for i in items for name in i["jobs"]} | {m.get("job") for m in held}  # and the jobs behind the models
     return {
         "partner": partner,
-        "uploads": len(items),
+        "uploads": sum(i["origin"] == "upload" for i in items),
+        "imported": sum(i["origin"] == "import" for i in items),  # samples of imported tars, accepted or refused
         "accepted": sum(i["status"] == "accepted" for i in items),
         "rejected": dict(Counter(i["reason"] or "unknown" for i in items if i["status"] == "quarantined")),
         "packed": sum(bool(i["shard"]) for i in items),
+        "by_origin": {origin: {"items": sum(i["origin"] == origin for i in items),
+                               "accepted": sum(i["origin"] == origin and i["status"] == "accepted" for i in items),
+                               "packed": sum(i["origin"] == origin and bool(i["shard"]) for i in items)}
+                      for origin in ("upload", "import")},
         "shards": [{"shard": s, "status": shards.get(s, {}).get("status", "packing"),
                     "samples": sum(i["shard"] == s for i in items), "jobs": [_name(j) for j in jobs_of_shard.get(s, [])]}
                    for s in used_shards],

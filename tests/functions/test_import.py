@@ -123,6 +123,33 @@ def test_the_imported_shard_is_a_packed_shard_byte_for_byte_with_a_matching_inde
         "atelier.pack", "Shard Sealed", shard_id, 6)
 
 
+def test_imported_samples_are_the_partner_s_in_its_report_and_in_status_apart_from_uploads(
+        stack, settings, function_env) -> None:
+    from atelier import client, reports
+    # GIVEN one upload and an imported tar of two good samples and a corrupt one, all partner-a's
+    ingest_upload(stack, function_env, "partner-a/mine.png", ITEMS[5].image)
+    body = webdataset_tar([sample_of("s0", ITEMS[0]), sample_of("s1", ITEMS[1]),
+                           {"__key__": b"bad", "webp": ITEMS[4].image[:200] + b"\0" * 50, "txt": b"broken"}])
+    report = import_shard(put_tar(stack, "laion.tar", body), settings)
+    assert (report.accepted, report.quarantined) == (2, {"corrupt": 1})
+
+    # THEN the partner report counts both origins, each sample labelled with its own
+    partner = reports.partner_report(stack.outputs, "partner-a")
+    assert (partner["uploads"], partner["imported"], partner["accepted"], partner["packed"]) == (1, 3, 3, 2)
+    assert partner["by_origin"] == {"upload": {"items": 1, "accepted": 1, "packed": 0},
+                                    "import": {"items": 3, "accepted": 2, "packed": 2}}
+    assert partner["rejected"] == {"corrupt": 1}
+    assert {(i["key"], i["origin"], i["status"], bool(i["shard"])) for i in partner["items"]} == {
+        ("partner-a/mine.png", "upload", "accepted", False),
+        (f"imports/{BATCH}/laion.tar#s0", "import", "accepted", True),
+        (f"imports/{BATCH}/laion.tar#s1", "import", "accepted", True),
+        (f"imports/{BATCH}/laion.tar#bad", "import", "quarantined", False)}
+    # and status counts the import's refusals as the import's, not as quarantined uploads
+    status = client.pipeline_status(stack.outputs)
+    assert (dict(status.uploads), dict(status.quarantined)) == ({"accepted": 1}, {})
+    assert (status.imported, dict(status.imports_quarantined), status.samples) == (2, {"corrupt": 1}, 3)
+
+
 def test_img2dataset_s_own_fields_are_in_the_shard_s_records_for_its_tools(stack, settings) -> None:
     exif = json.dumps({"Image Make": "Atelier", "Image Model": "procedural"})
     fields = {"status": "success", "original_width": 640, "original_height": 480, "exif": exif}
