@@ -7,8 +7,14 @@ Prints one JSON line per figure:
 - ingest.ratio_vs_full_decode: the same 1 MP JPEG figure / a plain full decode + RGB convert +
   sha256 (a baseline written here, labelled so), measured alternately in the same run.
 - ingest.peak_rss_mib_100mp: peak RSS of a fresh process describing one 100 MP JPEG.
+- ingest.derivative_psnr_db_12mp: PSNR of the 12 MP JPEG's stored derivative against the picture
+  before it was uploaded (its pristine pixels, Lanczos-resized to the derivative's size), beside
+  the same for a full decode + Lanczos to the maximum side + the same re-encode (a baseline written
+  here: ingest's path before 2026-12, labelled so).
+- with --before REV: ingest.<case>_ratio_vs_before, ours / REV's describe on the same input bytes,
+  each tree in its own process, alternately (A B A B ...), medians of the rounds.
 
-    .venv/bin/python bench/ingest.py [--repeat 40]
+    .venv/bin/python bench/ingest.py [--repeat 40] [--before REV [--rounds 5]]
 """
 
 from __future__ import annotations
@@ -17,18 +23,23 @@ import argparse
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageStat
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "functions"))  # a script, not a test: the Lambda code's own root
+# a script, not a test: the Lambda code's own root, or another tree's (--before runs this file again on it)
+FUNCTIONS = Path(os.environ.get("INGEST_BENCH_FUNCTIONS", REPO / "functions"))
+sys.path.insert(0, str(FUNCTIONS))
 
 from core.images import DecodePolicy  # noqa: E402
 from core.metadata import describe  # noqa: E402
@@ -57,10 +68,25 @@ def photo(size: tuple[int, int], seed: int = 0) -> Image.Image:
     return Image.blend(image, grain, 0.08)
 
 
-def encoded(image: Image.Image, fmt: str) -> bytes:
+def encoded(image: Image.Image, fmt: str, **params: object) -> bytes:
     buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    image.save(buffer, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}), **params)
     return buffer.getvalue()
+
+
+def cases() -> dict[str, bytes]:
+    """The inputs of every figure, by case name (fmt_size[_variant]), made once."""
+    made: dict[str, bytes] = {}
+    for fmt, pil in (("jpeg", "JPEG"), ("png", "PNG")):
+        for size_name, size in SIZES.items():
+            made[f"{fmt}_{size_name}"] = encoded(photo(size), pil)
+    # progressive JPEGs pay the truncation probe's second decode (images._scan_cut_short)
+    made["jpeg_12mp_progressive"] = encoded(photo(SIZES["12mp"]), "JPEG", progressive=True)
+    return made
+
+
+def repeat_for(case: str, repeat: int) -> int:
+    return repeat if "_1mp" in case else max(4, repeat // 8)
 
 
 def ours(data: bytes) -> None:
@@ -119,19 +145,93 @@ def commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
+def psnr(a: Image.Image, b: Image.Image) -> float:
+    """Peak signal-to-noise ratio of two RGB pictures of one size, in dB, over all channels."""
+    squares = sum(ImageStat.Stat(ImageChops.difference(a, b)).sum2)
+    return 10 * math.log10(255 ** 2 * a.width * a.height * 3 / max(squares, 1e-9))
+
+
+def derivative_psnr(pristine: Image.Image, derivative: bytes) -> tuple[float, tuple[int, int]]:
+    """(PSNR, size) of a stored derivative against the pristine picture resized to its size."""
+    with Image.open(io.BytesIO(derivative)) as stored:
+        stored.load()
+        return psnr(stored.convert("RGB"), pristine.resize(stored.size, Image.Resampling.LANCZOS)), stored.size
+
+
+def full_decode_derivative(data: bytes) -> bytes:
+    """Baseline (written here): ingest's derivative before 2026-12: every pixel decoded, one Lanczos
+    resample to the maximum side, the same 4:4:4 re-encode."""
+    from core.images import encode_jpeg
+    with Image.open(io.BytesIO(data)) as image:
+        return encode_jpeg(image.convert("RGB"), SETTINGS.decode.max_side, SETTINGS.jpeg_quality)[0]
+
+
+def worker(inputs: Path, repeat: int) -> None:
+    """--worker: CPU seconds per describe of every case in `inputs`, for the tree on sys.path, as JSON."""
+    figures = {file.stem: measure(ours, file.read_bytes(), repeat_for(file.stem, repeat))[0]
+               for file in sorted(inputs.glob("*.bin"))}
+    print(json.dumps(figures))
+
+
+def side_by_side(made: dict[str, bytes], before: str, rounds: int, repeat: int) -> None:
+    """ours / `before`'s describe on the same bytes: each tree in a fresh process, A B A B ..."""
+    with tempfile.TemporaryDirectory() as tmp:
+        old_tree, inputs = Path(tmp) / "before", Path(tmp) / "inputs"
+        old_tree.mkdir(), inputs.mkdir()
+        archive = subprocess.run(["git", "archive", before, "functions"], cwd=REPO, capture_output=True, check=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(old_tree, filter="data")
+        for case, data in made.items():
+            (inputs / f"{case}.bin").write_bytes(data)
+        runs: dict[str, list[dict[str, float]]] = {"ours": [], "before": []}
+        for _ in range(rounds):
+            for side, functions in (("ours", FUNCTIONS), ("before", old_tree / "functions")):
+                out = subprocess.run([sys.executable, __file__, "--worker", str(inputs), "--repeat", str(repeat)],
+                                     env={**os.environ, "INGEST_BENCH_FUNCTIONS": str(functions)},
+                                     capture_output=True, text=True, check=True).stdout
+                runs[side].append(json.loads(out))
+    revision = subprocess.run(["git", "rev-parse", "--short", before], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    for case in made:
+        ours_rate = statistics.median(1 / run[case] for run in runs["ours"])
+        before_rate = statistics.median(1 / run[case] for run in runs["before"])
+        line(f"ingest.{case}_ratio_vs_before", ours_rate / before_rate, "x", ours_img_per_s=round(ours_rate, 2),
+             before={"commit": revision, "img_per_s": round(before_rate, 2)},
+             config={"bytes": len(made[case]), "rounds": rounds, "repeat": repeat_for(case, repeat),
+                     "order": "A B A B, a fresh process each"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=40)
+    parser.add_argument("--before", help="a git revision to compare with, side by side on the same bytes")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for fmt, pil in (("jpeg", "JPEG"), ("png", "PNG")):
-        for size_name, size in SIZES.items():
-            data = encoded(photo(size), pil)
-            repeat = args.repeat if size_name == "1mp" else max(4, args.repeat // 8)
-            cpu, walls = measure(ours, data, repeat)
-            name = f"ingest.{fmt}_{size_name}_img_per_s_per_core"
-            line(name, 1 / cpu, "img/s", p50_ms=round(statistics.median(walls), 2),
-                 p99_ms=round(sorted(walls)[max(0, int(len(walls) * 0.99) - 1)], 2),
-                 config={"size": list(size), "bytes": len(data), "repeat": repeat})
+    if args.worker:
+        return worker(args.worker, args.repeat)
+    made = cases()
+    for case, data in made.items():
+        repeat = repeat_for(case, args.repeat)
+        cpu, walls = measure(ours, data, repeat)
+        with Image.open(io.BytesIO(data)) as image:
+            size = image.size
+        line(f"ingest.{case}_img_per_s_per_core", 1 / cpu, "img/s", p50_ms=round(statistics.median(walls), 2),
+             p99_ms=round(sorted(walls)[max(0, int(len(walls) * 0.99) - 1)], 2),
+             config={"size": list(size), "bytes": len(data), "repeat": repeat})
+    if args.before:
+        side_by_side(made, args.before, args.rounds, args.repeat)
+    # the 12 MP derivative's quality, ours and the full-decode path, against the picture before upload
+    pristine = photo(SIZES["12mp"], seed=1)
+    upload = encoded(pristine, "JPEG")
+    derivative = describe(upload, UPLOAD, "partner", Sidecar(caption="c", license="l"), "l", SETTINGS).derivative
+    assert derivative is not None
+    ours_db, ours_size = derivative_psnr(pristine, derivative)
+    base_db, base_size = derivative_psnr(pristine, full_decode_derivative(upload))
+    line("ingest.derivative_psnr_db_12mp", ours_db, "dB", size=list(ours_size), baseline_psnr_db=round(base_db, 2),
+         baseline_size=list(base_size), baseline="full decode + Lanczos to the maximum side + q95 (ours before 2026-12, labelled)",
+         config={"upload": "12 MP photo, JPEG q90", "reference": "pristine pixels, Lanczos to the derivative's size",
+                 "quality": SETTINGS.jpeg_quality})
     # ours and the baseline alternately (A B A B ...), so both see the same machine noise
     data = encoded(photo(SIZES["1mp"]), "JPEG")
     ratios = []

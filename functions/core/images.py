@@ -2,10 +2,10 @@
 
 Rules (docs/metadata.md): the format is sniffed, never taken from the name; the decompression
 bomb guard stays on at an explicit limit; every byte of the image is decoded (JPEG in draft mode,
-which still reads the whole entropy-coded stream, so truncation is caught); EXIF orientation is
-applied; every colour mode becomes RGB by a stated rule (alpha over `background`). A JPEG cut
-short and closed with an end marker is caught too, though libjpeg decodes it without an error
-(`_scan_cut_short`).
+DCT-scaled to the smallest size that serves, which still reads the whole entropy-coded stream, so
+truncation is caught); EXIF orientation is applied; every colour mode becomes RGB by a stated rule
+(alpha over `background`). A JPEG cut short and closed with an end marker is caught too, though
+libjpeg decodes it without an error (`_scan_cut_short`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,14 @@ SCAN_PROBE = bytes(b % 255 for b in random.Random(0).randbytes(64))
 MID_GREY = 128  # in every channel: what libjpeg fills the blocks of a scan that ended early with
 SHARD_FORMATS = frozenset({"jpeg", "png", "webp"})  # what a shard may carry unchanged
 HASH_SIDE = 64  # enough pixels for the perceptual hash when the original bytes are kept
+# A JPEG to re-encode is DCT-scaled (1/2, 1/4, 1/8) to a long side down to 1/16 under the maximum
+# side and stored at that size: the resize over that last 1/16 (a 12 MP camera photo, 4000 or 4032
+# long, to 2048 instead of its half-scale 2000 or 2016) costs twice the rest of its ingest and more
+# (docs/metadata.md, "What bounds ingest").
+STORE_SLACK = 16
+# A progressive JPEG is decoded at 1/2 scale at most: at 1/8 libjpeg uses DC coefficients alone, so a
+# file cut in an AC scan decodes to the same pixels with or without the truncation probe (tests).
+PROGRESSIVE_SCALE = 2
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class DecodedImage:
     mode: str  # Pillow's mode before conversion
     width: int  # after EXIF orientation, at full resolution
     height: int
-    rgb: Image.Image  # RGB, oriented; a kept JPEG may be decoded at a reduced scale
+    rgb: Image.Image  # RGB, oriented; a JPEG may be decoded at a reduced (DCT) scale: see jpeg_scale
     reencode: str | None  # why the stored bytes must be re-encoded; None keeps the original
     text: dict[str, str]  # embedded descriptions: exif, iptc, xmp
 
@@ -127,19 +135,42 @@ def _decode(data: bytes, policy: DecodePolicy) -> DecodedImage:
         orientation = image.getexif().get(0x0112, 1) or 1
         full_size, mode, text = image.size, image.mode, embedded_text(image)
         reason = reencode_reason(fmt, mode, orientation, "transparency" in image.info, full_size, policy)
+        draft = full_size
         if fmt == "jpeg":
             # Decode at the smallest DCT scale that still serves: the whole stream is still read.
-            image.draft("RGB", (policy.max_side, policy.max_side) if reason else (HASH_SIDE, HASH_SIDE))
+            scale = jpeg_scale(full_size, policy.max_side) if reason else _hash_scale(full_size)
+            if image.info.get("progressive"):
+                scale = min(scale, PROGRESSIVE_SCALE)
+            draft = _draft_box(full_size, scale)
+            image.draft("RGB", draft)
         image.load()
-        if fmt == "jpeg" and _scan_cut_short(data, image):
+        if fmt == "jpeg" and _scan_cut_short(data, image, draft):
             raise RejectedUpload("truncated", "the JPEG's scan ends before its last block: the file was cut "
                                               "short and closed with an end marker")
-        oriented = ImageOps.exif_transpose(image) or image
+        ImageOps.exif_transpose(image, in_place=True)  # in place: otherwise an upright image is copied whole
         width, height = (full_size[1], full_size[0]) if orientation in (5, 6, 7, 8) else full_size
-        return DecodedImage(fmt, mode, width, height, to_rgb(oriented, policy.background), reason, text)
+        return DecodedImage(fmt, mode, width, height, to_rgb(image, policy.background), reason, text)
 
 
-def _scan_cut_short(data: bytes, decoded: Image.Image) -> bool:
+def jpeg_scale(size: tuple[int, int], max_side: int) -> int:
+    """The DCT scale divisor (1, 2, 4, 8) to decode a JPEG at for a derivative at most `max_side` long:
+    the largest whose long side stays no more than 1/STORE_SLACK under `max_side`."""
+    least = max_side - max_side // STORE_SLACK
+    return next((scale for scale in (8, 4, 2) if -(-max(size) // scale) >= least), 1)
+
+
+def _hash_scale(size: tuple[int, int]) -> int:
+    """The DCT scale divisor for a kept JPEG, decoded only to be hashed: both sides >= HASH_SIDE."""
+    return next((scale for scale in (8, 4, 2) if min(size) // scale >= HASH_SIDE), 1)
+
+
+def _draft_box(size: tuple[int, int], scale: int) -> tuple[int, int]:
+    """The size to ask Image.draft for so that it picks `scale`: it takes the largest scale both
+    sides divide into (a ceiling-divided size would make it pick the next scale down)."""
+    return max(1, size[0] // scale), max(1, size[1] // scale)
+
+
+def _scan_cut_short(data: bytes, decoded: Image.Image, draft: tuple[int, int]) -> bool:
     """Whether the scan ran out of data before the end of the image, though an end marker follows.
 
     libjpeg fills the blocks it has no data for with mid-grey and only warns, which Pillow does not
@@ -147,8 +178,10 @@ def _scan_cut_short(data: bytes, decoded: Image.Image) -> bool:
     complete scan never reads them (they are skipped before the marker), a scan cut short decodes
     them as blocks, and the pixels differ. The second decode is paid only when the last pixel is
     libjpeg's grey (a baseline scan cut anywhere but in its last block) or the file is progressive
-    (later scans refine pixels already there). A progressive file cut exactly between two scans has
-    every pixel at a lower quality, which libjpeg deems complete: it passes.
+    (later scans refine pixels already there), and at the same DCT scale as the first (`draft`, the
+    same request: asking for the decoded size would pick a larger scale when a side is not a multiple
+    of the scale). A progressive file cut exactly between two scans has every pixel at a lower
+    quality, which libjpeg deems complete: it passes.
     """
     last = decoded.getpixel((decoded.width - 1, decoded.height - 1))
     grey = set(last if isinstance(last, tuple) else (last,)) == {MID_GREY}
@@ -156,7 +189,7 @@ def _scan_cut_short(data: bytes, decoded: Image.Image) -> bool:
     if end < 0 or not (grey or decoded.info.get("progressive")):
         return False
     with Image.open(io.BytesIO(data[:end] + SCAN_PROBE + data[end:]), formats=["JPEG"]) as probe:
-        probe.draft(decoded.mode, decoded.size)
+        probe.draft("RGB", draft)
         try:
             probe.load()
         except OSError:
@@ -262,7 +295,10 @@ def _xmp_description(xmp: bytes) -> str | None:
 
 def dhash(image: Image.Image) -> str:
     """A 64-bit difference hash: 16 hex digits; near-identical pictures differ in few bits."""
-    pixels = image.convert("L").resize((9, 8), Image.Resampling.LANCZOS).tobytes()
+    # reducing_gap box-averages first, to at least 8 pixels a cell: the cells differ from a plain
+    # Lanczos resample's by rounding, so only near-ties flip (tests: within the near-duplicate
+    # distance, equal for most photos), at a third of its cost on a 3 MP image.
+    pixels = image.convert("L").resize((9, 8), Image.Resampling.LANCZOS, reducing_gap=8.0).tobytes()
     bits = 0
     for row in range(8):
         for col in range(8):

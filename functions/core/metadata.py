@@ -62,7 +62,8 @@ def describe(data: bytes, upload: UploadRef, partner: str, sidecar: Sidecar, lic
     if decoded.reencode:
         derivative, (content_width, content_height) = images.encode_jpeg(
             decoded.rgb, settings.decode.max_side, settings.jpeg_quality)
-    content = derivative if derivative is not None else data
+    # a kept upload is its own content: its bytes are not hashed a second time
+    content_sha256 = hashlib.sha256(derivative).hexdigest() if derivative is not None else sha256
     sample = Sample(
         sha256=sha256, partner=partner, bucket=upload.bucket, key=upload.key, version_id=upload.version_id,
         format="jpeg" if derivative is not None else decoded.format,  # type: ignore[arg-type]
@@ -73,7 +74,7 @@ def describe(data: bytes, upload: UploadRef, partner: str, sidecar: Sidecar, lic
         aspect_bucket=aspect_bucket(decoded.width, decoded.height), phash=images.dhash(decoded.rgb),
         content_bucket=settings.data_bucket if derivative is not None else upload.bucket,
         content_key=f"{DERIVED_PREFIX}{sha256}.jpg" if derivative is not None else upload.key,
-        content_sha256=hashlib.sha256(content).hexdigest(),
+        content_sha256=content_sha256,
         content_width=content_width, content_height=content_height, reencoded=decoded.reencode,
     )
     return Described(sample, derivative)

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Callable, Iterator
 
 import pytest
-from PIL import Image, ImageCms, ImageDraw, JpegImagePlugin, PngImagePlugin
+from PIL import Image, ImageCms, ImageDraw, ImageFilter, JpegImagePlugin, PngImagePlugin
 
 from core import images
 from core.errors import RejectedUpload
@@ -205,6 +205,50 @@ def test_a_progressive_jpeg_cut_in_a_scan_and_closed_with_an_end_marker_is_trunc
     assert rejection(cut)[0] == "truncated"
 
 
+def scan_starts(jpeg: bytes) -> list[int]:
+    """Where each scan's start-of-scan marker is (FF DA: entropy-coded data stuffs every FF with 00)."""
+    return [index for index in range(len(jpeg) - 1) if jpeg[index:index + 2] == b"\xff\xda"]
+
+
+@pytest.fixture(scope="module")
+def progressive_photo() -> bytes:
+    return save(photo((800, 600), seed=1), "JPEG", quality=90, progressive=True)
+
+
+@pytest.mark.parametrize("scan", range(1, 10))
+@pytest.mark.parametrize("store", [pytest.param(POLICY, id="kept"), pytest.param(policy(max_side=512), id="re-encoded")])
+def test_a_progressive_jpeg_cut_in_any_scan_and_closed_with_an_end_marker_is_truncated(
+        progressive_photo: bytes, scan: int, store: DecodePolicy) -> None:
+    # GIVEN libjpeg's ten-scan progression: the DC scan first, then AC bands and refinements
+    starts = scan_starts(progressive_photo)
+    assert len(starts) == 10
+    end = starts[scan + 1] if scan + 1 < len(starts) else len(progressive_photo) - 2
+    # WHEN the file is cut in the middle of that scan and "repaired" with an end marker
+    cut = progressive_photo[: (starts[scan] + end) // 2] + b"\xff\xd9"
+
+    # THEN it is truncated: until 2026-12 a kept file, decoded at 1/8 (DC alone), passed with an AC scan cut
+    assert rejection(cut, store)[0] == "truncated"
+
+
+@pytest.mark.parametrize("size", [(1001, 1001), (999, 777), (2003, 1501)])
+@pytest.mark.parametrize("store", [pytest.param(POLICY, id="kept-draft-1/8"), pytest.param(policy(max_side=512), id="re-encoded")])
+def test_a_complete_progressive_jpeg_with_sides_not_a_multiple_of_the_scale_is_not_truncated(
+        size: tuple[int, int], store: DecodePolicy) -> None:
+    # The probe decode must run at the first decode's DCT scale: asked for the (rounded-up) decoded
+    # size, Pillow picked the next scale down, the pixels differed, and a whole file was "truncated".
+    data = save(noise(size), "JPEG", quality=80, progressive=True)
+
+    assert (images.decode(data, store).width, images.decode(data, store).height) == size
+
+
+@pytest.mark.parametrize("store", [pytest.param(POLICY, id="kept-draft-1/8"), pytest.param(policy(max_side=512), id="re-encoded")])
+def test_a_progressive_jpeg_with_odd_sides_cut_and_closed_with_an_end_marker_is_truncated(store: DecodePolicy) -> None:
+    data = save(noise((1001, 777)), "JPEG", quality=80, progressive=True)
+    cut = data[: int(len(data) * 0.6)] + b"\xff\xd9"
+
+    assert rejection(cut, store)[0] == "truncated"
+
+
 def test_png_with_a_damaged_chunk_header_is_corrupt_with_the_decoder_s_message() -> None:
     # PNG is allowed: a PNG that Pillow's plugin refuses is broken, not of an unsupported format.
     png = save(Image.new("RGB", (64, 64), (10, 200, 30)), "PNG")
@@ -311,13 +355,44 @@ def test_huge_tiff_is_decoded_and_must_be_reencoded() -> None:
 
 
 def test_jpeg_longer_than_the_maximum_side_is_drafted_no_smaller_than_needed() -> None:
-    # 2400 x 1600 with a 600 px maximum: DCT scaling by 1/2 still leaves both sides >= 600.
+    # 2400 x 1600 with a 600 px maximum: DCT scaling by 1/4 leaves the long side at 600, all the
+    # derivative needs (until 2026-12 both sides had to stay >= 600: 1/2, four times the pixels).
     jpeg = save(scene((2400, 1600)), "JPEG", quality=90)
 
     decoded = images.decode(jpeg, policy(max_side=600))
 
     assert (decoded.width, decoded.height, decoded.rgb.size, decoded.reencode) \
-        == (2400, 1600, (1200, 800), "larger than the maximum side")
+        == (2400, 1600, (600, 400), "larger than the maximum side")
+
+
+@pytest.mark.parametrize(("size", "scale"), [
+    pytest.param((1024, 768), 1, id="at-the-maximum"),
+    pytest.param((1900, 1425), 1, id="half-would-be-over-1/16-under"),
+    pytest.param((1920, 1440), 2, id="half-is-exactly-1/16-under"),
+    pytest.param((2000, 1500), 2, id="half-is-within-1/16-under"),
+    pytest.param((2600, 1950), 2, id="half-is-over-the-maximum"),
+    pytest.param((3000, 4000), 4, id="portrait-quarter-is-within"),
+    pytest.param((8192, 2048), 8, id="eighth-is-the-maximum"),
+    pytest.param((100_000, 100), 8, id="never-beyond-an-eighth"),
+])
+def test_jpeg_scale_is_the_smallest_decode_at_most_1_16_under_the_maximum(size: tuple[int, int], scale: int) -> None:
+    assert images.jpeg_scale(size, 1024) == scale
+
+
+@pytest.mark.parametrize(("size", "decoded_size", "stored_size"), [
+    pytest.param((2000, 1500), (1000, 750), (1000, 750), id="half-scale-stored-as-decoded"),
+    pytest.param((2001, 1501), (1001, 751), (1001, 751), id="odd-sides-round-up-as-libjpeg-does"),
+    pytest.param((2600, 1950), (1300, 975), (1024, 768), id="half-scale-then-resized"),
+    pytest.param((1900, 1425), (1900, 1425), (1024, 768), id="full-scale-then-resized"),
+])
+def test_jpeg_derivative_is_decoded_at_its_scale_and_never_over_the_maximum(
+        size: tuple[int, int], decoded_size: tuple[int, int], stored_size: tuple[int, int]) -> None:
+    decoded = images.decode(save(scene(size), "JPEG", quality=90), POLICY)
+
+    data, stored = images.encode_jpeg(decoded.rgb, POLICY.max_side, 95)
+
+    assert ((decoded.width, decoded.height), decoded.rgb.size, stored, Image.open(io.BytesIO(data)).size) \
+        == (size, decoded_size, stored_size, stored_size)
 
 
 def test_reencode_always_reencodes_a_clean_image() -> None:
@@ -719,6 +794,56 @@ def test_dhash_of_a_lossless_copy_is_equal(original_hash: str) -> None:
 def test_dhash_of_a_reencoded_copy_is_within_the_near_duplicate_distance(original_hash: str,
                                                                           copy: Callable[[], bytes]) -> None:
     assert images.hamming(dhash_of(copy()), original_hash) <= 3
+
+
+def photo(size: tuple[int, int], seed: int) -> Image.Image:
+    """Photo-like: a gradient, blurred shapes and grain (the grain from a seeded generator)."""
+    rng = random.Random(seed)
+    small = Image.linear_gradient("L").rotate(rng.choice((0, 90, 180, 270)))
+    small = small.resize((size[0] // 8, size[1] // 8)).convert("RGB")
+    draw = ImageDraw.Draw(small)
+    for _ in range(12):
+        x, y, r = rng.randrange(small.width), rng.randrange(small.height), rng.randrange(4, small.width // 4)
+        draw.ellipse((x - r, y - r, x + r, y + r), fill=tuple(rng.randrange(256) for _ in range(3)))
+    image = small.resize(size, Image.Resampling.BICUBIC).filter(ImageFilter.GaussianBlur(2))
+    return Image.blend(image, Image.frombytes("RGB", size, rng.randbytes(size[0] * size[1] * 3)), 0.08)
+
+
+def plain_lanczos_dhash(image: Image.Image) -> str:
+    """The hash as records made before 2026-12 computed it: one Lanczos resample of every pixel."""
+    pixels = image.convert("L").resize((9, 8), Image.Resampling.LANCZOS).tobytes()
+    return f"{int(''.join('1' if pixels[r * 9 + c] > pixels[r * 9 + c + 1] else '0' for r in range(8) for c in range(8)), 2):016x}"
+
+
+@pytest.fixture(scope="module")
+def camera_jpegs() -> list[bytes]:
+    return [save(photo((1600, 1200), seed), "JPEG", quality=90) for seed in range(12)]
+
+
+@pytest.mark.parametrize(("store", "decoded_width"), [
+    pytest.param(policy(max_side=800), 800, id="re-encoded-draft-1/2"),
+    pytest.param(policy(max_side=2048), 200, id="kept-draft-1/8"),
+])
+def test_dhash_from_a_dct_scaled_decode_is_within_the_near_duplicate_distance_of_the_full_decode(
+        camera_jpegs: list[bytes], store: DecodePolicy, decoded_width: int) -> None:
+    # GIVEN twelve photo-like JPEGs, decoded at full scale (re-encoded at their own size) and drafted
+    full = [images.decode(data, policy(max_side=1600, reencode="always")) for data in camera_jpegs]
+    drafted = [images.decode(data, store) for data in camera_jpegs]
+    assert {d.rgb.width for d in full} == {1600} and {d.rgb.width for d in drafted} == {decoded_width}
+
+    distances = [images.hamming(images.dhash(f.rgb), images.dhash(d.rgb)) for f, d in zip(full, drafted, strict=True)]
+
+    # THEN every pair is a near duplicate, and most hashes are the same
+    assert max(distances) <= 3 and distances.count(0) >= 8, distances
+
+
+def test_dhash_is_within_the_near_duplicate_distance_of_the_plain_lanczos_hash(camera_jpegs: list[bytes]) -> None:
+    # dhash box-averages before its resample (reducing_gap); records hashed before still match new ones.
+    full = [images.decode(data, policy(max_side=1600, reencode="always")).rgb for data in camera_jpegs]
+
+    distances = [images.hamming(images.dhash(rgb), plain_lanczos_dhash(rgb)) for rgb in full]
+
+    assert max(distances) <= 3 and distances.count(0) >= 8, distances
 
 
 def test_dhash_of_a_different_picture_is_far(original_hash: str) -> None:
