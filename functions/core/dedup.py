@@ -36,7 +36,6 @@ SUB_HEX = (16 - BAND_HEX) // SUB_BANDS  # the other three bands' 12 hex digits, 
 # average at 10^9 samples.
 MAX_MEMBERS = 1000
 FULL_PREFIX = "PHASHFULL#"
-KEYS_FULL_METRIC = "NearDuplicateKeysFull"  # docs/runbook.md lists it with core.telemetry's names
 
 
 def band_keys(phash: str) -> list[str]:
@@ -99,6 +98,6 @@ def _fill(table: str, key: str) -> None:
          {":one": 1}),
     ], [])
     if won:
-        telemetry.count(KEYS_FULL_METRIC)
+        telemetry.count(telemetry.NEAR_DUPLICATE_KEYS_FULL)
         logger.warning("near-duplicate key full: no longer read or written", extra={"key": key,
                                                                                     "members": MAX_MEMBERS})

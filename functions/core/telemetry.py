@@ -29,6 +29,7 @@ UPLOADS_ACCEPTED = "UploadsAccepted"
 UPLOADS_REJECTED = "UploadsRejected"  # dimension `reason` (core.records.QUARANTINE_REASONS)
 UPLOADS_DUPLICATE = "UploadsDuplicate"  # exact duplicates (also counted as rejected, reason duplicate)
 UPLOADS_NEAR_DUPLICATE = "UploadsNearDuplicate"  # accepted, flagged near_duplicate_of
+NEAR_DUPLICATE_KEYS_FULL = "NearDuplicateKeysFull"  # index keys that reached their cap (core.dedup)
 SAMPLES_PACKED = "SamplesPacked"
 SEGMENT_BYTES = "SegmentBytes"
 UPLOAD_TO_SHARD_SECONDS = "UploadToShardSeconds"  # the upload's S3 time -> its segment committed to a shard

@@ -171,6 +171,28 @@ def test_a_near_duplicate_is_accepted_and_flagged(ingest, stack) -> None:
     assert messages["partner-a/red again.jpg"]["near_duplicate_distance"] <= 3
 
 
+def test_flat_images_past_an_index_keys_cap_are_accepted_and_no_longer_compared(ingest, stack, monkeypatch) -> None:
+    # GIVEN index keys that fill past 1 member, and flat grey pictures: other bytes, the same dHash
+    from core import dedup
+    monkeypatch.setattr(dedup, "MAX_MEMBERS", 1)
+    flat = {f"partner-a/grey {n}.png": encode(Image.new("RGB", (96 + n, 96), (128, 128, 128)), "png") for n in range(3)}
+
+    # WHEN they come one by one, the last one twice
+    results = [ingest({key: body}, repeat=2 if n == 2 else 1) for n, (key, body) in enumerate(flat.items())]
+
+    # THEN none failed; the second was flagged as a near duplicate of the first and filled every key
+    # they share (counted once each), so the third was compared with nothing
+    assert results == [[{"batchItemFailures": []}]] * 2 + [[{"batchItemFailures": []}] * 2]
+    messages = {m["key"]: m for m in pack_messages(stack)}
+    assert [messages[key]["near_duplicate_of"] for key in flat] == [messages["partner-a/grey 0.png"]["sha256"] if n == 1
+                                                                    else None for n in range(3)]
+    phash = messages["partner-a/grey 0.png"]["phash"]
+    assert {messages[key]["phash"] for key in flat} == {phash}
+    table = stack.outputs["PipelineTableName"]
+    assert all("full_at" in item for item in aws.batch_get_items(table, dedup.index_keys(phash)).values())
+    assert sorted(int(i["full_keys"]) for i in aws.scan_prefix(table, dedup.FULL_PREFIX)) == [1] * 16
+
+
 def test_an_image_that_cannot_be_kept_is_stored_re_encoded(ingest, stack) -> None:
     rgba = io.BytesIO()
     Image.new("RGBA", (120, 100), (255, 0, 0, 0)).save(rgba, "PNG")
