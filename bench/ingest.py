@@ -229,7 +229,8 @@ def main() -> None:
     ours_db, ours_size = derivative_psnr(pristine, derivative)
     base_db, base_size = derivative_psnr(pristine, full_decode_derivative(upload))
     line("ingest.derivative_psnr_db_12mp", ours_db, "dB", size=list(ours_size), baseline_psnr_db=round(base_db, 2),
-         baseline_size=list(base_size), baseline="full decode + Lanczos to the maximum side + q95 (ours before 2026-12, labelled)",
+         baseline_size=list(base_size),
+         baseline="full decode + Lanczos to the maximum side + q95 (ours before 2026-12, labelled)",
          config={"upload": "12 MP photo, JPEG q90", "reference": "pristine pixels, Lanczos to the derivative's size",
                  "quality": SETTINGS.jpeg_quality})
     # ours and the baseline alternately (A B A B ...), so both see the same machine noise

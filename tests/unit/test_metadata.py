@@ -240,6 +240,29 @@ def test_huge_tiff_is_stored_as_a_jpeg_downscaled_to_the_maximum_side() -> None:
     assert (s.sha256, s.size, s.content_sha256) == (sha256(tiff), len(tiff), sha256(derivative))
 
 
+def test_camera_jpeg_is_stored_at_its_half_scale_decode_when_that_is_within_1_16_under_the_maximum() -> None:
+    # GIVEN a 2000 x 1500 JPEG and a 1024 px maximum side: DCT scaling by 1/2 gives 1000 x 750, 2.3% under
+    jpeg = save(Image.linear_gradient("L").resize((2000, 1500)).convert("RGB"), "JPEG", quality=90)
+
+    described = run(jpeg)
+
+    s, derivative = described.sample, described.derivative
+    assert derivative is not None
+    assert Image.open(io.BytesIO(derivative)).size == (1000, 750)
+    assert (s.width, s.height, s.content_width, s.content_height, s.reencoded, s.content_sha256) \
+        == (2000, 1500, 1000, 750, "larger than the maximum side", sha256(derivative))
+
+
+def test_derivative_and_record_are_the_same_on_every_delivery() -> None:
+    # SQS delivers at least once: a redelivery must write the same derived object and record.
+    jpeg = save(Image.linear_gradient("L").resize((2600, 1950)).convert("RGB"), "JPEG", quality=90, progressive=True)
+
+    first, again = run(jpeg), run(jpeg)
+
+    assert first.derivative is not None
+    assert (again.derivative, again.sample) == (first.derivative, first.sample)
+
+
 def test_reencode_always_stores_a_clean_upload_as_a_jpeg() -> None:
     data = picture((64, 48), "PNG")
 
