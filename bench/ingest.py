@@ -11,10 +11,12 @@ Prints one JSON line per figure:
   before it was uploaded (its pristine pixels, Lanczos-resized to the derivative's size), beside
   the same for a full decode + Lanczos to the maximum side + the same re-encode (a baseline written
   here: ingest's path before 2026-12, labelled so).
+- with --phases: ingest.<case>_phase_cpu_ms, describe's CPU ms and the ms of its phases (each
+  measured alone), for the 12 MP JPEGs and the 1 MP PNG; nothing else.
 - with --before REV: ingest.<case>_ratio_vs_before, ours / REV's describe on the same input bytes,
   each tree in its own process, alternately (A B A B ...), medians of the rounds.
 
-    .venv/bin/python bench/ingest.py [--repeat 40] [--before REV [--rounds 5]]
+    .venv/bin/python bench/ingest.py [--repeat 40] [--before REV [--rounds 5]] [--phases]
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import math
 import os
 import random
 import statistics
+import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from PIL import Image, ImageChops, ImageDraw, ImageFilter, ImageStat
@@ -201,16 +205,61 @@ def side_by_side(made: dict[str, bytes], before: str, rounds: int, repeat: int) 
                      "order": "A B A B, a fresh process each"})
 
 
+def phases(made: dict[str, bytes], repeat: int) -> None:
+    """--phases: where describe's time goes, one phase at a time on the same bytes."""
+    from core import images
+
+    def cpu_ms(fn, data: bytes, n: int) -> float:
+        return round(measure(lambda _: fn(), data, n)[0] * 1000, 2)
+
+    def drafted(data: bytes, scale: int) -> None:
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (image.width // scale, image.height // scale))
+            image.load()
+
+    policy = SETTINGS.decode
+    for case in ("jpeg_12mp", "jpeg_12mp_progressive", "png_1mp"):
+        data, n = made[case], repeat_for(case, repeat)
+        decoded = images.decode(data, policy)
+        parts = {"decode": cpu_ms(lambda: images.decode(data, policy), data, n)}
+        if case.startswith("jpeg"):
+            parts |= {f"one_decode_1/{scale}": cpu_ms(lambda scale=scale: drafted(data, scale), data, n)
+                      for scale in (1, 2, 8)}
+        else:
+            parts["zlib_inflate_alone"] = cpu_ms(lambda: zlib.decompress(png_idat(data)), data, n)
+        if decoded.reencode:
+            parts["encode_jpeg"] = cpu_ms(lambda: images.encode_jpeg(decoded.rgb, policy.max_side,
+                                                                     SETTINGS.jpeg_quality), data, n)
+        parts["dhash"] = cpu_ms(lambda: images.dhash(decoded.rgb), data, n)
+        parts["sha256"] = cpu_ms(lambda: hashlib.sha256(data).hexdigest(), data, n)
+        line(f"ingest.{case}_phase_cpu_ms", cpu_ms(lambda: ours(data), data, n), "ms", phases=parts,
+             config={"decoded_size": list(decoded.rgb.size), "bytes": len(data), "repeat": n})
+
+
+def png_idat(data: bytes) -> bytes:
+    """The zlib stream of a PNG: its IDAT chunks' data, joined."""
+    position, stream = 8, bytearray()
+    while position < len(data):
+        length, kind = struct.unpack(">I4s", data[position:position + 8])
+        if kind == b"IDAT":
+            stream += data[position + 8:position + 8 + length]
+        position += 12 + length
+    return bytes(stream)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=40)
     parser.add_argument("--before", help="a git revision to compare with, side by side on the same bytes")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--phases", action="store_true", help="per-phase CPU ms of describe, and nothing else")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.repeat)
     made = cases()
+    if args.phases:
+        return phases(made, args.repeat)
     for case, data in made.items():
         repeat = repeat_for(case, args.repeat)
         cpu, walls = measure(ours, data, repeat)
