@@ -154,9 +154,9 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
 
 
 def poll_interval(status: client.Status) -> float:
-    """Seconds to the next status read: 3 while a job runs (each read scans the table, and on two
+    """Seconds to the next status read: 5 while a job runs (each read scans the table, and on two
     cores the job wants the CPU), else 1."""
-    return 3.0 if any(job["status"] == "InProgress" for job in status.jobs) else 1.0
+    return 5.0 if any(job["status"] == "InProgress" for job in status.jobs) else 1.0
 
 
 def _show_training(bar: Progress, stack: LocalStack, status: client.Status, tasks: dict[str, TaskID]) -> None:

@@ -26,7 +26,7 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
     """Every upload of `partner`: accepted or rejected (why), the shard it is in, the jobs that trained
     on it and the models that hold it."""
     uploads, samples, imported, shards, jobs, models = [], {}, [], {}, [], []
-    for item in aws.scan(outputs["PipelineTableName"]):
+    for item in client.scan_kinds(outputs["PipelineTableName"], ("upload", "sample", "shard", "job", "model")):
         kind = item.get("kind")
         if kind == "upload" and item.get("partner") == partner:
             uploads.append(item)

@@ -33,7 +33,8 @@ from tests.functions.import_helpers import sample_of, webdataset_tar
 from tests.functions.test_cli_base import pipeline
 from tests.unit.test_cli_text import commands
 
-pytestmark = pytest.mark.e2e
+# The module fixture runs the whole demo (about 10 minutes on two cores), more than one test's 900 s default.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = DemoOptions.images  # the demo's own run
 
