@@ -268,7 +268,7 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
         elif kind == "sample":
             status.samples += 1
             status.packed += bool(item.get("packed_in"))
-            status.imported += sample_origin(item, outputs["UploadsBucketName"]) == "import"
+            status.imported += sample_origin(json.loads(item.get("record") or "{}"), outputs["UploadsBucketName"]) == "import"
         elif kind == "shard":
             status.shards[item["status"]] += 1
         elif kind == "job":
@@ -283,10 +283,9 @@ def pipeline_status(outputs: dict[str, str]) -> Status:
     return status
 
 
-def sample_origin(item: dict[str, Any], uploads_bucket: str) -> str:
-    """"upload" for a sample a partner put in the uploads bucket, "import" for one `atelier import`
-    brought (its record names the source tar in the data bucket)."""
-    record = json.loads(item["record"]) if item.get("record") else {}
+def sample_origin(record: dict[str, Any], uploads_bucket: str) -> str:
+    """"upload" for a sample (its parsed record) a partner put in the uploads bucket, "import" for one
+    `atelier import` brought (its record names the source tar in the data bucket)."""
     return "upload" if record.get("bucket", uploads_bucket) == uploads_bucket else "import"
 
 

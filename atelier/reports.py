@@ -32,8 +32,8 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
             uploads.append(item)
         elif kind == "sample" and item.get("partner") == partner:
             samples[item["pk"].removeprefix("SAMPLE#")] = item.get("packed_in")
-            if client.sample_origin(item, outputs["UploadsBucketName"]) == "import":  # no upload record: the sample is it
-                record = json.loads(item["record"])
+            record = json.loads(item.get("record") or "{}")
+            if client.sample_origin(record, outputs["UploadsBucketName"]) == "import":  # no upload record: the sample is it
                 imported.append({"pk": f"UPLOAD#{record['bucket']}/{record['key']}", "status": "accepted",
                                  "sha256": record["sha256"], "at": record.get("uploaded_at"), "import_batch": True})
         elif kind == "shard":
