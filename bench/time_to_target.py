@@ -124,7 +124,7 @@ def prepare(args, work: Path) -> None:
 # ---------------------------------------------------------------- the timed runs
 
 
-def watch(command: list[str], log: Path, run: Run, on_chunk=None, done=None, env=None) -> int:
+def watch(command: list[str], log: Path, on_chunk=None, done=None, env=None) -> int:
     """Run `command`, its output to `log`; `on_chunk(bytes, now)` sees it; stops it when `done()`."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
@@ -166,7 +166,7 @@ def run_ours(args, work: Path) -> Run:
     code = watch([*python, "trainer.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
                   "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
                   "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers)],
-                 work / f"{args.ours_name}.log", run, env=path)
+                 work / f"{args.ours_name}.log", env=path)
     if code:
         raise RuntimeError(f"the encode job failed ({code}); see {work / (args.ours_name + '.log')}")
     run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
@@ -184,7 +184,7 @@ def run_ours(args, work: Path) -> Run:
                   "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
                   "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
                   *args.ours_args.split()],
-                 work / f"{args.ours_name}.log", run, done=lambda: last in run.checkpoints, env=path)
+                 work / f"{args.ours_name}.log", done=lambda: last in run.checkpoints, env=path)
     time.sleep(0.2)
     stop.set()
     if code or last not in run.checkpoints:
@@ -212,7 +212,7 @@ def run_peer(args, work: Path) -> Run:
                   "--mixed_precision", "bf16", "--dataloader_num_workers", str(min(args.workers, 8)),
                   "--output_dir", str(output), "--checkpointing_steps", str(args.checkpoint_every), "--seed", "0",
                   *args.peer_args.split()],
-                 work / "peer.log", run, on_chunk=saved, done=lambda: last in run.checkpoints,
+                 work / "peer.log", on_chunk=saved, done=lambda: last in run.checkpoints,
                  env={"PYTHONPATH": os.pathsep.join(filter(None, [args.peer_path, os.environ.get("PYTHONPATH")]))})
     if code or last not in run.checkpoints:
         raise RuntimeError(f"the peer script failed ({code}); see {work / 'peer.log'}")
