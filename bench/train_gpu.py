@@ -31,6 +31,8 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.compile_vae_encoder),
   `<base>+vaecl` (the same with channels-last encoder weights),
   `<base>+lopt` (inductor's layout optimisation forced on: channels-last through the compiled graphs),
+  `<base>+default` (what trainer/configs/fast.json gives a job with default parameters for `--model-config`
+  at that resolution: compile, fused AdamW, batch, accumulation; also gives `train.img_per_s_<res>_default`),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
   `latent512+compile`), each when measured earlier in the same process.
@@ -50,6 +52,11 @@ decode_image + crop_to_bucket, one process, one thread as in a loader worker) ag
 torchvision.io.decode_jpeg on the GPU (batched, then scaled and cropped with interpolate) on N
 JPEGs of the shards; a `train.lever.gpu_jpeg_decode` line with both, the loader's capacity
 (num_workers / CPU s per image), the fastest image configuration's img/s and a verdict.
+
+`--compile-cache DIR`: a compiled first configuration loads its shape's trainer.compile_cache file before
+its first step and saves it after, and its first step is also reported as
+`train.first_step_s_compiled_warm` (a file was loaded) or `_cold`. Run it twice, each process with its
+own empty TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, so only the file carries the compile.
 
 The first configuration also gives `train.first_step_s`: process start to the first optimizer step,
 with the same setup order as trainer.train.main (models built, moved to the GPU, optimizer, EMA,
@@ -88,7 +95,9 @@ VAE_TFLOP = {256: 0.28, 512: 1.12}
 FIXED_FLOPS_PRESETS = frozenset({"sd2"})
 PEAK_SPEC, PEAK_MEASURED = 989.0, 790.0
 GOALS = {("latent", 512): ("train.img_per_s_512_latent", 200), ("latent", 256): ("train.img_per_s_256_latent", 900),
-         ("image", 512): ("train.img_per_s_512_image", 110)}
+         ("image", 512): ("train.img_per_s_512_image", 110), ("latent", 1024): ("train.img_per_s_1024_latent", 20)}
+GOAL_PRESETS = {"train.img_per_s_1024_latent": "sdxl"}  # a goal stated for one preset's UNet (BENCHMARKS.md)
+DEFAULT_GOALS = {512: 150}  # train.img_per_s_<res>_default: the `+default` configuration (issue 23)
 CAPTIONS = ["a red dog on the beach", "a photo of a city street at night", "a bowl of fruit on a table",
             "a mountain lake at sunrise", "a small boat on a blue sea", "two people walking in a green forest"]
 
@@ -169,7 +178,7 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 
 SOURCES = ("image", "latent", "resident")
-LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl", "lopt")
+LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl", "lopt", "default")
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
@@ -185,7 +194,7 @@ def parse_config(name: str) -> dict:
               "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1,
               "fp32": "fp32" in levers, "math_attention": "mathattn" in levers,
               "vae_compile": "vaec" in levers or "vaecl" in levers, "vae_channels_last": "vaecl" in levers,
-              "force_layout_opt": "lopt" in levers}
+              "force_layout_opt": "lopt" in levers, "fast_default": "default" in levers}
     for lever in levers:
         prefix = lever.rstrip("0123456789")
         if prefix in COUNTED_LEVERS and lever != prefix:
@@ -195,6 +204,19 @@ def parse_config(name: str) -> dict:
     if config["accumulation"] < 1 or (config["sync_every_micro_batch"] and config["accumulation"] == 1):
         raise ValueError(f"{name!r}: accum<N> needs N >= 1, and sync needs accum<N> with N > 1 (one micro-batch always syncs)")
     return config
+
+
+def apply_fast_default(config: dict, preset: str) -> dict:
+    """`<base>+default`: what a job with default parameters runs (trainer/configs/fast.json) for the preset
+    at the base's resolution: its compile, fused AdamW, batch and accumulation."""
+    from trainer.fast_defaults import lookup
+    if not config["fast_default"]:
+        return config
+    fast = lookup(preset, config["resolution"])
+    if fast is None:
+        raise ValueError(f"{config['name']!r}: trainer/configs/fast.json has no entry for {preset} at {config['resolution']}")
+    return {**config, "compile": fast.compile, "fused_adamw": fast.fused_adamw, "batch": fast.batch_size,
+            "accumulation": fast.gradient_accumulation}
 
 
 def without_last_lever(name: str) -> str | None:
@@ -770,6 +792,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
     parser.add_argument("--encode", default="", help="resolutions to encode the image shards at first (trainer/encode.py)")
     parser.add_argument("--latent-dir", default="/tmp/bench-latents")
+    parser.add_argument("--compile-cache", default=None,
+                        help="trainer.compile_cache's directory: the first configuration (compiled) loads its shape's "
+                             "file before its first step and saves it after; gives train.first_step_s_compiled_warm/cold")
     parser.add_argument("--encode-batch", type=int, default=32)
     parser.add_argument("--profile", default="", help="configurations to profile (3 steps after the timed ones)")
     parser.add_argument("--count-flops", action="store_true",
@@ -844,6 +869,16 @@ def config_line(ctx: dict, config: dict, result: dict, measured: dict[str, float
     return line
 
 
+def first_config_cache(ctx: dict, config: dict, batch_default: dict) -> dict:
+    """The compile cache of the first configuration's shape, as trainer.train keys and loads it."""
+    from trainer.compile_cache import JobCache, cache_key
+    key = cache_key(ctx["models"].unet, ctx["device"], "image" if config["source"] == "image" else "latent",
+                    config["resolution"], config["batch"] or batch_default[config["resolution"]], config["channels_last"],
+                    ctx["processes"].world_size)
+    job = JobCache(Path(ctx["args"].compile_cache), [key], ctx["processes"].rank, environ={})
+    return {"key": key, "job": job, "outcome": job.load()}
+
+
 def main() -> None:
     global PROCESS_START
     args = parse_args()
@@ -899,8 +934,13 @@ def main() -> None:
             emit(line)
         PROCESS_START += time.time() - started  # the encode job is its own job: first_step_s leaves it out
 
+    cache = None  # --compile-cache: the first configuration's compiled shape, loaded before its first step
     for number, name in enumerate(name for name in args.configs.split(",") if name):
-        config = parse_config(name)
+        config = apply_fast_default(parse_config(name), args.model_config)
+        if number == 0 and config["compile"] and args.compile_cache:
+            cache = first_config_cache(ctx, config, batch_default)
+            emit({"metric": "train.compile_cache_load", "value": len(cache["outcome"]["loaded"]), "unit": "files",
+                  "config": {"name": name, **cache["outcome"]}, **common})
         left = args.deadline - (time.time() - PROCESS_START)
         skip = None
         if config["graphs"] and device.type != "cuda":
@@ -936,6 +976,14 @@ def main() -> None:
             emit({"metric": "train.first_step_s", "value": round(marks["first_step"], 1), "unit": "s", "goal": 45,
                   "config": {"name": name, "phases_s": {k: round(v, 1) for k, v in marks.items()},
                              "note": "process start -> first optimizer step, trainer.train.main's setup order"}, **common})
+            if cache is not None:  # a compiled first configuration with --compile-cache: warm or cold
+                warm = bool(cache["outcome"]["loaded"])
+                emit({"metric": f"train.first_step_s_compiled_{'warm' if warm else 'cold'}", "value": round(marks["first_step"], 1),
+                      "unit": "s", "goal": 45 if warm else None,
+                      "config": {"name": name, "cache_file": cache["key"].file_name, "loaded": warm,
+                                 "saved": cache["job"].save(0), "phases_s": {k: round(v, 1) for k, v in marks.items()},
+                                 "note": "process start -> first optimizer step; warm: trainer.compile_cache's file from "
+                                         "an earlier process, its own Inductor and Triton directories empty"}, **common})
             emit({"metric": "train.data_wait_share", "value": result["data_wait_share"], "unit": "share of step time",
                   "goal": 0.005, "config": {"name": name, "num_workers": args.num_workers, "batch": result["batch"],
                                             "timed_steps": result["timed_steps"]}, **common})
@@ -943,6 +991,8 @@ def main() -> None:
     for (source, resolution), (metric, goal) in GOALS.items():
         candidates = [line for line in lines if line.get("value") and line["metric"].startswith("train.config.")
                       and parse_config(line["config"]["name"])["source"] == source and line["config"]["resolution"] == resolution]
+        if GOAL_PRESETS.get(metric, args.model_config) != args.model_config:
+            continue
         if candidates:
             best = max(candidates, key=lambda line: line["value"])
             summary = {**best, "metric": metric, "goal": goal, "best_of": [line["config"]["name"] for line in candidates]}
@@ -950,6 +1000,11 @@ def main() -> None:
                 vae = vae_figure(ctx, resolution)[0] if source == "image" else None
                 summary["bound"] = bound_of(best, profiles.get(best["config"]["name"]), unet_figure(ctx, resolution), vae)
             emit(summary)
+    for line in [line for line in lines if line["metric"].startswith("train.config.") and line.get("value")
+                 and parse_config(line["config"]["name"])["fast_default"]]:
+        resolution = line["config"]["resolution"]
+        emit({**line, "metric": f"train.img_per_s_{resolution}_default", "goal": DEFAULT_GOALS.get(resolution),
+              "note": "the configuration trainer/configs/fast.json gives a job with default parameters"})
     if args.decode_bench:
         emit({**decode_bench(ctx, lines, args.decode_bench), **common})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))

@@ -66,9 +66,11 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from trainer import distributed, preflight
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from trainer.compile_cache import JobCache, cache_key
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
 from trainer.encode import check_latent_shards
+from trainer.fast_defaults import compile_by_default
 from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
 from trainer.tensorboard_log import Board, default_dir
 from trainer.models import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
@@ -181,10 +183,10 @@ def main(args: argparse.Namespace) -> dict:
         unet.enable_gradient_checkpointing()
     model = distributed.wrap(unet, processes, args.strategy)
     step_model = model  # what the step calls; `model` keeps DDP's / FSDP's gradient-sync switches
-    if args.compile:
-        if checkpoint_dir:  # kept with the checkpoints, so a retried job (CheckpointConfig) starts warm
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(checkpoint_dir / "compile-cache"))
-        step_model = torch.compile(model, dynamic=False)  # one graph per bucket shape
+    compiling = args.compile if args.compile != "auto" else compile_by_default(
+        args.model_config, [stage.resolution for stage in plan.stages], device.type == "cuda")
+    if compiling:
+        step_model = torch.compile(model, dynamic=False)  # one graph per bucket shape, compiled at its first step
     fused = args.fused_adamw and device.type == "cuda" and args.strategy == "ddp"
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=fused or None)  # the schedule sets every step's rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
@@ -206,7 +208,7 @@ def main(args: argparse.Namespace) -> dict:
     if index.latent:  # latent shards (trainer/encode.py): the VAE never runs
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
         empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
-    if args.compile and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
+    if compiling and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
         compile_vae_encoder(models)
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets)
@@ -217,9 +219,17 @@ def main(args: argparse.Namespace) -> dict:
         corrupt=len(index.problems),
         first_corrupt=index.problems[:5], excluded=index.excluded)
 
+    compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/compile_cache.py)
+    if compiling and args.compile_cache != "none":
+        cache_dir = Path(args.compile_cache) if args.compile_cache else checkpoint_dir / "compile-cache" if checkpoint_dir else None
+        keys = [cache_key(unet, device, "latent" if index.latent else "image", stage.resolution, stage.batch_size,
+                          args.channels_last, processes.world_size) for stage in plan.stages]
+        compile_cache = JobCache(cache_dir, keys, rank)
+        log(rank, event="compile_cache", **compile_cache.load())
+
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
-        backend=processes.backend, strategy=args.strategy, sdxl=models.sdxl, stages=plan.describe(), preflight=checks)
+        backend=processes.backend, strategy=args.strategy, compile=compiling, sdxl=models.sdxl, stages=plan.describe(), preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
     board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
@@ -261,6 +271,8 @@ def main(args: argparse.Namespace) -> dict:
         optimizer.zero_grad(set_to_none=True)
         lr_schedule.step()
         watchdog.pet(step)
+        if compile_cache and compile_cache.first_step_of(stage):  # the stage's graphs now exist
+            log(rank, event="compile_cache_saved", step=step, **(compile_cache.save(stage) or {}))
         if step % args.log_every == 0 or step == plan.total_steps:
             loss_sum, good_steps = distributed.mean(torch.stack([window.loss_sum, torch.tensor(float(window.good_steps))]).to(device)).tolist()
             mean_loss = loss_sum / good_steps if good_steps else float("nan")
@@ -280,6 +292,8 @@ def main(args: argparse.Namespace) -> dict:
             with window.paused():
                 path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema, state, args.keep_checkpoints)
                 log(rank, event="checkpoint", step=step, dir=str(path))
+                if compile_cache:  # the bucket shapes compiled since
+                    compile_cache.save(stage)
                 check_health(args, processes, models, unet, ema, plan, step, loss_history, health_dir, board)
     watchdog.stop()
     board.close()
@@ -314,6 +328,10 @@ def boolean(text: str) -> bool:
     if text.lower() in ("false", "0", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def auto_or_boolean(text: str) -> bool | str:
+    return "auto" if text.lower() == "auto" else boolean(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -367,10 +385,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     system.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"], help="how several processes share the UNet")
     system.add_argument("--gradient-checkpointing", type=boolean, default=False, help="recompute activations: less memory, ~30%% more time")
     system.add_argument("--num-workers", type=int, default=2, help="DataLoader processes per training process")
-    system.add_argument("--compile", type=boolean, default=False,
-                        help="torch.compile the UNet step, and on image shards the VAE encoder (GPU: faster steps, "
-                             "minutes of compiling per bucket shape unless the inductor cache is warm; kept in "
-                             "<checkpoint-dir>/compile-cache)")
+    system.add_argument("--compile", type=auto_or_boolean, default="auto",
+                        help="torch.compile the UNet step, and on image shards the VAE encoder: true, false, or auto "
+                             "(on a GPU where configs/fast.json measured it faster for the preset and resolution). "
+                             "Minutes of compiling per shape unless --compile-cache holds it")
+    system.add_argument("--compile-cache", default=None,
+                        help="directory of compiled-shape files, read at start and written after each stage's first "
+                             "step (default <checkpoint-dir>/compile-cache; also read: $SM_CHANNEL_COMPILE_CACHE; "
+                             "'none': off)")
     system.add_argument("--fused-adamw", type=boolean, default=True, help="fused AdamW kernels on a GPU (DDP or one process)")
     system.add_argument("--channels-last", type=boolean, default=False, help="channels-last UNet weights (measured slower eager)")
     data = parser.add_argument_group("data")

@@ -1,0 +1,135 @@
+"""Compile once per model shape: torch.compile's caches kept as one file per shape, loaded at start.
+
+A compiled job spends minutes in Inductor before its first step (bench/RESULTS.md: 210 s for the
+SD-2 UNet at 512). PyTorch's portable "mega-cache" (`torch.compiler.save_cache_artifacts` /
+`load_cache_artifacts`: the FX graph, AOT autograd, Triton kernel and autotune caches in one blob)
+lets a later process skip the code generation; Dynamo still traces the model.
+
+A cache file is named by what decides the compiled graphs (`CacheKey.file_name`): the torch version,
+the GPU, the UNet's architecture, the data source, resolution, micro-batch, channels-last and the
+number of processes. Files are looked for in several directories (the lineage's checkpoints, which
+CheckpointConfig carries from job to job, then the `compile-cache` channel shared across lineages)
+and written to the first. Inductor's own keys still guard every entry, so a file that matches by name
+but not in content only misses. A corrupt, truncated or foreign file falls back to compiling: the
+job never fails because of its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SUFFIX = ".compile-cache"
+CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel (core/job_requests.py COMPILE_CACHE_CHANNEL)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    torch_version: str
+    device: str  # the GPU's name ("NVIDIA H200"), or "cpu"
+    unet: str  # digest of the UNet's architecture (its config without the bookkeeping keys)
+    source: str  # "latent" or "image" (image shards compile the VAE encoder too)
+    resolution: int
+    batch: int  # images per micro-batch per process
+    channels_last: bool
+    world_size: int
+
+    @property
+    def file_name(self) -> str:
+        device = re.sub(r"[^a-z0-9]+", "-", self.device.lower()).strip("-")
+        layout = "-cl" if self.channels_last else ""
+        return (f"torch{self.torch_version.split('+')[0]}-{device}-unet{self.unet}-{self.source}"
+                f"-r{self.resolution}-b{self.batch}{layout}-w{self.world_size}{SUFFIX}")
+
+
+def architecture_digest(config: Mapping) -> str:
+    """12 hex digits naming a model architecture: its config, less keys like `_name_or_path`."""
+    shape = {key: value for key, value in dict(config).items() if not key.startswith("_")}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def cache_key(unet: torch.nn.Module, device: torch.device, source: str, resolution: int, batch: int,
+              channels_last: bool, world_size: int) -> CacheKey:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return CacheKey(torch.__version__, name, architecture_digest(unet.config), source, resolution, batch,
+                    channels_last, world_size)
+
+
+def cache_dirs(writable: Path | None, environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """Where cache files are looked for, the writable one first: then the shared channel, if any."""
+    dirs = [writable] if writable is not None else []
+    if environ.get(CHANNEL_ENV):
+        dirs.append(Path(environ[CHANNEL_ENV]))
+    return dirs
+
+
+def load(dirs: Iterable[Path], keys: Iterable[CacheKey]) -> dict:
+    """Load every cache file named by `keys` (the first directory holding it wins); what happened,
+    for the log: `loaded` (file names), `missing` (names found nowhere), `unusable` (name: reason)."""
+    dirs = list(dirs)
+    outcome: dict = {"loaded": [], "missing": [], "unusable": {}}
+    for name in dict.fromkeys(key.file_name for key in keys):
+        path = next((directory / name for directory in dirs if (directory / name).is_file()), None)
+        if path is None:
+            outcome["missing"].append(name)
+            continue
+        try:
+            info = torch.compiler.load_cache_artifacts(path.read_bytes())
+        except Exception as error:  # any failure to read it only costs the compile it would have saved
+            outcome["unusable"][name] = f"{type(error).__name__}: {error}"[:300]
+            continue
+        if info is None or not any(info.artifacts.values()):
+            outcome["unusable"][name] = "no artifacts in it"
+        else:
+            outcome["loaded"].append(name)
+    return outcome
+
+
+def save(directory: Path | None, key: CacheKey) -> dict | None:
+    """Write what this process compiled (and loaded) so far as `key`'s file, atomically: a job killed
+    mid-write leaves the old file or none, never half of one. None when there is nothing to save."""
+    if directory is None:
+        return None
+    try:
+        artifacts = torch.compiler.save_cache_artifacts()
+    except Exception as error:  # never fail a job over its cache
+        return {"file": key.file_name, "error": f"{type(error).__name__}: {error}"[:300]}
+    if artifacts is None:
+        return None
+    blob, info = artifacts
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / key.file_name
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(blob)
+    partial.replace(path)
+    return {"file": key.file_name, "bytes": len(blob), "artifacts": {kind: len(names) for kind, names in info.artifacts.items()}}
+
+
+class JobCache:
+    """One job's cache files: a key per stage (each stage is its own shape), loaded before the first
+    step and written after each stage's first step, when that stage's graphs exist, and at each
+    checkpoint, for the bucket shapes compiled since. Only rank 0 writes; every rank loads."""
+
+    def __init__(self, directory: Path | None, keys: list[CacheKey], rank: int, environ: Mapping[str, str] = os.environ):
+        self.directory, self.keys, self.rank = directory, keys, rank
+        self.dirs = cache_dirs(directory, environ)
+        self.stages_stepped: set[int] = set()
+
+    def first_step_of(self, stage: int) -> bool:
+        """True once per stage, at this job's first step in it (a resumed job may start mid-stage)."""
+        first = stage not in self.stages_stepped
+        self.stages_stepped.add(stage)
+        return first
+
+    def load(self) -> dict:
+        return {"dirs": [str(directory) for directory in self.dirs], **load(self.dirs, self.keys)}
+
+    def save(self, stage: int) -> dict | None:
+        return save(self.directory, self.keys[stage]) if self.rank == 0 else None

@@ -1,0 +1,43 @@
+"""The fastest measured configuration per (model preset, resolution): configs/fast.json.
+
+`trainer.train --compile auto` (the default) compiles where the table says compiling pays, on a GPU
+only: Inductor on a CPU costs minutes and gains nothing the tests or a CPU smoke run need. The
+table's batch and accumulation are what template.yaml's default run plan uses (a test holds them
+together), so the job a user gets by default is the one the table's figure measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+TABLE = Path(__file__).resolve().parent / "configs" / "fast.json"
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    preset: str
+    resolution: int
+    compile: bool
+    fused_adamw: bool
+    batch_size: int
+    gradient_accumulation: int
+    measured: dict
+
+
+@cache
+def table() -> dict[tuple[str, int], FastConfig]:
+    entries = json.loads(TABLE.read_text())["entries"]
+    return {(entry["preset"], entry["resolution"]): FastConfig(**entry) for entry in entries}
+
+
+def lookup(preset: str, resolution: int) -> FastConfig | None:
+    return table().get((preset, resolution))
+
+
+def compile_by_default(preset: str, resolutions: list[int], on_gpu: bool) -> bool:
+    """`--compile auto`: on a GPU, when the table measured compiling faster at every stage's resolution."""
+    entries = [lookup(preset, resolution) for resolution in resolutions]
+    return on_gpu and bool(entries) and all(entry is not None and entry.compile for entry in entries)
