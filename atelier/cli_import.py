@@ -8,7 +8,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import boto3
 from botocore.exceptions import ClientError
@@ -19,6 +19,7 @@ from rich.table import Table
 from atelier import client
 from atelier.progress import output_flags
 from core import aws
+from core.models import DEFAULT_NEAR_DUPLICATES, NearDuplicates
 from core.uploads import PARTNER_PATTERN
 
 if TYPE_CHECKING:  # core.imports needs the functions extra (Powertools, Pillow): imported when used
@@ -38,6 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--partner", required=True, help="the registered partner the images are licensed from")
     run.add_argument("--license", required=True, help="the license (one the partner holds) every sample is used under")
     run.add_argument("--batch", help="batch id; default: derived from source, partner and license, so a rerun resumes")
+    run.add_argument("--near-duplicates", choices=get_args(NearDuplicates), default=DEFAULT_NEAR_DUPLICATES,
+                     help="a sample near one already in the pipeline (same picture re-encoded or rescaled, same "
+                          "colours): drop leaves it out, flag accepts it marked near_duplicate_of, keep accepts it "
+                          f"unchecked (default {DEFAULT_NEAR_DUPLICATES})")
     run.add_argument("--wait", action="store_true", help="follow progress until every shard is done, then report")
     run.set_defaults(func=cmd_import)
 
@@ -55,15 +60,20 @@ def cmd_import(args: argparse.Namespace) -> int:
     outputs = client.stack_outputs(args.stack)
     table = outputs["PipelineTableName"]
     check_license(table, args.partner, args.license)
-    batch_id = args.batch or default_batch_id(args.source, args.partner, args.license)
+    batch_id = args.batch or default_batch_id(args.source, args.partner, args.license, args.near_duplicates)
+    earlier = imports.batch_report(table, batch_id)
+    if earlier is not None and earlier.near_duplicates != args.near_duplicates:
+        raise client.PipelineError(f"batch {batch_id} imports with --near-duplicates {earlier.near_duplicates}: "
+                                   "give that, or another --batch")
     sources = list_sources(args.source, outputs, batch_id)
     if not sources:
         raise client.PipelineError(f"no .tar shards under {args.source}")
-    done = {s.source for s in (imports.batch_report(table, batch_id) or imports.BatchReport(batch_id=batch_id)).shards}
-    start_batch(table, batch_id, args.partner, args.license, args.source, len(sources))
+    done = {s.source for s in (earlier or imports.BatchReport(batch_id=batch_id)).shards}
+    start_batch(table, batch_id, args.partner, args.license, args.source, len(sources), args.near_duplicates)
     todo = [(bucket, key) for bucket, key in sources if f"s3://{bucket}/{key}" not in done]
     send_messages(outputs["ImportQueueUrl"], [imports.ImportShard(
-        batch_id=batch_id, bucket=bucket, key=key, partner=args.partner, license=args.license) for bucket, key in todo])
+        batch_id=batch_id, bucket=bucket, key=key, partner=args.partner, license=args.license,
+        near_duplicates=args.near_duplicates) for bucket, key in todo])
     errors.print(f"import {batch_id}: {len(sources)} shards, {len(todo)} queued ({len(sources) - len(todo)} done before)")
     return _show(outputs, batch_id, args)
 
@@ -82,6 +92,8 @@ def _show(outputs: dict[str, str], batch_id: str, args: argparse.Namespace) -> i
         print(json.dumps(report_json(report), indent=1))
     else:
         console.print(report_table(report))
+        if report.samples_near_duplicate:
+            console.print(near_duplicate_table(report))
     return 0 if report.complete or not args.wait else 1
 
 
@@ -99,9 +111,14 @@ def check_license(table: str, partner_id: str, license_id: str) -> None:
         raise client.PipelineError(f"partner {partner_id!r} holds {list(partner.licenses)}, not {license_id!r}")
 
 
-def default_batch_id(source: str, partner: str, license_id: str) -> str:
+def default_batch_id(source: str, partner: str, license_id: str,
+                     near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES) -> str:
+    """Derived from what is imported and how: the same command resumes its batch, while another
+    --near-duplicates starts a new one (which finds the samples already imported exact duplicates).
+    The default mode adds nothing, so batches begun before the option keep their ids."""
     where = source if source.startswith("s3://") else str(Path(source).resolve())
-    return "imp-" + hashlib.sha256(f"{where}|{partner}|{license_id}".encode()).hexdigest()[:16]
+    mode = "" if near_duplicates == DEFAULT_NEAR_DUPLICATES else f"|{near_duplicates}"
+    return "imp-" + hashlib.sha256(f"{where}|{partner}|{license_id}{mode}".encode()).hexdigest()[:16]
 
 
 def list_sources(source: str, outputs: dict[str, str], batch_id: str) -> list[tuple[str, str]]:
@@ -132,10 +149,12 @@ def list_sources(source: str, outputs: dict[str, str], batch_id: str) -> list[tu
     return staged
 
 
-def start_batch(table: str, batch_id: str, partner: str, license_id: str, source: str, total: int) -> None:
+def start_batch(table: str, batch_id: str, partner: str, license_id: str, source: str, total: int,
+                near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES) -> None:
     """The batch record; a rerun keeps its counters and only updates the shard count."""
     from core import imports
-    if not aws.put_item_if_absent(table, imports.batch_item(batch_id, partner, license_id, source, total)):
+    if not aws.put_item_if_absent(table, imports.batch_item(batch_id, partner, license_id, source, total,
+                                                            near_duplicates)):
         aws.update_item(table, imports.batch_pk(batch_id), "SET shards_total = :t", {":t": total})
 
 
@@ -169,7 +188,7 @@ def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0,
             elapsed = max(time.monotonic() - started, 1e-6)
             progress.update(task, total=report.shards_total, completed=report.finished,
                             samples=f"{report.samples_accepted} accepted, {report.samples_duplicate} duplicate, "
-                                    f"{report.samples_rejected} rejected",
+                                    f"{report.samples_near_duplicate} near duplicate, {report.samples_rejected} rejected",
                             rate=f"{(report.finished - first) / elapsed:.2f} shards/s" + (
                                 f", {failed} in the DLQ" if failed else ""))
             if report.complete or report.finished + failed >= report.shards_total:
@@ -205,11 +224,32 @@ def report_table(report: "imports.BatchReport") -> Table:
     table.add_row("accepted", str(report.samples_accepted))
     table.add_row("  without a caption (flagged)", str(report.captions_missing))
     table.add_row("  width/height not the decoded image's (flagged)", str(report.size_mismatches))
+    if report.near_duplicates == "flag":
+        table.add_row("  near duplicates (flagged)", str(report.samples_near_duplicate))
     table.add_row("duplicate (left out)", str(report.samples_duplicate))
+    if report.near_duplicates == "drop":
+        table.add_row("near duplicate (left out)", str(report.samples_near_duplicate))
+    elif report.near_duplicates == "keep":
+        table.add_row("near duplicate", "not looked for (--near-duplicates keep)")
     table.add_row("rejected", str(report.samples_rejected))
-    for reason, count in sorted(report.reasons.items()):
+    for reason, count in sorted(report.rejections.items()):
         table.add_row(f"  {reason}", str(count))
     truncated = sum(s.truncated for s in report.shards)
     if truncated:
         table.add_row("tars cut short (kept what came before)", str(truncated))
+    return table
+
+
+def near_duplicate_table(report: "imports.BatchReport") -> Table:
+    """Which samples were near duplicates, and of what (each tar's report names its first
+    core.imports.LISTED_NEAR_DUPLICATES; the UPLOAD# and SAMPLE# records name them all)."""
+    listed = [(shard.source.rsplit("/", 1)[-1], near) for shard in report.shards for near in shard.near_duplicate_samples]
+    verb = "flagged" if report.near_duplicates == "flag" else "left out"
+    table = Table(title=f"Near duplicates, {verb} ({len(listed)} of {report.samples_near_duplicate} listed)")
+    for column, justify in (("sample", "left"), ("sha256", "left"), ("near", "left"), ("bits", "right"),
+                            ("colour", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for tar, near in listed:
+        table.add_row(f"{tar}#{near.key}", near.sha256[:12], near.of[:12], str(near.distance),
+                      "-" if near.colour_distance is None else str(near.colour_distance))
     return table

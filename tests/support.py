@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 EVENTS = REPO / "events"
@@ -18,6 +22,24 @@ IMAGES = {"TrainingImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier
 def load_event(name: str) -> dict[str, Any]:
     """An event from events/, by file name without `.json`."""
     return json.loads((EVENTS / f"{name}.json").read_text())
+
+
+# Pillow's YCbCr (ITU-R BT.601, full range), forwards and back
+_TO_YCBCR = ((0.299, 0.587, 0.114), (-0.168736, -0.331264, 0.5), (0.5, -0.418688, -0.081312))
+_FROM_YCBCR = ((1.0, 0.0, 1.402), (1.0, -0.344136, -0.714136), (1.0, 1.772, 0.0))
+
+
+def hue_turned(image: "Image.Image", degrees: float) -> "Image.Image":
+    """The same picture with every hue turned by `degrees` at the same luminance (the chroma plane
+    rotated): a recolouring the luminance dHash cannot see."""
+    cos, sin = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    turn = ((1.0, 0.0, 0.0), (0.0, cos, -sin), (0.0, sin, cos))
+
+    def times(a: tuple, b: tuple) -> tuple:
+        return tuple(tuple(sum(a[i][k] * b[k][j] for k in range(3)) for j in range(3)) for i in range(3))
+
+    matrix = times(_FROM_YCBCR, times(turn, _TO_YCBCR))
+    return image.convert("RGB").convert("RGB", matrix=tuple(v for row in matrix for v in (*row, 0.0)))
 
 
 def quick_training() -> dict[str, str]:

@@ -14,16 +14,23 @@ item (`PHASHFULL#<band>#<sub>`) counts it, in the same transaction. A key that c
 flat, dark or blank images, not from chance, and tells them apart no better than no key at all.
 docs/metadata.md has the design and its numbers. Exact duplicates are the sample record's own
 conditional write (records.sample_pk).
+
+The keys find candidates by luminance (dHash); a candidate is a near duplicate only if its colour
+signature (images.colour_signature, kept in the entry beside the hash) is close too, since a
+recolouring is another picture to a text-to-image model. An entry filed before colour signatures
+(`sha256:phash`) is judged by its hash alone, the rule it was filed under (docs/metadata.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from aws_lambda_powertools import Logger
 
 from core import aws, telemetry
-from core.images import hamming
+from core.images import colour_distance, hamming
+from core.models import Sample
 
 logger = Logger(child=True)
 
@@ -31,11 +38,42 @@ BANDS = 4
 BAND_HEX = 16 // BANDS  # a hash is 16 hex digits
 SUB_BANDS = 4
 SUB_HEX = (16 - BAND_HEX) // SUB_BANDS  # the other three bands' 12 hex digits, in four
-# 1,000 entries of 81 bytes ("sha256:phash") make an item of about 81 KB: a fifth of DynamoDB's
-# 400 KB, so a full key's last write cannot fail, and 250 times the 4 samples a key holds on
-# average at 10^9 samples.
+# 1,000 entries of 146 bytes ("sha256:phash:colour") make an item of about 146 KB: under two
+# fifths of DynamoDB's 400 KB, so a full key's last write cannot fail, and 250 times the 4 samples
+# a key holds on average at 10^9 samples.
 MAX_MEMBERS = 1000
 FULL_PREFIX = "PHASHFULL#"
+
+
+@dataclass(frozen=True)
+class Near:
+    """The earlier sample a new one is a near duplicate of."""
+
+    sha256: str
+    distance: int  # dHash bits
+    colour_distance: int | None  # levels; None: one of the two has no colour signature
+
+
+def distances(phash: str, colour: str, other_phash: str, other_colour: str) -> tuple[int, int | None]:
+    """(dHash bits, colour levels) between two samples; the colour None if either lacks a signature."""
+    return hamming(phash, other_phash), colour_distance(colour, other_colour) if colour and other_colour else None
+
+
+def is_near(distance: int, colour: int | None, max_distance: int, max_colour_distance: int) -> bool:
+    """Near duplicates are within `max_distance` bits and, where both have a colour signature,
+    within `max_colour_distance` levels."""
+    return distance <= max_distance and (colour is None or colour <= max_colour_distance)
+
+
+def flagged(sample: Sample, near: Near) -> Sample:
+    """`sample` marked as a near duplicate of `near` (accepted all the same)."""
+    return sample.model_copy(update={"near_duplicate_of": near.sha256, "near_duplicate_distance": near.distance,
+                                     "near_duplicate_colour_distance": near.colour_distance})
+
+
+def entry(sha256: str, phash: str, colour: str) -> str:
+    """A sample as its index keys hold it; without a signature, in the form entries had before them."""
+    return f"{sha256}:{phash}:{colour}" if colour else f"{sha256}:{phash}"
 
 
 def band_keys(phash: str) -> list[str]:
@@ -58,32 +96,34 @@ def full_counter_key(key: str) -> str:
     return f"{FULL_PREFIX}{band}#{sub}"
 
 
-def nearest(table: str, phash: str, max_distance: int, exclude: str) -> tuple[str, int] | None:
-    """The closest other sample within `max_distance` bits, as (sha256, distance); of equally
-    close ones, the smallest sha256, so the answer does not depend on the order of a set."""
-    best: tuple[int, str] | None = None
+def nearest(table: str, phash: str, colour: str, max_distance: int, max_colour_distance: int,
+            exclude: str) -> Near | None:
+    """The closest other sample that is a near duplicate (`is_near`); of equally close ones (in
+    bits), the smallest sha256, so the answer does not depend on the order of a set."""
+    best: tuple[int, str, int | None] | None = None
     for item in aws.batch_get_items(table, index_keys(phash)).values():
-        for entry in item.get("entries", set()):  # a full key has none
-            sha256, other = entry.split(":")
-            distance = hamming(phash, other)
-            if sha256 != exclude and distance <= max_distance and (best is None or (distance, sha256) < best):
-                best = (distance, sha256)
-    return (best[1], best[0]) if best else None
+        for found in item.get("entries", set()):  # a full key has none
+            sha256, other, *other_colour = found.split(":")
+            distance, colour_apart = distances(phash, colour, other, other_colour[0] if other_colour else "")
+            if sha256 != exclude and is_near(distance, colour_apart, max_distance, max_colour_distance) \
+                    and (best is None or (distance, sha256) < best[:2]):
+                best = (distance, sha256, colour_apart)
+    return Near(best[1], best[0], best[2]) if best else None
 
 
-def remember(table: str, sha256: str, phash: str) -> None:
+def remember(table: str, sha256: str, phash: str, colour: str) -> None:
     """Add a sample to the index under each of its keys that is not full; repeating it adds nothing."""
-    entry = f"{sha256}:{phash}"
+    member = entry(sha256, phash, colour)
     keys = index_keys(phash)
     found = aws.batch_get_items(table, keys, ["pk", "full_at", "entries"])
     for key in keys:
         item = found.get(key, {})
-        if "full_at" in item or entry in item.get("entries", set()):
+        if "full_at" in item or member in item.get("entries", set()):
             continue  # a redelivery writes nothing; a full key takes no one
         # The condition admits the entry while the set has room (or holds it already, since ADD
         # then changes nothing); failing it, the set holds MAX_MEMBERS others, or the key is full.
         if not aws.update_item(
-                table, key, "ADD entries :e", {":e": {entry}, ":m": entry, ":k": MAX_MEMBERS},
+                table, key, "ADD entries :e", {":e": {member}, ":m": member, ":k": MAX_MEMBERS},
                 condition="attribute_not_exists(full_at) AND (attribute_not_exists(entries) "
                           "OR size(entries) < :k OR contains(entries, :m))"):
             _fill(table, key)

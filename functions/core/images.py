@@ -50,6 +50,7 @@ SCAN_PROBE = bytes(b % 255 for b in random.Random(0).randbytes(64))
 MID_GREY = 128  # in every channel: what libjpeg fills the blocks of a scan that ended early with
 SHARD_FORMATS = frozenset({"jpeg", "png", "webp"})  # what a shard may carry unchanged
 HASH_SIDE = 64  # enough pixels for the perceptual hash when the original bytes are kept
+COLOUR_GRID = 4  # cells a side of the colour signature: 16 cells x (Cb, Cr) = 32 bytes
 # A JPEG to re-encode is DCT-scaled (1/2, 1/4, 1/8) to a long side down to 1/16 under the maximum
 # side and stored at that size: the resize over that last 1/16 (a 12 MP camera photo, 4000 or 4032
 # long, to 2048 instead of its half-scale 2000 or 2016) costs twice the rest of its ingest and more
@@ -309,3 +310,21 @@ def dhash(image: Image.Image) -> str:
 
 def hamming(a: str, b: str) -> int:
     return (int(a, 16) ^ int(b, 16)).bit_count()
+
+
+def colour_signature(rgb: Image.Image) -> str:
+    """The mean chroma (Cb, Cr) of each cell of a COLOUR_GRID x COLOUR_GRID grid: 64 hex digits.
+
+    dHash sees luminance alone, so a recolouring (channels swapped, hue turned, an object painted
+    another colour) hashes like the original; these means tell it apart, while a re-encode or a
+    rescale moves them by a few levels (tests). Chroma, not RGB: a brighter or darker copy is still
+    the picture dHash says it is. A grid, not one mean: a recoloured sixteenth of the picture moves
+    its cell's mean sixteen times as far as the whole picture's.
+    """
+    cells = rgb.resize((COLOUR_GRID, COLOUR_GRID), Image.Resampling.BOX).convert("YCbCr").tobytes()
+    return (cells[1::3] + cells[2::3]).hex()  # every Cb, then every Cr (Y is dHash's business)
+
+
+def colour_distance(a: str, b: str) -> int:
+    """The largest difference, in 8-bit levels, between two signatures' cell means."""
+    return max(abs(x - y) for x, y in zip(bytes.fromhex(a), bytes.fromhex(b), strict=True))

@@ -6,7 +6,8 @@ Per source tar, one ImportQueue message (docs/import.md):
 2. Stream the tar from S3 (never whole in memory); every sample is decoded and judged by ingest's
    own policy (core.metadata), then checked against the pipeline's samples: exact sha256 (of the
    stored bytes, and img2dataset's sha256 of the original download) and near duplicates
-   (core.dedup). Bad samples are quarantined (UPLOAD# records with the reason), duplicates left out.
+   (core.dedup, as the message's `near_duplicates` says: keep, flag or drop). Bad samples are
+   quarantined (UPLOAD# records with the reason), duplicates left out.
 3. Accepted samples are written as segments by the packer's own writer (core.segments), so the
    shard has exactly a packed shard's bytes, index and digest.
 4. Commit: one transaction creates the shard's import record (with its report) and its seal record
@@ -32,7 +33,7 @@ from pydantic import BaseModel, Field
 from core import aws, dedup, journal, licensing, metadata, records, seal, segments, shards
 from core.errors import RejectedUpload
 from core.journal import OpenShard, SealState
-from core.models import Frozen, Sample, Sidecar, UploadRef
+from core.models import DEFAULT_NEAR_DUPLICATES, Frozen, NearDuplicates, Sample, Sidecar, UploadRef
 from core.settings import ImportSettings
 
 logger = Logger(child=True)
@@ -49,6 +50,9 @@ SOURCE_FIELDS_MAX_BYTES = 16 << 10
 _NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 TRANSACTION_ITEMS = 100
+# Near duplicates a tar's report names (all are counted): the report is one DynamoDB item (400 KB),
+# and 100 of about 250 bytes keep it far from that.
+LISTED_NEAR_DUPLICATES = 100
 
 
 class ImportShard(Frozen):
@@ -59,10 +63,22 @@ class ImportShard(Frozen):
     key: str
     partner: str
     license: str
+    # absent from messages queued before the option existed: they did what the default does
+    near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES
 
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
+
+
+class NearDuplicate(BaseModel):
+    """A sample of the tar near an earlier one: flagged and accepted, or left out."""
+
+    key: str  # the sample's key in the tar
+    sha256: str
+    of: str  # the earlier sample's sha256 (SAMPLE#<of>)
+    distance: int  # dHash bits
+    colour_distance: int | None = None  # None: the earlier one has no colour signature (indexed before them)
 
 
 class ShardReport(BaseModel):
@@ -75,7 +91,9 @@ class ShardReport(BaseModel):
     shard_id: str | None = None  # the pipeline shard it became
     samples_read: int = 0
     accepted: int = 0
-    quarantined: dict[str, int] = {}  # reason -> samples (duplicates included)
+    quarantined: dict[str, int] = {}  # reason -> samples (duplicates and dropped near duplicates included)
+    near_duplicates_found: int = 0  # flagged (accepted) or dropped (in `quarantined` too), by the message's mode
+    near_duplicate_samples: list[NearDuplicate] = []  # the first LISTED_NEAR_DUPLICATES of them
     captions_missing: int = 0  # accepted, flagged: no caption in the tar nor in the image
     size_mismatches: int = 0  # accepted, flagged: the .json's width/height are not the decoded image's
     truncated: bool = False  # the tar broke off; the samples before the break were kept
@@ -83,7 +101,8 @@ class ShardReport(BaseModel):
 
     @property
     def duplicates(self) -> int:
-        return sum(n for reason, n in self.quarantined.items() if reason in DUPLICATE_REASONS)
+        """Exact duplicates, left out (near duplicates are `near_duplicates_found`)."""
+        return self.quarantined.get("duplicate", 0)
 
     @property
     def rejected(self) -> int:
@@ -109,9 +128,11 @@ def import_shard_id(message: ImportShard) -> str:
     return shards.shard_id_for([f"import:{message.batch_id}:{message.uri}"])
 
 
-def batch_item(batch_id: str, partner: str, license_id: str, source: str, shards_total: int) -> dict[str, Any]:
+def batch_item(batch_id: str, partner: str, license_id: str, source: str, shards_total: int,
+               near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES) -> dict[str, Any]:
     return {"pk": batch_pk(batch_id), "kind": "import", "batch_id": batch_id, "partner": partner,
-            "license": license_id, "source": source, "shards_total": shards_total, "created_at": _now()}
+            "license": license_id, "source": source, "shards_total": shards_total, "near_duplicates": near_duplicates,
+            "created_at": _now()}
 
 
 # --- reading a tar as samples ---------------------------------------------------------------------
@@ -256,17 +277,19 @@ class _Reader:
         try:
             described, original_sha256, claimed_size = _describe(source, upload, self.message, self.settings)
             sha256 = described.sample.sha256
-            sample = self._admit(described.sample, original_sha256)
+            sample = self._admit(described.sample, original_sha256, source.key)
         except RejectedUpload as rejected:
             self._quarantine(upload, rejected, sha256)
             return
         if described.derivative is not None:
             aws.write_object(*sample.content_location, described.derivative, "image/jpeg")
         if not aws.put_item_if_absent(self.settings.ingest.table, records.sample_item(sample)) \
-                and not self._ours(sample.sha256, upload.key):
+                and self._ours(sample.sha256, upload.key) is None:
             self._quarantine(upload, RejectedUpload("duplicate", "the same bytes arrived meanwhile"), sample.sha256)
             return
-        dedup.remember(self.settings.ingest.table, sample.sha256, sample.phash)
+        dedup.remember(self.settings.ingest.table, sample.sha256, sample.phash, sample.colour)
+        if sample.near_duplicate_of:
+            self._list_near(source.key, sample)
         self.report.captions_missing += sample.caption_source == "missing"
         if not _same_size(claimed_size, sample):
             self.report.size_mismatches += 1
@@ -278,11 +301,12 @@ class _Reader:
         if self.chunk_bytes >= self.settings.chunk_bytes:
             self._flush()
 
-    def _admit(self, sample: Sample, original_sha256: str | None) -> Sample:
-        """The sample if it is new to the pipeline (or this very import's, from an earlier attempt)."""
+    def _admit(self, sample: Sample, original_sha256: str | None, key: str) -> Sample:
+        """The sample if it is new to the pipeline, flagged if the mode says so (or this very import's
+        record, from an earlier attempt)."""
         table = self.settings.ingest.table
-        if self._ours(sample.sha256, sample.key):
-            return sample
+        if (ours := self._ours(sample.sha256, sample.key)) is not None:
+            return ours
         for sha256 in filter(None, (sample.sha256, original_sha256)):
             item = aws.get_item(table, records.sample_pk(sha256))
             if item:
@@ -290,19 +314,39 @@ class _Reader:
                 # the partner sees its own key, never another partner's (the sha256 points operators at it)
                 where = first.key if first and first.partner == sample.partner else "a sample already in the dataset"
                 raise RejectedUpload("duplicate", f"same {'bytes' if sha256 == sample.sha256 else 'original'} as {where}")
-        near = dedup.nearest(table, sample.phash, self.settings.ingest.near_duplicate_distance, exclude=sample.sha256) \
-            if sample.phash else None
-        if near:
-            raise RejectedUpload("near_duplicate", f"within {near[1]} bits of {near[0]}")
-        return sample
+        return self._near_duplicate(sample, key)
 
-    def _ours(self, sha256: str, key: str) -> bool:
-        """An earlier attempt at this very shard recorded the sample (and packed it here, if anywhere)."""
+    def _near_duplicate(self, sample: Sample, key: str) -> Sample:
+        """`sample` as the message's mode has it: unchecked (keep), marked (flag), or refused (drop)."""
+        ingest = self.settings.ingest
+        if self.message.near_duplicates == "keep" or not sample.phash:
+            return sample
+        near = dedup.nearest(ingest.table, sample.phash, sample.colour, ingest.near_duplicate_distance,
+                             ingest.near_duplicate_colour_distance, exclude=sample.sha256)
+        if near is None:
+            return sample
+        flagged = dedup.flagged(sample, near)
+        if self.message.near_duplicates == "drop":
+            self._list_near(key, flagged)
+            colour = "no colour signature to compare" if near.colour_distance is None \
+                else f"{near.colour_distance} colour levels"
+            raise RejectedUpload("near_duplicate", f"within {near.distance} bits ({colour}) of {near.sha256}")
+        return flagged
+
+    def _list_near(self, key: str, sample: Sample) -> None:
+        self.report.near_duplicates_found += 1
+        if len(self.report.near_duplicate_samples) < LISTED_NEAR_DUPLICATES:
+            self.report.near_duplicate_samples.append(NearDuplicate(
+                key=key, sha256=sample.sha256, of=sample.near_duplicate_of or "",
+                distance=sample.near_duplicate_distance or 0, colour_distance=sample.near_duplicate_colour_distance))
+
+    def _ours(self, sha256: str, key: str) -> Sample | None:
+        """The record an earlier attempt at this very shard wrote (and packed here, if anywhere)."""
         item = aws.get_item(self.settings.ingest.table, records.sample_pk(sha256))
         if not item or not item.get("record"):
-            return False
+            return None
         first = Sample.model_validate_json(item["record"])
-        return first.key == key and item.get("packed_in") in (None, self.shard_id)
+        return first if first.key == key and item.get("packed_in") in (None, self.shard_id) else None
 
     def _quarantine(self, upload: UploadRef, rejected: RejectedUpload, sha256: str | None) -> None:
         duplicate_of = sha256 if rejected.reason in DUPLICATE_REASONS else None
@@ -432,7 +476,8 @@ def _count(message: ImportShard, report: ShardReport, settings: ImportSettings) 
     """Add the shard to its batch's totals exactly once: in the transaction that marks it done."""
     counters = {"shards_done": int(report.status != "rejected"), "shards_rejected": int(report.status == "rejected"),
                 "samples_read": report.samples_read, "samples_accepted": report.accepted,
-                "samples_duplicate": report.duplicates, "samples_rejected": report.rejected,
+                "samples_duplicate": report.duplicates, "samples_near_duplicate": report.near_duplicates_found,
+                "samples_rejected": report.rejected,
                 "captions_missing": report.captions_missing, "size_mismatches": report.size_mismatches,
                 **{f"reason_{reason}": n for reason, n in report.quarantined.items()}}
     if report.reason:
@@ -454,12 +499,14 @@ class BatchReport(BaseModel):
     license: str = ""
     source: str = ""
     created_at: str = ""
+    near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES  # batches begun before the option: what they did
     shards_total: int = 0
     shards_done: int = 0
     shards_rejected: int = 0
     samples_read: int = 0
     samples_accepted: int = 0
-    samples_duplicate: int = 0
+    samples_duplicate: int = 0  # exact, left out
+    samples_near_duplicate: int = 0  # flagged or left out, as `near_duplicates` says
     samples_rejected: int = 0
     captions_missing: int = 0
     size_mismatches: int = 0
@@ -470,6 +517,11 @@ class BatchReport(BaseModel):
     @property
     def finished(self) -> int:
         return self.shards_done + self.shards_rejected
+
+    @property
+    def rejections(self) -> dict[str, int]:
+        """The reasons of `samples_rejected`: duplicates, exact or near, are counted apart."""
+        return {reason: n for reason, n in self.reasons.items() if reason not in DUPLICATE_REASONS}
 
     @property
     def complete(self) -> bool:

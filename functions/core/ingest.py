@@ -146,10 +146,10 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
     if described.derivative is not None:
         bucket, key = sample.content_location
         aws.write_object(bucket, key, described.derivative, "image/jpeg")
-    near = dedup.nearest(settings.table, sample.phash, settings.near_duplicate_distance, exclude=sample.sha256) \
-        if sample.phash else None
+    near = dedup.nearest(settings.table, sample.phash, sample.colour, settings.near_duplicate_distance,
+                         settings.near_duplicate_colour_distance, exclude=sample.sha256) if sample.phash else None
     if near:
-        sample = sample.model_copy(update={"near_duplicate_of": near[0], "near_duplicate_distance": near[1]})
+        sample = dedup.flagged(sample, near)
     existing = None
     if not aws.put_item_if_absent(settings.table, records.sample_item(sample)):
         existing = aws.get_item(settings.table, records.sample_pk(sample.sha256)) or {}
@@ -161,7 +161,7 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
                               settings, sha256=sample.sha256, duplicate_of=sample.sha256, duplicate_of_key=first.key,
                               sidecar_etag=sidecar_etag)
         sample = first  # a redelivery of the first upload: hand over the record it already has
-    dedup.remember(settings.table, sample.sha256, sample.phash)
+    dedup.remember(settings.table, sample.sha256, sample.phash, sample.colour)
     if not (existing or {}).get("packed_in"):
         aws.send_message(settings.pack_queue_url, sample.model_dump_json())
     aws.put_item(settings.table, records.upload_item(upload, "accepted", sample.partner, sha256=sample.sha256,

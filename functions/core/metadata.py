@@ -72,6 +72,7 @@ def describe(data: bytes, upload: UploadRef, partner: str, sidecar: Sidecar, lic
         uploaded_at=upload.event_time, original_format=decoded.format, original_mode=decoded.mode,
         megapixels=round(decoded.width * decoded.height / 1e6, 3),
         aspect_bucket=aspect_bucket(decoded.width, decoded.height), phash=images.dhash(decoded.rgb),
+        colour=images.colour_signature(decoded.rgb),
         content_bucket=settings.data_bucket if derivative is not None else upload.bucket,
         content_key=f"{DERIVED_PREFIX}{sha256}.jpg" if derivative is not None else upload.key,
         content_sha256=content_sha256,

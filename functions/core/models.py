@@ -12,6 +12,10 @@ SCHEMA_VERSION = 2
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 ImageFormat = Literal["jpeg", "png", "webp"]
 EXTENSIONS: dict[str, str] = {"jpeg": "jpg", "png": "png", "webp": "webp"}
+# What an import does with a sample near an earlier one (docs/import.md): accept it without looking,
+# accept it marked `near_duplicate_of`, or leave it out (quarantined `near_duplicate`).
+NearDuplicates = Literal["keep", "flag", "drop"]
+DEFAULT_NEAR_DUPLICATES: NearDuplicates = "drop"
 
 
 class Frozen(BaseModel):
@@ -65,8 +69,10 @@ class Sample(Frozen):
     megapixels: float = 0.0
     aspect_bucket: str = ""
     phash: str = ""  # 64-bit difference hash, 16 hex digits
+    colour: str = ""  # mean chroma of a 4 x 4 grid, 64 hex digits (images.colour_signature); "" before it existed
     near_duplicate_of: str | None = None
-    near_duplicate_distance: int | None = None
+    near_duplicate_distance: int | None = None  # dHash bits
+    near_duplicate_colour_distance: int | None = None  # colour levels; None: not compared (one had no signature)
     content_bucket: str = ""
     content_key: str = ""
     content_sha256: str = ""

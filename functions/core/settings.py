@@ -95,6 +95,9 @@ class IngestSettings:
     max_caption_chars: int = 2000
     # A sidecar whose image is still missing this long after it was written is an orphan (core.sidecars).
     sidecar_orphan_grace_s: int = 3600
+    # Near duplicates' colour signatures differ by at most this many levels (core.dedup); from_env
+    # requires it (template.yaml's NearDuplicateColourDistance), the default is that parameter's.
+    near_duplicate_colour_distance: int = 16
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "IngestSettings":
@@ -118,6 +121,8 @@ class IngestSettings:
             max_sidecar_depth=int(_bounded("MAX_SIDECAR_DEPTH", _int(env, "MAX_SIDECAR_DEPTH"), 1, 64)),
             max_caption_chars=int(_bounded("MAX_CAPTION_CHARS", _int(env, "MAX_CAPTION_CHARS"), 1, 100_000)),
             sidecar_orphan_grace_s=_orphan_grace(env),
+            near_duplicate_colour_distance=int(_bounded(
+                "NEAR_DUPLICATE_COLOUR_DISTANCE", _int(env, "NEAR_DUPLICATE_COLOUR_DISTANCE"), 0, 255)),
         )
 
 

@@ -35,6 +35,7 @@ def record_handler(record: SQSRecord) -> None:
     telemetry.count_by(telemetry.IMPORTED_SHARDS, "status", report.status)
     telemetry.count(telemetry.IMPORTED_SAMPLES, report.accepted)
     telemetry.count(telemetry.IMPORT_DUPLICATES, report.duplicates)
+    telemetry.count(telemetry.IMPORT_NEAR_DUPLICATES, report.near_duplicates_found)
     telemetry.count(telemetry.IMPORT_REJECTS, report.rejected)
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from atelier.local.runtime import sqs_event
-from core import aws
+from core import aws, images
 from core.licensing import Partner, put_partner
 
 
@@ -169,6 +169,22 @@ def test_a_near_duplicate_is_accepted_and_flagged(ingest, stack) -> None:
     original = messages["partner-a/red.png"]["sha256"]
     assert messages["partner-a/red again.jpg"]["near_duplicate_of"] == original
     assert messages["partner-a/red again.jpg"]["near_duplicate_distance"] <= 3
+
+
+def test_a_recoloured_upload_is_not_flagged_as_a_near_duplicate(ingest, stack) -> None:
+    # GIVEN a picture, and the same picture with its hue turned: a luminance hash cannot tell them apart
+    from tests.support import hue_turned
+    ingest({"partner-a/red.png": RED})
+    turned = io.BytesIO()
+    hue_turned(Image.open(io.BytesIO(RED)), 120).save(turned, "PNG")
+    ingest({"partner-a/red turned.png": turned.getvalue()})
+
+    messages = {m["key"]: m for m in pack_messages(stack)}
+    original, recoloured = messages["partner-a/red.png"], messages["partner-a/red turned.png"]
+    assert images.hamming(original["phash"], recoloured["phash"]) <= 3
+    # THEN its colours make it another sample
+    assert images.colour_distance(original["colour"], recoloured["colour"]) > 16
+    assert recoloured["near_duplicate_of"] is None
 
 
 def test_flat_images_past_an_index_keys_cap_are_accepted_and_no_longer_compared(ingest, stack, monkeypatch) -> None:

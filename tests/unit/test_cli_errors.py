@@ -94,3 +94,13 @@ def test_a_failure_that_is_our_bug_keeps_its_traceback() -> None:
 @pytest.mark.parametrize(("seconds", "said"), [(0, "0 s"), (59.9, "59 s"), (192, "3 min 12 s"), (7500, "2 h 5 min")])
 def test_elapsed_time_reads_as_people_say_it(seconds: float, said: str) -> None:
     assert failures.elapsed(seconds) == said
+
+
+def test_an_unknown_near_duplicate_mode_is_refused_with_the_modes_there_are(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["import", "s3://bucket/shards/", "--partner", "p", "--license", "l", "--near-duplicates", "sometimes"])
+
+    assert exited.value.code == 2
+    assert "argument --near-duplicates: invalid choice: 'sometimes' (choose from 'keep', 'flag', 'drop')" \
+        in capsys.readouterr().err

@@ -1,7 +1,9 @@
-"""core.dedup: the near-duplicate band index over perceptual hashes, in the pipeline table."""
+"""core.dedup: the near-duplicate band index over perceptual hashes, in the pipeline table, and the
+colour signatures that tell a recolouring from a copy."""
 
 from __future__ import annotations
 
+import io
 import itertools
 from collections.abc import Iterator
 
@@ -10,12 +12,30 @@ from botocore.exceptions import ClientError
 from moto.dynamodb.exceptions import ItemSizeTooLarge
 from moto.dynamodb.parsing.executors import UpdateExpressionExecutor
 
+from PIL import Image
+
+from atelier.catalog import make_catalog
 from atelier.local.provision import Provisioned
-from core import aws, dedup
-from core.dedup import band_keys, index_keys, nearest, remember
+from core import aws, dedup, images
+from core.dedup import Near, band_keys, index_keys
 
 BASE = "0123456789abcdef"
 FIRST, SECOND, THIRD = "a" * 64, "b" * 64, "c" * 64  # sample sha256s
+GREY = "80" * 32  # the colour signature of any grey picture: every cell's Cb and Cr at 128
+RED_TOP = "80" * 4 + "6a" * 4 + "80" * 24  # Cb 106 in the top row of cells: 22 levels from GREY
+# template.yaml's defaults
+MAX_DISTANCE, MAX_COLOUR_DISTANCE = 3, 16
+
+
+def remember(table: str, sha256: str, phash: str, colour: str = GREY) -> None:
+    """The luminance tests' samples are all one colour."""
+    dedup.remember(table, sha256, phash, colour)
+
+
+def nearest(table: str, phash: str, max_distance: int, exclude: str, colour: str = GREY) -> tuple[str, int] | None:
+    """(sha256, bits) of the nearest sample of the same colour, as the luminance tests compare it."""
+    found = dedup.nearest(table, phash, colour, max_distance, MAX_COLOUR_DISTANCE, exclude)
+    return (found.sha256, found.distance) if found else None
 
 
 def flip(phash: str, *bits: int) -> str:
@@ -118,7 +138,8 @@ def test_remembering_twice_indexes_once(table: str) -> None:
 
     entries = {key: (aws.get_item(table, key) or {}).get("entries") for key in index_keys(BASE)}
 
-    both, first = {f"{FIRST}:{BASE}", f"{SECOND}:{flip(BASE, 0)}"}, {f"{FIRST}:{BASE}"}
+    both = {dedup.entry(FIRST, BASE, GREY), dedup.entry(SECOND, flip(BASE, 0), GREY)}
+    first = {dedup.entry(FIRST, BASE, GREY)}
     assert entries == {key: first if key.startswith("PHASH#3#") or key.split("#")[3] == "3" else both
                        for key in index_keys(BASE)}
 
@@ -181,7 +202,8 @@ def test_a_key_at_the_real_cap_fits_in_an_item_and_the_next_sample_fills_it(tabl
     # GIVEN the 16 keys of FLAT at MAX_MEMBERS entries, of the length every entry has (written in one
     # ADD per key: through remember, 16,000 writes)
     for key in index_keys(FLAT):
-        aws.update_item(table, key, "ADD entries :e", {":e": {f"{sha(n)}:{FLAT}" for n in range(dedup.MAX_MEMBERS)}})
+        aws.update_item(table, key, "ADD entries :e", {":e": {dedup.entry(sha(n), FLAT, GREY)
+                                                               for n in range(dedup.MAX_MEMBERS)}})
 
     # WHEN one more flat image comes
     remember(table, FIRST, FLAT)
@@ -208,7 +230,7 @@ def test_a_key_takes_max_members_and_fills_at_the_next(table: str, small_cap: in
     shared = [f"PHASH#{band}#{value}#{sub}#{rest}" for band, value, subs in (
         (1, "4567", ("389", "abc", "def")), (2, "89ab", ("345", "67c", "def")), (3, "cdef", ("345", "678", "9ab")))
         for sub, rest in zip((1, 2, 3), subs)]
-    assert aws.get_item(table, shared[0])["entries"] == {f"{sha(n)}:{h}" for n, h in enumerate(hashes)}
+    assert aws.get_item(table, shared[0])["entries"] == {dedup.entry(sha(n), h, GREY) for n, h in enumerate(hashes)}
 
     # WHEN BASE comes, one more than the cap on those 9 keys
     remember(table, FIRST, BASE)
@@ -216,7 +238,7 @@ def test_a_key_takes_max_members_and_fills_at_the_next(table: str, small_cap: in
     # THEN they are full, their members dropped, each counted once; BASE's other keys hold it
     items = aws.batch_get_items(table, index_keys(BASE))
     assert sorted(key for key, item in items.items() if "full_at" in item and "entries" not in item) == sorted(shared)
-    assert all(items[key]["entries"] == {f"{FIRST}:{BASE}"} for key in set(index_keys(BASE)) - set(shared))
+    assert all(items[key]["entries"] == {dedup.entry(FIRST, BASE, GREY)} for key in set(index_keys(BASE)) - set(shared))
     assert full_counters(table) == {f"PHASHFULL#{band}#{sub}": 1 for band in (1, 2, 3) for sub in (1, 2, 3)}
 
 
@@ -227,7 +249,7 @@ def test_a_redelivered_member_of_a_key_at_its_cap_does_not_fill_it(table: str, s
     remember(table, sha(0), BASE)
     remember(table, sha(small_cap - 1), BASE)
 
-    assert all(item.get("entries") == {f"{sha(n)}:{BASE}" for n in range(small_cap)}
+    assert all(item.get("entries") == {dedup.entry(sha(n), BASE, GREY) for n in range(small_cap)}
                for item in aws.batch_get_items(table, index_keys(BASE)).values())
     assert full_counters(table) == {}
 
@@ -262,3 +284,57 @@ def test_nearest_prefers_the_smaller_sha256_of_equally_close_samples(table: str)
     remember(table, FIRST, flip(BASE, 9))
 
     assert nearest(table, BASE, 3, exclude=THIRD) == (FIRST, 1)
+
+
+# --- colour ----------------------------------------------------------------------------------------
+
+def test_a_sample_of_other_colours_is_not_a_near_duplicate(table: str) -> None:
+    remember(table, FIRST, BASE, GREY)
+
+    assert dedup.nearest(table, BASE, RED_TOP, MAX_DISTANCE, MAX_COLOUR_DISTANCE, exclude=SECOND) is None
+    assert dedup.nearest(table, flip(BASE, 9), GREY, MAX_DISTANCE, MAX_COLOUR_DISTANCE, exclude=SECOND) == \
+        Near(FIRST, 1, 0)
+
+
+@pytest.mark.parametrize(("max_colour_distance", "found"), [(21, None), (22, Near(FIRST, 0, 22)),
+                                                            (255, Near(FIRST, 0, 22))])
+def test_the_colour_distance_is_a_parameter(table: str, max_colour_distance: int, found: Near | None) -> None:
+    remember(table, FIRST, BASE, RED_TOP)
+
+    assert dedup.nearest(table, BASE, GREY, MAX_DISTANCE, max_colour_distance, exclude=SECOND) == found
+
+
+def test_an_entry_filed_before_colour_signatures_is_judged_by_its_hash_alone(table: str) -> None:
+    # GIVEN FIRST filed as remember wrote entries before colour signatures: sha256:phash
+    for key in index_keys(BASE):
+        aws.update_item(table, key, "ADD entries :e", {":e": {f"{FIRST}:{BASE}"}})
+
+    # THEN a sample of any colour within the distance in bits is its near duplicate, colour not compared
+    assert dedup.nearest(table, flip(BASE, 5), RED_TOP, MAX_DISTANCE, MAX_COLOUR_DISTANCE, exclude=SECOND) == \
+        Near(FIRST, 1, None)
+    # AND a sample without a signature (a record made before them) is compared by its hash alone too
+    remember(table, SECOND, flip(BASE, 60), RED_TOP)
+    assert dedup.nearest(table, flip(BASE, 60), "", MAX_DISTANCE, MAX_COLOUR_DISTANCE, exclude=THIRD) == \
+        Near(SECOND, 0, None)
+    # AND a sample remembered without one is filed in the old form, which the next lookup reads the same way
+    dedup.remember(table, THIRD, BASE, "")
+    assert f"{THIRD}:{BASE}" in aws.get_item(table, index_keys(BASE)[0])["entries"]
+
+
+def test_catalog_pictures_of_other_colours_are_never_near_duplicates() -> None:
+    # GIVEN the shapes catalog: three shapes in six colours on six grounds, pictures that differ
+    # mostly in colour (issue 22: a colour-blind check left out most of such a set)
+    pictures = []
+    for item in make_catalog(96):
+        rgb = Image.open(io.BytesIO(item.image)).convert("RGB")
+        _, colour, shape, _, _, ground, _ = item.sidecar["caption"].split()
+        pictures.append(((colour, shape, ground), images.dhash(rgb), images.colour_signature(rgb)))
+
+    # WHEN every pair of pictures that differ in a colour is compared
+    pairs = [(dedup.distances(h1, c1, h2, c2), (a, b)) for (a, h1, c1), (b, h2, c2) in itertools.combinations(pictures, 2)
+             if (a[0], a[2]) != (b[0], b[2])]
+
+    # THEN dHash alone calls many of them near duplicates (86 with Pillow 13), with colours compared none
+    assert sum(bits <= MAX_DISTANCE for (bits, _), _ in pairs) >= 80
+    assert [names for (bits, colour), names in pairs if dedup.is_near(bits, colour, MAX_DISTANCE, MAX_COLOUR_DISTANCE)] \
+        == []

@@ -17,6 +17,7 @@ from PIL import Image, ImageCms, ImageDraw, ImageFilter, JpegImagePlugin, PngIma
 from core import images
 from core.errors import RejectedUpload
 from core.images import DecodePolicy
+from tests.support import hue_turned
 
 LIMIT = 178_956_970  # template.yaml's MaxImagePixels default
 WHITE, BLACK = (255, 255, 255), (0, 0, 0)
@@ -863,3 +864,67 @@ def test_dhash_of_a_different_picture_is_far(original_hash: str) -> None:
 ])
 def test_hamming_counts_differing_bits(a: str, b: str, distance: int) -> None:
     assert images.hamming(a, b) == distance
+
+
+# --- the colour signature: what dHash cannot see ------------------------------------------------
+
+COLOUR_DISTANCE = 16  # template.yaml's NearDuplicateColourDistance
+
+
+def colour_of(data: bytes) -> str:
+    return images.colour_signature(images.decode(data, POLICY).rgb)
+
+
+@pytest.fixture(scope="module")
+def original_colour() -> str:
+    return colour_of(save(scene((512, 384)), "PNG"))
+
+
+@pytest.mark.parametrize("copy", [
+    pytest.param(lambda: save(scene((512, 384)).resize((256, 192)), "JPEG", quality=40), id="half-size-jpeg-q40"),
+    pytest.param(lambda: save(scene((512, 384)), "JPEG", quality=20, subsampling=2), id="jpeg-q20-4:2:0"),
+    pytest.param(lambda: save(scene((512, 384)), "WEBP", quality=50), id="webp-q50"),
+    pytest.param(lambda: save(scene((1024, 768)), "JPEG", quality=95), id="larger-jpeg-decoded-in-draft"),
+    pytest.param(lambda: save(scene((300, 225)), "PNG"), id="smaller-png"),
+])
+def test_the_colour_signature_of_a_reencoded_or_rescaled_copy_is_within_the_colour_distance(
+        original_colour: str, copy: Callable[[], bytes]) -> None:
+    # a few levels at most: far under the threshold, which leaves room for harsher copies
+    assert images.colour_distance(colour_of(copy()), original_colour) <= 2
+
+
+@pytest.mark.parametrize("recolour", [
+    pytest.param(lambda image: hue_turned(image, 60), id="hue-turned-60"),
+    pytest.param(lambda image: hue_turned(image, 180), id="hue-turned-180"),
+    pytest.param(lambda image: Image.merge("YCbCr", [image.convert("YCbCr").getchannel(c) for c in (0, 2, 1)])
+                 .convert("RGB"), id="chroma-channels-swapped"),
+    pytest.param(lambda image: image.convert("L").convert("RGB"), id="greyscale"),
+])
+def test_a_recolouring_dhash_cannot_see_is_far_in_colour(original_hash: str, original_colour: str,
+                                                        recolour: Callable[[Image.Image], Image.Image]) -> None:
+    data = save(recolour(scene((512, 384))), "PNG")
+
+    assert images.hamming(dhash_of(data), original_hash) <= 3  # the same picture to the luminance hash
+    assert images.colour_distance(colour_of(data), original_colour) > COLOUR_DISTANCE
+
+
+def test_the_colour_signature_is_each_cell_s_mean_chroma() -> None:
+    # GIVEN a grey picture whose top-left cell (of 4 x 4) is pure red
+    image = Image.new("RGB", (64, 64), (128, 128, 128))
+    image.paste((255, 0, 0), (0, 0, 16, 16))
+
+    signature = bytes.fromhex(images.colour_signature(image))
+
+    # THEN 16 Cb then 16 Cr: red's in the first cell, grey's 128 in the others
+    _, red_cb, red_cr = Image.new("RGB", (1, 1), (255, 0, 0)).convert("YCbCr").getpixel((0, 0))
+    assert (len(signature), signature[0], signature[16]) == (32, red_cb, red_cr)
+    assert set(signature[1:16] + signature[17:]) == {128}
+
+
+@pytest.mark.parametrize(("a", "b", "distance"), [
+    ("80" * 32, "80" * 32, 0),
+    ("80" * 32, "80" * 31 + "90", 16),
+    ("ff" + "80" * 31, "00" + "80" * 31, 255),
+])
+def test_colour_distance_is_the_largest_difference_of_a_cell_s_mean(a: str, b: str, distance: int) -> None:
+    assert images.colour_distance(a, b) == distance

@@ -21,6 +21,7 @@ ENV = {
     "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
     "MIN_SHORT_SIDE": "32", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "1024", "STORE_JPEG_QUALITY": "95",
     "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
+    "NEAR_DUPLICATE_COLOUR_DISTANCE": "16",
 }
 SETTINGS = IngestSettings.from_env(ENV)
 UPLOAD = UploadRef(bucket="atelier-uploads", key="partner-a/summer catalog/Ölgemälde 1.jpg", size=0,
@@ -320,8 +321,9 @@ def test_record_is_complete_and_exact() -> None:
         "width": 64, "height": 32, "size": len(data), "caption": "a red square", "caption_source": "sidecar",
         "license": "CC-BY-4.0", "source": "catalog 2026", "uploaded_at": "2026-11-29T12:00:00Z",
         "original_format": "webp", "original_mode": "RGB", "megapixels": 0.002, "aspect_bucket": "2:1",
-        "phash": images.dhash(Image.open(io.BytesIO(data))), "near_duplicate_of": None,
-        "near_duplicate_distance": None, "content_bucket": "atelier-uploads",
+        "phash": images.dhash(Image.open(io.BytesIO(data))),
+        "colour": images.colour_signature(Image.open(io.BytesIO(data)).convert("RGB")), "near_duplicate_of": None,
+        "near_duplicate_distance": None, "near_duplicate_colour_distance": None, "content_bucket": "atelier-uploads",
         "content_key": "partner-a/summer catalog/Ölgemälde 1.jpg", "content_sha256": sha256(data),
         "content_width": 64, "content_height": 32, "reencoded": None,
     }

@@ -13,7 +13,7 @@ from atelier.local.template import Expanded, Resolver, expand
 from core.errors import ConfigError
 from core.images import DecodePolicy
 from core.instance_types import GPUS_PER_INSTANCE
-from core.settings import (DeploySettings, IngestSettings, PackSettings, Stage, TrainingSettings,
+from core.settings import (DeploySettings, ImportSettings, IngestSettings, PackSettings, Stage, TrainingSettings,
                            check_sharding)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,12 +49,14 @@ TRAINING_REQUIRED = {k: v for k, v in TRAINING_ENV.items() if k not in TRAINING_
 INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "DATA_BUCKET": "d",
               "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
               "MIN_SHORT_SIDE": "256", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "2048", "STORE_JPEG_QUALITY": "95",
-              "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3"}
+              "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
+              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12"}
 INGEST_SETTINGS = IngestSettings(
     table="t", pack_queue_url="https://sqs/q", data_bucket="d", max_upload_bytes=209715200,
     decode=DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
                         background=(255, 255, 255), max_side=2048, reencode="auto"),
-    min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3)
+    min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3,
+    near_duplicate_colour_distance=12)
 PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default",
             "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600"}
 PACK_SETTINGS = dict(table="t", data_bucket="d", event_bus="default", shard_target_bytes=1073741824,
@@ -149,7 +151,8 @@ def test_non_integer_is_a_config_error(name: str, value: str) -> None:
 
 @pytest.mark.parametrize(("name", "value"), [
     *[(name, value) for name in ("MAX_UPLOAD_BYTES", "MAX_IMAGE_PIXELS", "MIN_SHORT_SIDE", "STORE_MAX_SIDE",
-                                 "STORE_JPEG_QUALITY", "NEAR_DUPLICATE_DISTANCE") for value in ("lots", "2.5", "1e3")],
+                                 "STORE_JPEG_QUALITY", "NEAR_DUPLICATE_DISTANCE", "NEAR_DUPLICATE_COLOUR_DISTANCE")
+      for value in ("lots", "2.5", "1e3")],
     ("MAX_ASPECT_RATIO", "wide"), ("MAX_ASPECT_RATIO", "4:1"),
     ("ALLOWED_FORMATS", "jpeg,heic"), ("ALLOWED_FORMATS", "jpg"), ("ALLOWED_FORMATS", ","), ("ALLOWED_FORMATS", "svg"),
     ("REENCODE", "never"), ("REENCODE", "Always"), ("REENCODE", "true"),
@@ -157,6 +160,7 @@ def test_non_integer_is_a_config_error(name: str, value: str) -> None:
     ("ALPHA_BACKGROUND", "256,0,0"), ("ALPHA_BACKGROUND", "-1,0,0"), ("ALPHA_BACKGROUND", "#ffffff"),
     ("ALPHA_BACKGROUND", "0.5,0,0"),
     ("NEAR_DUPLICATE_DISTANCE", "4"), ("NEAR_DUPLICATE_DISTANCE", "64"), ("NEAR_DUPLICATE_DISTANCE", "-1"),
+    ("NEAR_DUPLICATE_COLOUR_DISTANCE", "256"), ("NEAR_DUPLICATE_COLOUR_DISTANCE", "-1"),
 ])
 def test_malformed_ingest_value_is_a_config_error_naming_it(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
@@ -454,10 +458,24 @@ def test_template_ingest_defaults_parse_to_exact_settings(expanded: Expanded) ->
     parsed = IngestSettings.from_env(function_environment(expanded, "IngestFunction"))
 
     assert (parsed.max_upload_bytes, parsed.decode, parsed.min_short_side, parsed.max_aspect_ratio,
-            parsed.jpeg_quality, parsed.near_duplicate_distance) == (
+            parsed.jpeg_quality, parsed.near_duplicate_distance, parsed.near_duplicate_colour_distance) == (
         209715200, DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
                                 background=(255, 255, 255), max_side=2048, reencode="auto"),
-        256, 4.0, 95, 3)
+        256, 4.0, 95, 3, 16)
+
+
+def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_parameters() -> None:
+    # the dataclass default (what bench/ingest.py builds with) is the template's default too
+    assert IngestSettings.near_duplicate_colour_distance == 16
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        expanded = expand(REPO / "template.yaml", {**IMAGES, "NearDuplicateDistance": "2",
+                                                   "NearDuplicateColourDistance": "40"}, "atelier", "us-east-1",
+                          "123456789012")
+    ingest = IngestSettings.from_env(function_environment(expanded, "IngestFunction"))
+    imported = ImportSettings.from_env(function_environment(expanded, "ImportFunction")).ingest
+
+    assert [(s.near_duplicate_distance, s.near_duplicate_colour_distance) for s in (ingest, imported)] == [(2, 40)] * 2
 
 
 def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) -> None:
