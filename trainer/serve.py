@@ -28,6 +28,15 @@ $SERVE_MAX_PROMPT_CHARS (1000), $SERVE_MAX_GUIDANCE (50). The port is $SAGEMAKER
 (default 8080); the address $SAGEMAKER_BIND_HOST (default 0.0.0.0, what a SageMaker endpoint needs;
 the local stack binds 127.0.0.1). One generation runs at a time; the same request gives the same
 images.
+
+Speed levers (ServeSettings too; trainer/serve_levers.py says what each does, bench/serve_gpu.py
+measures them): $SERVE_COMPILE (default; off|default|max-autotune) and $SERVE_CUDA_GRAPHS (1),
+which on a GPU compile the UNet and VAE decoder and replay them as CUDA graphs, for the request
+sizes in $SERVE_WARMUP_IMAGES (1; e.g. "1,2,4") before /ping answers 200 (other sizes run eagerly);
+off by default: $SERVE_SCHEDULER (default|dpmpp), $SERVE_FUSE_QKV, $SERVE_CHANNELS_LAST,
+$SERVE_BATCH_WINDOW_MS (0) and $SERVE_MAX_BATCH (8). With a batch window, requests that arrive
+together run as one pipeline call; each still gets its own seeds' images, equal to what it gets
+alone up to the last bits of bf16 arithmetic at another batch size.
 """
 
 import base64
@@ -48,6 +57,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from trainer.credentials import Credentials, sign_png
+from trainer.serve_levers import COMPILE_MODES, SCHEDULERS, Batcher, apply_levers, compiled, lever_plan
 
 PNG, JSON = "image/png", "application/json"
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range; image i's seed wraps around inside it
@@ -68,7 +78,7 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """The request bounds: each bounds the time or memory one request can take."""
+    """The request bounds (each bounds the time or memory one request can take) and the speed levers."""
 
     max_steps: int = 200
     max_side: int = 2048
@@ -76,25 +86,53 @@ class ServeSettings:
     max_body_bytes: int = 65536
     max_prompt_chars: int = 1000
     max_guidance: float = 50.0
+    scheduler: str = "default"  # the saved pipeline's own
+    fuse_qkv: bool = False
+    channels_last: bool = False
+    compile: str = "default"  # on a GPU only (trainer/serve_levers.py); bench/RESULTS.md has what each lever gave
+    cuda_graphs: bool = True
+    warmup_images: tuple[int, ...] = (1,)
+    batch_window_ms: float = 0.0
+    max_batch: int = 8
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServeSettings":
-        """$SERVE_MAX_<FIELD> overrides each default; a value that is not a positive number fails at start."""
+        """$SERVE_<FIELD> overrides each default; a value that does not parse fails at start."""
         values = {}
         for field in fields(cls):
             name = f"SERVE_{field.name.upper()}"
             if name in environ:
-                values[field.name] = _positive(name, environ[name], float if field.type is float else int)
+                values[field.name] = _setting(field, name, environ[name].strip())
         return cls(**values)
 
 
-def _positive(name: str, text: str, kind: type) -> int | float:
+CHOICES = {"scheduler": SCHEDULERS, "compile": COMPILE_MODES}
+FLAGS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def _setting(field, name: str, text: str):
+    if field.name in CHOICES:
+        if text not in CHOICES[field.name]:
+            raise ValueError(f"${name} must be one of {', '.join(CHOICES[field.name])}, got {text!r}")
+        return text
+    if field.type is bool:
+        if text.lower() not in FLAGS:
+            raise ValueError(f"${name} must be 1 or 0, got {text!r}")
+        return FLAGS[text.lower()]
+    if field.name == "warmup_images":
+        return tuple(_positive(name, part, int) for part in text.split(","))
+    return _positive(name, text, float if field.type is float else int, zero=field.name == "batch_window_ms")
+
+
+def _positive(name: str, text: str, kind: type, zero: bool = False) -> int | float:
+    """A positive number (or zero, where `zero`), else ValueError naming the variable."""
+    wanted = f"${name} must be a {'non-negative' if zero else 'positive'} {kind.__name__}, got {text!r}"
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"${name} must be a positive {kind.__name__}, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"${name} must be a positive {kind.__name__}, got {text!r}")
+        raise ValueError(wanted) from None
+    if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
+        raise ValueError(wanted)
     return value
 
 
@@ -242,19 +280,40 @@ def response_type(accept: str | None, num_images: int) -> str:
 # ---------------------------------------------------------------- generation
 
 
-def load_pipeline(model_dir: str | Path) -> DiffusionPipeline:
-    """The saved pipeline on the GPU in bf16 when there is one, else on the CPU in fp32."""
+WARMUP_STEPS = 3  # CUDA graph trees warm up, record, then replay: the third UNet call replays
+
+
+def load_pipeline(model_dir: str | Path, settings: ServeSettings = ServeSettings()) -> DiffusionPipeline:
+    """The saved pipeline on the GPU in bf16 when there is one, else on the CPU in fp32, with the
+    settings' speed levers applied and, when it compiles, the warm-up shapes compiled."""
     if not (Path(model_dir) / "model_index.json").is_file():  # never a hub id: diffusers would try to download it
         raise FileNotFoundError(f"no diffusers pipeline (model_index.json) in {model_dir}")
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir))
     pipeline.set_progress_bar_config(disable=True)
     if torch.cuda.is_available():
-        return pipeline.to("cuda", torch.bfloat16)
+        pipeline = pipeline.to("cuda", torch.bfloat16)
+    plan = lever_plan(settings, torch.cuda.is_available())
+    apply_levers(pipeline, plan)
+    if compiled(plan):
+        warm_up(pipeline, settings.warmup_images)
     return pipeline
 
 
+def warm_up(pipeline: DiffusionPipeline, images_per_request: tuple[int, ...]) -> None:
+    """Compile (and record the CUDA graphs of) each request size at the model's size and default guidance."""
+    for images in images_per_request:
+        for _ in range(2):  # the VAE decoder runs once a call: its graph records on the second
+            _run(pipeline, Generation("warm-up", num_inference_steps=WARMUP_STEPS, num_images=images))
+
+
 def generate(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Image]:
-    """The request's images; image i draws its starting noise from seed + i."""
+    """The request's images; image i draws its starting noise from seed + i. A shape the warm-up did
+    not compile runs eagerly instead of compiling for minutes inside a request."""
+    with torch.compiler.set_stance("eager_on_recompile"):
+        return _run(pipeline, generation)
+
+
+def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Image]:
     return pipeline(
         generation.prompt,
         negative_prompt=generation.negative_prompt,
@@ -266,6 +325,30 @@ def generate(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.
         # CPU generators draw the same starting noise whatever device runs the model.
         generator=[torch.Generator("cpu").manual_seed(seed) for seed in generation.seeds],
     ).images
+
+
+def batch_key(generation: Generation) -> tuple:
+    """What requests sharing one pipeline call must agree on (prompts and seeds may differ)."""
+    return (generation.num_inference_steps, generation.guidance_scale, generation.height, generation.width,
+            generation.negative_prompt is None)
+
+
+def generate_batch(pipeline: DiffusionPipeline, generations: list[Generation]) -> list[list[Image.Image]]:
+    """Several requests of one batch_key as one pipeline call: each request's images, from its own seeds."""
+    first = generations[0]
+    prompts = [g.prompt for g in generations for _ in range(g.num_images)]
+    negatives = None if first.negative_prompt is None else [g.negative_prompt for g in generations for _ in range(g.num_images)]
+    with torch.compiler.set_stance("eager_on_recompile"):
+        images = pipeline(
+            prompts, negative_prompt=negatives, num_inference_steps=first.num_inference_steps,
+            guidance_scale=first.guidance_scale, height=first.height, width=first.width,
+            generator=[torch.Generator("cpu").manual_seed(seed) for g in generations for seed in g.seeds],
+        ).images
+    split, start = [], 0
+    for generation in generations:
+        split.append(images[start:start + generation.num_images])
+        start += generation.num_images
+    return split
 
 
 def png_bytes(image: Image.Image, generation: Generation, seed: int, provenance: Provenance,
@@ -325,14 +408,12 @@ class InferenceHandler(BaseHTTPRequestHandler):
         except BadRequest as error:
             self.respond_error(error.status, str(error))
             return
-        pipeline = self.server.pipeline
-        if pipeline is None:
+        if self.server.pipeline is None:
             self.respond_error(503, "loading the model")
             return
         provenance, credentials = self.server.provenance, self.server.credentials
         try:
-            with self.server.lock:  # one generation at a time: the pipeline is not thread-safe
-                images = generate(pipeline, generation)
+            images = self.server.generations.submit(generation)
             pngs = [png_bytes(image, generation, seed, provenance, credentials)
                     for image, seed in zip(images, generation.seeds)]
         except Exception as error:  # the endpoint reports the failure (C2PA signing's too) and keeps serving
@@ -369,16 +450,30 @@ class InferenceHandler(BaseHTTPRequestHandler):
 
 
 class InferenceServer(ThreadingHTTPServer):
-    """Listens at once; answers 503 until `pipeline` is set; signs images when given credentials."""
+    """Listens at once; answers 503 until `pipeline` is set; signs images when given credentials.
+    Generations run on one thread (`generations`): its own, or with `generation_thread=False` the
+    caller's, which then runs `generations.serve()`."""
 
     daemon_threads = True
 
     def __init__(self, host: str, port: int, settings: ServeSettings, provenance: Provenance,
-                 pipeline: DiffusionPipeline | None = None, credentials: Credentials | None = None):
+                 pipeline: DiffusionPipeline | None = None, credentials: Credentials | None = None,
+                 generation_thread: bool = True):
         super().__init__((host, port), InferenceHandler)
         self.settings, self.provenance, self.credentials = settings, provenance, credentials
         self.pipeline = pipeline
-        self.lock = threading.Lock()
+        self.generations = Batcher(self.run, batch_key, settings.batch_window_ms / 1000, settings.max_batch,
+                                   start=generation_thread)
+
+    def run(self, generations: list[Generation]) -> list[list[Image.Image]]:
+        """One call of the pipeline (not thread-safe: only the generation thread calls it)."""
+        if len(generations) == 1:  # alone, a request gets exactly the images it gets without a window
+            return [generate(self.pipeline, generations[0])]
+        return generate_batch(self.pipeline, generations)
+
+    def server_close(self) -> None:
+        self.generations.close()
+        super().server_close()
 
 
 def main(model_dir: str | Path) -> None:
@@ -387,19 +482,21 @@ def main(model_dir: str | Path) -> None:
     credentials = Credentials.from_env()
     host = os.environ.get("SAGEMAKER_BIND_HOST", "0.0.0.0")
     port = int(os.environ.get("SAGEMAKER_BIND_TO_PORT", 8080))
-    with InferenceServer(host, port, settings, provenance, credentials=credentials) as server:
+    # this thread loads, warms up and then runs every generation (the CUDA graphs it records are its own)
+    with InferenceServer(host, port, settings, provenance, credentials=credentials, generation_thread=False) as server:
         thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
         thread.start()
         print(json.dumps({"event": "loading", "model_dir": str(model_dir), "host": host, "port": port}), flush=True)
         try:
-            server.pipeline = load_pipeline(model_dir)
+            server.pipeline = load_pipeline(model_dir, settings)
         except BaseException:
             server.shutdown()
             raise
         print(json.dumps({"event": "serving", "model_dir": str(model_dir), "host": host, "port": port,
                           "model_id": provenance.model_id, "manifest": provenance.manifest,
-                          "c2pa": credentials is not None}), flush=True)
-        thread.join()
+                          "c2pa": credentials is not None,
+                          "levers": lever_plan(settings, torch.cuda.is_available())}), flush=True)
+        server.generations.serve()
 
 
 if __name__ == "__main__":

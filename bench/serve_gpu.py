@@ -1,0 +1,556 @@
+"""Benchmark the endpoint's model server (trainer/serve.py) on the SD-2-size pipeline: one JSON line per figure.
+
+    PYTHONUNBUFFERED=1 python bench/serve_gpu.py --out $OUT/serve.jsonl        # one H200, under 600 s
+    .venv/bin/python bench/serve_gpu.py --model-config tiny --size 64 --steps 2  # CPU smoke run
+
+Everything served is the server's own code path: the preset built with random weights by the
+trainer's code (trainer.models.load_models + build_pipeline, saved with save_pretrained, as a
+training job saves its model), loaded by trainer.serve.load_pipeline with a ServeSettings, and run
+by trainer.serve.generate on a Generation from trainer.serve.parse_request. The baseline is plain
+diffusers on the same directory: StableDiffusionPipeline.from_pretrained(dir, torch_dtype=bf16) on
+the GPU, its saved scheduler, no compile, the same prompt, steps, guidance, size and seeds (fp32 on
+a CPU, as the server runs there).
+
+Lines (`<size>` is --size):
+- `serve.p50_latency_s_<size>`, `serve.p99_latency_s_<size>`: the server as the environment
+  configures it ($SERVE_* read by ServeSettings.from_env, as the endpoint reads them), one image a
+  request, --timed requests after --warmup, timed A B A B against diffusers in the same process.
+- `serve.ratio_vs_diffusers`: diffusers' p50 / the server's p50 (goal >= 2.0).
+- `serve.http_p50_latency_s_<size>`: the same server behind its InferenceServer, one client posting
+  one request at a time (HTTP, parsing and PNG encoding included), generations on the thread that
+  warmed the pipeline up, as trainer.serve.main runs them.
+- `serve.img_per_s_<size>`: the server's images/s at the batch (images a request, --batches) that
+  maximises it; the sweep stops once a batch gains under 3%.
+- `serve.cold_start_s`: `python -m trainer.container serve` (the image's entrypoint) started on a
+  free port with a fresh Inductor cache: process start -> GET /ping 200 -> the first PNG.
+- `serve.lever.<name>`: one lever alone on the plain server (every lever off): `value` is the plain
+  p50 / the lever's p50 (above 1: faster), timed A B A B, with the lever's output against plain's
+  on the same seed (`psnr_db_vs_plain`, `mean_abs_diff_vs_plain`, 0..255). Levers (--levers):
+  channels_last, fuse_qkv, compile (max-autotune, no CUDA graphs), cuda_graphs (Inductor's default
+  mode with CUDA graphs: "reduce-overhead"),
+  dpmpp (DPM-Solver++ at --fast-steps against the saved scheduler at --steps), batching (--clients
+  concurrent one-image requests over HTTP to an InferenceServer with a --window-ms batch window,
+  against the same server without one; images/s).
+
+--deadline (seconds after process start) skips what would not finish before it, with a line saying
+so; compiled configurations are started only with --compile-needs seconds left.
+"""
+
+import time
+
+PROCESS_START = time.time()
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import http.client  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+from dataclasses import asdict, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench.train_gpu import commit, versions  # noqa: E402
+from trainer import serve  # noqa: E402
+from trainer.serve_levers import compiled, lever_plan  # noqa: E402
+
+PROMPT = "a photo of a red fox sitting in a snowy forest at sunrise"
+LEVERS = {  # each lever alone, as ServeSettings fields on top of the plain server; compiled ones last
+    "batching": {},  # the window is the InferenceServer's (batch_window_ms), measured over HTTP
+    "channels_last": {"channels_last": True},
+    "fuse_qkv": {"fuse_qkv": True},
+    "dpmpp": {"scheduler": "dpmpp"},
+    "cuda_graphs": {"compile": "default", "cuda_graphs": True},  # Inductor's default mode + graphs: "reduce-overhead"
+    "compile": {"compile": "max-autotune"},  # no graphs
+}
+PLAIN = {"scheduler": "default", "fuse_qkv": False, "channels_last": False, "compile": "off", "cuda_graphs": False,
+         "batch_window_ms": 0.0, "warmup_images": (1,)}
+RANDOM_WEIGHTS = "random weights: a consistency check of the arithmetic, not of picture quality"
+
+
+def note(**fields) -> None:
+    print(json.dumps({"progress": True, "t": round(time.time() - PROCESS_START, 1), **fields}), file=sys.stderr, flush=True)
+
+
+def left(args) -> float:
+    return args.deadline - (time.time() - PROCESS_START)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def release() -> None:
+    """What a configuration left: its modules, Dynamo's caches (graphs of one configuration guard
+    another's modules of the same class), the CUDA cache."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- the model
+
+
+def build_model(args) -> Path:
+    """The preset with random weights, saved as a training job saves its pipeline; reused when there."""
+    directory = Path(args.pipeline or Path(tempfile.gettempdir()) / f"atelier-serve-bench-{args.model_config}")
+    if (directory / "model_index.json").is_file():
+        note(event="pipeline_reused", dir=str(directory))
+        return directory
+    from trainer.models import build_pipeline, load_models
+    started = time.time()
+    # initialised on the GPU where there is one: the same architecture, minutes less of CPU init
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        models = load_models(args.model_config, None, args.seed)
+    build_pipeline(models, models.unet).save_pretrained(directory)
+    note(event="pipeline_built", dir=str(directory), s=round(time.time() - started, 1),
+         unet_params_m=round(sum(p.numel() for p in models.unet.parameters()) / 1e6, 1))
+    del models
+    release()
+    return directory
+
+
+def request(args, steps: int | None = None, images: int = 1, seed: int = 0) -> serve.Generation:
+    """A request as a client sends it, parsed by the server's own parser."""
+    body = {"prompt": PROMPT, "num_inference_steps": steps or args.steps, "seed": seed, "num_images": images,
+            "height": args.size, "width": args.size}
+    return serve.parse_request(json.dumps(body).encode(), settings_for(args, {}))
+
+
+def settings_for(args, levers: dict) -> serve.ServeSettings:
+    """The plain server with `levers`, its bounds raised to what the bench asks."""
+    return replace(serve.ServeSettings(), **{**PLAIN, **levers}, max_images=max(args.batches), max_steps=max(args.steps, 1000))
+
+
+def server_settings(args) -> serve.ServeSettings:
+    """The server as $SERVE_* configures it, its bounds raised to what the bench asks."""
+    return replace(serve.ServeSettings.from_env(), max_images=max(args.batches), max_steps=max(args.steps, 1000))
+
+
+def lever_fields(settings: serve.ServeSettings) -> dict:
+    return {name: getattr(settings, name) for name in PLAIN}
+
+
+def load_diffusers(directory: Path):
+    from diffusers import StableDiffusionPipeline
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    pipeline = StableDiffusionPipeline.from_pretrained(str(directory), torch_dtype=dtype)
+    pipeline.set_progress_bar_config(disable=True)  # as the server does: tqdm's redraws are no model time
+    return pipeline.to("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def diffusers_call(pipeline, generation: serve.Generation):
+    """What a diffusers user writes for the same request."""
+    return pipeline(generation.prompt, num_inference_steps=generation.num_inference_steps,
+                    guidance_scale=generation.guidance_scale, height=generation.height, width=generation.width,
+                    num_images_per_prompt=generation.num_images,
+                    generator=[torch.Generator("cpu").manual_seed(seed) for seed in generation.seeds]).images
+
+
+# ---------------------------------------------------------------- timing
+
+
+def timed(call) -> tuple[float, list]:
+    sync()
+    started = time.perf_counter()
+    images = call()
+    sync()
+    return time.perf_counter() - started, images
+
+
+def alternate(calls: dict, rounds: int) -> dict[str, list[float]]:
+    """Each call once per round, in turn (A B A B ...): drift on a shared machine hits both alike."""
+    seconds = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            seconds[name].append(timed(call)[0])
+    return seconds
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile (p99 of 10 samples is the slowest)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
+
+
+def summary(values: list[float]) -> dict:
+    return {"p50_s": round(statistics.median(values), 4), "p99_s": round(percentile(values, 0.99), 4),
+            "min_s": round(min(values), 4), "samples": len(values)}
+
+
+def difference(a, b) -> dict:
+    """Two lists of images compared pixel by pixel (uint8): PSNR (100 = identical) and mean |a - b|."""
+    x = np.stack([np.asarray(image, dtype=np.float64) for image in a])
+    y = np.stack([np.asarray(image, dtype=np.float64) for image in b])
+    mse = float(np.mean((x - y) ** 2))
+    return {"psnr_db": round(min(100.0, 10 * math.log10(255.0 ** 2 / mse)) if mse else 100.0, 2),
+            "mean_abs_diff": round(float(np.mean(np.abs(x - y))), 3)}
+
+
+def warm(call, count: int) -> tuple[float, list]:
+    """`count` untimed calls (the first compiles, where anything does); the first's time and images."""
+    first_s, images = timed(call)
+    for _ in range(count - 1):
+        timed(call)
+    return first_s, images
+
+
+# ---------------------------------------------------------------- figures
+
+
+def headline(args, directory: Path, emit, common: dict):
+    """The server as configured against diffusers, A B A B; then the server's throughput sweep."""
+    settings = server_settings(args)
+    plan = lever_plan(settings, torch.cuda.is_available())
+    if compiled(plan) and left(args) < args.compile_needs + 60:
+        emit({"metric": f"serve.p50_latency_s_{args.size}", "value": None, "unit": "s",
+              "skipped": f"{left(args):.0f} s left; a compiled server needs {args.compile_needs} s", **common})
+        return None
+    generation = request(args)
+    started = time.time()
+    ours = serve.load_pipeline(directory, settings)
+    load_s = time.time() - started
+    baseline = load_diffusers(directory)
+    calls = {"diffusers": lambda: diffusers_call(baseline, generation), "server": lambda: serve.generate(ours, generation)}
+    first = {name: warm(call, args.warmup)[0] for name, call in calls.items()}
+    seconds = alternate(calls, args.timed)
+    note(event="headline", **{name: summary(values) for name, values in seconds.items()})
+    ours_s, theirs_s = summary(seconds["server"]), summary(seconds["diffusers"])
+    config = {"steps": args.steps, "size": args.size, "images_per_request": 1, "guidance": generation.guidance_scale,
+              "levers": plan, "settings": lever_fields(settings), "load_s": round(load_s, 1),
+              "first_call_s": round(first["server"], 2), "warmup": args.warmup, "order": "A B A B (diffusers, server)",
+              "path": "trainer.serve.load_pipeline + generate (no HTTP, no PNG)"}
+    emit({"metric": f"serve.p50_latency_s_{args.size}", "value": ours_s["p50_s"], "unit": "s", **ours_s,
+          "config": config, **common})
+    emit({"metric": f"serve.p99_latency_s_{args.size}", "value": ours_s["p99_s"], "unit": "s",
+          "config": config, **common})
+    emit({"metric": f"serve.diffusers_p50_latency_s_{args.size}", "value": theirs_s["p50_s"], "unit": "s", **theirs_s,
+          "config": {**config, "levers": None, "settings": None,
+                     "path": "StableDiffusionPipeline.from_pretrained(dir, torch_dtype=bf16), its saved scheduler, no compile",
+                     "first_call_s": round(first["diffusers"], 2)}, **common})
+    emit({"metric": "serve.ratio_vs_diffusers", "value": round(theirs_s["p50_s"] / ours_s["p50_s"], 3),
+          "unit": "diffusers p50 / server p50", "goal": 2.0, "server_p50_s": ours_s["p50_s"],
+          "diffusers_p50_s": theirs_s["p50_s"], "config": config, **common})
+    http_s = over_http(ours, settings, lambda address: sequential_requests(args, address))
+    emit({"metric": f"serve.http_p50_latency_s_{args.size}", "value": summary(http_s)["p50_s"], "unit": "s",
+          **summary(http_s), "config": {**config, "path": "POST /invocations to trainer.serve.InferenceServer, one "
+                                        "client, one request at a time: HTTP, JSON parsing and PNG encoding included"},
+          **common})
+    if args.sweep:
+        sweep(args, ours, baseline, settings, emit, common)
+    return ours
+
+
+def sweep(args, ours, baseline, settings: serve.ServeSettings, emit, common: dict) -> None:
+    """Images/s at each batch of --batches until one gains under 3% (or fails); the best one's line."""
+    plan = lever_plan(settings, torch.cuda.is_available())
+    rates, best = {}, None
+    for images in args.batches:
+        if left(args) < (args.compile_needs if compiled(plan) else 30):
+            rates[images] = f"skipped: {left(args):.0f} s left"
+            break
+        generation = request(args, images=images)
+        try:
+            if compiled(plan) and images not in settings.warmup_images:
+                serve.warm_up(ours, (images,))  # as $SERVE_WARMUP_IMAGES would have at start
+            warm(lambda: serve.generate(ours, generation), 1)
+            seconds = [timed(lambda: serve.generate(ours, generation))[0] for _ in range(args.sweep_timed)]
+        except torch.OutOfMemoryError:
+            rates[images] = "out of memory"
+            break
+        rates[images] = round(images / statistics.median(seconds), 3)
+        note(event="sweep", images=images, img_per_s=rates[images])
+        if best is not None and rates[images] < rates[best] * 1.03:
+            best = max(best, images, key=lambda n: rates[n])
+            break
+        best = images if best is None or rates[images] > rates[best] else best
+    if best is None:
+        return
+    generation = request(args, images=best)
+    warm(lambda: diffusers_call(baseline, generation), 1)
+    theirs = best / statistics.median([timed(lambda: diffusers_call(baseline, generation))[0] for _ in range(args.sweep_timed)])
+    emit({"metric": f"serve.img_per_s_{args.size}", "value": rates[best], "unit": "img/s", "batch": best,
+          "diffusers_img_per_s_same_batch": round(theirs, 3), "ratio_vs_diffusers_same_batch": round(rates[best] / theirs, 3),
+          "config": {"steps": args.steps, "size": args.size, "by_batch": rates, "levers": plan,
+                     "batch_means": "images in one request (num_images); classifier-free guidance doubles the UNet's batch",
+                     "timed_per_batch": args.sweep_timed}, **common})
+
+
+def lever(args, name: str, directory: Path, plain, plain_images: list, emit, common: dict) -> None:
+    """One lever alone on the plain server, A B A B against the plain one."""
+    settings = settings_for(args, LEVERS[name])
+    plan = lever_plan(settings, torch.cuda.is_available())
+    base = {"metric": f"serve.lever.{name}", "unit": "plain p50 / lever p50", "levers": plan, **common}
+    if plan["compile"].startswith("skipped"):
+        emit({**base, "value": None, "skipped": plan["compile"]})
+        return
+    if left(args) < (args.compile_needs if compiled(plan) else 40):
+        emit({**base, "value": None, "skipped": f"{left(args):.0f} s left before the deadline"})
+        return
+    steps = args.fast_steps if name == "dpmpp" else args.steps
+    generation, reference = request(args, steps=steps), request(args)
+    started = time.time()
+    try:
+        pipeline = serve.load_pipeline(directory, settings)  # compiles and records the graphs, where it does
+        load_s = time.time() - started
+        first_s, images = warm(lambda: serve.generate(pipeline, generation), args.warmup)
+        seconds = alternate({"lever": lambda: serve.generate(pipeline, generation),
+                             "plain": lambda: serve.generate(plain, reference)}, args.timed)
+    except (RuntimeError, torch.OutOfMemoryError) as error:  # a lever that fails leaves the others their run
+        emit({**base, "value": None, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+        release()
+        return
+    mine, theirs = summary(seconds["lever"]), summary(seconds["plain"])
+    line = {**base, "value": round(theirs["p50_s"] / mine["p50_s"], 3), "lever_p50_s": mine["p50_s"],
+            "lever_p99_s": mine["p99_s"], "plain_p50_s": theirs["p50_s"], "load_and_warmup_s": round(load_s, 1),
+            "first_call_s": round(first_s, 2), "steps": steps, "plain_steps": args.steps}
+    if name == "dpmpp":  # the same seeds: DPM-Solver++ at N steps and the saved scheduler at N, each against it at --steps
+        line["quality_vs_plain_at_steps"] = difference(images, plain_images)
+        line["plain_at_fast_steps_vs_plain_at_steps"] = difference(serve.generate(plain, generation), plain_images)
+        line["note"] = (f"both against the saved scheduler's {args.steps}-step image, seed 0; {RANDOM_WEIGHTS}: "
+                        "DPM-Solver++ should land nearer it than the saved scheduler at the same few steps")
+    else:
+        line.update({f"{key}_vs_plain": value for key, value in difference(images, plain_images).items()})
+        line["note"] = f"same request and seed as plain; {RANDOM_WEIGHTS}"
+    emit(line)
+    del pipeline
+    release()
+
+
+def over_http(pipeline, settings: serve.ServeSettings, client):
+    """`client(address)`'s result against an InferenceServer whose generations run on this thread, as
+    trainer.serve.main runs them (the thread that warmed the pipeline up)."""
+    outcome = {}
+    with serve.InferenceServer("127.0.0.1", 0, settings, serve.Provenance("bench", "bench", "bench"), pipeline,
+                               generation_thread=False) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+        def drive() -> None:
+            try:
+                outcome["value"] = client(server.server_address)
+            except Exception as error:  # noqa: BLE001 - raised below, in the caller's thread
+                outcome["error"] = error
+            finally:
+                server.generations.close()
+
+        threading.Thread(target=drive, daemon=True).start()
+        server.generations.serve()
+        server.shutdown()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def post(connection, args, seed: int) -> float:
+    body = json.dumps({"prompt": PROMPT, "num_inference_steps": args.steps, "seed": seed, "height": args.size,
+                       "width": args.size}).encode()
+    started = time.perf_counter()
+    connection.request("POST", "/invocations", body, {"Content-Type": "application/json", "Accept": "image/png"})
+    response = connection.getresponse()
+    png = response.read()
+    if response.status != 200 or not png.startswith(b"\x89PNG"):
+        raise RuntimeError(f"/invocations answered {response.status}: {png[:200]!r}")
+    return time.perf_counter() - started
+
+
+def sequential_requests(args, address) -> list[float]:
+    """--warmup then --timed one-image requests, one at a time: the timed ones' seconds."""
+    connection = http.client.HTTPConnection(*address, timeout=600)
+    seconds = [post(connection, args, seed) for seed in range(args.warmup + args.timed)]
+    return seconds[args.warmup:]
+
+
+def batching(args, plain, emit, common: dict) -> None:
+    """--clients concurrent one-image requests over HTTP, with and then without a batch window."""
+    base = {"metric": "serve.lever.batching", "unit": "img/s with the window / without", **common}
+    if left(args) < 60:
+        emit({**base, "value": None, "skipped": f"{left(args):.0f} s left before the deadline"})
+        return
+    results = {}
+    for window_ms in (0.0, args.window_ms, 0.0, args.window_ms):  # A B A B
+        settings = replace(settings_for(args, {}), batch_window_ms=window_ms, max_batch=args.clients)
+        run = over_http(plain, settings, lambda address: concurrent_requests(args, address))
+        results.setdefault(window_ms, []).append(run)
+        note(event="batching", window_ms=window_ms, **run)
+    rate = {window: statistics.median(run["img_per_s"] for run in runs) for window, runs in results.items()}
+    latency = {window: statistics.median(run["p50_s"] for run in runs) for window, runs in results.items()}
+    emit({**base, "value": round(rate[args.window_ms] / rate[0.0], 3), "img_per_s_batched": round(rate[args.window_ms], 3),
+          "img_per_s_unbatched": round(rate[0.0], 3), "request_p50_s_batched": latency[args.window_ms],
+          "request_p50_s_unbatched": latency[0.0],
+          "config": {"clients": args.clients, "requests_per_client": args.client_requests, "window_ms": args.window_ms,
+                     "max_batch": args.clients, "steps": args.steps, "size": args.size, "order": "A B A B",
+                     "path": "trainer.serve.InferenceServer over HTTP (PNG encoding included), plain levers"}})
+
+
+def concurrent_requests(args, address) -> dict:
+    """Every client sends its requests one after another; all clients at once."""
+    latencies, failures = [], []
+
+    def client(number: int) -> None:
+        connection = http.client.HTTPConnection(*address, timeout=600)
+        for count in range(args.client_requests):
+            try:
+                latencies.append(post(connection, args, number * 1000 + count))
+            except (RuntimeError, OSError) as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{len(failures)} requests failed, the first: {failures[0]}")
+    return {"img_per_s": round(len(latencies) / wall, 3), "p50_s": round(statistics.median(latencies), 3),
+            "wall_s": round(wall, 2)}
+
+
+def cold_start(args, directory: Path, emit, common: dict) -> None:
+    """The image's entrypoint on a free port: process start -> /ping 200 -> the first PNG."""
+    settings = server_settings(args)
+    plan = lever_plan(settings, torch.cuda.is_available())
+    base = {"metric": "serve.cold_start_s", "unit": "s", "levers": plan, **common}
+    if left(args) < (args.compile_needs if compiled(plan) else 60):
+        emit({**base, "value": None, "skipped": f"{left(args):.0f} s left before the deadline"})
+        return
+    root = Path(tempfile.mkdtemp(prefix="atelier-serve-cold-"))
+    (root / "model").symlink_to(directory.resolve())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    python_path = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "functions"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "ATELIER_OPT_ML": str(root), "SAGEMAKER_BIND_HOST": "127.0.0.1",
+           "SAGEMAKER_BIND_TO_PORT": str(port), "PYTHONPATH": python_path,
+           "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}  # cold: none of this process's compiled kernels
+    body = json.dumps({"prompt": PROMPT, "num_inference_steps": args.steps, "height": args.size,
+                       "width": args.size}).encode()
+    started = time.time()
+    process = subprocess.Popen([sys.executable, "-m", "trainer.container", "serve"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        ready = wait_for_ping(port, process, started, time.time() + max(left(args) - 20, 30))
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=max(left(args) - 10, 30))
+        connection.request("POST", "/invocations", body, {"Content-Type": "application/json", "Accept": "image/png"})
+        response = connection.getresponse()
+        png = response.read()
+        first_png = time.time() - started
+        if response.status != 200 or not png.startswith(b"\x89PNG"):
+            raise RuntimeError(f"/invocations answered {response.status}: {png[:200]!r}")
+    except (RuntimeError, OSError) as error:
+        process.kill()
+        log = process.communicate()[0].decode(errors="replace")[-1500:]
+        emit({**base, "value": None, "error": f"{type(error).__name__}: {error}", "log_tail": log})
+        return
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)
+    emit({**base, "value": round(first_png, 1), "ping_200_s": round(ready, 1), "first_request_s": round(first_png - ready, 2),
+          "config": {"command": "python -m trainer.container serve", "steps": args.steps, "size": args.size,
+                     "inductor_cache": "empty (TORCHINDUCTOR_CACHE_DIR fresh)", "model": "fp32 safetensors on local disk, "
+                     "page cache warm (this process wrote or read it)", "settings": lever_fields(settings)}})
+
+
+def wait_for_ping(port: int, process, started: float, give_up: float) -> float:
+    """Seconds from `started` to the first 200 from /ping; RuntimeError if the process ends or time runs out."""
+    while time.time() < give_up:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode} before /ping answered 200")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/ping")
+            if connection.getresponse().status == 200:
+                return time.time() - started
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("/ping did not answer 200 before the deadline")
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-config", default="sd2", help="a preset in trainer/configs/")
+    parser.add_argument("--size", type=int, default=512, help="image side, px")
+    parser.add_argument("--steps", type=int, default=30, help="inference steps a request asks")
+    parser.add_argument("--fast-steps", type=int, default=None, help="the dpmpp lever's steps (half of --steps)")
+    parser.add_argument("--timed", type=int, default=10, help="timed one-image requests per configuration")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed requests per configuration first")
+    parser.add_argument("--batches", default="1,2,4,8,16", help="images a request for the throughput sweep")
+    parser.add_argument("--sweep-timed", type=int, default=2, help="timed requests per batch of the sweep")
+    parser.add_argument("--levers", default=",".join(LEVERS), help=f"levers to measure, of {', '.join(LEVERS)}")
+    parser.add_argument("--no-cold-start", dest="cold_start", action="store_false")
+    parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="no throughput sweep")
+    parser.add_argument("--no-headline", dest="headline", action="store_false",
+                        help="levers (and cold start) only: no server-vs-diffusers figures, no sweep")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients for the batching lever")
+    parser.add_argument("--client-requests", type=int, default=2, help="requests each client sends")
+    parser.add_argument("--window-ms", type=float, default=50.0, help="the batching lever's window")
+    parser.add_argument("--pipeline", default=None, help="the saved pipeline's directory (built there if absent)")
+    parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    parser.add_argument("--deadline", type=float, default=540, help="seconds after process start; later figures are skipped")
+    parser.add_argument("--compile-needs", type=float, default=200, help="seconds a compiled configuration needs")
+    parser.add_argument("--out", default=None, help="also append the JSON lines here")
+    args = parser.parse_args(argv)
+    args.batches = [int(n) for n in args.batches.split(",") if n]
+    args.fast_steps = args.fast_steps or max(1, args.steps // 2)
+    args.levers = [name for name in args.levers.split(",") if name]
+    unknown = sorted(set(args.levers) - set(LEVERS))
+    if unknown or not args.batches:
+        parser.error(f"unknown levers {unknown}; known: {', '.join(LEVERS)}" if unknown else "--batches is empty")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    machine = {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "nproc": os.cpu_count(), "host": platform.node()}
+    common = {"commit": commit(), "machine": machine, "versions": versions(), "model_config": args.model_config,
+              "precision": "bf16" if cuda else "fp32 (CPU)", "attention": "SDPA (diffusers AttnProcessor2_0)"}
+
+    def emit(line: dict) -> None:
+        text = json.dumps(line)
+        print(text, flush=True)
+        if args.out:
+            with open(args.out, "a") as out:
+                out.write(text + "\n")
+
+    directory = build_model(args)
+    # the server as configured; the plain one when $SERVE_* sets no lever
+    plain = headline(args, directory, emit, common) if args.headline else None
+    if plain is None or lever_fields(server_settings(args)) != lever_fields(settings_for(args, {})):
+        plain = None
+        release()
+        plain = serve.load_pipeline(directory, settings_for(args, {}))
+    if args.cold_start:
+        cold_start(args, directory, emit, common)
+    plain_images = warm(lambda: serve.generate(plain, request(args)), 1)[1]
+    for name in args.levers:
+        note(event="lever", name=name)
+        if name == "batching":
+            batching(args, plain, emit, common)
+        else:
+            lever(args, name, directory, plain, plain_images, emit, common)
+    note(event="done", s=round(time.time() - PROCESS_START, 1))
+
+
+if __name__ == "__main__":
+    main()
