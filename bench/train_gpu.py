@@ -796,6 +796,10 @@ def parse_args() -> argparse.Namespace:
                         help="trainer.compile_cache's directory: the first configuration (compiled) loads its shape's "
                              "file before its first step and saves it after; gives train.first_step_s_compiled_warm/cold")
     parser.add_argument("--encode-batch", type=int, default=32)
+    parser.add_argument("--encode-compile", action="store_true",
+                        help="after each --encode resolution, encode again with the VAE encoder compiled and every call "
+                             "padded (trainer.encode --compile), twice: train.encode_img_per_s_<res>_compiled (cold, "
+                             "compile included) and _compiled_warm, each with its ratio to the eager encode")
     parser.add_argument("--profile", default="", help="configurations to profile (3 steps after the timed ones)")
     parser.add_argument("--count-flops", action="store_true",
                         help="count the UNet's (and VAE encoder's) FLOPs per image with FlopCounterMode, once per resolution")
@@ -839,6 +843,28 @@ def encode_line(ctx: dict, resolution: int, common: dict) -> dict | None:
     if vae_tflop:
         line["vae_tflop_per_s"], line["vae_flops_basis"] = significant(rate * vae_tflop), basis
     return line
+
+
+def compiled_encode_lines(ctx: dict, resolution: int, common: dict, eager: dict | None) -> list[dict]:
+    """The same encode with the VAE encoder compiled and padded calls, twice in this process: the first
+    pays the compile (one graph per bucket shape), the second is the steady rate."""
+    from trainer.encode import encode_shards
+    from trainer.models import compile_vae_encoder, vae_encoder_eager
+    args, models = ctx["args"], ctx["models"]
+    compile_vae_encoder(models)
+    lines = []
+    for run in ("compiled", "compiled_warm"):
+        summary = encode_shards(args.shards, f"{args.latent_dir}-{run}", models, resolution, ctx["device"], args.encode_batch,
+                                args.num_workers, True, ctx["identity"], padded=True)
+        rate = summary["samples_encoded"] / max(summary["seconds"], 1e-9)
+        lines.append({"metric": f"train.encode_img_per_s_{resolution}_{run}", "value": round(rate, 1), "unit": "img/s",
+                      "ratio_vs_eager": round(rate / eager["value"], 3) if eager else None,
+                      "config": {"samples": summary["samples_encoded"], "seconds": summary["seconds"], "batch": args.encode_batch,
+                                 "vae": "bf16, encoder compiled (trainer.models.compile_vae_encoder), calls padded",
+                                 "note": "compile included" if run == "compiled" else "graphs compiled by the run before"},
+                      **common})
+    vae_encoder_eager(models)
+    return lines
 
 
 SOURCE_LABELS = {"image": "image shards, VAE + text encoder online",
@@ -932,6 +958,9 @@ def main() -> None:
         line = encode_line(ctx, resolution, common)
         if line:
             emit(line)
+        if args.encode_compile:
+            for compiled in compiled_encode_lines(ctx, resolution, common, line):
+                emit(compiled)
         PROCESS_START += time.time() - started  # the encode job is its own job: first_step_s leaves it out
 
     cache = None  # --compile-cache: the first configuration's compiled shape, loaded before its first step

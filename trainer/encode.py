@@ -65,7 +65,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainer import distributed
 from trainer.data import (IDS_MEMBER, IMAGE_MEMBERS, LATENT_MEMBER, CorruptSample, ShardIndex, ShardReader,
                           buckets_of, crop_to_bucket, decode_image, index_shards, load_exclusions)
-from trainer.models import Models, caption_ids, load_models
+from trainer.models import Models, caption_ids, compile_vae_encoder, load_models
 from trainer.objective import autocast
 
 
@@ -206,11 +206,13 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
 
 def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,
                   batch_size: int = 16, num_workers: int = 2, aspect_buckets: bool = True, identity: str | None = None,
-                  exclude: Mapping[str, Collection[str]] | None = None) -> dict:
+                  exclude: Mapping[str, Collection[str]] | None = None, padded: bool = False) -> dict:
     """Encode every image shard under `train_dir`, less `exclude` (shard id -> sample keys, never
     read), into `latent_dir(output_dir, ...)`; a summary of the work.
 
     `models` are on `device` already (bf16 VAE on a GPU, models.frozen_to); shards already there are kept.
+    `padded`: every VAE call takes `batch_size` images, a short group filled up with copies of its
+    last image whose latents are dropped, so a compiled encoder sees one shape per bucket.
     """
     started = time.perf_counter()
     identity = identity or models_identity(models)
@@ -234,7 +236,9 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
         corrupt += group["corrupt"]
         if group["rows"]:
             pixel_values = group["pixel_values"]
-            if len(pixel_values) == 1:  # never a batch of one: the CPU's conv kernels take another path for it
+            if padded and len(pixel_values) < batch_size:
+                pixel_values = pad_batch(pixel_values, batch_size)
+            elif len(pixel_values) == 1:  # never a batch of one: the CPU's conv kernels take another path for it
                 pixel_values = pixel_values.repeat(2, 1, 1, 1)
             with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objective.py)
                 pixel_values = pixel_values.to(device, non_blocking=True)
@@ -251,7 +255,13 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
                 write_tar(outputs[shard], [member for row in sorted(members) for member in members[row]])
     return {"identity": identity, "resolution": resolution, "dir": str(target), "shards": len(index.shards),
             "shards_written": len(work), "samples_encoded": encoded, "samples_excluded": index.excluded, "corrupt": corrupt,
-            "seconds": round(time.perf_counter() - started, 2)}
+            "seconds": round(time.perf_counter() - started, 2), "padded": padded}
+
+
+def pad_batch(pixel_values: torch.Tensor, size: int) -> torch.Tensor:
+    """`size` images: these, then their last one repeated (each image's latent depends on it alone)."""
+    filler = pixel_values[-1:].expand(size - len(pixel_values), *pixel_values.shape[1:])
+    return torch.cat([pixel_values, filler])
 
 
 # ---------------------------------------------------------------- main
@@ -265,8 +275,12 @@ def main(args: argparse.Namespace) -> dict:
     identity = models_identity(models)
     models.frozen_to(processes.device)
     resolution = args.resolution or models.default_resolution
+    compiling = args.compile if args.compile != "auto" else processes.device.type == "cuda"
+    if compiling:  # one graph per bucket shape, since every call is padded to the batch size
+        compile_vae_encoder(models)
     summary = encode_shards(args.train_dir, args.output_dir, models, resolution, processes.device, args.batch_size,
-                            args.num_workers, args.aspect_buckets, identity, load_exclusions(args.manifest))
+                            args.num_workers, args.aspect_buckets, identity, load_exclusions(args.manifest),
+                            padded=compiling)
     (Path(summary["dir"]) / "encoding.json").write_text(json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
     print(json.dumps({"event": "encoded", **{k: v for k, v in summary.items() if k != "corrupt"},
                       "corrupt_samples": len(summary["corrupt"])}), flush=True)
@@ -275,7 +289,7 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trainer.train import boolean  # one parser of hyperparameter booleans
+    from trainer.train import auto_or_boolean, boolean  # one parser of hyperparameter booleans
     env = os.environ
     parser = argparse.ArgumentParser(description="Encode image shards into latent shards for one resolution.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,
@@ -292,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--aspect-buckets", type=boolean, default=True, help="as the training job's")
     parser.add_argument("--batch-size", type=int, default=16, help="images per VAE call")
     parser.add_argument("--num-workers", type=int, default=4, help="processes decoding images")
+    parser.add_argument("--compile", type=auto_or_boolean, default="auto",
+                        help="torch.compile the VAE encoder, every call padded to --batch-size so each bucket shape "
+                             "compiles once: true, false, or auto (on a GPU)")
     return parser.parse_args(argv)
 
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import struct
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,3 +256,37 @@ def test_one_sample_is_always_written_as_the_same_bytes():
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
     assert header["__metadata__"] == {"bucket": "64x64", "encoder": "identity", "resolution": "64"}
     assert list(header["__metadata__"]) == ["bucket", "encoder", "resolution"]
+
+
+def test_padded_calls_take_the_whole_batch_and_give_the_same_latents(tmp_path, shards_dir, models, monkeypatch):
+    """A compiled encode (trainer.encode --compile) pads short groups to the batch size, so each bucket
+    shape compiles once; the padding's latents are dropped and the others are the unpadded ones."""
+    from safetensors.torch import load as load_safetensors
+    shapes, real_encode = [], models.vae.encode
+
+    def recording(pixels, *args, **kwargs):
+        shapes.append(tuple(pixels.shape))
+        return real_encode(pixels, *args, **kwargs)
+
+    monkeypatch.setattr(models.vae, "encode", recording)
+    plain = encode_shards(shards_dir, tmp_path / "plain", models, RESOLUTION, CPU, batch_size=4, num_workers=0)
+    plain_shapes, shapes[:] = list(shapes), []
+    padded = encode_shards(shards_dir, tmp_path / "padded", models, RESOLUTION, CPU, batch_size=4, num_workers=0, padded=True)
+
+    assert any(shape[0] < 4 for shape in plain_shapes)  # three samples a shard: short groups exist
+    assert {shape[0] for shape in shapes} == {4} and padded["padded"] and padded["samples_encoded"] == plain["samples_encoded"]
+    for tar in Path(plain["dir"]).rglob("*.tar"):
+        ours, theirs = members_of(tar), members_of(Path(padded["dir"]) / tar.relative_to(plain["dir"]))
+        assert list(ours) == list(theirs)
+        for name in ours:
+            if name.endswith(".safetensors"):
+                for key, value in load_safetensors(ours[name]).items():
+                    torch.testing.assert_close(load_safetensors(theirs[name])[key], value, atol=1e-5, rtol=1e-4)
+            else:
+                assert ours[name] == theirs[name]
+
+
+def test_encode_compiles_by_default_on_a_gpu_only():
+    from trainer.encode import parse_args
+    assert parse_args(["--train-dir", "x", "--output-dir", "y"]).compile == "auto"
+    assert parse_args(["--train-dir", "x", "--output-dir", "y", "--compile", "false"]).compile is False
