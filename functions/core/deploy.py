@@ -149,6 +149,8 @@ def endpoint_config_request(job: JobState, settings: DeploySettings) -> dict[str
         "ProductionVariants": [{
             "VariantName": VARIANT, "ModelName": model_name_for(job),
             "InstanceType": settings.instance_type, "InitialInstanceCount": settings.min_instances,
+            # AWS: 60..3600 s; the server answers /ping 200 only once its compiled graphs are warm
+            "ContainerStartupHealthCheckTimeoutInSeconds": settings.startup_timeout_s,
         }],
         "Tags": [{"Key": TRAINING_JOB_TAG, "Value": job.name}],
     }

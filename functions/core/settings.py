@@ -351,6 +351,9 @@ class DeploySettings:
     max_instances: int = 2
     invocations_per_instance: int = 60
     kms_key: str = ""
+    # how long a new endpoint instance may take to answer /ping 200: the server compiles the UNet and
+    # the VAE decoder before it does (trainer/serve.py; 102 s on an H200, bench/RESULTS.md)
+    startup_timeout_s: int = 1200
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "DeploySettings":
@@ -380,6 +383,7 @@ class DeploySettings:
             max_instances=int(_bounded("MAX_INSTANCES", _int(env, "MAX_INSTANCES"), 1)),
             invocations_per_instance=int(_bounded("INVOCATIONS_PER_INSTANCE", _int(env, "INVOCATIONS_PER_INSTANCE"), 1)),
             kms_key=env.get("KMS_KEY_ARN", ""),
+            startup_timeout_s=int(_bounded("ENDPOINT_STARTUP_TIMEOUT_S", _int(env, "ENDPOINT_STARTUP_TIMEOUT_S"), 60, 3600)),
         )
 
 

@@ -576,6 +576,18 @@ def test_the_endpoint_config_names_the_key_only_where_aws_accepts_it(instance_ty
     assert request.get("KmsKeyId") == (KEY if keyed else None)
 
 
+def test_the_endpoint_config_gives_the_compiling_server_its_startup_time() -> None:
+    """trainer/serve.py compiles before /ping answers 200 (102 s on an H200): the variant says how long
+    SageMaker waits for that (ContainerStartupHealthCheckTimeoutInSeconds), the template's parameter."""
+    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+                              endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
+                              startup_timeout_s=1500)
+
+    [variant] = endpoint_config_request(completed(), settings)["ProductionVariants"]
+
+    assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] == 1500
+
+
 @pytest.mark.parametrize("instance_type, keyed", [("ml.g5.2xlarge", False), ("ml.m5.xlarge", True)])
 def test_the_evaluation_job_encrypts_its_volume_only_where_aws_accepts_it(instance_type: str, keyed: bool) -> None:
     settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",

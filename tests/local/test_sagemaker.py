@@ -623,6 +623,22 @@ def test_an_endpoint_config_key_on_an_instance_store_type_is_refused(sm: Any, s3
     assert code == "ValidationException" and "ml.g5.xlarge" in message
 
 
+def test_a_variant_startup_timeout_outside_aws_range_is_refused(sm: Any, s3: Any) -> None:
+    """API_ProductionVariant: ContainerStartupHealthCheckTimeoutInSeconds lies in 60..3600 (botocore checks
+    the minimum before sending; the maximum is the service's to refuse)."""
+    put_model(s3, sm, "slow-start", "ok")
+    variant = {"VariantName": "AllTraffic", "ModelName": "slow-start", "InitialInstanceCount": 1, "InstanceType": "ml.m5.large"}
+
+    code, message = error_of(lambda: sm.create_endpoint_config(
+        EndpointConfigName="too-long", ProductionVariants=[{**variant, "ContainerStartupHealthCheckTimeoutInSeconds": 3601}]))
+    sm.create_endpoint_config(EndpointConfigName="in-range",
+                              ProductionVariants=[{**variant, "ContainerStartupHealthCheckTimeoutInSeconds": 1200}])
+
+    assert code == "ValidationException" and "containerStartupHealthCheckTimeoutInSeconds" in message and "3600" in message
+    assert sm.describe_endpoint_config(EndpointConfigName="in-range")["ProductionVariants"][0][
+        "ContainerStartupHealthCheckTimeoutInSeconds"] == 1200
+
+
 @pytest.mark.parametrize("member, value", [("ResourceConfig", {"InstanceType": "ml.g5.xlarge", "InstanceCount": 0}),
                                            ("RetryStrategy", {"MaximumRetryAttempts": 31})])
 def test_instance_count_and_retry_attempts_are_range_checked(sm: Any, member: str, value: dict) -> None:
