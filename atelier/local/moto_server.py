@@ -54,6 +54,8 @@ from moto.sqs.models import Message, Queue
 from moto.server import MotoRequestHandler
 from werkzeug.serving import run_simple
 
+from atelier.local.iam_rules import patch_iam_rules
+
 DYNAMODB_TARGET = "DynamoDB_"  # X-Amz-Target of every DynamoDB API call
 
 
@@ -243,6 +245,7 @@ def main(host: str, port: int) -> None:
     patch_sqs_clock()
     patch_schedule_rules()
     patch_module_list()
+    patch_iam_rules()  # used only under IAM enforcement (atelier/local/enforcement.py)
     logging.getLogger("werkzeug").addFilter(ErrorRequestsOnly())
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(host, port, SerialDynamoDB(app), threaded=True, request_handler=MotoRequestHandler)

@@ -119,7 +119,8 @@ class Provisioner:
                 self.result.physical[logical] = f"{self.result.stack}-{logical}"
                 continue
             create(logical, self.resolver.resolve(resource.get("Properties", {})))
-        self.result.outputs = {k: str(self.resolver.resolve(v["Value"])) for k, v in self.expanded.outputs.items()}
+        self.result.outputs = {k: str(self.resolver.resolve(v["Value"])) for k, v in self.expanded.outputs.items()
+                               if "Condition" not in v or self.resolver.condition(v["Condition"])}
         return self.result
 
     def _creators(self) -> dict[str, Callable[[str, dict[str, Any]], None]]:
@@ -127,7 +128,8 @@ class Provisioner:
             "AWS::S3::Bucket": self._bucket, "AWS::S3::BucketPolicy": self._bucket_policy,
             "AWS::SQS::Queue": self._queue, "AWS::SQS::QueuePolicy": self._queue_policy,
             "AWS::DynamoDB::Table": self._table, "AWS::Logs::LogGroup": self._log_group,
-            "AWS::IAM::Role": self._role, "AWS::Lambda::Function": self._function,
+            "AWS::IAM::Role": self._role, "AWS::IAM::ManagedPolicy": self._managed_policy,
+            "AWS::Lambda::Function": self._function,
             "AWS::Lambda::EventInvokeConfig": self._event_invoke_config,
             "AWS::Lambda::EventSourceMapping": self._event_source_mapping,
             "AWS::Lambda::Permission": self._permission, "AWS::Events::Rule": self._rule,
@@ -239,6 +241,15 @@ class Provisioner:
                 log.info("managed policy %s is not known locally; role %s goes without it", arn, name)
         self.result.physical[logical] = name
         self.attributes[logical] = {"Arn": f"arn:aws:iam::{self.result.account}:role/{name}"}
+
+    def _managed_policy(self, logical: str, props: dict[str, Any]) -> None:
+        """Ref is the policy's ARN, as in CloudFormation (roles made later name it, e.g. as a boundary)."""
+        name = self._name(logical, props, "ManagedPolicyName")[:128]
+        request = {"PolicyName": name, "PolicyDocument": json.dumps(props["PolicyDocument"]),
+                   **{k: props[k] for k in ("Path", "Description") if k in props}}
+        arn = self.client("iam").create_policy(**request)["Policy"]["Arn"]
+        self.result.physical[logical] = arn
+        self.attributes[logical] = {"PolicyArn": arn}
 
     # --- Lambda: handed to the local runtime ----------------------------------------------------
     def _function(self, logical: str, props: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import boto3
 
+from atelier.local import enforcement
 from atelier.local.alarms import AlarmEvaluator
 from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
@@ -58,6 +59,9 @@ class StackOptions:
     # A diffusers pipeline folder (or some of its parts): uploaded once moto is up, before the template
     # is provisioned, and given to every job as PretrainedModelUri (`atelier local up --base DIR`).
     base: Path | None = None
+    # moto checks every request against IAM, the stack running as an administrator user
+    # (atelier/local/enforcement.py): partner roles are then held to their policies, as on AWS.
+    enforce_iam: bool = False
 
     @property
     def state_file(self) -> Path:
@@ -80,8 +84,10 @@ class LocalStack:
         opts = self.options
         (opts.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         moto_url = self._start_moto()
-        self._set_env({"AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
-                       "AWS_DEFAULT_REGION": opts.region, "AWS_REGION": opts.region})
+        keys = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+        if opts.enforce_iam:
+            keys = enforcement.enforce(moto_url, opts.region)
+        self._set_env({"AWS_ENDPOINT_URL": moto_url, **keys, "AWS_DEFAULT_REGION": opts.region, "AWS_REGION": opts.region})
         if opts.base is not None:
             self.options = opts = replace(opts, overrides={**opts.overrides, "PretrainedModelUri": self._upload_base(opts.base)})
         self.provisioned = self._provision()

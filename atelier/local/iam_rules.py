@@ -1,0 +1,126 @@
+"""Two IAM rules moto's enforcement leaves out, applied on the local stack as AWS applies them.
+
+1. `s3:prefix` on S3 listings. moto's IAM enforcement matches a policy's Action and Resource, but
+gives an identity policy's conditions no request context, so every condition counts as met. For
+listings that matters: S3 authorises ListObjects on the bucket ARN, and the `s3:prefix` condition
+key is the only way a policy limits which keys a principal may list (S3 User Guide, "Bucket policy
+examples using condition keys"; IAM User Guide, "Amazon S3: Allows IAM users access to their S3
+home directory"). Without this, a partner role allowed `s3:ListBucket` with `StringLike s3:prefix
+partner-a/*` lists partner-b/ here, which AWS refuses.
+
+For the listing actions below the caller's policies are decided here, by IAM's rules: an explicit
+Deny wins, then any Allow, else denied; a statement applies when its Action, Resource and every
+condition match; a key absent from the request fails its condition, except for the negated
+operators (`StringNotLike`...) and `...IfExists`, where it passes (IAM User Guide, "Condition
+operators"). `s3:prefix` is the request's `prefix` parameter, absent when none is sent. The
+string operators are modelled; another operator on `s3:prefix` is refused (stricter than AWS,
+never looser). Conditions on other keys count as met, as in moto; policy variables are not
+substituted, as in moto. Every other request is moto's as before.
+
+2. AssumeRole of a role that does not exist. moto checks a role's trust policy only when the role
+exists, so a caller allowed `sts:AssumeRole` gets credentials for a deleted role; AWS refuses
+(AccessDenied): a partner whose role was removed can no longer start a session.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+LISTING_ACTIONS = frozenset({"s3:ListBucket", "s3:ListBucketVersions", "s3:ListBucketMultipartUploads"})
+MODELLED_KEYS = frozenset({"s3:prefix"})
+STRING_OPERATORS = {"StringEquals": lambda expected, value: expected == value,
+                    "StringLike": lambda expected, value: _like(expected, value)}
+
+
+def request_context(path: str) -> dict[str, str]:
+    """The modelled condition keys of a listing request (path with its query string)."""
+    query = parse_qs(urlparse(path).query, keep_blank_values=True)
+    return {"s3:prefix": query["prefix"][0]} if "prefix" in query else {}
+
+
+def allowed(documents: Iterable[dict[str, Any]], action: str, resource: str, context: dict[str, str]) -> bool:
+    """Whether policies with these documents allow the request."""
+    permitted = False
+    for statement in (s for document in documents for s in _listed(document.get("Statement", []))):
+        if not _applies(statement, action, resource, context):
+            continue
+        if statement.get("Effect") == "Deny":
+            return False
+        permitted = permitted or statement.get("Effect") == "Allow"
+    return permitted
+
+
+def _applies(statement: dict[str, Any], action: str, resource: str, context: dict[str, str]) -> bool:
+    return (_element_matches(statement, "Action", action, ignore_case=True)
+            and _element_matches(statement, "Resource", resource)
+            and all(_condition_met(operator, key, _listed(expected), context)
+                    for operator, keys in statement.get("Condition", {}).items() for key, expected in keys.items()))
+
+
+def _element_matches(statement: dict[str, Any], element: str, value: str, ignore_case: bool = False) -> bool:
+    if element in statement:
+        return any(_like(pattern, value, ignore_case) for pattern in _listed(statement[element]))
+    if f"Not{element}" in statement:
+        return not any(_like(pattern, value, ignore_case) for pattern in _listed(statement[f"Not{element}"]))
+    return False
+
+
+def _condition_met(operator: str, key: str, expected: list[Any], context: dict[str, str]) -> bool:
+    key = key.lower()
+    if key not in MODELLED_KEYS:
+        return True  # as moto: a key it has no value for counts as met
+    if_exists = operator.endswith("IfExists")
+    base = operator.removesuffix("IfExists")
+    negated = base.startswith("StringNot")
+    compare = STRING_OPERATORS.get(base.replace("StringNot", "String", 1))
+    if compare is None:
+        return False  # not modelled here: refused rather than guessed
+    if key not in context:
+        return if_exists or negated
+    hit = any(compare(str(value), context[key]) for value in expected)
+    return not hit if negated else hit
+
+
+def _like(pattern: str, value: str, ignore_case: bool = False) -> bool:
+    """IAM's wildcards: `*` any run of characters, `?` one character."""
+    regex = re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
+    return re.fullmatch(regex, value, re.DOTALL | (re.IGNORECASE if ignore_case else 0)) is not None
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def patch_iam_rules() -> None:
+    """Apply both rules of the module docstring to moto's IAM enforcement (once)."""
+    from moto.iam.access_control import IAMPolicy, IAMRequest, S3IAMRequest
+    from moto.iam.exceptions import NotFoundException
+
+    listing_check = S3IAMRequest.check_action_permitted
+    if getattr(listing_check, "patched", False):
+        return
+
+    def check_listing(self: S3IAMRequest, resource: str) -> None:
+        if self._action not in LISTING_ACTIONS:
+            return listing_check(self, resource)
+        documents = [IAMPolicy(policy)._policy_json for policy in self._access_key.collect_policies()]
+        if not allowed(documents, self._action, resource, request_context(self._path)):
+            self._raise_access_denied()
+        return None
+
+    assume_check = IAMRequest.check_action_permitted
+
+    def check_assume_role(self: IAMRequest, resource: str) -> None:
+        if self._action == "sts:AssumeRole":
+            try:
+                self.backend.get_role_by_arn(resource)
+            except NotFoundException:
+                self._raise_access_denied()
+        return assume_check(self, resource)
+
+    check_listing.patched = True  # type: ignore[attr-defined]
+    S3IAMRequest.check_action_permitted = check_listing  # type: ignore[method-assign]
+    IAMRequest.check_action_permitted = check_assume_role  # type: ignore[method-assign]

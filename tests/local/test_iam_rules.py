@@ -1,0 +1,63 @@
+"""atelier/local/iam_rules.py: the `s3:prefix` of a listing decided as IAM decides it, where moto counts
+every condition as met (the rule on a whole moto server: tests/functions/test_partner_isolation.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from moto.iam.access_control import IAMPolicy, PermissionResult
+
+from atelier.local.iam_rules import allowed, request_context
+
+BUCKET = "arn:aws:s3:::uploads"
+
+
+def policy(*statements: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"Version": "2012-10-17", "Statement": list(statements)}]
+
+
+def listing(condition: dict[str, Any], effect: str = "Allow") -> dict[str, Any]:
+    return {"Effect": effect, "Action": "s3:ListBucket", "Resource": BUCKET, "Condition": condition}
+
+
+OWN_FOLDER = listing({"StringLike": {"s3:prefix": ["partner-a/*"]}})
+
+
+def test_moto_alone_counts_an_s3_prefix_condition_as_met() -> None:
+    # why the rule exists: with this, moto lets partner A list partner B's folder
+    moto = IAMPolicy({"policy_document": json.dumps(policy(OWN_FOLDER)[0])})
+    assert moto.is_action_permitted("s3:ListBucket", BUCKET) == PermissionResult.PERMITTED
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/uploads?list-type=2&prefix=partner-a%2F", True), ("/uploads?prefix=partner-a/cats/", True),
+    ("/uploads?list-type=2&prefix=partner-b%2F", False), ("/uploads?list-type=2", False),  # no prefix: the whole bucket
+    ("/uploads?list-type=2&prefix=", False), ("/uploads?list-type=2&prefix=partner-a", False),
+])
+def test_a_listing_is_allowed_only_under_the_prefix_the_condition_names(path: str, expected: bool) -> None:
+    assert allowed(policy(OWN_FOLDER), "s3:ListBucket", BUCKET, request_context(path)) is expected
+
+
+def test_a_negated_operator_or_if_exists_passes_when_the_request_has_no_prefix() -> None:
+    assert allowed(policy(listing({"StringNotLike": {"s3:prefix": ["secret/*"]}})), "s3:ListBucket", BUCKET, {})
+    assert allowed(policy(listing({"StringLikeIfExists": {"s3:prefix": ["a/*"]}})), "s3:ListBucket", BUCKET, {})
+    assert not allowed(policy(listing({"StringNotLike": {"s3:prefix": ["secret/*"]}})), "s3:ListBucket", BUCKET,
+                       {"s3:prefix": "secret/x"})
+
+
+def test_an_explicit_deny_wins_and_nothing_allowed_is_denied() -> None:
+    everything = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+    deny_b = listing({"StringLike": {"s3:prefix": "partner-b/*"}}, effect="Deny")
+    assert not allowed(policy(everything, deny_b), "s3:ListBucket", BUCKET, {"s3:prefix": "partner-b/"})
+    assert allowed(policy(everything, deny_b), "s3:ListBucket", BUCKET, {"s3:prefix": "partner-a/"})
+    assert not allowed(policy({"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}), "s3:ListBucket", BUCKET, {})
+    assert not allowed(policy({**OWN_FOLDER, "Resource": "arn:aws:s3:::other"}), "s3:ListBucket", BUCKET,
+                       {"s3:prefix": "partner-a/"})
+
+
+def test_an_operator_not_modelled_on_s3_prefix_is_refused_and_other_keys_are_as_moto_has_them() -> None:
+    assert not allowed(policy(listing({"ForAnyValue:StringLike": {"s3:prefix": "a/*"}})), "s3:ListBucket", BUCKET,
+                       {"s3:prefix": "a/"})
+    assert allowed(policy(listing({"Bool": {"aws:SecureTransport": "true"}})), "s3:ListBucket", BUCKET, {})
