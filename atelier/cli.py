@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from atelier import client, failures
+from atelier import client, failures, partners
 from atelier.progress import output_flags, progress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,8 @@ DEFAULT_STATE = REPO / ".atelier" / "local"
 console = Console()
 errors = Console(stderr=True)
 # atelier/<area>.py modules with a `register(commands)` that adds their subcommands
-COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_provenance", "cli_reliability", "cli_report")
+COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_partner", "cli_provenance", "cli_reliability",
+                 "cli_report")
 
 
 # --- local stack ----------------------------------------------------------------------------------
@@ -40,9 +41,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         bases.check(args.base, args.base.resolve().name)  # a bad folder fails before anything starts
     options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port,
                            sagemaker_port=args.port + 1 if args.port else 0, overrides=dict(args.parameter),
-                           base=args.base)
+                           base=args.base, enforce_iam=args.enforce_iam)
     with LocalStack(options) as stack:
-        for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port):
+        for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port,
+                                    args.enforce_iam):
             console.print(line, soft_wrap=True)  # the terminal wraps: commands stay one line to copy
         _interrupt_on_stop_signals()
         try:
@@ -54,7 +56,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def local_up_banner(outputs: int, workers: int, logs: Path, port: int) -> list[str]:
+def local_up_banner(outputs: int, workers: int, logs: Path, port: int, enforce_iam: bool = False) -> list[str]:
     """What `local up` prints once the stack is up, as rich markup: text in brackets that is not
     markup (`[local]`) is escaped, or rich would drop it."""
     lines = [f"[bold green]local stack up[/]: {outputs} outputs, {workers} function workers; logs in {escape(str(logs))}",
@@ -63,6 +65,9 @@ def local_up_banner(outputs: int, workers: int, logs: Path, port: int) -> list[s
                     "  sam build && sam local invoke --config-env local IngestFunction -e events/ingest_s3_put.json")]
     if port != 5100:
         lines.append("  (events/env.json and samconfig.toml name port 5100: edit them for another port)")
+    if enforce_iam:
+        lines.append("IAM is enforced: `atelier local env` holds the administrator's keys; partners upload with their own "
+                     "(docs/local.md, partner profiles)")
     return [*lines, "Ctrl-C stops it."]
 
 
@@ -100,6 +105,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- pipeline -----------------------------------------------------------------------------------
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    if args.profile is not None:
+        return _upload_as_partner(args)
+    if args.partner is None:
+        raise client.PipelineError("name the partner (--partner ID), or upload with its profile (--profile partner.toml)")
     outputs = client.stack_outputs(args.stack)
     bucket = outputs["UploadsBucketName"]
     files = client.files_to_upload(args.path)
@@ -109,38 +118,29 @@ def cmd_upload(args: argparse.Namespace) -> int:
                                    "LICENSE`, or pass --force to upload anyway")
     if unregistered:
         errors.print(f"[bold yellow]warning[/]: {escape(unregistered)} (uploading anyway: --force)", soft_wrap=True)
+    return _send(args, files, args.partner, bucket, s3=None)
+
+
+def _upload_as_partner(args: argparse.Namespace) -> int:
+    """With the partner role alone: where to upload comes from the profile, not the stack or the table."""
+    profile = partners.read_profile(args.profile)
+    if args.partner not in (None, profile.partner):
+        raise client.PipelineError(f"--partner {args.partner} is not {args.profile}'s partner ({profile.partner})")
+    files = client.files_to_upload(args.path)
+    return _send(args, files, profile.partner, profile.bucket, s3=partners.s3_client(profile))
+
+
+def _send(args: argparse.Namespace, files: list[Path], partner: str, bucket: str, s3: Any) -> int:
     size, count, started = sum(f.stat().st_size for f in files), 0, time.monotonic()
     with progress(args.quiet or args.json, transfer=True) as bar:
-        task = bar.add_task(f"{len(files)} files -> s3://{bucket}/{args.partner}/", total=size)
-        for _ in client.upload(args.path, args.partner, bucket, on_bytes=lambda n: bar.advance(task, n)):
+        task = bar.add_task(f"{len(files)} files -> s3://{bucket}/{partner}/", total=size)
+        for _ in client.upload(args.path, partner, bucket, on_bytes=lambda n: bar.advance(task, n), s3=s3):
             count += 1
     if args.json:
-        print(json.dumps({"partner": args.partner, "destination": f"s3://{bucket}/{args.partner}/", "objects": count,
+        print(json.dumps({"partner": partner, "destination": f"s3://{bucket}/{partner}/", "objects": count,
                           "bytes": size, "seconds": round(time.monotonic() - started, 3)}))
     else:
-        console.print(f"{count} objects uploaded for partner {args.partner}")
-    return 0
-
-
-def cmd_partner_add(args: argparse.Namespace) -> int:
-    partner = client.add_partner(client.stack_outputs(args.stack), args.partner_id, args.license, args.prefix, args.terms,
-                                 args.not_after, args.use)
-    console.print(f"partner {partner.partner_id}: licenses {', '.join(partner.licenses)}; "
-                  f"prefixes {', '.join(p or '(all)' for p in partner.prefixes)}")
-    return 0
-
-
-def cmd_partner_list(args: argparse.Namespace) -> int:
-    found = client.partners(client.stack_outputs(args.stack))
-    if args.json:
-        print(json.dumps([p.model_dump() for p in found], indent=1))
-        return 0
-    table = Table(title="Partners")
-    for column in ("partner", "licenses", "prefixes", "terms", "added"):
-        table.add_column(column)
-    for p in found:
-        table.add_row(p.partner_id, ", ".join(p.licenses), ", ".join(x or "(all)" for x in p.prefixes), p.terms, p.added_at)
-    console.print(table)
+        console.print(f"{count} objects uploaded for partner {partner}")
     return 0
 
 
@@ -238,6 +238,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--base", type=Path, default=None, metavar="DIR",
                     help="a diffusers pipeline folder (or some of its parts: vae/, text_encoder/, ...) every job "
                          "starts from: uploaded and set as PretrainedModelUri")
+    up.add_argument("--enforce-iam", action="store_true",
+                    help="moto checks every request against IAM, as AWS does (try partner profiles); the stack runs "
+                         "as an administrator user")
     up.set_defaults(func=cmd_local_up)
     local.add_parser("env", help="print the exports that point boto3 at the running local stack").set_defaults(
         func=cmd_local_env)
@@ -255,26 +258,13 @@ def parser() -> argparse.ArgumentParser:
     upload = commands.add_parser("upload", help="upload an image or a folder (sidecar .json files first)",
                                  parents=[output_flags()])
     upload.add_argument("path", type=Path, help="an image (its .json sidecar goes with it) or a folder of them")
-    upload.add_argument("--partner", required=True, help="the registered partner the images are licensed from; "
+    upload.add_argument("--partner", help="the registered partner the images are licensed from; "
                         "they land under s3://<uploads bucket>/<partner>/")
+    upload.add_argument("--profile", type=Path, help="a partner profile (`atelier partner export ID`): upload with the "
+                        "partner's own rights alone (no stack or registry access)")
     upload.add_argument("--force", action="store_true",
                         help="upload even when the partner is not registered (every file is then quarantined as unlicensed)")
     upload.set_defaults(func=cmd_upload)
-
-    partner = commands.add_parser("partner", help="the partner registry: who licenses what").add_subparsers(
-        dest="partner_command", required=True)
-    add = partner.add_parser("add", help="register a partner and the licenses it grants (replaces an existing one)")
-    add.add_argument("partner_id", help="lower-case letters, digits and '-': the prefix its uploads go under")
-    add.add_argument("--license", action="append", required=True, help="a license id; repeat for several")
-    add.add_argument("--prefix", action="append", default=[], help="key prefix under <partner>/ it may upload to")
-    add.add_argument("--terms", default="", help="free text: contract reference, expiry, ...")
-    add.add_argument("--not-after", default="", help="YYYY-MM-DD: no manifest built after this day trains on its samples")
-    add.add_argument("--use", action="append", default=[], help="a use its licenses allow (e.g. research); repeat for "
-                     "several; none: any use")
-    add.set_defaults(func=cmd_partner_add)
-    listing = partner.add_parser("list", help="the registered partners")
-    listing.add_argument("--json", action="store_true", help="a JSON list instead of the table")
-    listing.set_defaults(func=cmd_partner_list)
 
     status = commands.add_parser("status", help="uploads, rejects, shards, training jobs and endpoints")
     status.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")

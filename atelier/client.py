@@ -70,11 +70,13 @@ def unregistered_partner(outputs: dict[str, str], partner: str, files: int) -> s
     return f"partner {partner!r} is not registered, so all {files} files would be quarantined as unlicensed"
 
 
-def upload(path: Path, partner: str, bucket: str, on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
-    """Upload a file or a folder under `<partner>/`, yielding each key as it is written (`on_bytes`: per chunk sent)."""
+def upload(path: Path, partner: str, bucket: str, on_bytes: Callable[[int], None] | None = None,
+           s3: Any = None) -> Iterator[str]:
+    """Upload a file or a folder under `<partner>/`, yielding each key as it is written (`on_bytes`: per chunk
+    sent); `s3`: a client with the partner role's credentials (`atelier upload --profile`), else the caller's."""
     if not PARTNER_PATTERN.fullmatch(partner):
         raise PipelineError(f"partner id {partner!r} must be lower-case letters, digits and '-' (at most 64)")
-    s3 = boto3.client("s3")
+    s3 = s3 or boto3.client("s3")
     root = path if path.is_dir() else path.parent
     for file in files_to_upload(path):
         key = f"{partner}/{file.relative_to(root).as_posix()}"
@@ -85,9 +87,11 @@ def upload(path: Path, partner: str, bucket: str, on_bytes: Callable[[int], None
 # --- partners -----------------------------------------------------------------------------------
 
 def add_partner(outputs: dict[str, str], partner_id: str, licenses: list[str], prefixes: list[str],
-                terms: str, not_after: str = "", uses: list[str] | None = None) -> "Partner":
+                terms: str, not_after: str = "", uses: list[str] | None = None,
+                principals: list[str] | None = None) -> "Partner":
     """Register (or replace) a partner and the licenses it grants; `not_after` and `uses` limit
-    training on every one of them (core.licensing.Terms)."""
+    training on every one of them (core.licensing.Terms); `principals` may assume its upload role
+    (atelier.partners.update_role makes it)."""
     from pydantic import ValidationError
 
     from core.licensing import Partner, Terms, put_partner
@@ -100,7 +104,8 @@ def add_partner(outputs: dict[str, str], partner_id: str, licenses: list[str], p
     except ValidationError as exc:
         raise PipelineError(f"--not-after {not_after!r} must be a date, YYYY-MM-DD") from exc
     return put_partner(outputs["PipelineTableName"], Partner(
-        partner_id=partner_id, licenses=tuple(licenses), prefixes=tuple(prefixes or [""]), terms=terms, rules=rules))
+        partner_id=partner_id, licenses=tuple(licenses), prefixes=tuple(prefixes or [""]), terms=terms, rules=rules,
+        principals=tuple(dict.fromkeys(principals or ()))))
 
 
 def partners(outputs: dict[str, str]) -> list["Partner"]:

@@ -40,6 +40,8 @@ class Partner(Frozen):
     terms: str = ""  # free text: contract reference, ...
     added_at: str = ""
     rules: tuple[Terms, ...] = ()  # enforced by the manifest builder; absent from older records
+    # IAM roles or users that may assume its upload role (core.partner_access); none: no role
+    principals: tuple[str, ...] = ()
 
 
 class Revocation(Frozen):
@@ -100,7 +102,9 @@ def get_partner(table: str, partner_id: str) -> Partner | None:
 
 def put_partner(table: str, partner: Partner) -> Partner:
     stamped = partner.model_copy(update={"added_at": partner.added_at or datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    aws.put_item(table, {"pk": partner_pk(partner.partner_id), "kind": "partner", "record": stamped.model_dump_json()})
+    # A partner without principals is stored as before this field: functions deployed before it still read it.
+    record = stamped.model_dump_json(exclude={"principals"} if not stamped.principals else None)
+    aws.put_item(table, {"pk": partner_pk(partner.partner_id), "kind": "partner", "record": record})
     return stamped
 
 

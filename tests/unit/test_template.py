@@ -383,9 +383,10 @@ def test_every_role_that_writes_objects_may_make_and_read_data_keys_of_the_stora
     # S3: a PUT to an SSE-KMS bucket needs kms:GenerateDataKey; a multipart upload (boto3 switches to
     # one above 8 MiB, and partners' tools do) also needs kms:Decrypt to assemble the parts.
     # Source: the S3 User Guide, "Protecting data with server-side encryption using AWS KMS keys".
+    # (Partner roles are made by the CLI: tests/unit/test_partner_access.py checks theirs.)
     keyed = resolve(expand_with({"StorageKmsKeyArn": STORAGE_KEY}))
     writers = roles_that_put_objects(keyed)
-    assert {"PartnerUploadRole", "SageMakerRole"} <= set(writers)
+    assert {"SageMakerRole"} <= set(writers)
     missing = {role: {"kms:GenerateDataKey", "kms:Decrypt"} - role_actions_on(keyed, role, STORAGE_KEY)
                for role in writers}
     assert not {role: actions for role, actions in missing.items() if actions}
