@@ -31,7 +31,7 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.compile_vae_encoder),
   `<base>+vaecl` (the same with channels-last encoder weights),
   `<base>+lopt` (inductor's layout optimisation forced on: channels-last through the compiled graphs),
-  `<base>+default` (what trainer/configs/fast.json gives a job with default parameters for `--model-config`
+  `<base>+default` (what trainer/configs/defaults/fast.json gives a job with default parameters for `--model-config`
   at that resolution: compile, fused AdamW, batch, accumulation; also gives `train.img_per_s_<res>_default`),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
@@ -207,14 +207,14 @@ def parse_config(name: str) -> dict:
 
 
 def apply_fast_default(config: dict, preset: str) -> dict:
-    """`<base>+default`: what a job with default parameters runs (trainer/configs/fast.json) for the preset
+    """`<base>+default`: what a job with default parameters runs (trainer/configs/defaults/fast.json) for the preset
     at the base's resolution: its compile, fused AdamW, batch and accumulation."""
     from trainer.fast_defaults import lookup
     if not config["fast_default"]:
         return config
     fast = lookup(preset, config["resolution"])
     if fast is None:
-        raise ValueError(f"{config['name']!r}: trainer/configs/fast.json has no entry for {preset} at {config['resolution']}")
+        raise ValueError(f"{config['name']!r}: trainer/configs/defaults/fast.json has no entry for {preset} at {config['resolution']}")
     return {**config, "compile": fast.compile, "fused_adamw": fast.fused_adamw, "batch": fast.batch_size,
             "accumulation": fast.gradient_accumulation}
 
@@ -1033,7 +1033,7 @@ def main() -> None:
                  and parse_config(line["config"]["name"])["fast_default"]]:
         resolution = line["config"]["resolution"]
         emit({**line, "metric": f"train.img_per_s_{resolution}_default", "goal": DEFAULT_GOALS.get(resolution),
-              "note": "the configuration trainer/configs/fast.json gives a job with default parameters"})
+              "note": "the configuration trainer/configs/defaults/fast.json gives a job with default parameters"})
     if args.decode_bench:
         emit({**decode_bench(ctx, lines, args.decode_bench), **common})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))

@@ -1,4 +1,4 @@
-"""The fastest measured configuration per (model preset, resolution): configs/fast.json.
+"""The fastest measured configuration per (model preset, resolution): configs/defaults/fast.json.
 
 `trainer.train --compile auto` (the default) compiles where the table says compiling pays, on a GPU
 only: Inductor on a CPU costs minutes and gains nothing the tests or a CPU smoke run need. The
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parent / "configs" / "fast.json"
+TABLE = Path(__file__).resolve().parent / "configs" / "defaults" / "fast.json"
 
 
 @dataclass(frozen=True)

@@ -387,7 +387,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     system.add_argument("--num-workers", type=int, default=2, help="DataLoader processes per training process")
     system.add_argument("--compile", type=auto_or_boolean, default="auto",
                         help="torch.compile the UNet step, and on image shards the VAE encoder: true, false, or auto "
-                             "(on a GPU where configs/fast.json measured it faster for the preset and resolution). "
+                             "(on a GPU where configs/defaults/fast.json measured it faster for the preset and resolution). "
                              "Minutes of compiling per shape unless --compile-cache holds it")
     system.add_argument("--compile-cache", default=None,
                         help="directory of compiled-shape files, read at start and written after each stage's first "

@@ -1,4 +1,4 @@
-"""trainer.compile_cache and --compile auto: compile once per shape, fall back on a bad cache, default from configs/fast.json."""
+"""trainer.compile_cache and --compile auto: compile once per shape, fall back on a bad cache, default from configs/defaults/fast.json."""
 
 import json
 import os

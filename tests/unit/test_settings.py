@@ -499,7 +499,7 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
 
 
 def test_the_default_run_plan_runs_each_stage_the_fastest_measured_way(expanded: Expanded) -> None:
-    """trainer/configs/fast.json measured the fastest batch and accumulation per preset and resolution:
+    """trainer/configs/defaults/fast.json measured the fastest batch and accumulation per preset and resolution:
     the template's default stages use exactly those, so the default job is the measured one."""
     from trainer.fast_defaults import table
 
