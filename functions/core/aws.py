@@ -75,9 +75,12 @@ def head_object(bucket: str, key: str) -> dict[str, Any] | None:
         raise
 
 
-def read_object(bucket: str, key: str, max_bytes: int | None = None) -> bytes:
-    """Read an object; with `max_bytes`, never more than that many bytes (a ranged GET)."""
+def read_object(bucket: str, key: str, max_bytes: int | None = None, version_id: str = "") -> bytes:
+    """Read an object (that version of it, when given); with `max_bytes`, never more than that many
+    bytes (a ranged GET)."""
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if version_id:
+        kwargs["VersionId"] = version_id
     if max_bytes is not None:
         kwargs["Range"] = f"bytes=0-{max_bytes - 1}"
     return client("s3").get_object(**kwargs)["Body"].read()

@@ -73,7 +73,8 @@ def _ingest(upload: UploadRef, settings: IngestSettings) -> Outcome:
         sidecar, sidecar_etag = _sidecar(upload, settings)
         license_id = licensing.license_for(licensing.get_partner(settings.table, partner), partner,
                                            upload.key, sidecar.license)
-        data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes)
+        # the version the record names: an overwrite or a delete after the HEAD changes nothing read here
+        data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes, version_id=upload.version_id)
         described = metadata.describe(data, upload, partner, sidecar, license_id, settings)
     except RejectedUpload as rejected:
         return quarantine(rejected.upload or upload, partner, rejected, settings, sidecar_etag=sidecar_etag)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import threading
@@ -264,6 +265,31 @@ def test_empty_too_large_and_gone_records_carry_the_object_s_version(ingest, sta
         "partner-a/empty.png": ("empty", versions["partner-a/empty.png"]),
         "partner-a/big.png": ("too_large", versions["partner-a/big.png"]),
         "partner-a/gone.png": ("gone", gone)}
+
+
+@pytest.mark.parametrize("meanwhile", ["overwritten", "deleted"])
+def test_the_bytes_read_are_the_version_the_record_names(ingest, stack, monkeypatch, meanwhile) -> None:
+    """A partner may overwrite or delete its upload between ingest's HEAD and its GET: the sample is
+    still the version HEAD saw (its bytes and its version id), never the newer bytes, never a failure."""
+    s3, bucket, key = boto3.client("s3"), stack.outputs["UploadsBucketName"], "partner-a/raced.png"
+    real_head, heads = aws.head_object, []
+
+    def head_then_race(bucket_name: str, object_key: str):
+        head = real_head(bucket_name, object_key)
+        if object_key == key and not heads:
+            heads.append(head["VersionId"])
+            if meanwhile == "overwritten":
+                s3.put_object(Bucket=bucket, Key=key, Body=GREEN)
+            else:
+                s3.delete_object(Bucket=bucket, Key=key)
+        return head
+
+    monkeypatch.setattr(aws, "head_object", head_then_race)
+    results = ingest({key: RED})
+
+    assert results == [{"batchItemFailures": []}]
+    record = uploads_table(stack)[key]
+    assert (record["status"], record["version_id"], record["sha256"]) == ("accepted", heads[0], hashlib.sha256(RED).hexdigest())
 
 
 def test_a_duplicate_of_another_partner_s_sample_does_not_name_its_key(ingest, stack) -> None:
