@@ -383,7 +383,7 @@ def test_every_role_that_writes_objects_may_make_and_read_data_keys_of_the_stora
     # S3: a PUT to an SSE-KMS bucket needs kms:GenerateDataKey; a multipart upload (boto3 switches to
     # one above 8 MiB, and partners' tools do) also needs kms:Decrypt to assemble the parts.
     # Source: the S3 User Guide, "Protecting data with server-side encryption using AWS KMS keys".
-    # (Partner roles are made by the CLI: tests/unit/test_partner_access.py checks theirs.)
+    # (Partner roles are made by the CLI: tests/unit/test_partner_policies.py checks theirs.)
     keyed = resolve(expand_with({"StorageKmsKeyArn": STORAGE_KEY}))
     writers = roles_that_put_objects(keyed)
     assert {"SageMakerRole"} <= set(writers)
