@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
 
 from core import aws, dedup, licensing, metadata, records, sidecars, telemetry, uploads
 from core.errors import RejectedUpload
@@ -73,12 +74,23 @@ def _ingest(upload: UploadRef, settings: IngestSettings) -> Outcome:
         sidecar, sidecar_etag = _sidecar(upload, settings)
         license_id = licensing.license_for(licensing.get_partner(settings.table, partner), partner,
                                            upload.key, sidecar.license)
-        # the version the record names: an overwrite or a delete after the HEAD changes nothing read here
-        data = aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes, version_id=upload.version_id)
+        data = _read_upload(upload, settings)
         described = metadata.describe(data, upload, partner, sidecar, license_id, settings)
     except RejectedUpload as rejected:
         return quarantine(rejected.upload or upload, partner, rejected, settings, sidecar_etag=sidecar_etag)
     return _accept(upload, described, settings, sidecar_etag)
+
+
+def _read_upload(upload: UploadRef, settings: IngestSettings) -> bytes:
+    """The version the record names: an overwrite or a delete after the HEAD changes nothing read
+    here. A version that no longer exists (deleted for good since its notification) is gone."""
+    try:
+        return aws.read_object(upload.bucket, upload.key, max_bytes=settings.max_upload_bytes, version_id=upload.version_id)
+    except ClientError as error:
+        if aws.error_code(error) in {"NoSuchVersion", "NoSuchKey"}:
+            raise RejectedUpload("gone", f"version {upload.version_id or '(latest)'} was deleted before ingest read it",
+                                 upload) from error
+        raise
 
 
 def _sidecar(upload: UploadRef, settings: IngestSettings) -> tuple[Sidecar, str]:

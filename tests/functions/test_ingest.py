@@ -267,10 +267,11 @@ def test_empty_too_large_and_gone_records_carry_the_object_s_version(ingest, sta
         "partner-a/gone.png": ("gone", gone)}
 
 
-@pytest.mark.parametrize("meanwhile", ["overwritten", "deleted"])
+@pytest.mark.parametrize("meanwhile", ["overwritten", "deleted", "version deleted"])
 def test_the_bytes_read_are_the_version_the_record_names(ingest, stack, monkeypatch, meanwhile) -> None:
     """A partner may overwrite or delete its upload between ingest's HEAD and its GET: the sample is
-    still the version HEAD saw (its bytes and its version id), never the newer bytes, never a failure."""
+    still the version HEAD saw (its bytes and its version id), never the newer bytes, never a failure;
+    a version deleted for good is `gone`."""
     s3, bucket, key = boto3.client("s3"), stack.outputs["UploadsBucketName"], "partner-a/raced.png"
     real_head, heads = aws.head_object, []
 
@@ -280,8 +281,10 @@ def test_the_bytes_read_are_the_version_the_record_names(ingest, stack, monkeypa
             heads.append(head["VersionId"])
             if meanwhile == "overwritten":
                 s3.put_object(Bucket=bucket, Key=key, Body=GREEN)
+            elif meanwhile == "deleted":
+                s3.delete_object(Bucket=bucket, Key=key)  # a delete marker: the version is still there
             else:
-                s3.delete_object(Bucket=bucket, Key=key)
+                s3.delete_object(Bucket=bucket, Key=key, VersionId=head["VersionId"])  # that version, for good
         return head
 
     monkeypatch.setattr(aws, "head_object", head_then_race)
@@ -289,7 +292,10 @@ def test_the_bytes_read_are_the_version_the_record_names(ingest, stack, monkeypa
 
     assert results == [{"batchItemFailures": []}]
     record = uploads_table(stack)[key]
-    assert (record["status"], record["version_id"], record["sha256"]) == ("accepted", heads[0], hashlib.sha256(RED).hexdigest())
+    if meanwhile == "version deleted":
+        assert (record["status"], record["reason"], record["version_id"]) == ("quarantined", "gone", heads[0])
+    else:
+        assert (record["status"], record["version_id"], record["sha256"]) == ("accepted", heads[0], hashlib.sha256(RED).hexdigest())
 
 
 def test_a_duplicate_of_another_partner_s_sample_does_not_name_its_key(ingest, stack) -> None:
