@@ -75,12 +75,15 @@ def enforced() -> Iterator[Enforced]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(150):
+        deadline = time.monotonic() + 120  # a loaded 2-core machine takes a while to import moto
+        while True:
             try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
                 break
             except OSError:
-                time.sleep(0.1)
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"moto at {url} did not answer within 120 s") from None
+                time.sleep(0.2)
         admin = enforcement.enforce(url, REGION)
         with pytest.MonkeyPatch.context() as patch:
             for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
