@@ -124,6 +124,7 @@ class LocalStack:
             else:
                 os.environ[key] = value
         self._saved_env.clear()
+        _forget_sessions()
 
     def __enter__(self) -> "LocalStack":
         try:
@@ -207,11 +208,21 @@ class LocalStack:
             self._saved_env.setdefault(key, os.environ.get(key))
             os.environ[key] = value
         self.env.update(values)
+        _forget_sessions()
 
     def _write_state(self) -> None:
         assert self.provisioned is not None
         state = {"env": self.env, "provisioned": self.provisioned.to_json(), "pid": os.getpid()}
         self.options.state_file.write_text(json.dumps(state, indent=1))
+
+
+def _forget_sessions() -> None:
+    """Clients made before the environment changed keep its old credentials and endpoint (boto3's
+    default session, core.aws's cached clients): the next ones read the stack's."""
+    boto3.DEFAULT_SESSION = None
+    aws = sys.modules.get("core.aws")
+    if aws is not None:
+        aws.reset_clients()
 
 
 def read_env(state_dir: Path) -> dict[str, str]:

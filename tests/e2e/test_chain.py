@@ -259,7 +259,8 @@ def test_every_cli_command_runs_once_without_a_traceback_and_leaves_no_dead_lett
     ok("generate", "a red circle on a blue background", "-o", str(tmp_path / "drawn.png"), "--steps", "2")
     refused("rollback")
     refused("evaluate", model)
-    ok("partner add", "e2e-partner", "--license", LICENSE)
+    ok("partner add", "e2e-partner", "--license", LICENSE, "--principal", "arn:aws:iam::123456789012:role/e2e-uploader")
+    assert 'prefix = "e2e-partner/"' in ok("partner export", "e2e-partner").stdout
     ok("upload", str(tmp_path / "notes.txt"), "--partner", PARTNER)
     ok("base add", str(base), "--name", "e2e-base")
     ok("evalset add", str(tmp_path / "heldout"), "--partner", PARTNER, "--name", "e2e-heldout")
