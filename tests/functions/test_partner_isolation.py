@@ -92,6 +92,7 @@ def enforced() -> Iterator[Enforced]:
                 patch.setenv(name, value)
             from core import aws
             aws.reset_clients()
+            boto3.DEFAULT_SESSION = None  # one made by an earlier test holds its keys, not the administrator's
             expanded = expand(REPO / "template.yaml", IMAGES, STACK, REGION, ACCOUNT)
             outputs = Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.session.Session().client).provision().outputs
             state = Enforced(url, admin, outputs, {}, {})
@@ -112,11 +113,13 @@ def enforced() -> Iterator[Enforced]:
                                                          prefix=f"{partner}/", region=REGION, role_arn=role,
                                                          endpoint_url=url)
             aws.reset_clients()
+            boto3.DEFAULT_SESSION = None
         state.s3("partner-b").put_object(Bucket=state.uploads, Key="partner-b/theirs.png", Body=b"b's")
         yield state
     finally:
         server.terminate()
         server.wait(10)
+        boto3.DEFAULT_SESSION = None  # the next test's clients read its own environment
 
 
 def denied(call: Any, **kwargs: Any) -> bool:
