@@ -52,3 +52,14 @@ def quick_training() -> dict[str, str]:
         hyperparameters = json.loads(overrides[name])
         quick[name] = json.dumps({**hyperparameters, "steps": steps, "checkpoint-every": "10", "log-every": "10"})
     return quick
+
+
+def denied(call: Any, **kwargs: Any) -> bool:
+    """Whether AWS refuses the call as AccessDenied (any other error fails the test)."""
+    from botocore.exceptions import ClientError
+    try:
+        call(**kwargs)
+    except ClientError as exc:
+        assert exc.response["Error"]["Code"] == "AccessDenied", exc
+        return True
+    return False

@@ -26,7 +26,7 @@ from atelier import partners
 from atelier.catalog import encode, picture
 from atelier.local.stack import LocalStack, StackOptions
 from core.partner_access import PartnerProfile, read_profile
-from tests.support import ACCOUNT, REGION, REPO
+from tests.support import ACCOUNT, REGION, REPO, denied
 
 pytestmark = pytest.mark.e2e
 PARTNERS = ("partner-a", "partner-b")
@@ -108,15 +108,6 @@ def catalog(tmp_path: Path) -> Path:
     (folder / "shapes" / "red.png").write_bytes(encode(picture("circle", "red", "blue"), "png"))
     (folder / "shapes" / "red.json").write_text('{"caption": "a red circle", "license": "CC-BY-4.0"}')
     return folder
-
-
-def denied(call: Any, **kwargs: Any) -> bool:
-    try:
-        call(**kwargs)
-    except ClientError as exc:
-        assert exc.response["Error"]["Code"] == "AccessDenied", exc
-        return True
-    return False
 
 
 def test_the_exported_profile_names_the_bucket_prefix_and_role_and_holds_no_secret(enforced: Enforced) -> None:

@@ -30,7 +30,7 @@ from atelier.local import enforcement
 from atelier.local.provision import Provisioner
 from atelier.local.template import expand
 from core.partner_access import PartnerProfile
-from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, denied
 
 PARTNERS = ("partner-a", "partner-b", "partner-c")
 
@@ -120,15 +120,6 @@ def enforced() -> Iterator[Enforced]:
         server.terminate()
         server.wait(10)
         boto3.DEFAULT_SESSION = None  # the next test's clients read its own environment
-
-
-def denied(call: Any, **kwargs: Any) -> bool:
-    try:
-        call(**kwargs)
-    except ClientError as exc:
-        assert exc.response["Error"]["Code"] == "AccessDenied", exc
-        return True
-    return False
 
 
 def test_a_partner_puts_gets_lists_and_deletes_under_its_own_prefix(enforced: Enforced) -> None:
