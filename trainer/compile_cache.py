@@ -92,9 +92,10 @@ def load(dirs: Iterable[Path], keys: Iterable[CacheKey]) -> dict:
     return outcome
 
 
-def save(directory: Path | None, key: CacheKey) -> dict | None:
+def save(directory: Path | None, key: CacheKey, written_bytes: int | None = None) -> dict | None:
     """Write what this process compiled (and loaded) so far as `key`'s file, atomically: a job killed
-    mid-write leaves the old file or none, never half of one. None when there is nothing to save."""
+    mid-write leaves the old file or none, never half of one. None when there is nothing to save;
+    not written again when it is still the `written_bytes` long blob written last."""
     if directory is None:
         return None
     try:
@@ -104,6 +105,8 @@ def save(directory: Path | None, key: CacheKey) -> dict | None:
     if artifacts is None:
         return None
     blob, info = artifacts
+    if len(blob) == written_bytes:  # nothing compiled since: CheckpointConfig need not upload it again
+        return {"file": key.file_name, "bytes": len(blob), "unchanged": True}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / key.file_name
     partial = path.with_name(path.name + ".partial")
@@ -121,6 +124,7 @@ class JobCache:
         self.directory, self.keys, self.rank = directory, keys, rank
         self.dirs = cache_dirs(directory, environ)
         self.stages_stepped: set[int] = set()
+        self.written: dict[str, int] = {}  # file name -> bytes of the blob written last
 
     def first_step_of(self, stage: int) -> bool:
         """True once per stage, at this job's first step in it (a resumed job may start mid-stage)."""
@@ -132,4 +136,10 @@ class JobCache:
         return {"dirs": [str(directory) for directory in self.dirs], **load(self.dirs, self.keys)}
 
     def save(self, stage: int) -> dict | None:
-        return save(self.directory, self.keys[stage]) if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        name = self.keys[stage].file_name
+        saved = save(self.directory, self.keys[stage], self.written.get(name))
+        if saved and "bytes" in saved:
+            self.written[name] = saved["bytes"]
+        return saved
