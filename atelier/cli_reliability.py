@@ -49,20 +49,21 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     found = [dlq.describe(name, url) for name, url in dlq.queues(client.stack_outputs(args.stack)).items()]
     if args.json:
-        print(json.dumps([{"name": d.name, "url": d.url, "messages": d.messages, "sources": list(d.sources)}
-                          for d in found], indent=1))
+        print(json.dumps([{"name": d.name, "url": d.url, "messages": d.messages, "hidden": d.hidden,
+                           "sources": list(d.sources)} for d in found], indent=1))
         return 0
     table = Table(title="Dead-letter queues")
-    for column in ("queue", "messages", "redrives to"):
+    for column in ("queue", "messages", "hidden", "redrives to"):
         table.add_column(column)
     for d in found:
-        table.add_row(d.name, str(d.messages), ", ".join(u.rsplit("/", 1)[-1] for u in d.sources) or "EventBridge")
+        table.add_row(d.name, str(d.messages), str(d.hidden), ", ".join(u.rsplit("/", 1)[-1] for u in d.sources) or "EventBridge")
     console.print(table)
     return 0
 
 
 def cmd_dlq_show(args: argparse.Namespace) -> int:
-    messages = dlq.peek(dlq.lookup(client.stack_outputs(args.stack), args.queue), args.max)
+    dead = dlq.lookup(client.stack_outputs(args.stack), args.queue)
+    messages = dlq.peek(dead, args.max)
     if args.json:
         print(json.dumps(messages, indent=1))
         return 0
@@ -70,7 +71,8 @@ def cmd_dlq_show(args: argparse.Namespace) -> int:
         sent = datetime.fromtimestamp(m["sent_at"] / 1000, timezone.utc).isoformat(timespec="seconds")
         console.print(f"[bold]{m['id']}[/] sent {sent}, received {m['receives']} times {m['attributes'] or ''}")
         console.print(m["body"] if args.full else m["body"][:400])
-    console.print(f"{len(messages)} messages shown; nothing removed")
+    hidden = f"; {dead.hidden} more hidden (waiting out a backoff, or being read by the redriver)" if dead.hidden else ""
+    console.print(f"{len(messages)} messages shown{hidden}; nothing removed")
     return 0
 
 

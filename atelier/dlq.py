@@ -41,6 +41,7 @@ class DeadLetters:
     arn: str
     messages: int
     sources: tuple[str, ...]  # URLs of the queues that dead-letter into it
+    hidden: int = 0  # received and not yet visible again: waiting out a backoff, or being read by the redriver
 
 
 def queues(outputs: dict[str, str]) -> dict[str, str]:
@@ -50,10 +51,11 @@ def queues(outputs: dict[str, str]) -> dict[str, str]:
 
 def describe(name: str, url: str) -> DeadLetters:
     sqs = aws.client("sqs")
-    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn", "ApproximateNumberOfMessages"])
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "QueueArn", "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
     sources = sqs.list_dead_letter_source_queues(QueueUrl=url).get("queueUrls", [])
-    return DeadLetters(name, url, attributes["Attributes"]["QueueArn"],
-                       int(attributes["Attributes"]["ApproximateNumberOfMessages"]), tuple(sources))
+    return DeadLetters(name, url, attributes["QueueArn"], int(attributes["ApproximateNumberOfMessages"]),
+                       tuple(sources), int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)))
 
 
 def lookup(outputs: dict[str, str], name: str) -> DeadLetters:

@@ -199,6 +199,23 @@ def test_a_second_redrive_waits_hidden_in_the_dlq_until_its_backoff_has_passed(o
     assert counts(outputs["UploadsQueueUrl"]) == (0, 0)
 
 
+def test_list_and_show_count_the_dead_letters_hidden_from_a_receive(outputs, capsys) -> None:
+    dead_letter(outputs, "waits out its backoff")
+    dead_letter(outputs, "visible")
+    url = outputs["UploadsDLQUrl"]
+    sqs = boto3.client("sqs")
+    hidden = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=600)["Messages"]
+
+    assert cli.main(["dlq", "list", "--json"]) == 0
+    listed = {d["name"]: (d["messages"], d["hidden"]) for d in json.loads(capsys.readouterr().out)}
+    assert cli.main(["dlq", "show", "UploadsDLQ"]) == 0
+    shown = capsys.readouterr().out
+
+    assert listed["UploadsDLQ"] == (1, 1)
+    assert hidden[0]["Body"] not in shown
+    assert "1 messages shown; 1 more hidden" in " ".join(shown.split())
+
+
 def test_an_event_goes_back_on_the_bus_and_a_failed_tick_is_dropped(outputs, redrive) -> None:
     event = {"version": "0", "id": "1", "source": "atelier.pack", "detail-type": "Shard Sealed",
              "resources": [], "detail": {"shard_id": "shard-1"}}
