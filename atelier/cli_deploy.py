@@ -77,7 +77,7 @@ def _wait_for_decision(outputs: dict, model: str, before: int, timeout_s: float)
 
 def cmd_evalset_add(args: argparse.Namespace) -> int:
     from atelier import evalset
-    from core.licensing import get_partner
+    from core.partners.licensing import get_partner
     outputs = client.stack_outputs(args.stack)
     partner = get_partner(outputs["PipelineTableName"], args.partner)
     if partner is None:

@@ -18,12 +18,12 @@ from rich.table import Table
 
 from atelier import client
 from atelier.progress import output_flags
+from contracts.messages import DEFAULT_NEAR_DUPLICATES, NearDuplicates
 from core import aws
-from core.models import DEFAULT_NEAR_DUPLICATES, NearDuplicates
-from core.uploads import PARTNER_PATTERN
+from core.ingest.uploads import PARTNER_PATTERN
 
-if TYPE_CHECKING:  # core.imports needs the functions extra (Powertools, Pillow): imported when used
-    from core import imports
+if TYPE_CHECKING:  # core.pack.import_tar needs the functions extra (Powertools, Pillow): imported when used
+    from core.pack import import_tar
 
 console = Console()
 errors = Console(stderr=True)
@@ -56,22 +56,22 @@ def register(commands: argparse._SubParsersAction) -> None:
 # --- commands -----------------------------------------------------------------------------------
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from core import imports
+    from core.pack import import_tar
     outputs = client.stack_outputs(args.stack)
     table = outputs["PipelineTableName"]
     check_license(table, args.partner, args.license)
     batch_id = args.batch or default_batch_id(args.source, args.partner, args.license, args.near_duplicates)
-    earlier = imports.batch_report(table, batch_id)
+    earlier = import_tar.batch_report(table, batch_id)
     if earlier is not None and earlier.near_duplicates != args.near_duplicates:
         raise client.PipelineError(f"batch {batch_id} imports with --near-duplicates {earlier.near_duplicates}: "
                                    "give that, or another --batch")
     sources = list_sources(args.source, outputs, batch_id)
     if not sources:
         raise client.PipelineError(f"no .tar shards under {args.source}")
-    done = {s.source for s in (earlier or imports.BatchReport(batch_id=batch_id)).shards}
+    done = {s.source for s in (earlier or import_tar.BatchReport(batch_id=batch_id)).shards}
     start_batch(table, batch_id, args.partner, args.license, args.source, len(sources), args.near_duplicates)
     todo = [(bucket, key) for bucket, key in sources if f"s3://{bucket}/{key}" not in done]
-    send_messages(outputs["ImportQueueUrl"], [imports.ImportShard(
+    send_messages(outputs["ImportQueueUrl"], [import_tar.ImportShard(
         batch_id=batch_id, bucket=bucket, key=key, partner=args.partner, license=args.license,
         near_duplicates=args.near_duplicates) for bucket, key in todo])
     errors.print(f"import {batch_id}: {len(sources)} shards, {len(todo)} queued ({len(sources) - len(todo)} done before)")
@@ -83,9 +83,9 @@ def cmd_import_report(args: argparse.Namespace) -> int:
 
 
 def _show(outputs: dict[str, str], batch_id: str, args: argparse.Namespace) -> int:
-    from core import imports
+    from core.pack import import_tar
     report = (wait_for(outputs, batch_id, quiet=args.quiet or args.json) if args.wait
-              else imports.batch_report(outputs["PipelineTableName"], batch_id))
+              else import_tar.batch_report(outputs["PipelineTableName"], batch_id))
     if report is None:
         raise client.PipelineError(f"no import batch {batch_id!r}")
     if args.json:
@@ -100,7 +100,7 @@ def _show(outputs: dict[str, str], batch_id: str, args: argparse.Namespace) -> i
 # --- what the commands do -------------------------------------------------------------------------
 
 def check_license(table: str, partner_id: str, license_id: str) -> None:
-    from core import licensing
+    from core.partners import licensing
     if not PARTNER_PATTERN.fullmatch(partner_id):
         raise client.PipelineError(f"partner id {partner_id!r} must be lower-case letters, digits and '-' (at most 64)")
     partner = licensing.get_partner(table, partner_id)
@@ -152,13 +152,13 @@ def list_sources(source: str, outputs: dict[str, str], batch_id: str) -> list[tu
 def start_batch(table: str, batch_id: str, partner: str, license_id: str, source: str, total: int,
                 near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES) -> None:
     """The batch record; a rerun keeps its counters and only updates the shard count."""
-    from core import imports
-    if not aws.put_item_if_absent(table, imports.batch_item(batch_id, partner, license_id, source, total,
+    from core.pack import import_tar
+    if not aws.put_item_if_absent(table, import_tar.batch_item(batch_id, partner, license_id, source, total,
                                                             near_duplicates)):
-        aws.update_item(table, imports.batch_pk(batch_id), "SET shards_total = :t", {":t": total})
+        aws.update_item(table, import_tar.batch_pk(batch_id), "SET shards_total = :t", {":t": total})
 
 
-def send_messages(queue_url: str, messages: list["imports.ImportShard"]) -> None:
+def send_messages(queue_url: str, messages: list["import_tar.ImportShard"]) -> None:
     sqs = boto3.client("sqs")
     for start in range(0, len(messages), 10):
         chunk = messages[start:start + 10]
@@ -169,11 +169,11 @@ def send_messages(queue_url: str, messages: list["imports.ImportShard"]) -> None
 
 
 def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0,
-             quiet: bool = False) -> "imports.BatchReport | None":
+             quiet: bool = False) -> "import_tar.BatchReport | None":
     """Follow the batch until every shard is counted (or failed for good into ImportDLQ); `quiet`: no bar."""
-    from core import imports
+    from core.pack import import_tar
     table = outputs["PipelineTableName"]
-    report = imports.batch_report(table, batch_id, with_shards=False)
+    report = import_tar.batch_report(table, batch_id, with_shards=False)
     if report is None:
         return None
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -194,8 +194,8 @@ def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0,
             if report.complete or report.finished + failed >= report.shards_total:
                 break
             time.sleep(poll_s)
-            report = imports.batch_report(table, batch_id, with_shards=False) or report
-    return imports.batch_report(table, batch_id)
+            report = import_tar.batch_report(table, batch_id, with_shards=False) or report
+    return import_tar.batch_report(table, batch_id)
 
 
 def dead_letters(outputs: dict[str, str]) -> int:
@@ -206,14 +206,14 @@ def dead_letters(outputs: dict[str, str]) -> int:
     return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def report_json(report: "imports.BatchReport") -> dict:
+def report_json(report: "import_tar.BatchReport") -> dict:
     value = report.model_dump(mode="json")
     value["shards"] = [s.model_dump(mode="json") for s in report.shards]
     value["complete"] = report.complete
     return value
 
 
-def report_table(report: "imports.BatchReport") -> Table:
+def report_table(report: "import_tar.BatchReport") -> Table:
     table = Table(title=f"Import {report.batch_id} ({report.partner}, {report.license})")
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -240,9 +240,9 @@ def report_table(report: "imports.BatchReport") -> Table:
     return table
 
 
-def near_duplicate_table(report: "imports.BatchReport") -> Table:
+def near_duplicate_table(report: "import_tar.BatchReport") -> Table:
     """Which samples were near duplicates, and of what (each tar's report names its first
-    core.imports.LISTED_NEAR_DUPLICATES; the UPLOAD# and SAMPLE# records name them all)."""
+    core.pack.import_tar.LISTED_NEAR_DUPLICATES; the UPLOAD# and SAMPLE# records name them all)."""
     listed = [(shard.source.rsplit("/", 1)[-1], near) for shard in report.shards for near in shard.near_duplicate_samples]
     verb = "flagged" if report.near_duplicates == "flag" else "left out"
     table = Table(title=f"Near duplicates, {verb} ({len(listed)} of {report.samples_near_duplicate} listed)")

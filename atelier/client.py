@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -18,11 +18,11 @@ import boto3
 from botocore.exceptions import ClientError
 
 from core import aws
-from core.uploads import PARTNER_PATTERN, SIDECAR_SUFFIX
+from core.ingest.uploads import PARTNER_PATTERN, SIDECAR_SUFFIX
 
 if TYPE_CHECKING:
-    from core.attribution import Attribution
-    from core.licensing import Partner, Revocation
+    from core.partners.attribution import Attribution
+    from core.partners.licensing import Partner, Revocation
     from core.provenance import Affected, Lineage, Stack
 
 
@@ -62,7 +62,7 @@ def files_to_upload(path: Path) -> list[Path]:
 def unregistered_partner(outputs: dict[str, str], partner: str, files: int) -> str | None:
     """Why an upload under `partner` would be quarantined whole (it is not registered), or None.
     Asked before the first byte goes: IngestFunction would quarantine every file as unlicensed."""
-    from core.licensing import get_partner
+    from core.partners.licensing import get_partner
     if not PARTNER_PATTERN.fullmatch(partner):
         raise PipelineError(f"partner id {partner!r} must be lower-case letters, digits and '-' (at most 64)")
     if get_partner(outputs["PipelineTableName"], partner) is not None:
@@ -90,11 +90,11 @@ def add_partner(outputs: dict[str, str], partner_id: str, licenses: list[str], p
                 terms: str, not_after: str = "", uses: list[str] | None = None,
                 principals: list[str] | None = None) -> "Partner":
     """Register (or replace) a partner and the licenses it grants; `not_after` and `uses` limit
-    training on every one of them (core.licensing.Terms); `principals` may assume its upload role
+    training on every one of them (core.partners.licensing.Terms); `principals` may assume its upload role
     (atelier.partners.update_role makes it)."""
     from pydantic import ValidationError
 
-    from core.licensing import Partner, Terms, put_partner
+    from core.partners.licensing import Partner, Terms, put_partner
     if not PARTNER_PATTERN.fullmatch(partner_id):
         raise PipelineError(f"partner id {partner_id!r} must be lower-case letters, digits and '-' (at most 64)")
     if not licenses:
@@ -109,7 +109,7 @@ def add_partner(outputs: dict[str, str], partner_id: str, licenses: list[str], p
 
 
 def partners(outputs: dict[str, str]) -> list["Partner"]:
-    from core.licensing import list_partners
+    from core.partners.licensing import list_partners
     return list_partners(outputs["PipelineTableName"])
 
 
@@ -147,7 +147,8 @@ def lineage(outputs: dict[str, str], model: str) -> "Lineage":
 
 def attribution(outputs: dict[str, str], model: str) -> "Attribution":
     """attribution.json beside the model, or worked out now for a job that has not completed."""
-    from core.attribution import Attribution, attribution as report, read_draws
+    from core.partners.attribution import Attribution, read_draws
+    from core.partners.attribution import attribution as report
     from core.provenance import output_key, output_uri, stored_lineage
     job, where = training_job_of(outputs, model), places(outputs)
     stored = aws.read_json_if_exists(where.models_bucket, output_key(job, "attribution.json"))
@@ -162,7 +163,7 @@ def takedown(outputs: dict[str, str], partner: str, license: str, sha256s: list[
     """Record a takedown; the jobs that learned from what it covers, and their SageMaker models."""
     from pydantic import ValidationError
 
-    from core.licensing import Revocation, revoke
+    from core.partners.licensing import Revocation, revoke
     from core.provenance import affected_by
     try:
         revocation = Revocation(partner=partner, license=license, sha256s=tuple(sha256s), reason=reason)
@@ -334,7 +335,7 @@ def models(outputs: dict[str, str]) -> list[dict[str, Any]]:
 def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
     """Ask DeployFunction to evaluate an eval-failed model again (`atelier evaluate`); it runs
     under the function's role, like every other evaluation."""
-    from core.deploy import EVALUATE_REQUEST, EVALUATE_SOURCE
+    from core.deploy.rollout import EVALUATE_REQUEST, EVALUATE_SOURCE
     record = aws.get_item(outputs["PipelineTableName"], f"MODEL#{model}")
     if record is None:
         raise PipelineError(f"no model {model!r}; `atelier models` lists them")
@@ -348,8 +349,8 @@ def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
 def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
     """Lift a lineage's failure brake (`atelier lineage resume NAME`) and ask StartTrainingFunction
     to start what is due; the failures stay on record."""
-    from core import failure_brake
-    from core.training import RESUME_REQUEST, RESUME_SOURCE, write_brake
+    from core.training import failure_brake
+    from core.training.starter import RESUME_REQUEST, RESUME_SOURCE, write_brake
     table = outputs["PipelineTableName"]
     record = aws.get_item(table, f"LINEAGE#{name}")
     if record is None:
@@ -364,7 +365,7 @@ def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
 
 def lineage_summary(item: dict[str, Any]) -> dict[str, Any]:
     """A lineage's brake for `atelier status`."""
-    from core import failure_brake
+    from core.training import failure_brake
     brake = failure_brake.Brake.from_item(item)
     return {"name": item["pk"].removeprefix("LINEAGE#"), "running_job": item.get("running_job") or None,
             "held": failure_brake.hold(brake, time.time()), "model_failures": brake.model_failures,
@@ -373,7 +374,8 @@ def lineage_summary(item: dict[str, Any]) -> dict[str, Any]:
 
 def rollback(outputs: dict[str, str], to: str | None, reason: str) -> dict[str, Any]:
     """Serve the previous model again; the CLI's `atelier rollback`."""
-    from core.deploy import EndpointBusy, rollback as roll_back
+    from core.deploy.rollout import EndpointBusy
+    from core.deploy.rollout import rollback as roll_back
     from core.errors import BadMessage
     try:
         result = roll_back(outputs["PipelineTableName"], outputs["EndpointName"], to, reason)

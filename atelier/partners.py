@@ -1,4 +1,4 @@
-"""Partner upload roles and profiles, through IAM and STS (core.partner_access says what they hold).
+"""Partner upload roles and profiles, through IAM and STS (core.partners.partner_access says what they hold).
 
 The operator's side: `atelier partner add ID ... --principal ARN` makes (or updates, or removes) the
 partner's role from its registry entry, and `atelier partner export ID` prints its profile. The
@@ -18,8 +18,8 @@ import botocore.session
 from botocore.credentials import CredentialProvider, RefreshableCredentials
 
 from atelier.client import PipelineError
-from core import partner_access as access
-from core.licensing import Partner, get_partner
+from core.partners import partner_access as access
+from core.partners.licensing import Partner, get_partner
 
 
 def _checked(call: Callable[[], Any]) -> Any:

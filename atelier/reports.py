@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from atelier import client
 from atelier.client import PipelineError
+from contracts.messages import Manifest
 from core import aws, provenance, training_report
-from core.models import Manifest
 from core.training_report import REPORT
 
 AFTER_TRAINING = ("evaluation.json", "lineage.json")  # written beside the artefact by deploy / start-training
@@ -127,13 +127,13 @@ def _models_holding(outputs: dict[str, str], samples: dict[str, str], models: li
 
 def job_report(outputs: dict[str, str], job: str) -> bytes:
     """The job's report.html: the pipeline's own, beside the artefact once the gate has decided;
-    before that, rendered the same way from what the job left (core.deploy.report_data; an older
+    before that, rendered the same way from what the job left (core.deploy.rollout.report_data; an older
     trainer's record in model.tar.gz), with `evaluation.json` and `lineage.json` if there; else the
     page the trainer wrote."""
     bucket, folder = outputs["ModelsBucketName"], f"training/{job}/output"
     if aws.head_object(bucket, f"{folder}/{REPORT}") is not None:
         return aws.read_object(bucket, f"{folder}/{REPORT}")
-    from core.deploy import report_data
+    from core.deploy.rollout import report_data
     run, grids = report_data(bucket, folder)
     if run is None and aws.head_object(bucket, f"{folder}/model.tar.gz") is not None:
         with suppress(FileNotFoundError):  # an older trainer's page carries no figures: its record, streamed up to it
@@ -154,7 +154,7 @@ def job_report(outputs: dict[str, str], job: str) -> bytes:
 
 def fetch_tensorboard(outputs: dict[str, str], job: str, folder: Path) -> tuple[str, int]:
     """The job's TensorBoard event files (TensorBoardOutputConfig) into `folder`: their S3 prefix and count."""
-    from core.job_requests import tensorboard_uri
+    from core.training.job_requests import tensorboard_uri
     bucket = outputs["ModelsBucketName"]
     uri = tensorboard_uri(bucket, job)
     prefix = uri.removeprefix(f"s3://{bucket}/")

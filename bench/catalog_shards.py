@@ -1,4 +1,4 @@
-"""Catalogue pictures as shards in the packer's own layout (core.shards.build_shard), for benchmarks
+"""Catalogue pictures as shards in the packer's own layout (core.pack.shards.build_shard), for benchmarks
 that run the trainer's entry points without the stack."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "functions") not in sys.path:
     sys.path.insert(0, str(REPO / "functions"))
 
-from core.models import Sample  # noqa: E402
-from core.shards import build_shard  # noqa: E402
+from contracts.messages import Sample  # noqa: E402
+from core.pack.shards import build_shard  # noqa: E402
 
 
 def catalog_sample(item, size: int) -> Sample:

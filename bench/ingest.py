@@ -1,5 +1,5 @@
 """Benchmark the ingest stage's own work: decode, validate, normalise and describe one upload
-(`core.metadata.describe`, everything ingest does between reading the bytes and writing records).
+(`core.ingest.metadata.describe`, everything ingest does between reading the bytes and writing records).
 
 Prints one JSON line per figure:
 - ingest.<fmt>_<size>_img_per_s_per_core: images per CPU-second (one process, one thread),
@@ -45,9 +45,9 @@ REPO = Path(__file__).resolve().parents[1]
 FUNCTIONS = Path(os.environ.get("INGEST_BENCH_FUNCTIONS", REPO / "functions"))
 sys.path.insert(0, str(FUNCTIONS))
 
-from core.images import DecodePolicy  # noqa: E402
-from core.metadata import describe  # noqa: E402
-from core.models import Sidecar, UploadRef  # noqa: E402
+from contracts.messages import Sidecar, UploadRef  # noqa: E402
+from core.ingest.images import DecodePolicy  # noqa: E402
+from core.ingest.metadata import describe  # noqa: E402
 from core.settings import IngestSettings  # noqa: E402
 
 SETTINGS = IngestSettings(  # template.yaml's defaults
@@ -165,7 +165,7 @@ def derivative_psnr(pristine: Image.Image, derivative: bytes) -> tuple[float, tu
 def full_decode_derivative(data: bytes) -> bytes:
     """Baseline (written here): ingest's derivative before 2026-12: every pixel decoded, one Lanczos
     resample to the maximum side, the same 4:4:4 re-encode."""
-    from core.images import encode_jpeg
+    from core.ingest.images import encode_jpeg
     with Image.open(io.BytesIO(data)) as image:
         return encode_jpeg(image.convert("RGB"), SETTINGS.decode.max_side, SETTINGS.jpeg_quality)[0]
 
@@ -207,7 +207,7 @@ def side_by_side(made: dict[str, bytes], before: str, rounds: int, repeat: int) 
 
 def phases(made: dict[str, bytes], repeat: int) -> None:
     """--phases: where describe's time goes, one phase at a time on the same bytes."""
-    from core import images
+    from core.ingest import images
 
     def cpu_ms(fn, data: bytes, n: int) -> float:
         return round(measure(lambda _: fn(), data, n)[0] * 1000, 2)

@@ -7,7 +7,7 @@ Prints one JSON line per figure:
 - load.uploads_per_s: N / (first upload -> last upload's sample sealed);
 - load.p50_upload_to_shard_s, load.p99_upload_to_shard_s: from the end of an upload's PUT to the
   `sealed_at` of the shard that holds its sample (the index says which);
-- load.lost, load.duplicated: the audit's violations (core.audit), plus any upload still pending;
+- load.lost, load.duplicated: the audit's violations (core.reliability.audit), plus any upload still pending;
 - load.peak_rss_mib: peak RSS (VmHWM) of each runtime process (workers, moto), and their sum;
 - load.dlq_messages: what the DLQs hold at the end.
 
@@ -34,7 +34,9 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 from atelier import client, dlq  # noqa: E402
 from atelier.local import traffic  # noqa: E402
 from atelier.local.stack import LocalStack, StackOptions  # noqa: E402
-from core import audit, aws, records  # noqa: E402
+from contracts import pipeline_table
+from core import aws
+from core.reliability import audit
 
 PARTNER = "load"
 # samconfig.toml [local] otherwise, whose pack settings (8 samples a batch and a shard) make the demo's
@@ -120,8 +122,8 @@ def drive(stack: LocalStack, made: list[traffic.Upload], args: argparse.Namespac
 def upload_to_shard(outputs: dict[str, str], uploaded_at: dict[str, float]) -> tuple[list[float], float]:
     """Seconds from each accepted upload's PUT to its shard's sealed_at; the last sealed_at."""
     bucket, table = outputs["UploadsBucketName"], outputs["PipelineTableName"]
-    found = aws.batch_get_items(table, [records.upload_pk(bucket, k) for k in uploaded_at])
-    sha_of = {pk.removeprefix(records.upload_pk(bucket, "")): item.get("sha256") for pk, item in found.items()
+    found = aws.batch_get_items(table, [pipeline_table.upload_pk(bucket, k) for k in uploaded_at])
+    sha_of = {pk.removeprefix(pipeline_table.upload_pk(bucket, "")): item.get("sha256") for pk, item in found.items()
               if item.get("status") == "accepted"}
     sealed_at: dict[str, float] = {}
     for shard in traffic.sealed(table):

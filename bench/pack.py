@@ -5,7 +5,7 @@
     git archive HEAD functions | tar -x -C /tmp/before && .venv/bin/python bench/pack.py --before /tmp/before/functions
 
 moto runs as its own process (`python -m moto.server`); each measured packer runs in a fresh
-child process that makes the calls PackFunction makes (`core.pack.pack_samples`, one call per
+child process that makes the calls PackFunction makes (`core.pack.packer.pack_samples`, one call per
 SQS batch, then the seal) against it, and reports its own user+sys CPU (the S3 client's work
 included, moto's not) and its peak RSS. webdataset's TarWriter writes the same samples, held in
 memory, to a local file in its own child, alternating with the packer (A B A B ...). Samples are
@@ -45,9 +45,9 @@ def sample_bytes(n: int, mean_mib: float) -> bytes:
 def child_packer(config: dict[str, Any]) -> dict[str, Any]:
     """Pack `config["samples"]` as PackFunction would, in batches; report CPU, RSS and the shard."""
     sys.path[:0] = [config.get("functions", str(REPO / "functions"))]  # --before: another tree's packer
+    from contracts.messages import Sample
     from core import aws
-    from core.models import Sample
-    from core.pack import pack_samples, seal_due
+    from core.pack.packer import pack_samples, seal_due
     from core.settings import PackSettings
 
     samples = [Sample.model_validate(s) for s in json.loads(Path(config["samples"]).read_text())]
@@ -130,7 +130,7 @@ def make_world(url: str, name: str, count: int, image_mib: float, pinned: bool) 
     import boto3
 
     sys.path[:0] = [str(REPO / "functions")]
-    from core.models import Sample
+    from contracts.messages import Sample
 
     s3 = boto3.client("s3", endpoint_url=url)
     dynamodb = boto3.client("dynamodb", endpoint_url=url)

@@ -82,7 +82,7 @@ def module_stack() -> Iterator[Provisioned]:
 @pytest.fixture
 def partner(stack: Provisioned) -> str:
     """partner-a, registered with the licenses the events and pictures use."""
-    from core.licensing import Partner, put_partner
+    from core.partners.licensing import Partner, put_partner
     put_partner(stack.outputs["PipelineTableName"],
                 Partner(partner_id="partner-a", licenses=("CC-BY-4.0",)))
     return "partner-a"

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 SUFFIX = ".compile-cache"
-CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel (core/job_requests.py COMPILE_CACHE_CHANNEL)
+CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel (core/training/job_requests.py COMPILE_CACHE_CHANNEL)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Start the pipeline's training job by hand, from a notebook or a terminal, as the seeds did:
-the same request the StartTrainingFunction builds (core.training.training_job_request), sent with
+the same request the StartTrainingFunction builds (core.training.starter.training_job_request), sent with
 the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
 
     pip install -e ".[functions,launch]"   # from a checkout: the request builder is functions/core
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 # The pipeline's own code (functions/core, installed as `core` by pyproject.toml): one request builder.
-from core.models import Manifest
+from contracts.messages import Manifest
 from core.settings import TrainingSettings
-from core.training import training_job_request
+from core.training.starter import training_job_request
 
 
 def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettings:

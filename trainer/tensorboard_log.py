@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath (core/job_requests.py)
+LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath (core/training/job_requests.py)
 SCALARS = ("loss", "lr", "img_per_s", "data_wait_share", "grad_norm")
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import boto3
 
-from core.instance_types import has_instance_store
+from core.training.instance_types import has_instance_store
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ def free_port() -> int:
 
 def check_volume_key(instance_type: str, key: str | None, member: str) -> None:
     """SageMaker refuses a KMS key for the volumes of an instance type with instance store (its
-    hardware encrypts them; core/instance_types.py has the rule and its source)."""
+    hardware encrypts them; core/training/instance_types.py has the rule and its source)."""
     if key and has_instance_store(instance_type):
         raise validation_error(f"{member} is not supported for instance type {instance_type}: its local instance "
                                "storage is encrypted by the instance's hardware module; do not specify a KMS key for it")

@@ -17,8 +17,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from contracts.messages import ShardSealed
 from core import aws
-from core.models import ShardSealed
 
 FORMATS = (("jpg", "JPEG"), ("png", "PNG"), ("webp", "WEBP"))
 

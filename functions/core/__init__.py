@@ -1,1 +1,2 @@
-"""Atelier's pure, typed domain code, shared by every Lambda function."""
+"""Atelier's pure, typed domain code, one subpackage per stage (ingest, pack, training, deploy) plus
+reliability, partners, and the shared settings, telemetry, errors and AWS calls."""

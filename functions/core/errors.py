@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from core.models import UploadRef
+    from contracts.messages import UploadRef
 
 
 class ConfigError(RuntimeError):

@@ -1,7 +1,7 @@
 """What every model learned from, and which samples a manifest must leave out (docs/provenance.md).
 
 - Screening: the manifest builder asks `screen_shard` which samples of a shard the registry's
-  terms and the takedowns (core.licensing) leave out; only shards with an affected partner are
+  terms and the takedowns (core.partners.licensing) leave out; only shards with an affected partner are
   read (their index sidecar, then the affected samples' records for their licenses).
 - Lineage: a model (a training job) learned from every manifest its lineage trained before it,
   since a lineage's jobs resume one checkpoint prefix, and from its own manifest through every
@@ -15,10 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Protocol
 
-from core import aws, records, shards
-from core.licensing import Revocation, Rules
-from core.models import Frozen, LeftOut, Manifest, Sample, ShardRef
-from core.pretrained import PretrainedBase
+from contracts import pipeline_table
+from contracts.messages import Frozen, LeftOut, Manifest, Sample, ShardRef
+from core import aws
+from core.pack import shards
+from core.partners.licensing import Revocation, Rules
+from core.training.pretrained import PretrainedBase
 
 LINEAGE_SCHEMA = 2  # 2: the pretrained base and the VAE
 OUTPUT_PREFIX = "training/"  # the training jobs' S3OutputPath under the models bucket
@@ -70,7 +72,7 @@ def shard_members(bucket: str, shard_id: str) -> list[tuple[str, str]] | None:
 
 def sample_records(table: str, keys: Iterable[str]) -> dict[str, Sample]:
     """The ingest records of these samples (absent ones are left out)."""
-    found = aws.batch_get_items(table, [records.sample_pk(k) for k in keys], ["pk", "record"])
+    found = aws.batch_get_items(table, [pipeline_table.sample_pk(k) for k in keys], ["pk", "record"])
     return {item["pk"].removeprefix("SAMPLE#"): Sample.model_validate_json(item["record"]) for item in found.values()}
 
 
@@ -178,7 +180,7 @@ class Lineage(Frozen):
 
 def lineage_of(job_name: str, places: Places) -> Lineage:
     """The jobs, manifests, shards and samples a training job's model learned from."""
-    job = aws.get_item(places.table, records.job_pk(job_name))
+    job = aws.get_item(places.table, pipeline_table.job_pk(job_name))
     if job is None:
         raise UnknownModel(f"no training job {job_name!r} in the pipeline table")
     manifests: dict[str, Manifest] = {}
@@ -230,7 +232,7 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
 
 
 def vae_source(job: dict[str, Any], base: PretrainedBase | None) -> VaeSource:
-    """The job's VAE: its lineage's autoencoder's (core.autoencoder_job), the base's, or a random one."""
+    """The job's VAE: its lineage's autoencoder's (core.training.autoencoder_job), the base's, or a random one."""
     if job.get("autoencoder"):
         return VaeSource(source="autoencoder", uri=job.get("vae_uri", ""), autoencoder_job=job.get("autoencoder_job", ""))
     return VaeSource(source="base" if base and base.has_vae else "random")

@@ -8,12 +8,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from core.dead_letters import CONTRACTS, RedrivePolicy
 from core.errors import ConfigError
-from core.failure_brake import BrakeSettings
-from core.images import KNOWN_FORMATS, DecodePolicy
-from core.instance_types import GPUS_PER_INSTANCE
-from core.pretrained import AUTOENCODER_SUFFIX, check_uri
+from core.ingest.images import KNOWN_FORMATS, DecodePolicy
+from core.reliability.dead_letters import CONTRACTS, RedrivePolicy
+from core.training.failure_brake import BrakeSettings
+from core.training.instance_types import GPUS_PER_INSTANCE
+from core.training.pretrained import AUTOENCODER_SUFFIX, check_uri
 
 
 def _require(env: Mapping[str, str], name: str) -> str:
@@ -93,9 +93,9 @@ class IngestSettings:
     max_sidecar_bytes: int = 65536
     max_sidecar_depth: int = 4
     max_caption_chars: int = 2000
-    # A sidecar whose image is still missing this long after it was written is an orphan (core.sidecars).
+    # A sidecar whose image is still missing this long after it was written is an orphan (core.ingest.sidecars).
     sidecar_orphan_grace_s: int = 3600
-    # Near duplicates' colour signatures differ by at most this many levels (core.dedup); from_env
+    # Near duplicates' colour signatures differ by at most this many levels (core.ingest.dedup); from_env
     # requires it (template.yaml's NearDuplicateColourDistance), the default is that parameter's.
     near_duplicate_colour_distance: int = 16
 
@@ -185,19 +185,19 @@ class TrainingSettings:
     security_groups: tuple[str, ...]
     kms_key: str
     stages: tuple[Stage, ...]  # one job per stage, chained; a plain run is one stage
-    use: str = "commercial"  # what the models are for; partner terms may allow only some uses (core.licensing)
+    use: str = "commercial"  # what the models are for; partner terms may allow only some uses (core.partners.licensing)
     # An encode job (trainer/encode.py) on this instance type turns each stage's image shards into
     # latent shards before the stage trains; empty: the stage trains on the image shards (VAE online).
     encode_instance_type: str = ""
-    # Pretrained parts (core.pretrained): the `pretrained` channel of every encode and training job;
+    # Pretrained parts (core.training.pretrained): the `pretrained` channel of every encode and training job;
     # empty: every part is built at random from the stage's model-config.
     pretrained_uri: str = ""
     # Where a lineage gets no VAE from its base, an autoencoder job on this instance type trains one
-    # before its first job (core.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
+    # before its first job (core.training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
     autoencoder_instance_type: str = ""
     autoencoder_hyperparameters: dict[str, str] = field(default_factory=dict)
     eval_data_uri: str = ""  # s3://<data>/<EvalDataPrefix>: the autoencoder job's `validation` channel
-    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.failure_brake)
+    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.training.failure_brake)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
@@ -412,7 +412,7 @@ class SweepSettings:
     # re-driving them would only add duplicates to the backlog; the run is deferred
     max_queue_depth: int = 1000
     # A sidecar still waiting for its image this long after it was written is re-driven, so ingest
-    # records it as an orphan (core.sidecars)
+    # records it as an orphan (core.ingest.sidecars)
     sidecar_orphan_grace_s: int = 3600
 
     @classmethod
@@ -458,13 +458,13 @@ class ImportSettings:
 class DeadLetterQueue:
     # Queue names, not URLs: the same on AWS, under moto and in events/env.json (`sam local invoke`)
     name: str
-    contract: str  # core.dead_letters.CONTRACTS: what its messages' consumer parses
+    contract: str  # core.reliability.dead_letters.CONTRACTS: what its messages' consumer parses
     source: str = ""  # the queue it redrives to; empty: it holds events, re-put on the bus
 
 
 @dataclass(frozen=True)
 class RedriveSettings:
-    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.redrive)."""
+    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.reliability.redrive)."""
 
     table: str
     event_bus: str

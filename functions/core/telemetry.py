@@ -26,29 +26,29 @@ metrics = Metrics()
 
 # The metric names (docs/runbook.md lists them; the dashboard and alarms in template.yaml read them).
 UPLOADS_ACCEPTED = "UploadsAccepted"
-UPLOADS_REJECTED = "UploadsRejected"  # dimension `reason` (core.records.QUARANTINE_REASONS)
+UPLOADS_REJECTED = "UploadsRejected"  # dimension `reason` (contracts.pipeline_table.QUARANTINE_REASONS)
 UPLOADS_DUPLICATE = "UploadsDuplicate"  # exact duplicates (also counted as rejected, reason duplicate)
 UPLOADS_NEAR_DUPLICATE = "UploadsNearDuplicate"  # accepted, flagged near_duplicate_of
-NEAR_DUPLICATE_KEYS_FULL = "NearDuplicateKeysFull"  # index keys that reached their cap (core.dedup)
+NEAR_DUPLICATE_KEYS_FULL = "NearDuplicateKeysFull"  # index keys that reached their cap (core.ingest.dedup)
 SAMPLES_PACKED = "SamplesPacked"
 SEGMENT_BYTES = "SegmentBytes"
 UPLOAD_TO_SHARD_SECONDS = "UploadToShardSeconds"  # the upload's S3 time -> its segment committed to a shard
 SHARDS_SEALED = "ShardsSealed"
 SHARD_BYTES = "ShardBytes"
 TRAINING_JOBS_STARTED = "TrainingJobsStarted"
-LINEAGES_HALTED = "LineagesHalted"  # the circuit breaker opened (core.failure_brake): nothing starts until resumed
+LINEAGES_HALTED = "LineagesHalted"  # the circuit breaker opened (core.training.failure_brake): nothing starts until resumed
 TRAINING_JOBS_FINISHED = {"Completed": "TrainingJobsCompleted", "Failed": "TrainingJobsFailed",
                           "Stopped": "TrainingJobsStopped"}
-DEPLOYMENTS = "Deployments"  # endpoint created or updated (emitted by core.deploy)
+DEPLOYMENTS = "Deployments"  # endpoint created or updated (emitted by core.deploy.rollout)
 MODELS_EVALUATED = "ModelsEvaluated"  # the gate decided (passed or held back)
 MODELS_HELD_BACK = "ModelsHeldBack"  # the gate said no, or the evaluation failed
 ROLLBACKS = "Rollbacks"  # by hand or by an alarm
-IMPORTED_SHARDS = "ImportedShards"  # dimension `status`: imported | empty | rejected (core.imports)
+IMPORTED_SHARDS = "ImportedShards"  # dimension `status`: imported | empty | rejected (core.pack.import_tar)
 IMPORTED_SAMPLES = "ImportedSamples"  # accepted into a pipeline shard
 IMPORT_DUPLICATES = "ImportDuplicates"  # exact duplicates, left out: already in the pipeline
 IMPORT_NEAR_DUPLICATES = "ImportNearDuplicates"  # flagged or left out, as the import's --near-duplicates says
 IMPORT_REJECTS = "ImportRejects"  # quarantined for any other reason
-DEAD_LETTERS_REDRIVEN = "DeadLettersRedriven"  # sent back to their source by RedriveFunction (core.redrive)
+DEAD_LETTERS_REDRIVEN = "DeadLettersRedriven"  # sent back to their source by RedriveFunction (core.reliability.redrive)
 POISON_MESSAGES = "PoisonMessages"  # held in their DLQs as poison, per run (a gauge: PoisonDeadLettersAlarm)
 SCHEDULE_TICKS_DROPPED = "ScheduleTicksDropped"  # failed timer ticks removed (the next tick does their work)
 REASON = "reason"

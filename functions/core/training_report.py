@@ -10,7 +10,7 @@ This module is its one renderer, standard library only, for the two places that 
   image): `report.html` in the model and output data dirs, before any gate. The page carries the
   run's figures as a JSON data block, so that from the output data (`output/output.tar.gz`) alone
   the page can be rendered again;
-- the deploy function, once the gate has decided (core.deploy): `report.html` as its own object
+- the deploy function, once the gate has decided (core.deploy.rollout): `report.html` as its own object
   beside the model artefact, from output.tar.gz, the decision and lineage.json.
 """
 
@@ -171,7 +171,7 @@ def _cell(label: str, value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, (int, float)):
         return _number(label, value)
-    if isinstance(value, str):  # a float kept as text (DynamoDB items, core.gate.Scores.to_item) reads as one
+    if isinstance(value, str):  # a float kept as text (DynamoDB items, core.deploy.gate.Scores.to_item) reads as one
         numeric = re.fullmatch(r"[-+]?(\d+\.\d*|\.\d+|\d+[eE][-+]?\d+)([eE][-+]?\d+)?", value.strip())
         return _number(label, float(value)) if numeric else html.escape(value)
     if isinstance(value, dict):

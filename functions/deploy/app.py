@@ -1,12 +1,19 @@
 """DeployFunction: training jobs, evaluation jobs, model artefacts and endpoint state changes ->
-the evaluation gate and a safe endpoint rollout (core.deploy; docs/deploy.md)."""
+the evaluation gate and a safe endpoint rollout (core.deploy.rollout; docs/deploy.md)."""
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.deploy import (EVALUATE_REQUEST, DeployResult, job_state_from_event, on_artefact_published, on_endpoint_state,
-                         on_job_state, reevaluate)
+from core.deploy.rollout import (
+    EVALUATE_REQUEST,
+    DeployResult,
+    job_state_from_event,
+    on_artefact_published,
+    on_endpoint_state,
+    on_job_state,
+    reevaluate,
+)
 from core.errors import BadMessage
 from core.settings import DeploySettings
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from core import telemetry
 from core.errors import BadMessage
-from core.imports import ImportShard, import_shard
+from core.pack.import_tar import ImportShard, import_shard
 from core.settings import ImportSettings
 
 logger = Logger()

@@ -9,7 +9,7 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.ingest import ingest_notification
+from core.ingest.admission import ingest_notification
 from core.settings import IngestSettings
 
 logger = Logger()

@@ -9,13 +9,13 @@ shards older than their maximum age and finishes seals that an invocation left h
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.models import Sample
-from core.pack import pack_samples, seal_due
+from contracts.messages import Sample
+from core.pack.packer import pack_samples, seal_due
 from core.queue_batch import parse_batch
 from core.settings import PackSettings
 
 logger = Logger()
-metrics = Metrics()  # core.pack and core.seal add to its buffer (core.telemetry)
+metrics = Metrics()  # core.pack.packer and core.pack.seal add to its buffer (core.telemetry)
 tracer = Tracer()  # multipart parts, transactions, the seal's compose and event (docs/architecture.md)
 
 

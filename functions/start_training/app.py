@@ -6,10 +6,10 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from contracts.messages import ShardSealed
 from core import telemetry
-from core.models import ShardSealed
 from core.settings import TrainingSettings
-from core.training import RESUME_REQUEST, Decision, advance, on_job_finished, on_shard_sealed
+from core.training.starter import RESUME_REQUEST, Decision, advance, on_job_finished, on_shard_sealed
 
 logger = Logger()
 metrics = Metrics()

@@ -1,15 +1,15 @@
 """SweepFunction: on a schedule, re-drive uploads that have no ingest record after a grace period.
 
 A lost S3 notification delays a sample by at most one grace period plus one schedule period;
-it never drops it (core.sweep).
+it never drops it (core.ingest.sweep).
 """
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from core.ingest.sweep import sweep
 from core.settings import SweepSettings
-from core.sweep import sweep
 
 logger = Logger()
 metrics = Metrics()

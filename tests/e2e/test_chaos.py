@@ -6,7 +6,7 @@ duplicate, both to be quarantined) are uploaded while the workers die at random 
 mid-batch) and deliveries are shuffled, repeated, duplicated late and lose their deletes
 (atelier/local/chaos.py); each run also sends UploadsQueue one message ingest can never parse (poison).
 Then the faults stop and nobody touches a DLQ: RedriveFunction, on its schedule, sends transient
-dead letters back and holds poison ones. Once the pipeline is quiet `core.audit` must find every
+dead letters back and holds poison ones. Once the pipeline is quiet `core.reliability.audit` must find every
 upload quarantined or in exactly one sealed, byte-exact shard; every shard must read back with
 tarfile and webdataset; every DLQ must be empty but UploadsDLQ, which must hold exactly the poison
 messages, each marked with the contract error that proves it poison. Timeouts and visibility timeouts are
@@ -33,7 +33,9 @@ from atelier import client, dlq
 from atelier.local import traffic
 from atelier.local.chaos import ChaosConfig
 from atelier.local.stack import LocalStack, StackOptions
-from core import audit, aws, dead_letters, records
+from contracts import pipeline_table
+from core import aws
+from core.reliability import audit, dead_letters
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +110,7 @@ def test_storms_lose_and_duplicate_nothing(chaos_stack: LocalStack) -> None:
         assert marks[dead_letters.VERDICT_ATTRIBUTE] == dead_letters.POISON, body
         assert marks[dead_letters.ERROR_ATTRIBUTE].startswith(
             "poison: does not match its queue's contract: not JSON: Expecting value"), marks
-    redriven = sum(int(item["redrives"]) for item in aws.scan_prefix(outputs["PipelineTableName"], records.REDRIVE_PREFIX))
+    redriven = sum(int(item["redrives"]) for item in aws.scan_prefix(outputs["PipelineTableName"], pipeline_table.REDRIVE_PREFIX))
     faults = Counter(json.loads(line)["fault"] for line in chaos_file.with_name("chaos.json.log").read_text().splitlines())
     timeouts = runtime_timeouts(stack, faults["stall"])
     summary = {"test": "chaos", "seed": SEED, "runs": RUNS, "seconds": round(time.monotonic() - clock, 1),

@@ -26,8 +26,9 @@ from safetensors.torch import save as save_safetensors
 
 from atelier.demo import DemoOptions, drive
 from atelier.local.stack import LocalStack, StackOptions
+from contracts import pipeline_table
+from core import aws
 from tests.support import quick_training
-from core import aws, records
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ def wait_for(what: str, check: Callable[[], Any], stack: LocalStack, timeout: fl
 
 
 def model(stack: LocalStack, name: str) -> dict[str, Any]:
-    return aws.get_item(stack.outputs["PipelineTableName"], records.model_pk(name)) or {}
+    return aws.get_item(stack.outputs["PipelineTableName"], pipeline_table.model_pk(name)) or {}
 
 
 def settled(stack: LocalStack, name: str, statuses: set[str]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from atelier import partners
 from atelier.catalog import encode, picture
 from atelier.local.stack import LocalStack, StackOptions
-from core.partner_access import PartnerProfile, read_profile
+from core.partners.partner_access import PartnerProfile, read_profile
 from tests.support import ACCOUNT, REGION, REPO, denied
 
 pytestmark = pytest.mark.e2e

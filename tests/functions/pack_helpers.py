@@ -13,8 +13,10 @@ from typing import Any
 import boto3
 
 from atelier.local.provision import Provisioned
-from core import aws, records, shards
-from core.models import Sample, ShardSealed
+from contracts import pipeline_table
+from contracts.messages import Sample, ShardSealed
+from core import aws
+from core.pack import shards
 from core.settings import PackSettings
 
 PARTNERS = ("partner-a", "partner-b")
@@ -45,7 +47,7 @@ def upload_sample(stack: Provisioned, n: int, size: int | None = None, key: str 
                     format="jpeg", width=width, height=height, size=len(image), caption=f"sample {n}",
                     license="CC-BY-4.0", source="tests", uploaded_at="2026-11-29T12:00:00.000Z",
                     content_bucket=bucket, content_key=key, content_sha256=sha)
-    aws.put_item(stack.outputs["PipelineTableName"], records.sample_item(sample))
+    aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.sample_item(sample))
     return sample
 
 
@@ -79,7 +81,7 @@ def index_of(settings: PackSettings, shard_id: str) -> dict[str, Any]:
 
 
 def sealed_record(settings: PackSettings, shard_id: str) -> ShardSealed:
-    item = aws.get_item(settings.table, records.sealed_pk(shard_id))
+    item = aws.get_item(settings.table, pipeline_table.sealed_pk(shard_id))
     assert item, f"no SEALED# record for {shard_id}"
     return ShardSealed.model_validate_json(item["record"])
 

@@ -1,4 +1,4 @@
-"""core.audit under moto: uploads, records and sealed shards reconciled; each violation found."""
+"""core.reliability.audit under moto: uploads, records and sealed shards reconciled; each violation found."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import moto.s3.models
 import pytest
 
 from atelier.local.provision import Provisioned
-from core import audit, aws, records, shards
-from core.models import UploadRef
-from core.pack import pack_samples, seal_due
+from contracts import pipeline_table
+from contracts.messages import UploadRef
+from core import aws
+from core.pack import shards
+from core.pack.packer import pack_samples, seal_due
+from core.reliability import audit
 from tests.functions.pack_helpers import settings_for, upload_sample
 
 DAY = timedelta(days=1)
@@ -37,7 +40,7 @@ def run_audit(stack: Provisioned, grace_s: float = 60.0, now: datetime | None = 
 def record_upload(stack: Provisioned, key: str, status: str = "accepted", sha256: str | None = None) -> None:
     bucket = stack.outputs["UploadsBucketName"]
     etag = aws.head_object(bucket, key)["ETag"].strip('"')
-    aws.put_item(stack.outputs["PipelineTableName"], records.upload_item(
+    aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.upload_item(
         UploadRef(bucket=bucket, key=key, etag=etag), status, key.split("/", 1)[0], sha256=sha256,
         reason=None if status == "accepted" else "corrupt"))
 
@@ -90,11 +93,11 @@ def test_a_sample_in_two_shards_is_a_violation(stack, packed) -> None:
     # GIVEN a second SEALED# record and index for a copy of the first shard
     table, data = stack.outputs["PipelineTableName"], stack.outputs["DataBucketName"]
     first = sealed_ids(stack)[0]
-    original = json.loads(aws.get_item(table, records.sealed_pk(first))["record"])
+    original = json.loads(aws.get_item(table, pipeline_table.sealed_pk(first))["record"])
     copy = "shard-" + "f" * 32
     index = aws.read_object(data, shards.index_key(first))
     aws.write_object(data, shards.index_key(copy), index)
-    aws.put_item(table, {"pk": records.sealed_pk(copy), "kind": "sealed", "record": json.dumps(
+    aws.put_item(table, {"pk": pipeline_table.sealed_pk(copy), "kind": "sealed", "record": json.dumps(
         {**original, "shard_id": copy, "index_key": shards.index_key(copy), "index_uri": ""})})
     report = run_audit(stack)
     keys = [e["key"] for e in json.loads(index)["samples"]]
@@ -144,12 +147,12 @@ def test_a_re_upload_after_its_shard_was_sealed_before_the_window_is_found_in_th
     table, bucket = stack.outputs["PipelineTableName"], stack.outputs["UploadsBucketName"]
     long_ago = (datetime.now(timezone.utc) - 2 * DAY).isoformat(timespec="milliseconds")
     for shard_id in sealed_ids(stack):
-        item = aws.get_item(table, records.sealed_pk(shard_id))
+        item = aws.get_item(table, pipeline_table.sealed_pk(shard_id))
         aws.put_item(table, {**item, "record": json.dumps({**json.loads(item["record"]), "sealed_at": long_ago})})
     # AND one sample's upload made again now: the same bytes under the same key, recorded as ingest does
     index = json.loads(aws.read_object(stack.outputs["DataBucketName"], shards.index_key(sealed_ids(stack)[0])))
     sha256 = index["samples"][0]["key"]
-    sample = json.loads(aws.get_item(table, records.sample_pk(sha256))["record"])
+    sample = json.loads(aws.get_item(table, pipeline_table.sample_pk(sha256))["record"])
     body = aws.read_object(bucket, sample["key"])
     boto3.client("s3").put_object(Bucket=bucket, Key=sample["key"], Body=body)
     record_upload(stack, sample["key"], sha256=sha256)

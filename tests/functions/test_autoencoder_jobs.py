@@ -12,17 +12,33 @@ from typing import Any, Callable
 
 import boto3
 import pytest
-from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
-    TWO_STAGES, FakeSageMaker, configure, expected_manifest, finish, handle, job, lineage, manifest_uri, pending,
-    put_latents, sagemaker, seal, sid, stack, tags)
-from tests.support import load_event
 
 from atelier.cli_provenance import model_parts
-from core import autoencoder_job, aws, training
-from core.pretrained import BaseMissing
+from core import aws
 from core.provenance import output_key, stored_lineage
 from core.settings import TrainingSettings
-from core.training import Decision, advance, job_name_for
+from core.training import autoencoder_job, starter
+from core.training.pretrained import BaseMissing
+from core.training.starter import Decision, advance, job_name_for
+from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
+    TWO_STAGES,
+    FakeSageMaker,
+    configure,
+    expected_manifest,
+    finish,
+    handle,
+    job,
+    lineage,
+    manifest_uri,
+    pending,
+    put_latents,
+    sagemaker,
+    seal,
+    sid,
+    stack,
+    tags,
+)
+from tests.support import load_event
 
 ON = {"TRAINING_AUTOENCODER_INSTANCE_TYPE": "ml.g5.2xlarge"}  # the template's default; conftest turns it off
 ENCODE = {"TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge"}
@@ -105,7 +121,7 @@ def test_without_held_out_shards_the_autoencoder_job_has_no_validation_channel(a
 def test_the_autoencoder_job_reads_the_exclusion_list_of_its_training_job(autoencoding: TrainingSettings,
                                                                           sagemaker: FakeSageMaker,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(training, "manifest_from", _with_exclusion(training.manifest_from))
+    monkeypatch.setattr(starter, "manifest_from", _with_exclusion(starter.manifest_from))
 
     name = seal(autoencoding, 1, 2)[1].job_name
 

@@ -10,11 +10,11 @@ from typing import Iterator
 
 import boto3
 import pytest
-from tests.functions.test_audit import register_outputs
 
 from atelier import cli
 from atelier.local.provision import Provisioned
-from core.pretrained import check_uri, describe_base
+from core.training.pretrained import check_uri, describe_base
+from tests.functions.test_audit import register_outputs
 
 FILES = {"model_index.json": b'{"_class_name": "StableDiffusionPipeline"}', "vae/config.json": b'{"latent_channels": 4}',
          "vae/diffusion_pytorch_model.safetensors": bytes(range(256)) * 64,

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import boto3
 import pytest
-from tests.functions.test_audit import register_outputs
 
 from atelier import cli
 from atelier.local.provision import Provisioned
 from core import aws
-from core.licensing import get_partner, partner_pk
-from core.partner_access import ROLE_POLICY_NAME, read_profile, role_policy
+from core.partners.licensing import get_partner, partner_pk
+from core.partners.partner_access import ROLE_POLICY_NAME, read_profile, role_policy
+from tests.functions.test_audit import register_outputs
 
 UPLOADER = "arn:aws:iam::111122223333:role/acme-uploads"
 ROLE = "arn:aws:iam::123456789012:role/atelier/partners/atelier-partner-acme"

@@ -1,4 +1,4 @@
-"""core.deploy against moto with the template's resources: candidates, the gate, the rollout.
+"""core.deploy.rollout against moto with the template's resources: candidates, the gate, the rollout.
 
 moto runs training jobs to Completed at once and sends no events, and does not implement
 UpdateEndpoint: the tests deliver the events themselves (evaluation results as the trainer writes
@@ -17,16 +17,29 @@ from typing import Any, Callable
 import boto3
 import pytest
 from PIL import Image
-from tests.support import load_event
 
 from atelier.local.provision import Provisioned
-from core import aws, records
-from core.deploy import (JobState, deployment_config, endpoint_config_request, evaluation_job_name,
-                         evaluation_job_request, job_state_from_event, model_request, on_artefact_published, on_endpoint_state, on_job_state, reevaluate, rollback)
+from contracts import pipeline_table
+from contracts.messages import LeftOut
+from core import aws
+from core.deploy.rollout import (
+    JobState,
+    deployment_config,
+    endpoint_config_request,
+    evaluation_job_name,
+    evaluation_job_request,
+    job_state_from_event,
+    model_request,
+    on_artefact_published,
+    on_endpoint_state,
+    on_job_state,
+    reevaluate,
+    rollback,
+)
 from core.errors import BadMessage
-from core.models import LeftOut
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.settings import DeploySettings
+from tests.support import load_event
 from trainer.report import write_report
 
 JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
@@ -83,7 +96,7 @@ def evaluation_finished(settings: DeploySettings, model: str, val_loss: float | 
                         baseline_loss: float | None = None, status: str = "Completed",
                         digest: str = "e" * 64, clip: float | None = None, baseline_clip: float | None = None) -> JobState:
     """The evaluation job's end, with the evaluation.json trainer/evaluate.py writes in its artefact."""
-    item = aws.get_item(settings.table, records.model_pk(model)) or {}
+    item = aws.get_item(settings.table, pipeline_table.model_pk(model)) or {}
     name = item.get("eval_job") or evaluation_job_name(model)
     key = f"evaluations/{name}/output/model.tar.gz"
     models: dict[str, Any] = {"candidate": {"val_loss": val_loss, "clip_score": clip}}
@@ -104,7 +117,7 @@ def evaluation_finished(settings: DeploySettings, model: str, val_loss: float | 
 
 
 def model_record(settings: DeploySettings, name: str) -> dict[str, Any]:
-    return aws.get_item(settings.table, records.model_pk(name)) or {}
+    return aws.get_item(settings.table, pipeline_table.model_pk(name)) or {}
 
 
 def training_jobs() -> list[str]:
@@ -142,13 +155,13 @@ def test_a_duplicate_completed_event_starts_one_evaluation(settings: DeploySetti
 @pytest.mark.parametrize("status", ["Failed", "Stopped"])
 def test_failed_and_stopped_jobs_are_recorded_and_never_evaluated(settings: DeploySettings, status: str) -> None:
     # GIVEN the pipeline's record of the job
-    aws.put_item(settings.table, {"pk": records.job_pk(JOB), "status": "InProgress"})
+    aws.put_item(settings.table, {"pk": pipeline_table.job_pk(JOB), "status": "InProgress"})
     state = dataclasses.replace(completed(), status=status, failure_reason="MaxRuntimeExceeded")
 
     result = on_job_state(state, settings)
 
     assert result.action == "recorded"
-    assert aws.get_item(settings.table, records.job_pk(JOB))["status"] == status
+    assert aws.get_item(settings.table, pipeline_table.job_pk(JOB))["status"] == status
     assert training_jobs() == [] and model_record(settings, JOB) == {}
 
 
@@ -156,7 +169,7 @@ def test_a_job_the_pipeline_did_not_start_gets_no_job_record(settings: DeploySet
     # a JOB# record would make the start-training stage treat the job as its own
     on_job_state(dataclasses.replace(completed(), status="Failed"), settings)
 
-    assert aws.get_item(settings.table, records.job_pk(JOB)) is None
+    assert aws.get_item(settings.table, pipeline_table.job_pk(JOB)) is None
 
 
 def test_an_earlier_run_plan_stage_is_recorded_not_evaluated(settings: DeploySettings) -> None:
@@ -167,7 +180,7 @@ def test_an_earlier_run_plan_stage_is_recorded_not_evaluated(settings: DeploySet
 
 def test_the_artefact_of_a_completed_job_is_the_same_candidate_as_its_completed_event(settings: DeploySettings,
                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("core.deploy.describe_job", lambda name: completed(name))
+    monkeypatch.setattr("core.deploy.rollout.describe_job", lambda name: completed(name))
 
     first = on_artefact_published(settings.models_bucket, f"training/{JOB}/output/model.tar.gz", settings)
     second = on_job_state(completed(), settings)
@@ -178,7 +191,7 @@ def test_the_artefact_of_a_completed_job_is_the_same_candidate_as_its_completed_
 def test_the_artefact_of_a_stopped_job_is_never_a_candidate(settings: DeploySettings,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # SageMaker uploads a Stopped job's model too
-    monkeypatch.setattr("core.deploy.describe_job", lambda name: dataclasses.replace(completed(name), status="Stopped"))
+    monkeypatch.setattr("core.deploy.rollout.describe_job", lambda name: dataclasses.replace(completed(name), status="Stopped"))
 
     result = on_artefact_published(settings.models_bucket, f"training/{JOB}/output/model.tar.gz", settings)
 
@@ -355,11 +368,11 @@ def test_a_passing_model_s_report_says_passed_even_without_the_job_s_output_data
 
 
 def test_a_report_that_cannot_be_written_never_fails_the_gate(settings: DeploySettings, monkeypatch) -> None:
-    import core.deploy
+    import core.deploy.rollout
 
     def broken(*_: object) -> None:
         raise RuntimeError("renderer down")
-    monkeypatch.setattr(core.deploy, "_publish_report", broken)
+    monkeypatch.setattr(core.deploy.rollout, "_publish_report", broken)
 
     deploy_first(settings)  # asserts the endpoint was created
 
@@ -531,7 +544,7 @@ def test_an_automatic_rollback_is_recorded_when_the_endpoint_is_in_service(setti
 
     assert (result.action, result.model) == ("rolled-back", JOB)
     assert model_record(settings, "atelier-second")["status"] == "rolled-back"
-    assert aws.get_item(settings.table, records.endpoint_pk(settings.endpoint_name))["model"] == JOB
+    assert aws.get_item(settings.table, pipeline_table.endpoint_pk(settings.endpoint_name))["model"] == JOB
 
 
 def test_an_endpoint_in_service_gets_autoscaling_on_invocations(settings: DeploySettings) -> None:

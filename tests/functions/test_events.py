@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import boto3
 import pytest
-from tests.support import EVENTS, load_event
 
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
+from tests.support import EVENTS, load_event
 
 HANDLERS = {"ingest": "IngestFunction", "pack": "PackFunction", "start_training": "StartTrainingFunction",
             "deploy": "DeployFunction", "import": "ImportFunction"}
@@ -36,7 +36,7 @@ def run_handler(stack: Provisioned, function_env: Callable, logical_id: str, eve
 
 def upload_keys(event: dict) -> list[str]:
     """The decoded object keys an S3 notification event names."""
-    from core.uploads import parse_notification
+    from core.ingest.uploads import parse_notification
     keys = []
     for record in event["Records"]:
         try:
@@ -89,33 +89,35 @@ def name_versions(event: dict, versions: dict[str, str]) -> None:
 
 def arrange_import(event: dict, stack: Provisioned) -> None:
     """The staged tar each message names (two samples, one caption missing) and its batch record."""
-    from core import aws, imports
+    from core import aws
+    from core.pack import import_tar
     from tests.functions.import_helpers import webdataset_tar
     pictures = [encode(picture("circle", "red", "blue"), "png"), encode(picture("square", "white", "black"), "jpg")]
     for record in event["Records"]:
-        message = imports.ImportShard.model_validate_json(record["body"])
+        message = import_tar.ImportShard.model_validate_json(record["body"])
         body = webdataset_tar([{"__key__": b"000000", "png": pictures[0], "txt": b"a red circle on a blue background"},
                                {"__key__": b"000001", "jpg": pictures[1]}])
         boto3.client("s3").put_object(Bucket=message.bucket, Key=message.key, Body=body)
-        aws.put_item(stack.outputs["PipelineTableName"], imports.batch_item(
+        aws.put_item(stack.outputs["PipelineTableName"], import_tar.batch_item(
             message.batch_id, message.partner, message.license, "events/import_shard.json", 1))
 
 
 def arrange_encoded(event: dict, stack: Provisioned) -> None:
     """The training job the encode job worked for (claimed, holding the lineage), its manifest of
     one shard, and the latent shard the encode job uploaded."""
-    from core import aws, records
-    from core.models import Manifest, ShardRef
+    from contracts import pipeline_table
+    from contracts.messages import Manifest, ShardRef
+    from core import aws
     table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
     encode_job = event["detail"]["TrainingJobName"]
     job = encode_job.removesuffix("-enc")
     manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
         ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="a" * 64, samples=1, partners=("p",)),))
     aws.write_object(data, f"manifests/{job}.json", manifest.model_dump_json().encode())
-    aws.put_item(table, {"pk": records.job_pk(job), "kind": "job", "status": "Requested", "manifest": f"manifests/{job}.json",
+    aws.put_item(table, {"pk": pipeline_table.job_pk(job), "kind": "job", "status": "Requested", "manifest": f"manifests/{job}.json",
                          "base": job, "stage": 0, "digest": manifest.digest, "lineage": "main", "encode": True,
                          "shards": ["shard-1"], "steps_base": 0})
-    aws.put_item(table, {"pk": records.job_pk(encode_job), "kind": "job", "role": "encode", "for_job": job,
+    aws.put_item(table, {"pk": pipeline_table.job_pk(encode_job), "kind": "job", "role": "encode", "for_job": job,
                          "status": "Requested", "lineage": "main"})
     aws.put_item(table, {"pk": "LINEAGE#main", "kind": "lineage", "sequence": 1, "steps_done": 0, "queue": [],
                          "running_job": job})
@@ -126,9 +128,10 @@ def arrange_encoded(event: dict, stack: Provisioned) -> None:
 def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
     """The training job the lineage's autoencoder job ran for (claimed, holding the lineage, waiting for
     the VAE), its manifest of one shard, and the autoencoder job as SageMaker describes it."""
-    from core import aws, records
-    from core.models import Manifest, ShardRef
-    from core.training import manifest_file
+    from contracts import pipeline_table
+    from contracts.messages import Manifest, ShardRef
+    from core import aws
+    from core.training.starter import manifest_file
     table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
     autoencoder_job = event["detail"]["TrainingJobName"]
     job = autoencoder_job.removesuffix("-ae")
@@ -136,10 +139,10 @@ def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
         ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="a" * 64, samples=1, partners=("p",)),))
     aws.write_object(data, f"manifests/{job}.json", manifest.model_dump_json().encode())
     aws.write_object(data, f"manifests/{job}.manifest", json.dumps(manifest_file(manifest)).encode())
-    aws.put_item(table, {"pk": records.job_pk(job), "kind": "job", "status": "Requested", "manifest": f"manifests/{job}.json",
+    aws.put_item(table, {"pk": pipeline_table.job_pk(job), "kind": "job", "status": "Requested", "manifest": f"manifests/{job}.json",
                          "base": job, "stage": 0, "digest": manifest.digest, "lineage": "main", "encode": False,
                          "autoencoder": True, "pretrained": "", "shards": ["shard-1"], "steps_base": 0})
-    aws.put_item(table, {"pk": records.job_pk(autoencoder_job), "kind": "job", "role": "autoencoder", "for_job": job,
+    aws.put_item(table, {"pk": pipeline_table.job_pk(autoencoder_job), "kind": "job", "role": "autoencoder", "for_job": job,
                          "status": "Requested", "lineage": "main"})
     aws.put_item(table, {"pk": "LINEAGE#main", "kind": "lineage", "sequence": 1, "steps_done": 0, "queue": [],
                          "running_job": job, "autoencoder": True})
@@ -159,15 +162,16 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     job = load_event("deploy_job_completed")["detail"]
     s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
     if name == "deploy_evaluate_request":  # a candidate whose evaluation failed
-        from core import aws, records
-        from core.deploy import job_state_from_event, on_job_state
+        from contracts import pipeline_table
+        from core import aws
+        from core.deploy.rollout import job_state_from_event, on_job_state
         from core.settings import DeploySettings
         settings = DeploySettings.from_env(stack.functions["DeployFunction"].environment)
         on_job_state(job_state_from_event(job), settings)
-        aws.update_item(settings.table, records.model_pk(job["TrainingJobName"]), "SET #s = :f",
+        aws.update_item(settings.table, pipeline_table.model_pk(job["TrainingJobName"]), "SET #s = :f",
                         {":f": "eval-failed"}, names={"#s": "status"})
     if name == "deploy_evaluation_completed":
-        from core.deploy import job_state_from_event, on_job_state
+        from core.deploy.rollout import job_state_from_event, on_job_state
         from core.settings import DeploySettings
         on_job_state(job_state_from_event(job), DeploySettings.from_env(stack.functions["DeployFunction"].environment))
         document = json.dumps({"schema": 1, "eval_set": {"digest": "e" * 64, "samples": 4},

@@ -15,8 +15,9 @@ from PIL import Image
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from atelier.local.runtime import sqs_event
-from core import aws, images
-from core.licensing import Partner, put_partner
+from core import aws
+from core.ingest import images
+from core.partners.licensing import Partner, put_partner
 
 
 @pytest.fixture
@@ -85,8 +86,8 @@ def test_the_same_bytes_under_another_name_are_quarantined_as_a_duplicate(ingest
 
 def test_concurrent_deliveries_of_one_image_under_two_names_accept_exactly_one(stack, partner, function_env) -> None:
     function_env("IngestFunction")
-    from core.ingest import ingest_upload
-    from core.models import UploadRef
+    from contracts.messages import UploadRef
+    from core.ingest.admission import ingest_upload
     from core.settings import IngestSettings
     bucket = stack.outputs["UploadsBucketName"]
     for key in ("partner-a/one.png", "partner-a/two.png"):
@@ -190,7 +191,7 @@ def test_a_recoloured_upload_is_not_flagged_as_a_near_duplicate(ingest, stack) -
 
 def test_flat_images_past_an_index_keys_cap_are_accepted_and_no_longer_compared(ingest, stack, monkeypatch) -> None:
     # GIVEN index keys that fill past 1 member, and flat grey pictures: other bytes, the same dHash
-    from core import dedup
+    from core.ingest import dedup
     monkeypatch.setattr(dedup, "MAX_MEMBERS", 1)
     flat = {f"partner-a/grey {n}.png": encode(Image.new("RGB", (96 + n, 96), (128, 128, 128)), "png") for n in range(3)}
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core import uploads
 from core.errors import RejectedUpload
+from core.ingest import uploads
 from tests.functions.test_ingest import RED, ingest, pack_messages, uploads_table  # noqa: F401  (ingest: fixture)
 
 

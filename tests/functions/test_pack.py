@@ -1,4 +1,4 @@
-"""core.pack under moto: shards built across invocations from segments, sealed, indexed, announced."""
+"""core.pack.packer under moto: shards built across invocations from segments, sealed, indexed, announced."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import pytest
 import webdataset as wds
 
 from atelier.local.provision import Provisioned
-from core import aws, journal, records, shards
-from core.models import Sample, ShardSealed
-from core.pack import pack_samples, seal_due
+from contracts import pipeline_table
+from contracts.messages import Sample, ShardSealed
+from core import aws
+from core.pack import journal, shards
+from core.pack.packer import pack_samples, seal_due
 from core.settings import PackSettings
 from tests.functions.pack_helpers import check_shard, index_of, sealed_shards, settings_for, upload_sample
 from tests.support import load_event
@@ -159,7 +161,7 @@ def test_packed_samples_point_at_their_shard(stack, settings) -> None:
     samples = [upload_sample(stack, n) for n in range(4)]
     report = pack_samples(batch(samples), dataclasses.replace(settings, shard_max_samples=4))
 
-    marks = {s.sha256: (aws.get_item(settings.table, records.sample_pk(s.sha256)) or {}).get("packed_in")
+    marks = {s.sha256: (aws.get_item(settings.table, pipeline_table.sample_pk(s.sha256)) or {}).get("packed_in")
              for s in samples}
 
     assert set(marks.values()) == {report.sealed[0].shard_id}
@@ -221,7 +223,7 @@ def test_the_same_batches_give_the_same_shard_bytes(stack, settings) -> None:
     for item in aws.scan_prefix(settings.table, ""):
         boto3.client("dynamodb").delete_item(TableName=settings.table, Key={"pk": {"S": item["pk"]}})
     for sample in samples:
-        aws.put_item(settings.table, records.sample_item(sample))
+        aws.put_item(settings.table, pipeline_table.sample_item(sample))
     boto3.client("s3").delete_object(Bucket=settings.data_bucket, Key=first.key)
     for start in range(0, 9, 3):
         pack_samples(batch(samples[start:start + 3]), narrow)

@@ -26,9 +26,11 @@ import moto.s3.models
 import pytest
 
 from atelier.local.provision import Provisioned
-from core import aws, journal, records
-from core.models import Sample, ShardSealed
-from core.pack import pack_samples, seal_due
+from contracts import pipeline_table
+from contracts.messages import Sample, ShardSealed
+from core import aws
+from core.pack import journal
+from core.pack.packer import pack_samples, seal_due
 from core.settings import PackSettings
 from tests.functions.pack_helpers import check_shard, sealed_shards, settings_for, upload_sample
 
@@ -178,7 +180,7 @@ def run_once(stack: Provisioned, monkeypatch: pytest.MonkeyPatch, seed: int) -> 
         check_shard(settings, shard_id, shard, by_key)
         assert len(shard.body) <= settings.shard_target_bytes or len(shard.sample_keys) == 1
         for key in shard.sample_keys:
-            assert aws.get_item(settings.table, records.sample_pk(key))["packed_in"] == shard_id  # type: ignore[index]
+            assert aws.get_item(settings.table, pipeline_table.sample_pk(key))["packed_in"] == shard_id  # type: ignore[index]
     head = journal.load_head(settings.table)
     assert (head.open, head.pending, head.sealing) == (None, None, frozenset()), f"seed {seed}"
     assert set(_announced(stack)) == set(found), f"seed {seed}: announced shards differ from sealed ones"

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 from moto.server import ThreadedMotoServer
 
-from core import aws, segments
+from core import aws
+from core.pack import segments
 
 BUCKET = "transfer-bench"
 MIB = 1 << 20

@@ -29,7 +29,7 @@ from atelier import client, partners
 from atelier.local import enforcement
 from atelier.local.provision import Provisioner
 from atelier.local.template import expand
-from core.partner_access import PartnerProfile
+from core.partners.partner_access import PartnerProfile
 from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, denied
 
 PARTNERS = ("partner-a", "partner-b", "partner-c")

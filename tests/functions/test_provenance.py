@@ -18,13 +18,15 @@ import pytest
 from PIL import Image
 
 from atelier.local.provision import Provisioned
-from core import attribution, aws, licensing, records
-from core.licensing import Partner, Revocation, Terms, put_partner, revoke
-from core.models import LeftOut, Manifest, Sample
-from core.pack import pack_samples, seal_due
+from contracts import pipeline_table
+from contracts.messages import LeftOut, Manifest, Sample
+from core import aws
+from core.pack.packer import pack_samples, seal_due
+from core.partners import attribution, licensing
+from core.partners.licensing import Partner, Revocation, Terms, put_partner, revoke
 from core.provenance import Affected, affected_by, lineage_of, output_key
 from core.settings import TrainingSettings
-from core.training import on_job_finished, on_shard_sealed
+from core.training.starter import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
 from trainer import encode
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
@@ -102,7 +104,7 @@ def picture(stack: Provisioned, n: int, partner: str = "partner-a", license: str
     sample = Sample(sha256=sha, partner=partner, bucket=bucket, key=key, version_id=version, format="jpeg", width=48,
                     height=48, size=len(image), caption=f"picture {n}", license=license,
                     uploaded_at="2026-11-29T12:00:00.000Z", content_bucket=bucket, content_key=key, content_sha256=sha)
-    aws.put_item(stack.outputs["PipelineTableName"], records.sample_item(sample))
+    aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.sample_item(sample))
     return sample
 
 
@@ -311,7 +313,7 @@ def test_terms_leave_out_samples_and_whole_shards_and_the_manifest_says_why(stac
     assert [e for e in built.left_out if not e.sha256] == [whole]
     assert {(e.sha256, e.reason) for e in built.left_out if e.sha256} == {
         (s.sha256, "terms of partner-b (b-research): research use only, not commercial") for s in research}
-    shard = aws.get_item(settings.table, records.shard_pk(expired)) or {}
+    shard = aws.get_item(settings.table, pipeline_table.shard_pk(expired)) or {}
     assert (shard["status"], shard["excluded_reason"], "gsi1pk" in shard) == ("excluded", whole.reason, False)
 
 

@@ -17,13 +17,13 @@ import pytest
 from atelier import cli, client
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
+from contracts.messages import Sample
 from core import aws
-from core.deploy import JobState, on_job_state
-from core.licensing import Revocation, revoke
-from core.models import Sample
-from core.pack import pack_samples
+from core.deploy.rollout import JobState, on_job_state
+from core.pack.packer import pack_samples
+from core.partners.licensing import Revocation, revoke
 from core.settings import DeploySettings, PackSettings, TrainingSettings
-from core.training import on_job_finished, on_shard_sealed
+from core.training.starter import on_job_finished, on_shard_sealed
 from tests.functions.ingest_helpers import ingest_through_queue
 from tests.functions.pack_helpers import settings_for
 
@@ -180,7 +180,7 @@ def test_job_report_is_rebuilt_with_the_gate_decision_and_lineage_written_after_
     # THEN it is the trainer's page with both, and the run's curves and grid
     page = (tmp_path / "r.html").read_text()
     assert "Training report: atelier-0002" in page
-    assert '<span class="fail">held-back</span>' in page  # the deploy gate's decision (core.deploy)
+    assert '<span class="fail">held-back</span>' in page  # the deploy gate's decision (core.deploy.rollout)
     assert "1.200x production" in page and "main" in page and "no lineage.json" not in page
     assert page.count("<svg") >= 2 and "step-00000004" in page
 

@@ -1,4 +1,4 @@
-"""Sidecars under moto: every `.json` object ends with a record (core.sidecars), none is silent."""
+"""Sidecars under moto: every `.json` object ends with a record (core.ingest.sidecars), none is silent."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import moto.s3.models
 import pytest
 
 from atelier.local.provision import Provisioned
-from core import aws, records
-from core.models import Sample
-from core.pack import pack_samples, seal_due
+from contracts import pipeline_table
+from contracts.messages import Sample
+from core import aws
+from core.pack.packer import pack_samples, seal_due
 from tests.functions.pack_helpers import sealed_shards, settings_for
 from tests.functions.test_ingest import GREEN, RED, ingest, pack_messages, tags, uploads_table  # noqa: F401
 from tests.functions.test_sweep import run  # noqa: F401
@@ -34,7 +35,7 @@ def orphan_grace(stack: Provisioned, seconds: int) -> None:
 
 def sample_of(stack: Provisioned, key: str) -> Sample:
     sha256 = uploads_table(stack)[key]["sha256"]
-    return Sample.model_validate_json(aws.get_item(stack.outputs["PipelineTableName"], records.sample_pk(sha256))["record"])
+    return Sample.model_validate_json(aws.get_item(stack.outputs["PipelineTableName"], pipeline_table.sample_pk(sha256))["record"])
 
 
 def pack(stack: Provisioned, messages: list[dict]) -> None:

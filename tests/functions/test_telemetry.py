@@ -14,15 +14,16 @@ from typing import Any, Callable
 import boto3
 import pytest
 from aws_lambda_powertools import Logger, Metrics
-from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, load_event
 
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from atelier.local.template import Resolver, expand
-from core import ingest, telemetry
-from core.pack import pack_samples
+from core import telemetry
+from core.ingest import admission
+from core.pack.packer import pack_samples
 from tests.functions.ingest_helpers import ingest_through_queue
 from tests.functions.pack_helpers import settings_for, upload_sample
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, load_event
 
 RED = encode(picture("circle", "red", "blue"), "png")
 
@@ -43,7 +44,7 @@ def emf(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> Calla
 @pytest.fixture
 def core_log() -> Any:
     """The lines the core's loggers write (they log through their service's Logger, as in Lambda)."""
-    parent = Logger(service=ingest.logger.service, stream=sys.__stdout__)  # or the one that exists
+    parent = Logger(service=admission.logger.service, stream=sys.__stdout__)  # or the one that exists
     buffer = io.StringIO()
     capture = logging.StreamHandler(buffer)
     capture.setFormatter(parent.registered_formatter)
@@ -67,7 +68,7 @@ def values(blobs: list[dict], name: str, **dimensions: str) -> list[float]:
 @pytest.fixture
 def ingest_handler(stack: Provisioned, partner: str, function_env: Callable, lambda_context: Any):
     function_env("IngestFunction")
-    from ingest.app import lambda_handler
+    from admission.app import lambda_handler
     return lambda uploads: ingest_through_queue(stack, lambda_handler, lambda_context, uploads)
 
 

@@ -19,15 +19,23 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
-from tests.support import ACCOUNT, REGION, load_event
 
 from atelier.local.provision import Provisioned
-from core import aws, records
-from core.models import Manifest, ShardRef, ShardSealed
+from contracts import pipeline_table
+from contracts.messages import Manifest, ShardRef, ShardSealed
+from core import aws
 from core.settings import TrainingSettings
-from core import training
-from core.training import (Decision, JobNameCollision, advance, job_name_for, manifest_file, on_job_finished,
-                           on_shard_sealed)
+from core.training import starter
+from core.training.starter import (
+    Decision,
+    JobNameCollision,
+    advance,
+    job_name_for,
+    manifest_file,
+    on_job_finished,
+    on_shard_sealed,
+)
+from tests.support import ACCOUNT, REGION, load_event
 
 TWO_STAGES = json.dumps([
     {"name": "lo", "hyperparameters": {"resolution": "32", "steps": "3"}},
@@ -208,15 +216,15 @@ def sid(n: int) -> str:
 
 
 def shard_item(settings: TrainingSettings, n: int) -> dict[str, Any]:
-    return aws.get_item(settings.table, records.shard_pk(sid(n))) or {}
+    return aws.get_item(settings.table, pipeline_table.shard_pk(sid(n))) or {}
 
 
 def index(settings: TrainingSettings, partition: str) -> list[str]:
-    return [i["pk"].removeprefix("SHARD#") for i in aws.query_index(settings.table, records.PENDING_INDEX, partition)]
+    return [i["pk"].removeprefix("SHARD#") for i in aws.query_index(settings.table, pipeline_table.PENDING_INDEX, partition)]
 
 
 def pending(settings: TrainingSettings) -> list[str]:
-    return index(settings, records.PENDING_SHARDS)
+    return index(settings, pipeline_table.PENDING_SHARDS)
 
 
 def trained(settings: TrainingSettings) -> list[str]:
@@ -228,7 +236,7 @@ def lineage(settings: TrainingSettings) -> dict[str, Any]:
 
 
 def job(settings: TrainingSettings, name: str) -> dict[str, Any]:
-    return aws.get_item(settings.table, records.job_pk(name)) or {}
+    return aws.get_item(settings.table, pipeline_table.job_pk(name)) or {}
 
 
 def stored_manifest(settings: TrainingSettings, name: str) -> Manifest:
@@ -289,8 +297,9 @@ def test_started_job_s_shards_open_with_wids_from_its_shard_list(settings: Train
 
     import wids
     from PIL import Image
-    from core.models import Sample
-    from core.shards import build_shard
+
+    from contracts.messages import Sample
+    from core.pack.shards import build_shard
 
     s3 = boto3.client("s3")
     keys = {}
@@ -324,7 +333,7 @@ def test_started_job_s_shards_open_with_wids_from_its_shard_list(settings: Train
 
 def test_wids_shard_list_carries_what_the_trainer_skips(settings: TrainingSettings) -> None:
     manifest = expected_manifest(settings, [1, 2]).model_copy(update={"exclude": {sid(2): ("a" * 64,)}})
-    listing = training.wids_shard_list(manifest, "job")
+    listing = starter.wids_shard_list(manifest, "job")
     assert listing["name"] == "job" and listing["wids_version"] == 1
     assert listing["shardlist"][0] == {"url": f"../shards/{sid(1)}.tar", "nsamples": 1}
     assert listing["shardlist"][1] == {"url": f"../shards/{sid(2)}.tar", "nsamples": 2, "atelier_exclude": ["a" * 64]}
@@ -1071,7 +1080,7 @@ def test_the_handler_counts_an_encode_job_s_end_and_starts_its_training_job(enco
     assert sagemaker.created == [f"{name}-enc", name]
 
 
-# --- the brake on failing jobs (core.failure_brake) -------------------------------------------------
+# --- the brake on failing jobs (core.training.failure_brake) -------------------------------------------------
 
 NOW = 1_800_000_000.0
 MODEL_FAILURE = "AlgorithmError: unrecognized arguments: --learning-rat 1e-4"
@@ -1082,7 +1091,7 @@ CAPACITY_FAILURE = "CapacityError: Unable to provision requested ML compute capa
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The orchestration's time, moved by the test: clock[0] is now."""
     now = [NOW]
-    monkeypatch.setattr(training, "_now", lambda: now[0])
+    monkeypatch.setattr(starter, "_now", lambda: now[0])
     return now
 
 

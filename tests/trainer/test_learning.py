@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from atelier.catalog import procedural_catalog
-from core.gate import Thresholds, decide, parse_evaluation
+from core.deploy.gate import Thresholds, decide, parse_evaluation
 from trainer import autoencoder, evaluate, train
 
 RECIPE = ["--model-config", "tiny", "--resolution", "32", "--batch-size", "16", "--learning-rate", "0.002",

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from contracts.messages import LeftOut
 from core import training_report
-from core.models import LeftOut
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from tests.support import REPO
 from trainer.health import label_grid
@@ -66,7 +66,7 @@ def random_picture(rng: random.Random, size: int) -> Image.Image:
 @pytest.fixture
 def rich_run(run_dir) -> tuple[Path, Path]:
     """run_dir with what a report shows besides the run: a labelled grid of 64 px samples, an
-    autoencoder's record and reconstructions, the gate's document (core.deploy) and a lineage."""
+    autoencoder's record and reconstructions, the gate's document (core.deploy.rollout) and a lineage."""
     model_dir, health_dir = run_dir
     rng = random.Random(0)
     label_grid([random_picture(rng, 64) for _ in range(4)], ["a red dog on a skateboard", "a blue cat"], [0, 7]) \
@@ -82,7 +82,7 @@ def rich_run(run_dir) -> tuple[Path, Path]:
             "production": None, "production_model": "",
             "thresholds": {"max_loss": 1.0, "max_loss_ratio": 1.1, "min_clip_delta": -0.5}}
     (model_dir / "evaluation.json").write_text(json.dumps(
-        {"model": "atelier-0123", "evaluation_job": "atelier-0123-eval", "gate": gate}))  # as core.deploy writes it
+        {"model": "atelier-0123", "evaluation_job": "atelier-0123-eval", "gate": gate}))  # as core.deploy.rollout writes it
     shard = ShardSource(shard_id="s1", key="shards/s1.tar", sha256="c" * 64, role="new", samples=3, excluded=1,
                         index_uri="s3://data/shards/s1.json")
     manifest = ManifestSource(sequence=7, digest="ab" * 32, uri="s3://data/manifests/m.json",
@@ -149,7 +149,7 @@ def test_table_cells_read_as_text_rounded_with_no_json_and_no_python_none(rich_r
     assert (row["final loss"], row["mean throughput (img/s)"], row["mean data-wait share"]) == ("0.2", "103.0", "3.0%")
     assert (row["steps"], row["shards seen"], row["stages"]) == ("5", "2", "\u2014")
     assert "eval set: ab12\nval loss: 0.3\nclip score: \u2014" in cells  # a nested dict as k: v lines; a float kept
-    assert "0.30000000000000004" not in page  # as text (core.gate.Scores.to_item) rounded like the others
+    assert "0.30000000000000004" not in page  # as text (core.deploy.gate.Scores.to_item) rounded like the others
     assert "max loss: 1\nmax loss ratio: 1.1\nmin clip delta: -0.5" in cells
     assert "held out" in cells and "yes" in cells and "1e-06" in cells  # booleans, small figures
     assert "#7 abababababab: jobs atelier-0123; shards 1, left out 1" in cells

@@ -17,9 +17,10 @@ from atelier import progress as progress_module
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from atelier.progress import progress
-from core import aws, records
-from core.deploy import JobState, consider_candidate, gate
-from core.gate import Evaluation, Scores
+from contracts import pipeline_table
+from core import aws
+from core.deploy.gate import Evaluation, Scores
+from core.deploy.rollout import JobState, consider_candidate, gate
 from core.settings import DeploySettings
 
 RED = encode(picture("circle", "red", "blue"), "png")
@@ -196,17 +197,17 @@ def candidate(settings: DeploySettings, name: str, ended: int) -> JobState:
 @pytest.fixture
 def gated(outputs, function_env, wide) -> DeploySettings:
     """GIVEN atelier-first deployed (loss 0.1, CLIP 30), then atelier-second held back by the gate:
-    the same loss, but a CLIP score 10 below production's (core.deploy writes both records)."""
+    the same loss, but a CLIP score 10 below production's (core.deploy.rollout writes both records)."""
     function_env("DeployFunction")
     settings = DeploySettings.from_env()
     bucket, _, prefix = settings.eval_data_uri.removeprefix("s3://").partition("/")
     boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}heldout.tar", Body=bytes(1024))
     table = settings.table
     assert consider_candidate(candidate(settings, "atelier-first", 1000), settings).action == "evaluating"
-    first = aws.get_item(table, records.model_pk("atelier-first"))
+    first = aws.get_item(table, pipeline_table.model_pk("atelier-first"))
     assert gate(first, Evaluation(Scores(DIGEST, 0.1, 30.0), None), settings).action == "created"
     assert consider_candidate(candidate(settings, "atelier-second", 2000), settings).action == "evaluating"
-    second = aws.get_item(table, records.model_pk("atelier-second"))
+    second = aws.get_item(table, pipeline_table.model_pk("atelier-second"))
     evaluation = Evaluation(Scores(DIGEST, 0.1, 20.0), baseline=Scores(DIGEST, 0.1, 30.0))
     assert gate(second, evaluation, settings).action == "held-back"
     return settings

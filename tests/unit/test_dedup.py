@@ -1,4 +1,4 @@
-"""core.dedup: the near-duplicate band index over perceptual hashes, in the pipeline table, and the
+"""core.ingest.dedup: the near-duplicate band index over perceptual hashes, in the pipeline table, and the
 colour signatures that tell a recolouring from a copy."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 from botocore.exceptions import ClientError
 from moto.dynamodb.exceptions import ItemSizeTooLarge
 from moto.dynamodb.parsing.executors import UpdateExpressionExecutor
-
 from PIL import Image
 
 from atelier.catalog import make_catalog
 from atelier.local.provision import Provisioned
-from core import aws, dedup, images
-from core.dedup import Near, band_keys, index_keys
+from core import aws
+from core.ingest import dedup, images
+from core.ingest.dedup import Near, band_keys, index_keys
 
 BASE = "0123456789abcdef"
 FIRST, SECOND, THIRD = "a" * 64, "b" * 64, "c" * 64  # sample sha256s

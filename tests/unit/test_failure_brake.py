@@ -1,12 +1,22 @@
-"""core.failure_brake: the backoff doubles to its cap, model failures open the breaker, capacity
+"""core.training.failure_brake: the backoff doubles to its cap, model failures open the breaker, capacity
 failures never do, a success or a resume closes it, and every failure is kept."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.failure_brake import (KEPT_FAILURES, Brake, BrakeSettings, after_failure, after_success, backoff_s, hold,
-                                is_capacity, kind_of, resumed)
+from core.training.failure_brake import (
+    KEPT_FAILURES,
+    Brake,
+    BrakeSettings,
+    after_failure,
+    after_success,
+    backoff_s,
+    hold,
+    is_capacity,
+    kind_of,
+    resumed,
+)
 
 SETTINGS = BrakeSettings(max_failures=3, backoff_s=600, max_backoff_s=3600)
 OOM = "AlgorithmError: CUDA out of memory. Tried to allocate 2.00 GiB"

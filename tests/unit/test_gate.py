@@ -1,4 +1,4 @@
-"""core.gate: the evaluation gate's decision from scores and thresholds, and evaluation.json parsing."""
+"""core.deploy.gate: the evaluation gate's decision from scores and thresholds, and evaluation.json parsing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from core.deploy.gate import Scores, Thresholds, decide, parse_evaluation
 from core.errors import BadMessage
-from core.gate import Scores, Thresholds, decide, parse_evaluation
 
 LIMITS = Thresholds(max_loss=1.0, max_loss_ratio=1.05, min_clip_delta=0.5)
 SET = "e" * 64

@@ -1,4 +1,4 @@
-"""core.images: sniffing, safe decoding, orientation, colour modes, derivatives and the dHash.
+"""core.ingest.images: sniffing, safe decoding, orientation, colour modes, derivatives and the dHash.
 
 Every input is generated here, shaped like what partners really send (no binary fixtures).
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from PIL import Image, ImageCms, ImageDraw, ImageFilter, JpegImagePlugin, PngImagePlugin
 
-from core import images
 from core.errors import RejectedUpload
-from core.images import DecodePolicy
+from core.ingest import images
+from core.ingest.images import DecodePolicy
 from tests.support import hue_turned
 
 LIMIT = 178_956_970  # template.yaml's MaxImagePixels default

@@ -1,4 +1,4 @@
-"""core.job_requests with pretrained parts: the autoencoder job's request, and the `pretrained` and
+"""core.training.job_requests with pretrained parts: the autoencoder job's request, and the `pretrained` and
 `vae` channels of encode and training jobs; PretrainedModelUri as the settings parse it.
 
 The orchestration (which job starts when, the lineage's VAE) is in tests/functions/test_autoencoder_jobs.py.
@@ -13,14 +13,18 @@ import re
 import boto3
 import pytest
 from botocore.validate import validate_parameters
-from tests.unit.test_settings import TRAINING_ENV
-from tests.unit.test_training import DIGEST, MANIFEST_URI, SETTINGS, TWO_STAGES
 
 from core.errors import ConfigError
-from core.job_requests import (AUTOENCODER_METRIC_DEFINITIONS, autoencoder_job_request, encode_job_request,
-                               training_job_request)
-from core.pretrained import listing_digest
 from core.settings import Stage, TrainingSettings
+from core.training.job_requests import (
+    AUTOENCODER_METRIC_DEFINITIONS,
+    autoencoder_job_request,
+    encode_job_request,
+    training_job_request,
+)
+from core.training.pretrained import listing_digest
+from tests.unit.test_settings import TRAINING_ENV
+from tests.unit.test_training import DIGEST, MANIFEST_URI, SETTINGS, TWO_STAGES
 
 DATA, MODELS = SETTINGS.data_bucket, SETTINGS.models_bucket
 JOB = "atelier-0123456789abcdef0123"

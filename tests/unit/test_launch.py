@@ -10,9 +10,9 @@ from typing import Any
 import boto3
 import pytest
 
-from core.models import Manifest, ShardRef
+from contracts.messages import Manifest, ShardRef
 from core.settings import TrainingSettings
-from core.training import training_job_request
+from core.training.starter import training_job_request
 from trainer import launch
 
 

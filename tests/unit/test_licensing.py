@@ -1,4 +1,4 @@
-"""core.licensing: the partner registry and which license an upload is used under."""
+"""core.partners.licensing: the partner registry and which license an upload is used under."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from atelier.local.provision import Provisioned
 from core import aws
 from core.errors import RejectedUpload
-from core.licensing import Partner, get_partner, license_for, list_partners, put_partner
+from core.partners.licensing import Partner, get_partner, license_for, list_partners, put_partner
 
 ONE_LICENSE = Partner(partner_id="partner-a", licenses=("CC-BY-4.0",))
 TWO_LICENSES = Partner(partner_id="partner-a", licenses=("CC-BY-4.0", "partner-a-commercial"))

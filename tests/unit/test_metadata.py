@@ -1,4 +1,4 @@
-"""core.metadata: the acceptance policy and the sample record (schema 2) of an upload."""
+"""core.ingest.metadata: the acceptance policy and the sample record (schema 2) of an upload."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from PIL import Image
 
-from core import images
+from contracts.messages import Sidecar, UploadRef
 from core.errors import RejectedUpload
-from core.metadata import aspect_bucket, caption_of, describe
-from core.models import Sidecar, UploadRef
+from core.ingest import images
+from core.ingest.metadata import aspect_bucket, caption_of, describe
 from core.settings import IngestSettings
 
 ENV = {

@@ -1,4 +1,4 @@
-"""core.seal.plan_parts: the multipart plan that composes a shard from its segments."""
+"""core.pack.seal.plan_parts: the multipart plan that composes a shard from its segments."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.seal import Part, plan_parts
+from core.pack.seal import Part, plan_parts
 
 MIN, MAX = 5 << 20, 5 << 30
 

@@ -1,4 +1,4 @@
-"""core.partner_access: a partner role's name, policies and profile, and how template.yaml bounds them
+"""core.partners.partner_access: a partner role's name, policies and profile, and how template.yaml bounds them
 (what a session may do is tested with IAM enforced: tests/functions/test_partner_isolation.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,18 @@ from typing import Any
 
 import pytest
 
-from core.partner_access import (ROLE_PATH, AccessError, PartnerProfile, check_principals, prefix_of, read_profile,
-                                 render_profile, role_name, role_policy, trust_policy)
+from core.partners.partner_access import (
+    ROLE_PATH,
+    AccessError,
+    PartnerProfile,
+    check_principals,
+    prefix_of,
+    read_profile,
+    render_profile,
+    role_name,
+    role_policy,
+    trust_policy,
+)
 from tests.unit.test_template import expand_with, resolve
 
 BUCKET = "atelier-uploads-123456789012-us-east-1"

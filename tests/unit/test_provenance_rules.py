@@ -8,9 +8,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from core.attribution import attribution, chart
-from core.licensing import Partner, Revocation, Rules, Terms
-from core.models import LeftOut, Manifest
+from contracts.messages import LeftOut, Manifest
+from core.partners.attribution import attribution, chart
+from core.partners.licensing import Partner, Revocation, Rules, Terms
 from core.provenance import Lineage, SampleSource
 
 SHA_A, SHA_B = "a" * 64, "b" * 64

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from core import dead_letters, records, telemetry
+from contracts import pipeline_table
+from core import telemetry
+from core.reliability import dead_letters
 from tests.unit.test_template import expand_with, of_type, resolve
 
 
@@ -41,7 +43,7 @@ def test_the_redriver_may_write_only_its_ledger_items(resources) -> None:
     (table,) = [s for s in redriver_statements(resources) if any(a.startswith("dynamodb:") for a in s["Action"])]
 
     assert sorted(table["Action"]) == ["dynamodb:BatchGetItem", "dynamodb:PutItem"]
-    assert table["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{records.REDRIVE_PREFIX}*"]}}
+    assert table["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{pipeline_table.REDRIVE_PREFIX}*"]}}
 
 
 def test_the_redriver_may_send_only_to_dlqs_and_their_source_queues(resources) -> None:

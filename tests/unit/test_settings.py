@@ -8,13 +8,20 @@ from typing import Any
 
 import pytest
 
-from tests.support import IMAGES
 from atelier.local.template import Expanded, Resolver, expand
 from core.errors import ConfigError
-from core.images import DecodePolicy
-from core.instance_types import GPUS_PER_INSTANCE
-from core.settings import (DeploySettings, ImportSettings, IngestSettings, PackSettings, Stage, TrainingSettings,
-                           check_sharding)
+from core.ingest.images import DecodePolicy
+from core.settings import (
+    DeploySettings,
+    ImportSettings,
+    IngestSettings,
+    PackSettings,
+    Stage,
+    TrainingSettings,
+    check_sharding,
+)
+from core.training.instance_types import GPUS_PER_INSTANCE
+from tests.support import IMAGES
 
 REPO = Path(__file__).resolve().parents[2]
 

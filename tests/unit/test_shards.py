@@ -1,4 +1,4 @@
-"""core.shards: the WebDataset shard layout of docs/architecture.md."""
+"""core.pack.shards: the WebDataset shard layout of docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from core.models import Sample
-from core.shards import build_shard, shard_id_for, shard_key
+from contracts.messages import Sample
+from core.pack.shards import build_shard, shard_id_for, shard_key
 
 
 def sample(image: bytes, fmt: str, caption: str) -> tuple[Sample, bytes]:
@@ -162,7 +162,7 @@ def test_shard_key_is_under_shards(shard_id: str, key: str) -> None:
 
 @pytest.mark.parametrize("key", ["../../etc/passwd", "/abs/path", "a.b.c", "ctrl\x00\x1b[31m\n", "", "ö" * 200])
 def test_member_names_are_sanitised(key: str) -> None:
-    from core.shards import member_name
+    from core.pack.shards import member_name
 
     name = member_name(key, "J.P/G\n")
 
@@ -172,7 +172,7 @@ def test_member_names_are_sanitised(key: str) -> None:
 
 
 def test_segments_followed_by_the_trailer_are_the_bytes_tarfile_writes() -> None:
-    from core.shards import member_header, padding, render_shard, small_members, image_name, trailer
+    from core.pack.shards import image_name, member_header, padding, render_shard, small_members, trailer
 
     def segment(pairs: list[tuple[Sample, bytes]]) -> bytes:
         out = b""
@@ -187,7 +187,7 @@ def test_segments_followed_by_the_trailer_are_the_bytes_tarfile_writes() -> None
 
 
 def test_the_tree_digest_pins_every_byte() -> None:
-    from core.shards import CorruptShard, digest_of_tar
+    from core.pack.shards import CorruptShard, digest_of_tar
 
     body = build_shard(SAMPLES)
     digest, size = digest_of_tar(io.BytesIO(body))

@@ -13,8 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.support import IMAGES
 from atelier.local.template import Expanded, Resolver, expand
+from tests.support import IMAGES
 
 REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS_DIR = REPO / "functions"
@@ -230,7 +230,7 @@ def requirement_names(path: Path) -> set[str]:
 
 
 def test_function_requirements_are_powertools_pillow_and_pydantic_s_floor() -> None:
-    # pydantic comes with powertools[parser]; it is named only for the floor core.models needs (exclude_if)
+    # pydantic comes with powertools[parser]; it is named only for the floor contracts.messages needs (exclude_if)
     assert requirement_names(FUNCTIONS_DIR / "layer" / "requirements.txt") == {"aws-lambda-powertools", "pillow", "pydantic"}
 
 
@@ -315,7 +315,7 @@ BASE_URIS = ["s3://my-models/bases/sd2/", "s3://my-models/sd2/model.tar.gz", "s3
 def test_the_parameter_accepts_exactly_the_bases_the_settings_accept(uri: str) -> None:
     from samtranslator.yaml_helper import yaml_parse
 
-    from core.pretrained import check_uri
+    from core.training.pretrained import check_uri
     pattern = yaml_parse((REPO / "template.yaml").read_text())["Parameters"]["PretrainedModelUri"]["AllowedPattern"]
     try:
         accepted = check_uri(uri) == uri

@@ -1,4 +1,4 @@
-"""core.training, the pure half: choosing shards (new and replay), naming jobs, the job request.
+"""core.training.starter, the pure half: choosing shards (new and replay), naming jobs, the job request.
 
 The orchestration against moto (claims, the lineage lock and queue, job ends, stages) is in
 tests/functions/test_training_jobs.py.
@@ -14,10 +14,10 @@ import boto3
 import pytest
 from botocore.validate import validate_parameters
 
-from core.models import Manifest, ShardRef, ShardSealed
+from contracts.messages import Manifest, ShardRef, ShardSealed
 from core.settings import Stage, TrainingSettings
-from core.job_requests import METRIC_DEFINITIONS, stage_hyperparameters
-from core.training import job_name_for, manifest_file, manifest_from, replay_shards, training_job_request
+from core.training.job_requests import METRIC_DEFINITIONS, stage_hyperparameters
+from core.training.starter import job_name_for, manifest_file, manifest_from, replay_shards, training_job_request
 
 DATA = "atelier-data-123456789012-us-east-1"
 MODELS = "atelier-models-123456789012-us-east-1"
@@ -473,7 +473,6 @@ def test_other_trainer_lines_give_no_metric(line: str) -> None:
 
 
 def test_the_job_request_parses_exactly_the_metrics_the_trainer_logs() -> None:
+    from core.training.job_requests import METRIC_DEFINITIONS
     from trainer.health import METRIC_DEFINITIONS as TRAINER_METRICS
-
-    from core.job_requests import METRIC_DEFINITIONS
     assert METRIC_DEFINITIONS == TRAINER_METRICS

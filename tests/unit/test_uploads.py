@@ -1,4 +1,4 @@
-"""core.uploads: reading S3 notifications, partner ids and sidecar keys."""
+"""core.ingest.uploads: reading S3 notifications, partner ids and sidecar keys."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from contracts.messages import UploadRef
 from core.errors import BadMessage, RejectedUpload
-from core.models import UploadRef
-from core.uploads import parse_notification, partner_of, sidecar_key
+from core.ingest.uploads import parse_notification, partner_of, sidecar_key
 
 BUCKET = "atelier-uploads-123456789012-us-east-1"
 

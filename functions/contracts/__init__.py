@@ -1,0 +1,1 @@
+"""Names that cross a boundary (Lambdas, trainer, CLI): messages, table layout, S3 layout, tags."""

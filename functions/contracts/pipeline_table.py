@@ -1,0 +1,101 @@
+"""The pipeline table's item layout: one string key `pk`, a sparse GSI `gsi1` for pending shards."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from contracts.messages import Sample, ShardSealed, UploadRef
+
+PENDING_SHARDS = "SHARDS#pending"
+PENDING_INDEX = "gsi1"
+REVOCATIONS = "REVOCATIONS"  # the sparse index partition of the takedowns (docs/provenance.md)
+UploadStatus = Literal["accepted", "quarantined", "sidecar"]  # sidecar: core.ingest.sidecars says which fate
+SIDECAR_WAITING = "waiting"  # a sidecar's record until its image is there; the sweep looks at it again
+# Why an upload is quarantined (docs/metadata.md); `atelier status` counts them.
+QUARANTINE_REASONS = ("empty", "truncated", "corrupt", "not_an_image", "unsupported_format", "too_small",
+                      "bad_aspect", "too_many_pixels", "too_large", "unlicensed", "duplicate", "bad_key", "gone",
+                      "bad_sidecar", "caption_too_long", "image_named_json", "orphan_sidecar", "sidecar_too_late")
+
+
+def sample_pk(sha256: str) -> str:
+    return f"SAMPLE#{sha256}"
+
+
+def upload_pk(bucket: str, key: str) -> str:
+    return f"UPLOAD#{bucket}/{key}"
+
+
+def shard_pk(shard_id: str) -> str:
+    return f"SHARD#{shard_id}"
+
+
+def sealed_pk(shard_id: str) -> str:
+    """The pack stage's own record of a shard it sealed (read to re-announce it)."""
+    return f"SEALED#{shard_id}"
+
+
+def job_pk(job_name: str) -> str:
+    return f"JOB#{job_name}"
+
+
+def model_pk(model_name: str) -> str:
+    """A deploy candidate: its evaluation, the gate's decision and its rollout (core.deploy.rollout)."""
+    return f"MODEL#{model_name}"
+
+
+def endpoint_pk(endpoint_name: str) -> str:
+    """What an endpoint is meant to serve, its order and its rollout history (core.deploy.rollout)."""
+    return f"ENDPOINT#{endpoint_name}"
+
+
+REDRIVE_PREFIX = "REDRIVE#"  # RedriveFunction may write only these items (template.yaml: dynamodb:LeadingKeys)
+
+
+def redrive_pk(queue: str, identity: str) -> str:
+    """The redrive ledger of one dead letter: how often it was redriven, and when (core.reliability.redrive)."""
+    return f"{REDRIVE_PREFIX}{queue}#{identity}"
+
+
+def revocation_pk(revocation_id: str) -> str:
+    return f"REVOKED#{revocation_id}"
+
+
+def revocation_item(revocation_id: str, at: str, record: str) -> dict[str, Any]:
+    """A takedown (core.partners.licensing.Revocation), listed in the sparse index partition `REVOCATIONS`."""
+    return {"pk": revocation_pk(revocation_id), "kind": "revocation", "gsi1pk": REVOCATIONS,
+            "gsi1sk": f"{at}#{revocation_id}", "record": record}
+
+
+def sample_item(sample: Sample) -> dict[str, Any]:
+    return {"pk": sample_pk(sample.sha256), "kind": "sample", "record": sample.model_dump_json(),
+            "partner": sample.partner}
+
+
+def upload_item(upload: UploadRef, status: UploadStatus, partner: str, sha256: str | None = None,
+                reason: str | None = None, detail: str | None = None, duplicate_of: str | None = None,
+                duplicate_of_key: str | None = None, sidecar_etag: str = "", image: str | None = None) -> dict[str, Any]:
+    """What happened to one upload; keyed by the object, so a redelivery finds it.
+
+    `detail` is for the partner (their report shows it); `duplicate_of_key`, the key of the first
+    upload of the same bytes (maybe another partner's), is for operators only. An image's record
+    keeps the ETag of the sidecar it read; a sidecar's names its `image`.
+    """
+    # A sidecar's own fate (waiting, read, applied) is kind "sidecar": `atelier status` and the
+    # partner report count uploads; a quarantined sidecar is an upload refused like any other.
+    kind = "sidecar" if status == "sidecar" else "upload"
+    return {"pk": upload_pk(upload.bucket, upload.key), "kind": kind, "status": status, "partner": partner,
+            "at": upload.event_time, "etag": upload.etag, "version_id": upload.version_id, "sha256": sha256,
+            "reason": reason, "detail": (detail or "")[:500] or None, "duplicate_of": duplicate_of,
+            "duplicate_of_key": duplicate_of_key, "sidecar_etag": sidecar_etag or None, "image": image}
+
+
+def shard_item(shard: ShardSealed) -> dict[str, Any]:
+    """A new shard waits in the sparse `gsi1` partition until a job claims it."""
+    return {"pk": shard_pk(shard.shard_id), "kind": "shard", "status": "pending",
+            "gsi1pk": PENDING_SHARDS, "gsi1sk": f"{shard.sealed_at}#{shard.shard_id}",
+            "record": shard.model_dump_json()}
+
+
+def job_item(job_name: str, manifest_key: str, shard_ids: list[str], at: str) -> dict[str, Any]:
+    return {"pk": job_pk(job_name), "kind": "job", "status": "Requested", "manifest": manifest_key,
+            "shards": shard_ids, "at": at}

@@ -1,0 +1,1 @@
+"""Deploy stage: a finished job is evaluated, gated and rolled out blue/green to an endpoint."""

@@ -1,0 +1,1 @@
+"""Pack stage: accepted samples (and imported tars) become sealed WebDataset shards."""

@@ -1,0 +1,1 @@
+"""Nothing lost: dead letters redriven or held as poison, and the exactly-once audit."""

@@ -1,0 +1,1 @@
+"""Start-training stage: sealed shards at the quota become SageMaker jobs of one lineage."""

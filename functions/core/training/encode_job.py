@@ -1,0 +1,78 @@
+"""A stage's encode job: its latent shards, and the ManifestFile that lists them for the training job.
+
+With EncodeInstanceType set, each stage's training job waits for `<job>-enc` (the training image with
+task=encode, trainer/encode.py), which writes the manifest's shards as latent shards under
+`s3://<models>/encoded/<job>/latents/<encoder identity>-r<res>/` through its CheckpointConfig. On its
+Completed event `write_latent_manifest` checks that every shard has its twin and lists them; core.training.starter
+sequences these steps.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from aws_lambda_powertools import Logger
+
+from contracts import pipeline_table
+from contracts.messages import Manifest
+from core import aws
+from core.settings import TrainingSettings
+from core.training.job_requests import MANIFEST_PREFIX, encode_job_name, encode_job_request, encoded_prefix
+
+logger = Logger(child=True)
+ROLE = "encode"  # the job record's role
+
+
+class EncodeIncomplete(ValueError):
+    """The encode job's output does not hold exactly one latent shard per shard of the manifest."""
+
+
+def latent_manifest_file(manifest: Manifest, bucket: str, prefix: str, keys: list[str]) -> list[Any]:
+    """A ManifestFile of the latent twins of the manifest's shards, from the keys found under
+    `<prefix>latents/`: one encoding directory, and every shard's twin in it (a twin holds fewer
+    samples than its shard where the manifest excludes some: only its presence is checked)."""
+    relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
+    found: dict[str, set[str]] = {}
+    for key in keys:
+        encoding, _, path = key.removeprefix(f"{prefix}latents/").partition("/")
+        if path.endswith(".tar") and not path.rsplit("/", 1)[-1].startswith("."):  # not a .tmp- part
+            found.setdefault(encoding, set()).add(path)
+    if len(found) != 1:
+        raise EncodeIncomplete(f"expected one encoding under s3://{bucket}/{prefix}latents/, found "
+                               f"{len(found)} ({', '.join(sorted(found)) or 'none'})")
+    [(encoding, paths)] = found.items()
+    missing = [path for path in relative if path not in paths]
+    if missing:
+        raise EncodeIncomplete(f"{len(missing)} of {len(relative)} shards have no latent shard under "
+                               f"s3://{bucket}/{prefix}latents/{encoding}/ (first: {missing[0]})")
+    return [{"prefix": f"s3://{bucket}/{prefix}latents/{encoding}/"}, *relative]
+
+
+def write_latent_manifest(training_job: str, settings: TrainingSettings) -> str:
+    """`manifests/<job>.latents.manifest` from what the encode job uploaded; its URI."""
+    record = aws.get_item(settings.table, pipeline_table.job_pk(training_job)) or {}
+    base = record.get("base", training_job)
+    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, f"{MANIFEST_PREFIX}{base}.json"))
+    prefix = encoded_prefix(training_job)
+    keys = [item["Key"] for item in aws.list_objects(settings.models_bucket, f"{prefix}latents/")]
+    listing = latent_manifest_file(manifest, settings.models_bucket, prefix, keys)
+    key = f"{MANIFEST_PREFIX}{training_job}.latents.manifest"
+    aws.write_object(settings.data_bucket, key, json.dumps(listing).encode(), "application/json")
+    return f"s3://{settings.data_bucket}/{key}"
+
+
+def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, pretrained_uri: str,
+          vae_uri: str, settings: TrainingSettings) -> bool:
+    """Record and create the training job's encode job; False when one of its name exists."""
+    name = encode_job_name(training_job)
+    aws.put_item_if_absent(settings.table, {
+        "pk": pipeline_table.job_pk(name), "kind": "job", "role": ROLE, "for_job": training_job, "status": "Requested",
+        "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    stage = int(job.get("stage", 0))
+    if aws.create_training_job(encode_job_request(training_job, manifest_uri, job["digest"], stage, settings,
+                                                  exclusions_uri, pretrained_uri=pretrained_uri, vae_uri=vae_uri)):
+        logger.info("encode job started", extra={"job": name, "stage": settings.stages[stage].name})
+        return True
+    return False

@@ -1,0 +1,219 @@
+"""CreateTrainingJob requests of the start-training stage: the training job, its encode job and the
+lineage's autoencoder job (the protocol that orders them is core.training.starter's; docs/training-jobs.md).
+
+Every job reads its `train` channel (a ManifestFile, FastFile, ShardedByS3Key) and, where it has one,
+the manifest's exclusion list as `manifest`. Model parts come in as channels too, since jobs run
+network-isolated: the base (PretrainedModelUri) as `pretrained` with the hyperparameter
+`pretrained=pretrained`, and the lineage's own VAE (its autoencoder job's model.tar.gz) as `vae`
+with `vae=vae`. `model_inputs` gives the encode and the training job the same pair, so latents are
+encoded with the VAE the UNet then trains on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.settings import Stage, TrainingSettings
+from core.training.instance_types import has_instance_store
+from core.training.pretrained import AUTOENCODER_SUFFIX
+
+TENSORBOARD_PREFIX = "tensorboard/"  # in the models bucket: <job>/ holds its TensorBoard event files
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # trainer/tensorboard_log.py LOCAL_PATH
+MANIFEST_PREFIX = "manifests/"  # in the data bucket: <job>.json, its ManifestFile <job>.manifest, <job>.latents.manifest, <job>.wids.json
+CHANNEL = "train"
+MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
+PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of its folders), or its model.tar.gz
+VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
+VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+FINAL_STAGE_TAG = "atelier:final-stage"
+MANIFEST_TAG = "atelier:manifest"
+ROLE_TAG = "atelier:role"
+TRAINING_JOB_TAG = "atelier:training-job"  # on an encode or autoencoder job: the training job it runs for
+ENCODE_SUFFIX = "-enc"
+ENCODED_PREFIX = "encoded/"  # in the models bucket: <job>/latents/<encoder identity>-r<res>/<shard path>
+AUTOENCODER_PREFIX = "autoencoder/"  # in the models bucket: <job>-ae/output/model.tar.gz
+# the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
+ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets")
+# ... and those trainer/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
+AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution")
+# The trainer's JSON log lines (trainer/train.py, docs/trainer.md), parsed by SageMaker into metrics.
+METRIC_DEFINITIONS = [  # equal to trainer.health.METRIC_DEFINITIONS (a test holds them together)
+    {"Name": f"train:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
+    for field in ("loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples")
+]
+# trainer/autoencoder.py's log lines: the loss, and the held-out PSNR it measures at each of them
+AUTOENCODER_METRIC_DEFINITIONS = [{"Name": f"autoencoder:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
+                                  for field in ("loss", "psnr_db")]
+
+
+def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
+    """The stage's hyperparameters, with `steps` as the lineage total this job trains up to
+    (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done)."""
+    return {**stage.hyperparameters, "steps": str(steps_target)}
+
+
+def file_channel(name: str, uri: str, content_type: str = "") -> dict[str, Any]:
+    """An S3Prefix channel every instance gets whole, as files: a prefix's objects keep their paths
+    below it, a single key (a model.tar.gz) lands as that one file."""
+    channel: dict[str, Any] = {"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}}
+    if content_type:
+        channel["ContentType"] = content_type
+    return channel
+
+
+def model_inputs(pretrained_uri: str, vae_uri: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The channels and hyperparameters that bring a job its pretrained parts (either may be empty)."""
+    channels, hyperparameters = [], {}
+    for name, uri in ((PRETRAINED_CHANNEL, pretrained_uri), (VAE_CHANNEL, vae_uri)):
+        if uri:
+            channels.append(file_channel(name, uri))
+            hyperparameters[name] = name  # the trainer resolves a channel name to /opt/ml/input/data/<name>
+    return channels, hyperparameters
+
+
+def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], instances: tuple[str, int],
+                 output_prefix: str, checkpoint_uri: str, tags: dict[str, str], settings: TrainingSettings,
+                 exclusions_uri: str = "", channels: list[dict[str, Any]] | None = None,
+                 metrics: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """What every job's request shares: the `train` channel, then the `manifest` channel (with
+    `exclusions_uri`, the manifest JSON: trainer.train, encode and autoencoder --manifest), then
+    `channels`; checkpoints, retries, isolation, VPC and KMS."""
+    request: dict[str, Any] = {
+        "TrainingJobName": name,
+        "RoleArn": settings.role_arn,
+        "AlgorithmSpecification": {"TrainingImage": settings.image_uri, "TrainingInputMode": "FastFile"},
+        "HyperParameters": hyperparameters,
+        "InputDataConfig": [{
+            "ChannelName": CHANNEL,
+            "InputMode": "FastFile",
+            "ContentType": "application/x-tar",
+            "DataSource": {"S3DataSource": {
+                "S3DataType": "ManifestFile", "S3Uri": train_uri,
+                "S3DataDistributionType": "ShardedByS3Key",
+            }},
+        }],
+        "OutputDataConfig": {"S3OutputPath": f"s3://{settings.models_bucket}/{output_prefix}"},
+        "ResourceConfig": {"InstanceType": instances[0], "InstanceCount": instances[1],
+                           "VolumeSizeInGB": settings.volume_gb},
+        "StoppingCondition": {"MaxRuntimeInSeconds": settings.max_runtime_s},
+        "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
+        "RetryStrategy": {"MaximumRetryAttempts": settings.max_retries},
+        "EnableNetworkIsolation": True,
+        "EnableInterContainerTrafficEncryption": True,
+        "Tags": [{"Key": key, "Value": value} for key, value in tags.items()],
+    }
+    if metrics:
+        request["AlgorithmSpecification"]["MetricDefinitions"] = metrics
+    if exclusions_uri:
+        request["InputDataConfig"].append(file_channel(MANIFEST_CHANNEL, exclusions_uri, "application/json"))
+    request["InputDataConfig"].extend(channels or [])
+    if settings.keep_alive_s:
+        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
+    if settings.subnets:
+        request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
+    encrypt_with_key(request, settings.kms_key)
+    return request
+
+
+def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
+    """The job's outputs, and its ML storage volume unless it is instance store, for which AWS
+    refuses a VolumeKmsKeyId (core/training/instance_types.py): the hardware encrypts those."""
+    if not kms_key:
+        return
+    request["OutputDataConfig"]["KmsKeyId"] = kms_key
+    if not has_instance_store(request["ResourceConfig"]["InstanceType"]):
+        request["ResourceConfig"]["VolumeKmsKeyId"] = kms_key
+
+
+def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettings) -> dict[str, str]:
+    return {MANIFEST_TAG: manifest_digest, "atelier:lineage": settings.lineage,
+            "atelier:stage": settings.stages[stage_index].name,
+            FINAL_STAGE_TAG: str(stage_index == len(settings.stages) - 1).lower()}
+
+
+def _helper_tags(training_job: str, role: str, manifest_digest: str, stage_index: int,
+                 settings: TrainingSettings) -> dict[str, str]:
+    """An encode or autoencoder job's: its training job's, never final, with its role and that job."""
+    return {**_stage_tags(manifest_digest, stage_index, settings), FINAL_STAGE_TAG: "false", ROLE_TAG: role,
+            TRAINING_JOB_TAG: training_job}
+
+
+def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
+    # None: the settings' base (trainer.launch); the pipeline passes the one the job was claimed with
+    return settings.pretrained_uri if pretrained_uri is None else pretrained_uri
+
+
+def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                         steps_target: int, settings: TrainingSettings, exclusions_uri: str = "", *,
+                         pretrained_uri: str | None = None, vae_uri: str = "") -> dict[str, Any]:
+    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins, and
+    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel."""
+    stage = settings.stages[stage_index]
+    channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
+    request = _job_request(
+        name, manifest_uri, {**stage_hyperparameters(stage, steps_target), **model_hyperparameters},
+        (stage.instance_type, stage.instance_count), "training/",
+        # One prefix per lineage: a retried job and the lineage's next job resume from it.
+        f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
+        _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS)
+    # The trainer writes its event files to LocalPath (trainer/tensorboard_log.py); SageMaker's
+    # TensorBoard app and `atelier tensorboard JOB` read them from the job's own prefix.
+    request["TensorBoardOutputConfig"] = {"S3OutputPath": tensorboard_uri(settings.models_bucket, name),
+                                          "LocalPath": TENSORBOARD_LOCAL_PATH}
+    return request
+
+
+def tensorboard_uri(models_bucket: str, job: str) -> str:
+    return f"s3://{models_bucket}/{TENSORBOARD_PREFIX}{job}/"
+
+
+def encode_job_name(training_job: str) -> str:
+    return f"{training_job}{ENCODE_SUFFIX}"
+
+
+def encoded_prefix(training_job: str) -> str:
+    """Where the encode job's CheckpointConfig puts the latent shards: `<this>latents/<identity>-r<res>/`."""
+    return f"{ENCODED_PREFIX}{training_job}/"
+
+
+def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                       settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
+                       vae_uri: str = "") -> dict[str, Any]:
+    """The training image with task=encode on one encode instance, for the stage's resolution and
+    models; its latent shards reach S3 through CheckpointConfig (trainer/encode.py). It reads the
+    training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
+    stage = settings.stages[stage_index]
+    channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
+    hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS},
+                       **model_hyperparameters}
+    return _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
+                        (settings.encode_instance_type, 1), ENCODED_PREFIX,
+                        f"s3://{settings.models_bucket}/{encoded_prefix(training_job)}",
+                        _helper_tags(training_job, "encode", manifest_digest, stage_index, settings), settings,
+                        exclusions_uri, channels)  # no loss to chart: no metrics
+
+
+def autoencoder_job_name(training_job: str) -> str:
+    return f"{training_job}{AUTOENCODER_SUFFIX}"
+
+
+def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                            settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
+                            validation_uri: str = "") -> dict[str, Any]:
+    """The training image with task=autoencoder on one instance (trainer/autoencoder.py): a VAE trained
+    on the training job's image shards, less its exclusions, its PSNR measured on `validation_uri`
+    (the held-out evaluation shards). One checkpoint prefix per lineage, so a retried job resumes."""
+    stage = settings.stages[stage_index]
+    base = _base(pretrained_uri, settings)
+    channels, model_hyperparameters = model_inputs(base, "")  # a base here holds no VAE, maybe a text encoder
+    if validation_uri:
+        channels.insert(0, file_channel(VALIDATION_CHANNEL, validation_uri))
+    hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in AUTOENCODER_STAGE_HYPERPARAMETERS},
+                       **settings.autoencoder_hyperparameters, **model_hyperparameters, "task": "autoencoder"}
+    return _job_request(autoencoder_job_name(training_job), manifest_uri, hyperparameters,
+                        (settings.autoencoder_instance_type, 1), AUTOENCODER_PREFIX,
+                        f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}{AUTOENCODER_SUFFIX}/",
+                        _helper_tags(training_job, "autoencoder", manifest_digest, stage_index, settings), settings,
+                        exclusions_uri, channels, AUTOENCODER_METRIC_DEFINITIONS)
