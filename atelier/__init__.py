@@ -1,0 +1,1 @@
+"""The `atelier` command line: partners, uploads, imports, status, reports, lineages, deploys and the local stack."""

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from atelier import client
+from contracts import pipeline_table, s3_layout
 from core import aws
 
 console = Console()
@@ -67,7 +68,7 @@ def _wait_for_decision(outputs: dict, model: str, before: int, timeout_s: float)
     table = outputs["PipelineTableName"]
     deadline = time.monotonic() + timeout_s
     while True:
-        record = aws.get_item(table, f"MODEL#{model}") or {}
+        record = aws.get_item(table, pipeline_table.model_pk(model)) or {}
         if int(record.get("eval_attempt", 0)) > before and record.get("status") != "evaluating":
             return {"status": record.get("status"), "reason": record.get("reason", "")}
         if time.monotonic() > deadline:
@@ -116,5 +117,5 @@ def register(commands: argparse._SubParsersAction) -> None:
     add.add_argument("folder", type=Path, help="images with .json sidecars (caption, license), as `upload` takes them")
     add.add_argument("--partner", required=True, help="whose licensed images these are")
     add.add_argument("--name", default="heldout", help="the tar's name under the prefix")
-    add.add_argument("--prefix", default="eval/", help="the template's EvalDataPrefix")
+    add.add_argument("--prefix", default=s3_layout.EVAL, help="the template's EvalDataPrefix")
     add.set_defaults(func=cmd_evalset_add)

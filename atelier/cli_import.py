@@ -18,6 +18,7 @@ from rich.table import Table
 
 from atelier import client
 from atelier.progress import output_flags
+from contracts import pipeline_table, s3_layout
 from contracts.messages import DEFAULT_NEAR_DUPLICATES, NearDuplicates
 from core import aws
 from core.ingest.uploads import PARTNER_PATTERN
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # core.pack.import_tar needs the functions extra (Powertools,
 
 console = Console()
 errors = Console(stderr=True)
-STAGING_PREFIX = "imports/"
+STAGING_PREFIX = s3_layout.IMPORTS
 SIDECAR_SUFFIXES = (".parquet", "_stats.json")  # img2dataset's, staged beside their tar
 
 
@@ -155,7 +156,7 @@ def start_batch(table: str, batch_id: str, partner: str, license_id: str, source
     from core.pack import import_tar
     if not aws.put_item_if_absent(table, import_tar.batch_item(batch_id, partner, license_id, source, total,
                                                             near_duplicates)):
-        aws.update_item(table, import_tar.batch_pk(batch_id), "SET shards_total = :t", {":t": total})
+        aws.update_item(table, pipeline_table.import_batch_pk(batch_id), "SET shards_total = :t", {":t": total})
 
 
 def send_messages(queue_url: str, messages: list["import_tar.ImportShard"]) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import boto3
 from botocore.exceptions import ClientError
 
+from contracts import job_tags, pipeline_table, s3_layout
 from core import aws
 from core.ingest.uploads import PARTNER_PATTERN, SIDECAR_SUFFIX
 
@@ -123,7 +124,6 @@ def places(outputs: dict[str, str]) -> "Stack":
 
 def training_job_of(outputs: dict[str, str], model: str) -> str:
     """The training job behind an endpoint, a SageMaker model (its `atelier:training-job` tag) or a job name."""
-    from core.provenance import TRAINING_JOB_TAG
     endpoint = aws.describe_endpoint(model)
     model_name = model
     if endpoint is not None:
@@ -132,10 +132,11 @@ def training_job_of(outputs: dict[str, str], model: str) -> str:
     if aws.sagemaker_exists("model", model_name):
         arn = aws.sagemaker_call("describe_model", {"ModelName": model_name})["ModelArn"]
         tags = {t["Key"]: t["Value"] for t in aws.sagemaker_call("list_tags", {"ResourceArn": arn}).get("Tags", [])}
-        if TRAINING_JOB_TAG not in tags:
-            raise PipelineError(f"model {model_name} has no {TRAINING_JOB_TAG} tag: it was not deployed by the pipeline")
-        return tags[TRAINING_JOB_TAG]
-    if aws.get_item(outputs["PipelineTableName"], f"JOB#{model}") is None:
+        if job_tags.TRAINING_JOB not in tags:
+            raise PipelineError(f"model {model_name} has no {job_tags.TRAINING_JOB} tag: "
+                                "it was not deployed by the pipeline")
+        return tags[job_tags.TRAINING_JOB]
+    if aws.get_item(outputs["PipelineTableName"], pipeline_table.job_pk(model)) is None:
         raise PipelineError(f"{model!r} is no endpoint, SageMaker model or training job of this pipeline")
     return model
 
@@ -149,13 +150,13 @@ def attribution(outputs: dict[str, str], model: str) -> "Attribution":
     """attribution.json beside the model, or worked out now for a job that has not completed."""
     from core.partners.attribution import Attribution, read_draws
     from core.partners.attribution import attribution as report
-    from core.provenance import output_key, output_uri, stored_lineage
+    from core.provenance import stored_lineage
     job, where = training_job_of(outputs, model), places(outputs)
-    stored = aws.read_json_if_exists(where.models_bucket, output_key(job, "attribution.json"))
+    stored = aws.read_json_if_exists(where.models_bucket, s3_layout.output_key(job, s3_layout.ATTRIBUTION_FILE))
     if stored:
         return Attribution.model_validate(stored)
     return report(stored_lineage(job, where), read_draws(where.models_bucket, job),
-                  output_uri(where.models_bucket, job, "lineage.json"))
+                  s3_layout.output_uri(where.models_bucket, job, s3_layout.LINEAGE_FILE))
 
 
 def takedown(outputs: dict[str, str], partner: str, license: str, sha256s: list[str],
@@ -176,14 +177,13 @@ def takedown(outputs: dict[str, str], partner: str, license: str, sha256s: list[
 
 def models_of(jobs: set[str]) -> dict[str, list[str]]:
     """SageMaker models tagged with these training jobs (deploy tags each with its job)."""
-    from core.provenance import TRAINING_JOB_TAG
     found: dict[str, list[str]] = {}
     request: dict[str, Any] = {"MaxResults": 100}
     while jobs:
         page = aws.sagemaker_call("list_models", request)
         for model in page.get("Models", []):
             tags = aws.sagemaker_call("list_tags", {"ResourceArn": model["ModelArn"]}).get("Tags", [])
-            job = next((t["Value"] for t in tags if t["Key"] == TRAINING_JOB_TAG), None)
+            job = next((t["Value"] for t in tags if t["Key"] == job_tags.TRAINING_JOB), None)
             if job in jobs:
                 found.setdefault(job, []).append(model["ModelName"])
         if not page.get("NextToken"):
@@ -296,7 +296,7 @@ def sample_origin(record: dict[str, Any], uploads_bucket: str) -> str:
 
 
 def _job(item: dict[str, Any]) -> dict[str, Any]:
-    name = item["pk"].removeprefix("JOB#")
+    name = pipeline_table.job_name(item["pk"])
     job = {"name": name, "role": item.get("role", "train"), "status": item.get("status", ""), "shards": len(item.get("shards", [])),
            "created": item.get("at", ""), "failure": item.get("failure_reason") or None}
     try:
@@ -328,15 +328,15 @@ def _number(value: Any) -> float | None:
 
 
 def models(outputs: dict[str, str]) -> list[dict[str, Any]]:
-    found = [model_summary(i) for i in aws.scan_prefix(outputs["PipelineTableName"], "MODEL#")]
+    found = [model_summary(i) for i in aws.scan_prefix(outputs["PipelineTableName"], pipeline_table.MODEL_PREFIX)]
     return sorted(found, key=lambda m: m["order"])
 
 
 def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
     """Ask DeployFunction to evaluate an eval-failed model again (`atelier evaluate`); it runs
     under the function's role, like every other evaluation."""
-    from core.deploy.rollout import EVALUATE_REQUEST, EVALUATE_SOURCE
-    record = aws.get_item(outputs["PipelineTableName"], f"MODEL#{model}")
+    from core.deploy.events import EVALUATE_REQUEST, EVALUATE_SOURCE
+    record = aws.get_item(outputs["PipelineTableName"], pipeline_table.model_pk(model))
     if record is None:
         raise PipelineError(f"no model {model!r}; `atelier models` lists them")
     if record.get("status") != "eval-failed":
@@ -352,9 +352,10 @@ def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
     from core.training import failure_brake
     from core.training.starter import RESUME_REQUEST, RESUME_SOURCE, write_brake
     table = outputs["PipelineTableName"]
-    record = aws.get_item(table, f"LINEAGE#{name}")
+    record = aws.get_item(table, pipeline_table.lineage_pk(name))
     if record is None:
-        known = sorted(i["pk"].removeprefix("LINEAGE#") for i in aws.scan_prefix(table, "LINEAGE#"))
+        lineages = aws.scan_prefix(table, pipeline_table.LINEAGE_PREFIX)
+        known = sorted(pipeline_table.lineage_name(i["pk"]) for i in lineages)
         raise PipelineError(f"no lineage {name!r}; lineages: {', '.join(known) or 'none yet'}")
     brake = failure_brake.Brake.from_item(record)
     write_brake(failure_brake.resumed(brake), table, name)
@@ -367,7 +368,7 @@ def lineage_summary(item: dict[str, Any]) -> dict[str, Any]:
     """A lineage's brake for `atelier status`."""
     from core.training import failure_brake
     brake = failure_brake.Brake.from_item(item)
-    return {"name": item["pk"].removeprefix("LINEAGE#"), "running_job": item.get("running_job") or None,
+    return {"name": pipeline_table.lineage_name(item["pk"]), "running_job": item.get("running_job") or None,
             "held": failure_brake.hold(brake, time.time()), "model_failures": brake.model_failures,
             "failures": list(brake.failures[-3:])}
 

@@ -31,6 +31,7 @@ from atelier.catalog import DEMO_IMAGES, EVAL_IMAGES, LICENSE, UNSEEN, procedura
 from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, PROMPT, STEPS, matches
 from atelier.local.stack import LocalStack, StackOptions
 from atelier.progress import progress
+from contracts import s3_layout
 
 console = Console(stderr=True)
 PARTNER = "demo-partner"
@@ -114,7 +115,7 @@ def _upload_catalog(stack: LocalStack, count: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         write_catalog(procedural_catalog(1, seed=1)[:EVAL_IMAGES], Path(folder))  # held out: other pictures, never uploaded
         samples = evalset.samples_from_folder(Path(folder), PARTNER, (LICENSE,))
-        uri = evalset.upload(samples, stack.outputs["DataBucketName"], "eval/", "demo-heldout")
+        uri = evalset.upload(samples, stack.outputs["DataBucketName"], s3_layout.EVAL, "demo-heldout")
     console.print(f"evaluation set: {EVAL_IMAGES} held-out images -> {uri}")
     with tempfile.TemporaryDirectory() as folder:
         write_catalog(catalog, Path(folder))

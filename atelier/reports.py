@@ -15,9 +15,11 @@ from typing import Any, Callable
 
 from atelier import client
 from atelier.client import PipelineError
+from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
-from core import aws, provenance, training_report
-from core.training_report import REPORT
+from core import aws, provenance
+from trainer import report_html
+from trainer.report_html import REPORT
 
 AFTER_TRAINING = ("evaluation.json", "lineage.json")  # written beside the artefact by deploy / start-training
 
@@ -31,13 +33,13 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
         if kind == "upload" and item.get("partner") == partner:
             uploads.append(item)
         elif kind == "sample" and item.get("partner") == partner:
-            samples[item["pk"].removeprefix("SAMPLE#")] = item.get("packed_in")
+            samples[pipeline_table.sample_sha256(item["pk"])] = item.get("packed_in")
             record = json.loads(item.get("record") or "{}")
             if client.sample_origin(record, outputs["UploadsBucketName"]) == "import":  # no upload record: the sample is it
-                imported.append({"pk": f"UPLOAD#{record['bucket']}/{record['key']}", "status": "accepted",
+                imported.append({"pk": pipeline_table.upload_pk(record["bucket"], record["key"]), "status": "accepted",
                                  "sha256": record["sha256"], "at": record.get("uploaded_at"), "import_batch": True})
         elif kind == "shard":
-            shards[item["pk"].removeprefix("SHARD#")] = item
+            shards[pipeline_table.shard_id_of(item["pk"])] = item
         elif kind == "job" and item.get("role") not in provenance.HELPER_ROLES:  # its training job's samples
             jobs.append(item)
         elif kind == "model":
@@ -58,7 +60,7 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
         shard = mine.get(sha) if upload["status"] == "accepted" else None
         trained = [_name(j) for j in jobs_of_shard.get(shard or "", []) if sha not in left_out(j, shard or "")]
         origin = "import" if upload.get("import_batch") else "upload"
-        items.append({"key": upload["pk"].removeprefix("UPLOAD#").split("/", 1)[1], "origin": origin,
+        items.append({"key": pipeline_table.upload_key(upload["pk"]), "origin": origin,
                       "status": upload["status"], "reason": upload.get("reason"), "detail": upload.get("detail"),
                       "sha256": upload.get("sha256"), "uploaded_at": upload.get("at"), "shard": shard, "jobs": trained,
                       "models": holding.get(sha, []) if shard else []})
@@ -89,7 +91,7 @@ def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
 
 
 def _name(job: dict[str, Any]) -> str:
-    return job["pk"].removeprefix("JOB#")
+    return pipeline_table.job_name(job["pk"])
 
 
 def _left_out(data_bucket: str) -> Callable[[dict[str, Any], str], set[str]]:
@@ -126,22 +128,19 @@ def _models_holding(outputs: dict[str, str], samples: dict[str, str], models: li
 
 
 def job_report(outputs: dict[str, str], job: str) -> bytes:
-    """The job's report.html: the pipeline's own, beside the artefact once the gate has decided;
-    before that, rendered the same way from what the job left (core.deploy.rollout.report_data; an older
-    trainer's record in model.tar.gz), with `evaluation.json` and `lineage.json` if there; else the
-    page the trainer wrote."""
-    bucket, folder = outputs["ModelsBucketName"], f"training/{job}/output"
-    if aws.head_object(bucket, f"{folder}/{REPORT}") is not None:
-        return aws.read_object(bucket, f"{folder}/{REPORT}")
-    from core.deploy.rollout import report_data
+    """The job's complete report.html, rendered here with the trainer's renderer (trainer/report_html.py):
+    the run's figures and grids from its output data (an older trainer's record in model.tar.gz), with
+    the gate's `evaluation.json` and `lineage.json` beside the artefact; with neither figures nor a
+    decision, the page the trainer wrote."""
+    bucket, folder = outputs["ModelsBucketName"], s3_layout.output_folder(job)
     run, grids = report_data(bucket, folder)
     if run is None and aws.head_object(bucket, f"{folder}/model.tar.gz") is not None:
         with suppress(FileNotFoundError):  # an older trainer's page carries no figures: its record, streamed up to it
-            record = aws.read_tar_member(f"s3://{bucket}/{folder}/model.tar.gz", training_report.RECORD)
-            run = training_report.run_data(json.loads(record))
-    if run is not None:
-        evaluation, lineage = (aws.read_json_if_exists(bucket, f"{folder}/{name}") for name in AFTER_TRAINING)
-        return training_report.page(job, run, grids, evaluation, lineage).encode()
+            record = aws.read_tar_member(f"s3://{bucket}/{folder}/model.tar.gz", report_html.RECORD)
+            run = report_html.run_data(json.loads(record))
+    evaluation, lineage = (aws.read_json_if_exists(bucket, f"{folder}/{name}") for name in AFTER_TRAINING)
+    if run is not None or evaluation is not None:  # a candidate's page says what the gate decided, figures or not
+        return report_html.page(job, run, grids, evaluation, lineage).encode()
     if aws.head_object(bucket, f"{folder}/output.tar.gz") is not None:
         _, body = aws.open_object(bucket, f"{folder}/output.tar.gz")
         with body:
@@ -150,6 +149,16 @@ def job_report(outputs: dict[str, str], job: str) -> bytes:
             return page
     raise PipelineError(f"no {REPORT} for job {job!r} under s3://{bucket}/{folder}/: "
                         "has it finished? (`atelier status` lists jobs)")
+
+
+def report_data(bucket: str, folder: str) -> tuple[dict[str, Any] | None, list[tuple[str, bytes]]]:
+    """The run's figures and validation grids a training job left in `folder`, from its output.tar.gz
+    (the trainer's report.html carries the figures; a page from an older trainer has none: None)."""
+    if aws.head_object(bucket, f"{folder}/output.tar.gz") is None:
+        return None, []
+    _, body = aws.open_object(bucket, f"{folder}/output.tar.gz")
+    with body:
+        return report_html.read_output(body)
 
 
 def fetch_tensorboard(outputs: dict[str, str], job: str, folder: Path) -> tuple[str, int]:

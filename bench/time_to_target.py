@@ -160,7 +160,7 @@ def run_ours(args, work: Path) -> Run:
     shutil.rmtree(checkpoints, ignore_errors=True)
     shutil.rmtree(work / "latents", ignore_errors=True)
     python = [sys.executable, "-m"]
-    # the image puts the one Lambda module the trainer shares (core.training_report) on its path
+    # the image puts the one package of functions/ the trainer shares (contracts) on its path
     path = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
     run.started = time.monotonic()
     code = watch([*python, "trainer.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),

@@ -4,8 +4,9 @@
 
 Run it through the device tool (bench/gpu_wheels.sh fetches the wheels the GPU machine lacks).
 Everything is the trainer's own code: models from `trainer.models.load_models` (a preset, random
-init), the step of `trainer.train.main` (trainer.objective.diffusion_loss, backward, gradient
-clipping, the all-ranks finiteness check, AdamW, the EMA, the LR schedule) and, for image shards,
+init), the step `trainer.train.main` runs, `trainer.step.train_step` (trainer.objective.diffusion_loss
+with the trainer's default noise offset and min-SNR settings, backward, gradient clipping, the
+all-ranks finiteness check, AdamW, the EMA, the LR schedule) and, for image shards,
 the trainer's loader (`index_shards`, `BatchPlan`, `StepBatches`, `make_loader`) with its own
 data-wait timing (`trainer.health.Window`).
 
@@ -66,6 +67,8 @@ Under torchrun every rank prints its own lines (`rank`, `world_size`); make the 
 process first (`--make-shards N --configs ""`); rank 0 alone encodes.
 """
 
+from __future__ import annotations
+
 import time
 
 WALL_START = time.time()
@@ -82,11 +85,19 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tarfile  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from multiprocessing import Pool  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING, Callable  # noqa: E402
+
+if TYPE_CHECKING:  # the trainer and torch are imported late: their import time counts in train.first_step_s
+    from trainer.compile_cache import CacheKey, JobCache
+    from trainer.data import ShardIndex, StepBatches
+    from trainer.distributed import Processes
+    from trainer.models import Models
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "functions")]  # the trainer and what it shares with the Lambdas, as for pytest
 
 # FLOPs per image (../shared/BENCHMARKS.md): UNet forward + backward; VAE encoder forward. They are
 # the SD-1/2 UNet's and VAE's, so they hold for these presets alone (an sd1 preset would join them).
@@ -97,7 +108,7 @@ PEAK_SPEC, PEAK_MEASURED = 989.0, 790.0
 GOALS = {("latent", 512): ("train.img_per_s_512_latent", 200), ("latent", 256): ("train.img_per_s_256_latent", 900),
          ("image", 512): ("train.img_per_s_512_image", 110), ("latent", 1024): ("train.img_per_s_1024_latent", 20)}
 GOAL_PRESETS = {"train.img_per_s_1024_latent": "sdxl"}  # a goal stated for one preset's UNet (BENCHMARKS.md)
-DEFAULT_GOALS = {512: 150}  # train.img_per_s_<res>_default: the `+default` configuration (issue 23)
+DEFAULT_GOALS = {512: 150}  # train.img_per_s_<res>_default: the `+default` configuration
 CAPTIONS = ["a red dog on the beach", "a photo of a city street at night", "a bowl of fruit on a table",
             "a mountain lake at sunrise", "a small boat on a blue sea", "two people walking in a green forest"]
 
@@ -140,17 +151,17 @@ def write_shard(job: tuple) -> int:
     """One shard in the packer's layout (<sha256>.jpg, .json, .txt); the same JPEGs in an imagefolder."""
     path, first, count, size, folder = job
     metadata = []
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+    from contracts import shard_members
+    with tarfile.open(path, "w", format=shard_members.TAR_FORMAT) as tar:
         for number in range(first, first + count):
             data = synthetic_jpeg(number, size)
             key = hashlib.sha256(data).hexdigest()
             caption = CAPTIONS[number % len(CAPTIONS)]
             record = json.dumps({"width": size, "height": size, "format": "JPEG", "partner": "bench",
                                  "license": "synthetic"}).encode()
-            for extension, body in (("jpg", data), ("json", record), ("txt", caption.encode())):
-                info = tarfile.TarInfo(f"{key}.{extension}")
-                info.size, info.mtime, info.mode = len(body), 0, 0o644
-                tar.addfile(info, io.BytesIO(body))
+            members = (("jpg", data), (shard_members.RECORD, record), (shard_members.CAPTION, caption.encode()))
+            for extension, body in members:
+                tar.addfile(shard_members.tarinfo(shard_members.member_name(key, extension), len(body)), io.BytesIO(body))
             if folder:
                 (Path(folder) / f"{key}.jpg").write_bytes(data)
                 metadata.append(json.dumps({"file_name": f"{key}.jpg", "text": caption}))
@@ -182,41 +193,99 @@ LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", 
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
-def parse_config(name: str) -> dict:
+@dataclass(frozen=True)
+class Configuration:
+    """One name of `--configs`: its source, resolution and levers."""
+    name: str  # 'latent512+fused+b64'
+    base: str  # 'latent512'
+    source: str  # one of SOURCES
+    resolution: int
+    channels_last: bool = False
+    fused_adamw: bool = False
+    compile: bool = False
+    graphs: bool = False
+    cudnn_benchmark: bool = False
+    pin_memory: bool | None = None  # None: make_loader's own choice
+    sync_every_micro_batch: bool = False
+    batch: int | None = None  # None: --batch-<res>
+    accumulation: int = 1
+    fp32: bool = False
+    math_attention: bool = False
+    vae_compile: bool = False
+    vae_channels_last: bool = False
+    force_layout_opt: bool = False
+    fast_default: bool = False
+
+
+def parse_config(name: str) -> Configuration:
     """'latent512+fused+b64' -> source, resolution, levers."""
     base, *levers = name.split("+")
     source = next(source for source in SOURCES if base.startswith(source))
-    config = {"name": name, "base": base, "source": source, "resolution": int(base[len(source):]),
-              "channels_last": "cl" in levers, "fused_adamw": "fused" in levers,
-              "compile": "compile" in levers or "graphs" in levers,  # CUDA graphs come through torch.compile
-              "graphs": "graphs" in levers, "cudnn_benchmark": "cudnn" in levers,
-              "pin_memory": False if "nopin" in levers else None,  # None: make_loader's own choice
-              "sync_every_micro_batch": "sync" in levers, "batch": None, "accumulation": 1,
-              "fp32": "fp32" in levers, "math_attention": "mathattn" in levers,
-              "vae_compile": "vaec" in levers or "vaecl" in levers, "vae_channels_last": "vaecl" in levers,
-              "force_layout_opt": "lopt" in levers, "fast_default": "default" in levers}
+    counted = {}
     for lever in levers:
         prefix = lever.rstrip("0123456789")
         if prefix in COUNTED_LEVERS and lever != prefix:
-            config[COUNTED_LEVERS[prefix]] = int(lever[len(prefix):])
+            counted[COUNTED_LEVERS[prefix]] = int(lever[len(prefix):])
         elif lever not in LEVERS:
             raise ValueError(f"unknown lever {lever!r} in {name!r}")
-    if config["accumulation"] < 1 or (config["sync_every_micro_batch"] and config["accumulation"] == 1):
+    config = Configuration(name=name, base=base, source=source, resolution=int(base[len(source):]),
+                           channels_last="cl" in levers, fused_adamw="fused" in levers,
+                           compile="compile" in levers or "graphs" in levers,  # CUDA graphs come through torch.compile
+                           graphs="graphs" in levers, cudnn_benchmark="cudnn" in levers,
+                           pin_memory=False if "nopin" in levers else None, sync_every_micro_batch="sync" in levers,
+                           fp32="fp32" in levers, math_attention="mathattn" in levers,
+                           vae_compile="vaec" in levers or "vaecl" in levers, vae_channels_last="vaecl" in levers,
+                           force_layout_opt="lopt" in levers, fast_default="default" in levers, **counted)
+    if config.accumulation < 1 or (config.sync_every_micro_batch and config.accumulation == 1):
         raise ValueError(f"{name!r}: accum<N> needs N >= 1, and sync needs accum<N> with N > 1 (one micro-batch always syncs)")
     return config
 
 
-def apply_fast_default(config: dict, preset: str) -> dict:
+def apply_fast_default(config: Configuration, preset: str) -> Configuration:
     """`<base>+default`: what a job with default parameters runs (trainer/configs/defaults/fast.json) for the preset
     at the base's resolution: its compile, fused AdamW, batch and accumulation."""
     from trainer.fast_defaults import lookup
-    if not config["fast_default"]:
+    if not config.fast_default:
         return config
-    fast = lookup(preset, config["resolution"])
+    fast = lookup(preset, config.resolution)
     if fast is None:
-        raise ValueError(f"{config['name']!r}: trainer/configs/defaults/fast.json has no entry for {preset} at {config['resolution']}")
-    return {**config, "compile": fast.compile, "fused_adamw": fast.fused_adamw, "batch": fast.batch_size,
-            "accumulation": fast.gradient_accumulation}
+        raise ValueError(f"{config.name!r}: trainer/configs/defaults/fast.json has no entry for {preset} "
+                         f"at {config.resolution}")
+    return replace(config, compile=fast.compile, fused_adamw=fast.fused_adamw, batch=fast.batch_size,
+                   accumulation=fast.gradient_accumulation)
+
+
+@dataclass
+class Bench:
+    """What every configuration of this process shares, and what the earlier ones left for the later ones."""
+    args: argparse.Namespace
+    models: Models
+    processes: Processes
+    marks: dict[str, float]  # seconds from process start to each setup phase (train.first_step_s)
+    profile: set[str]  # the configurations to profile (--profile)
+    batch_default: dict[int, int]  # resolution -> batch when the configuration names none
+    latent_dirs: dict[int, str] = field(default_factory=dict)  # resolution -> the latent shards --encode wrote
+    identity: str | None = None  # trainer.encode.models_identity, hashed once
+    image_index: ShardIndex | None = None  # the image shards, indexed once
+    latent_indexes: dict[int, ShardIndex] = field(default_factory=dict)  # resolution -> its latent shards, indexed
+    # (part, resolution) -> (TFLOP per image, by kind), counted once with --count-flops
+    counted: dict[tuple[str, int], tuple[float, dict]] = field(default_factory=dict)
+    trainer_autocast: Callable | None = None  # trainer.objective.autocast while the fp32 lever replaces it
+
+    @property
+    def device(self):
+        return self.processes.device
+
+    def batch_of(self, config: Configuration) -> int:
+        return config.batch or self.batch_default[config.resolution]
+
+
+@dataclass
+class FirstCache:
+    """The compile cache of the first configuration's shape, as trainer.train keys and loads it."""
+    key: CacheKey
+    job: JobCache
+    outcome: dict  # JobCache.load's account of what it loaded
 
 
 def without_last_lever(name: str) -> str | None:
@@ -310,86 +379,100 @@ def resident_latents(models, batch: int, resolution: int, device, pool: int = 4)
         number += 1
 
 
-def latent_batches(ctx: dict, resolution: int, plan, accumulation: int) -> "StepBatches":
+def latent_batches(bench: Bench, resolution: int, plan, accumulation: int) -> StepBatches:
     """The trainer's own latent-shard dataset over the shards `--encode` wrote at this resolution."""
     from trainer.data import BatchPlan, StepBatches, index_shards
     from trainer.encode import check_latent_shards
     from trainer.models import caption_ids
-    models, processes = ctx["models"], ctx["processes"]
-    key = f"latent_index_{resolution}"
-    if key not in ctx:
-        ctx[key] = index_shards(ctx["latent_dirs"][resolution], processes.local_rank, processes.local_world_size)
-        check_latent_shards(ctx[key], models, {resolution})  # as trainer.train does (hashes the VAE and text encoder)
-    index = ctx[key]
-    batch_plan = BatchPlan(index.aspect, plan, ctx["args"].seed, processes.rank, accumulation, models.size_multiple, True)
+    models, processes = bench.models, bench.processes
+    if resolution not in bench.latent_indexes:
+        index = index_shards(bench.latent_dirs[resolution], processes.local_rank, processes.local_world_size)
+        check_latent_shards(index, models, {resolution})  # as trainer.train does (hashes the VAE and text encoder)
+        bench.latent_indexes[resolution] = index
+    index = bench.latent_indexes[resolution]
+    batch_plan = BatchPlan(index.aspect, plan, bench.args.seed, processes.rank, accumulation, models.size_multiple,
+                           True)
     return StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False, caption_ids(models, [""])[0].numpy())
 
 
-def step_module(model, config: dict):
+def step_module(model, config: Configuration):
     """What the step calls: the model itself, compiled as `trainer.train --compile`, or compiled with CUDA graphs."""
     import torch
-    if config["graphs"]:  # one graph per bucket shape, replayed; the step's inputs are copied into its static buffers
+    if config.graphs:  # one graph per bucket shape, replayed; the step's inputs are copied into its static buffers
         return torch.compile(model, dynamic=False, mode="reduce-overhead")
-    return torch.compile(model, dynamic=False) if config["compile"] else model
+    return torch.compile(model, dynamic=False) if config.compile else model
 
 
-def start_batches(ctx: dict, config: dict, plan, batch: int) -> tuple:
+def start_batches(bench: Bench, config: Configuration, plan, batch: int) -> tuple:
     """(the micro-batches in step order, whether the loader pins them): the trainer's loader over image or
     latent shards, planned for `accumulation` micro-batches per step as trainer.train plans them; or resident latents."""
     from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
-    args, models, processes = ctx["args"], ctx["models"], ctx["processes"]
-    if config["source"] == "resident":
-        return resident_latents(models, batch, config["resolution"], ctx["device"]), None
-    if config["source"] == "image":
-        if "index" not in ctx:
-            ctx["index"] = index_shards(args.shards, processes.local_rank, processes.local_world_size)
-            ctx["marks"]["shards_indexed"] = time.time() - PROCESS_START
-        index = ctx["index"]
-        batch_plan = BatchPlan(index.aspect, plan, args.seed, processes.rank, config["accumulation"], models.size_multiple, True)
+    args, models, processes = bench.args, bench.models, bench.processes
+    if config.source == "resident":
+        return resident_latents(models, batch, config.resolution, bench.device), None
+    if config.source == "image":
+        if bench.image_index is None:
+            bench.image_index = index_shards(args.shards, processes.local_rank, processes.local_world_size)
+            bench.marks["shards_indexed"] = time.time() - PROCESS_START
+        index = bench.image_index
+        batch_plan = BatchPlan(index.aspect, plan, args.seed, processes.rank, config.accumulation, models.size_multiple,
+                               True)
         dataset = StepBatches(index, batch_plan, 1, plan.total_steps, 0.1, False)
     else:
-        dataset = latent_batches(ctx, config["resolution"], plan, config["accumulation"])
-    loader = make_loader(dataset, args.num_workers, pin_memory=config["pin_memory"])
+        dataset = latent_batches(bench, config.resolution, plan, config.accumulation)
+    loader = make_loader(dataset, args.num_workers, pin_memory=config.pin_memory)
     return iter(loader), loader.pin_memory
 
 
-def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: dict, first: bool) -> dict:
+def first_marked(batches, marks: dict[str, float]):
+    """The batches, the first one's arrival marked as the `first_batch` phase of train.first_step_s."""
+    first = next(batches)
+    marks["first_batch"] = time.time() - PROCESS_START
+    yield first
+    yield from batches
+
+
+def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, first: bool) -> dict:
+    """`warmup` steps, `steps` timed ones and, with --profile, 3 profiled ones of trainer.step.train_step."""
     import torch
     from torch.optim.lr_scheduler import LambdaLR
 
     from trainer import distributed
     from trainer.ema import EMA
     from trainer.health import Window
-    from trainer.objective import diffusion_loss, step_generator
-    from trainer.stages import plan_from_args
     from trainer.models import compile_vae_encoder
-    from trainer.train import whole
+    from trainer.stages import plan_from_args
+    from trainer.step import StepSettings, Trainee, train_step
 
-    args, models, processes, device = ctx["args"], ctx["models"], ctx["processes"], ctx["device"]
+    args, models, processes, device = bench.args, bench.models, bench.processes, bench.device
     unet = models.unet
-    resolution, batch = config["resolution"], config["batch"] or batch_default[config["resolution"]]
-    accumulation = config["accumulation"]
+    resolution, batch, accumulation = config.resolution, bench.batch_of(config), config.accumulation
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
-    if config["channels_last"]:
+    if config.channels_last:
         unet.to(memory_format=torch.channels_last)
-    switch_precision_and_attention(ctx, config, on=True)
+    switch_precision_and_attention(bench, config, on=True)
     # inductor leaves the UNet's training graph in NCHW (its heuristic skips convolutions with twice as many
     # input as output channels, the decoder's skip concatenations), so cuDNN transposes around each conv
     import torch._inductor.config
-    torch._inductor.config.force_layout_optimization = config["force_layout_opt"]
-    if config["vae_compile"]:
-        compile_vae_encoder(models, channels_last=config["vae_channels_last"])
+    torch._inductor.config.force_layout_optimization = config.force_layout_opt
+    if config.vae_compile:
+        compile_vae_encoder(models, channels_last=config.vae_channels_last)
     model = distributed.wrap(unet, processes, "ddp")
-    torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
-    step_model = step_module(model, config)  # `model` keeps DDP's gradient-sync switch, as in trainer.train
-    profile_steps = 3 if config["name"] in ctx["profile"] else 0
+    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    profile_steps = 3 if config.name in bench.profile else 0
     plan = plan_from_args(None, warmup + steps + profile_steps, batch, resolution, None, 0, models.default_resolution)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=True if config["fused_adamw"] else None)
-    lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
-    ema = EMA(unet.named_parameters(), 0.9999)
-    batches, pinned = start_batches(ctx, config, plan, batch)
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=True if config.fused_adamw else None)
+    # `model` keeps DDP's gradient-sync switch and the step calls step_module(model), as in trainer.train
+    trainee = Trainee(unet, model, step_module(model, config), optimizer,
+                      LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1)),
+                      EMA(unet.named_parameters(), 0.9999))
+    del model, optimizer
+    settings = StepSettings(seed=args.seed, gradient_accumulation=accumulation,
+                            sync_every_micro_batch=config.sync_every_micro_batch)
+    batches, pinned = start_batches(bench, config, plan, batch)
     if first:
-        ctx["marks"]["loader_started"] = time.time() - PROCESS_START
+        bench.marks["loader_started"] = time.time() - PROCESS_START
+        batches = first_marked(batches, bench.marks)
 
     step_times, skipped, window = [], 0, Window()
     figures, profiler = None, None
@@ -401,40 +484,19 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             profiler.__enter__()
         started = time.perf_counter()
-        if config["graphs"]:  # a new step: the graphs' output buffers from the last one may be reused
+        if config.graphs:  # a new step: the graphs' output buffers from the last one may be reused
             torch.compiler.cudagraph_mark_step_begin()
-        # ---- trainer.train.main's step
-        step_loss = torch.zeros((), device=device)  # the bench's own tensor: never a graph output kept across steps
-        for micro in range(accumulation):
-            batch_data = window.wait_for(batches)
-            if first and step == 1 and micro == 0:
-                ctx["marks"]["first_batch"] = time.time() - PROCESS_START
-            with distributed.gradient_sync(model, config["sync_every_micro_batch"] or micro == accumulation - 1):
-                loss = diffusion_loss(step_model, models, batch_data, device,
-                                      step_generator(args.seed, step, processes.rank, micro, device))
-                (loss / accumulation).backward()
-            step_loss += loss.detach() / accumulation
-            window.images += len(batch_data["key"]) * processes.world_size
-        grad_norm = whole(torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0))
-        if distributed.all_finite(step_loss, grad_norm):
-            optimizer.step()
-            ema.update(unet.named_parameters())
-            window.loss_sum += step_loss.cpu()
-            window.good_steps, window.grad_norm = window.good_steps + 1, grad_norm.item()
-        else:
-            skipped += 1
-        optimizer.zero_grad(set_to_none=True)
-        lr_schedule.step()
-        # ----
+        outcome = train_step(trainee, models, batches, window, settings, step, processes)
+        skipped += not outcome.finite
         elapsed = time.perf_counter() - started  # the step ends in host syncs (.item()), so this is its wall time
         if first and step == 1:
-            ctx["marks"]["first_step"] = time.time() - PROCESS_START
+            bench.marks["first_step"] = time.time() - PROCESS_START
         if warmup < step <= warmup + steps:
             step_times.append(elapsed)
         if step == warmup + steps:
             figures = window.figures(window.loss_sum.item() / max(window.good_steps, 1))
         if step == 1 or step == warmup or step == plan.total_steps:
-            note(config=config["name"], step=step, step_s=round(elapsed, 3), loss=round(step_loss.item(), 4))
+            note(config=config.name, step=step, step_s=round(elapsed, 3), loss=round(outcome.loss.item(), 4))
     profile = None
     if profiler is not None:
         torch.cuda.synchronize() if device.type == "cuda" else None
@@ -442,8 +504,8 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
         profile = profile_summary(profiler, profile_steps)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
-    del optimizer, lr_schedule, ema, batches, model, step_model, profiler, loss, batch_data
-    release(ctx, config)
+    del trainee, batches, profiler, outcome
+    release(bench, config)
     median = statistics.median(step_times)
     images_per_step = batch * accumulation
     return {"batch": batch, "accumulation": accumulation, "images_per_step": images_per_step, "resolution": resolution,
@@ -455,7 +517,7 @@ def run_config(ctx: dict, config: dict, steps: int, warmup: int, batch_default: 
             "profile": profile}
 
 
-def switch_precision_and_attention(ctx: dict, config: dict, on: bool) -> None:
+def switch_precision_and_attention(bench: Bench, config: Configuration, on: bool) -> None:
     """The `fp32` and `mathattn` levers (switched on before a configuration, back off after it): they
     undo one of the trainer's defaults, bf16 autocast or SDPA attention, to measure what it gives."""
     import contextlib
@@ -464,36 +526,37 @@ def switch_precision_and_attention(ctx: dict, config: dict, on: bool) -> None:
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
     import trainer.objective as objective
-    models = ctx["models"]
-    if config["fp32"]:
-        ctx.setdefault("autocast", objective.autocast)
-        objective.autocast = (lambda device: contextlib.nullcontext()) if on else ctx["autocast"]
-        frozen_dtype = torch.float32 if on else (torch.bfloat16 if ctx["device"].type == "cuda" else torch.float32)
+    models = bench.models
+    if config.fp32:
+        if bench.trainer_autocast is None:
+            bench.trainer_autocast = objective.autocast
+        objective.autocast = (lambda device: contextlib.nullcontext()) if on else bench.trainer_autocast
+        frozen_dtype = torch.float32 if on else (torch.bfloat16 if bench.device.type == "cuda" else torch.float32)
         for encoder in models.text_encoders:  # their output feeds the UNet: the same dtype as its weights
             encoder.to(frozen_dtype)
-    if config["math_attention"]:
+    if config.math_attention:
         models.unet.set_attn_processor(AttnProcessor() if on else AttnProcessor2_0())
 
 
-def release(ctx: dict, config: dict) -> None:
+def release(bench: Bench, config: Configuration) -> None:
     """Leave the UNet as the next configuration expects it (also after a failed one): contiguous, no
     gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
     import torch
 
     from trainer.models import vae_encoder_eager
-    unet = ctx["models"].unet
+    unet = bench.models.unet
     unet.zero_grad(set_to_none=True)
-    switch_precision_and_attention(ctx, config, on=False)
-    if config["channels_last"]:
+    switch_precision_and_attention(bench, config, on=False)
+    if config.channels_last:
         unet.to(memory_format=torch.contiguous_format)
-    if config["vae_compile"]:
-        vae_encoder_eager(ctx["models"])
+    if config.vae_compile:
+        vae_encoder_eager(bench.models)
     import torch._inductor.config
     torch._inductor.config.force_layout_optimization = False
-    if config["compile"] or config["vae_compile"]:
+    if config.compile or config.vae_compile:
         torch._dynamo.reset()  # also drops the CUDA graph trees
     gc.collect()
-    if ctx["device"].type == "cuda":
+    if bench.device.type == "cuda":
         torch.cuda.empty_cache()
 
 
@@ -563,39 +626,39 @@ def count_vae_encoder(models, resolution: int, device) -> tuple[float, dict]:
     return counted_tflop(encode, device)
 
 
-def counted_figure(ctx: dict, part: str, resolution: int) -> tuple[float, dict] | None:
+def counted_figure(bench: Bench, part: str, resolution: int) -> tuple[float, dict] | None:
     """The counted TFLOP per image of the UNet ('unet') or the VAE encoder ('vae'): once per resolution, with --count-flops."""
-    if not ctx["args"].count_flops:
+    if not bench.args.count_flops:
         return None
-    counted = ctx.setdefault("counted", {})
+    counted = bench.counted
     if (part, resolution) not in counted:
         started = time.time()
         count = count_unet if part == "unet" else count_vae_encoder
-        counted[(part, resolution)] = count(ctx["models"], resolution, ctx["device"])
+        counted[(part, resolution)] = count(bench.models, resolution, bench.device)
         note(event="flops_counted", part=part, resolution=resolution, tflop=round(counted[(part, resolution)][0], 4),
              seconds=round(time.time() - started, 1))
     return counted[(part, resolution)]
 
 
-def vae_figure(ctx: dict, resolution: int) -> tuple[float | None, str | None]:
+def vae_figure(bench: Bench, resolution: int) -> tuple[float | None, str | None]:
     """(VAE encoder TFLOP per image, its basis): the fixed figure for an SD-1/2 preset, else the counted one."""
-    if ctx["args"].model_config in FIXED_FLOPS_PRESETS and resolution in VAE_TFLOP:
+    if bench.args.model_config in FIXED_FLOPS_PRESETS and resolution in VAE_TFLOP:
         return VAE_TFLOP[resolution], "fixed: BENCHMARKS.md, SD-1/2 VAE encoder"
-    counted = counted_figure(ctx, "vae", resolution)
+    counted = counted_figure(bench, "vae", resolution)
     return (significant(counted[0]), "counted: FlopCounterMode, VAE encoder forward, batch 1") if counted else (None, None)
 
 
-def unet_figure(ctx: dict, resolution: int) -> float | None:
+def unet_figure(bench: Bench, resolution: int) -> float | None:
     """UNet forward + backward TFLOP per image: the fixed SD-1/2 figure, else the counted one, else None."""
-    fixed = UNET_TFLOP.get(resolution) if ctx["args"].model_config in FIXED_FLOPS_PRESETS else None
-    counted = counted_figure(ctx, "unet", resolution)
+    fixed = UNET_TFLOP.get(resolution) if bench.args.model_config in FIXED_FLOPS_PRESETS else None
+    counted = counted_figure(bench, "unet", resolution)
     return fixed or (counted[0] if counted else None)
 
 
-def flops_fields(ctx: dict, source: str, resolution: int, img_per_s: float) -> dict:
+def flops_fields(bench: Bench, source: str, resolution: int, img_per_s: float) -> dict:
     """A configuration line's FLOP figures and MFU: from the fixed SD-1/2 figures, else from --count-flops."""
-    fixed = UNET_TFLOP.get(resolution) if ctx["args"].model_config in FIXED_FLOPS_PRESETS else None
-    counted = counted_figure(ctx, "unet", resolution)
+    fixed = UNET_TFLOP.get(resolution) if bench.args.model_config in FIXED_FLOPS_PRESETS else None
+    counted = counted_figure(bench, "unet", resolution)
     fields = {}
     if counted:
         fields["unet_tflop_per_image_counted"] = significant(counted[0])
@@ -603,7 +666,7 @@ def flops_fields(ctx: dict, source: str, resolution: int, img_per_s: float) -> d
     if fixed and counted:
         fields["unet_tflop_per_image_fixed"] = fixed
         fields["counted_vs_fixed"] = round(counted[0] / fixed, 3)
-    unet_tflop = unet_figure(ctx, resolution)
+    unet_tflop = unet_figure(bench, resolution)
     if not unet_tflop:
         fields["flops_basis"] = "none: no fixed figure for this model config and resolution; pass --count-flops"
         return fields
@@ -613,7 +676,7 @@ def flops_fields(ctx: dict, source: str, resolution: int, img_per_s: float) -> d
     fields.update(unet_tflop_per_s=significant(achieved), mfu_989=significant(achieved / PEAK_SPEC),
                   mfu_790=significant(achieved / PEAK_MEASURED))
     if source == "image":
-        vae_tflop, vae_basis = vae_figure(ctx, resolution)
+        vae_tflop, vae_basis = vae_figure(bench, resolution)
         if vae_tflop:
             fields["mfu_989_incl_vae"] = significant(img_per_s * (unet_tflop + vae_tflop) / PEAK_SPEC)
             fields["vae_flops_basis"] = vae_basis
@@ -706,11 +769,11 @@ def decode_verdict(capacity: float, consumption: float | None, workers_needed: i
             f"{workers_needed} workers would keep up): GPU decode would relieve it for {gpu_cost}")
 
 
-def decode_bench(ctx: dict, lines: list[dict], count: int) -> dict:
+def decode_bench(bench: Bench, lines: list[dict], count: int) -> dict:
     """The `train.lever.gpu_jpeg_decode` line: CPU loader vs GPU decode on `count` JPEGs of the shards."""
-    args, models, device = ctx["args"], ctx["models"], ctx["device"]
+    args, models, device = bench.args, bench.models, bench.device
     image_lines = [line for line in lines if line.get("value") and line["metric"].startswith("train.config.")
-                   and parse_config(line["config"]["name"])["source"] == "image"]
+                   and parse_config(line["config"]["name"]).source == "image"]
     fastest = max(image_lines, key=lambda line: line["value"]) if image_lines else None
     resolution = fastest["config"]["resolution"] if fastest else args.image_size
     jpegs, buckets = shard_jpegs(args.shards, count, resolution, models.size_multiple)
@@ -811,19 +874,19 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def encode_line(ctx: dict, resolution: int, common: dict) -> dict | None:
+def encode_line(bench: Bench, resolution: int, common: dict) -> dict | None:
     """Encode the image shards at `resolution` (rank 0; the other ranks wait and read them): the encode line, on rank 0."""
     from trainer import distributed
     from trainer.encode import encode_shards, latent_dir, models_identity
-    args, models, processes = ctx["args"], ctx["models"], ctx["processes"]
+    args, models, processes = bench.args, bench.models, bench.processes
     started = time.time()
-    identity = ctx.get("identity") or models_identity(models)
+    identity = bench.identity or models_identity(models)
     hashed = time.time() - started
-    ctx["identity"] = identity
-    ctx["latent_dirs"][resolution] = str(latent_dir(args.latent_dir, identity, resolution))
+    bench.identity = identity
+    bench.latent_dirs[resolution] = str(latent_dir(args.latent_dir, identity, resolution))
     summary = None
     if processes.rank == 0:  # ranks writing the same shards would overwrite each other's
-        summary = encode_shards(args.shards, args.latent_dir, models, resolution, ctx["device"], args.encode_batch,
+        summary = encode_shards(args.shards, args.latent_dir, models, resolution, bench.device, args.encode_batch,
                                 args.num_workers, True, identity)
     distributed.barrier()
     if summary is None:
@@ -839,23 +902,23 @@ def encode_line(ctx: dict, resolution: int, common: dict) -> dict | None:
                        "num_workers": args.num_workers, "corrupt": len(summary["corrupt"]), "vae": "bf16, eager",
                        "note": "trainer.encode.encode_shards: decode + bucket crop (loader workers), VAE encoder, "
                                "tokenizer, safetensors + tar writing"}, **common}
-    vae_tflop, basis = vae_figure(ctx, resolution)
+    vae_tflop, basis = vae_figure(bench, resolution)
     if vae_tflop:
         line["vae_tflop_per_s"], line["vae_flops_basis"] = significant(rate * vae_tflop), basis
     return line
 
 
-def compiled_encode_lines(ctx: dict, resolution: int, common: dict, eager: dict | None) -> list[dict]:
+def compiled_encode_lines(bench: Bench, resolution: int, common: dict, eager: dict | None) -> list[dict]:
     """The same encode with the VAE encoder compiled and padded calls, twice in this process: the first
     pays the compile (one graph per bucket shape), the second is the steady rate."""
     from trainer.encode import encode_shards
     from trainer.models import compile_vae_encoder, vae_encoder_eager
-    args, models = ctx["args"], ctx["models"]
+    args, models = bench.args, bench.models
     compile_vae_encoder(models)
     lines = []
     for run in ("compiled", "compiled_warm"):
-        summary = encode_shards(args.shards, f"{args.latent_dir}-{run}", models, resolution, ctx["device"], args.encode_batch,
-                                args.num_workers, True, ctx["identity"], padded=True)
+        summary = encode_shards(args.shards, f"{args.latent_dir}-{run}", models, resolution, bench.device,
+                                args.encode_batch, args.num_workers, True, bench.identity, padded=True)
         rate = summary["samples_encoded"] / max(summary["seconds"], 1e-9)
         lines.append({"metric": f"train.encode_img_per_s_{resolution}_{run}", "value": round(rate, 1), "unit": "img/s",
                       "ratio_vs_eager": round(rate / eager["value"], 3) if eager else None,
@@ -872,9 +935,9 @@ SOURCE_LABELS = {"image": "image shards, VAE + text encoder online",
                  "resident": "unet-only, latents resident (random latents on the GPU; NOT latent shards)"}
 
 
-def config_line(ctx: dict, config: dict, result: dict, measured: dict[str, float], wall_s: float) -> dict:
+def config_line(bench: Bench, config: Configuration, result: dict, measured: dict[str, float], wall_s: float) -> dict:
     """A configuration's line: img/s, its ratios to the configurations it is measured against, FLOPs and MFU."""
-    name, base, value = config["name"], config["base"], result["img_per_s"]
+    name, base, value = config.name, config.base, result["img_per_s"]
     line = {"metric": f"train.config.{name}", "value": value, "unit": "img/s"}
     if name != base and base in measured:
         line["ratio_vs_plain"], line["plain_img_per_s"] = round(value / measured[base], 3), measured[base]
@@ -882,27 +945,26 @@ def config_line(ctx: dict, config: dict, result: dict, measured: dict[str, float
     if without in measured:
         line["ratio_vs_without"] = round(value / measured[without], 3)
         line["without"], line["without_img_per_s"] = without, measured[without]
-    line.update(flops_fields(ctx, config["source"], result["resolution"], value))
-    line["config"] = {"name": name, "source": SOURCE_LABELS[config["source"]],
-                      "channels_last": config["channels_last"], "fused_adamw": config["fused_adamw"],
-                      "torch_compile": config["compile"], "cuda_graphs": config["graphs"],
-                      "cudnn_benchmark": config["cudnn_benchmark"], "vae_compile": config["vae_compile"],
-                      "vae_channels_last": config["vae_channels_last"], "force_layout_opt": config["force_layout_opt"],
-                      "gradient_sync": "every micro-batch" if config["sync_every_micro_batch"] else "last micro-batch",
-                      "world_size": ctx["processes"].world_size, **result, "config_wall_s": round(wall_s, 1)}
-    if config["sync_every_micro_batch"] and ctx["processes"].world_size == 1:
+    line.update(flops_fields(bench, config.source, result["resolution"], value))
+    line["config"] = {"name": name, "source": SOURCE_LABELS[config.source],
+                      "channels_last": config.channels_last, "fused_adamw": config.fused_adamw,
+                      "torch_compile": config.compile, "cuda_graphs": config.graphs,
+                      "cudnn_benchmark": config.cudnn_benchmark, "vae_compile": config.vae_compile,
+                      "vae_channels_last": config.vae_channels_last, "force_layout_opt": config.force_layout_opt,
+                      "gradient_sync": "every micro-batch" if config.sync_every_micro_batch else "last micro-batch",
+                      "world_size": bench.processes.world_size, **result, "config_wall_s": round(wall_s, 1)}
+    if config.sync_every_micro_batch and bench.processes.world_size == 1:
         line["config"]["note"] = "world size 1: no all-reduce either way; sync means something under torchrun only"
     return line
 
 
-def first_config_cache(ctx: dict, config: dict, batch_default: dict) -> dict:
+def first_config_cache(bench: Bench, config: Configuration) -> FirstCache:
     """The compile cache of the first configuration's shape, as trainer.train keys and loads it."""
     from trainer.compile_cache import JobCache, cache_key
-    key = cache_key(ctx["models"].unet, ctx["device"], "image" if config["source"] == "image" else "latent",
-                    config["resolution"], config["batch"] or batch_default[config["resolution"]], config["channels_last"],
-                    ctx["processes"].world_size)
-    job = JobCache(Path(ctx["args"].compile_cache), [key], ctx["processes"].rank, environ={})
-    return {"key": key, "job": job, "outcome": job.load()}
+    key = cache_key(bench.models.unet, bench.device, "image" if config.source == "image" else "latent",
+                    config.resolution, bench.batch_of(config), config.channels_last, bench.processes.world_size)
+    job = JobCache(Path(bench.args.compile_cache), [key], bench.processes.rank, environ={})
+    return FirstCache(key, job, job.load())
 
 
 def main() -> None:
@@ -938,9 +1000,8 @@ def main() -> None:
               "unet_params_m": round(params / 1e6, 1), "precision": "bf16 autocast, fp32 weights/AdamW/EMA",
               "num_workers": args.num_workers, "ema": True, "attention": "SDPA (diffusers AttnProcessor2_0)",
               "rank": processes.rank, "world_size": processes.world_size}
-    ctx = {"args": args, "models": models, "processes": processes, "device": device, "marks": marks,
-           "profile": set(filter(None, args.profile.split(","))), "latent_dirs": {}}
     batch_default = {512: args.batch_512, 256: args.batch_256, 1024: args.batch_1024, 64: 4, 32: 8, 128: 8, 16: 8}
+    bench = Bench(args, models, processes, marks, set(filter(None, args.profile.split(","))), batch_default)
     measured: dict[str, float] = {}  # img/s of every configuration run so far, by name
     profiles: dict[str, dict | None] = {}  # their profiles (--profile), by name
     lines = []
@@ -955,46 +1016,46 @@ def main() -> None:
 
     for resolution in [int(r) for r in args.encode.split(",") if r]:
         started = time.time()
-        line = encode_line(ctx, resolution, common)
+        line = encode_line(bench, resolution, common)
         if line:
             emit(line)
         if args.encode_compile:
-            for compiled in compiled_encode_lines(ctx, resolution, common, line):
+            for compiled in compiled_encode_lines(bench, resolution, common, line):
                 emit(compiled)
         PROCESS_START += time.time() - started  # the encode job is its own job: first_step_s leaves it out
 
     cache = None  # --compile-cache: the first configuration's compiled shape, loaded before its first step
     for number, name in enumerate(name for name in args.configs.split(",") if name):
         config = apply_fast_default(parse_config(name), args.model_config)
-        if number == 0 and config["compile"] and args.compile_cache:
-            cache = first_config_cache(ctx, config, batch_default)
-            emit({"metric": "train.compile_cache_load", "value": len(cache["outcome"]["loaded"]), "unit": "files",
-                  "config": {"name": name, **cache["outcome"]}, **common})
+        if number == 0 and config.compile and args.compile_cache:
+            cache = first_config_cache(bench, config)
+            emit({"metric": "train.compile_cache_load", "value": len(cache.outcome["loaded"]), "unit": "files",
+                  "config": {"name": name, **cache.outcome}, **common})
         left = args.deadline - (time.time() - PROCESS_START)
         skip = None
-        if config["graphs"] and device.type != "cuda":
+        if config.graphs and device.type != "cuda":
             skip = "CUDA graphs need a CUDA device"
-        elif left < (args.compile_needs if config["compile"] else 20):
+        elif left < (args.compile_needs if config.compile else 20):
             skip = f"{left:.0f} s left before the deadline"
         if skip:
             emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "skipped": skip, **common})
             continue
-        warmup = args.compile_warmup if config["compile"] else args.warmup
+        warmup = args.compile_warmup if config.compile else args.warmup
         started, failure = time.time(), None
         try:
-            result = run_config(ctx, config, args.steps, warmup, batch_default, first=number == 0)
+            result = run_config(bench, config, args.steps, warmup, first=number == 0)
         except torch.OutOfMemoryError as error:
             failure = f"OOM: {str(error)[:200]}"
         except RuntimeError as error:  # a lever that fails (CUDA graphs, say) leaves the other configurations their run
-            if name == config["base"]:
+            if name == config.base:
                 raise
             failure = f"{type(error).__name__}: {str(error)[:300]}"
         if failure:
-            release(ctx, config)  # out here, where no traceback holds the failed step's tensors any more
+            release(bench, config)  # out here, where no traceback holds the failed step's tensors any more
             emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "error": failure, **common})
             continue
         profile = result.pop("profile")
-        line = config_line(ctx, config, result, measured, time.time() - started)
+        line = config_line(bench, config, result, measured, time.time() - started)
         measured[name], profiles[name] = result["img_per_s"], profile
         emit({**line, **common})
         if profile:
@@ -1006,11 +1067,11 @@ def main() -> None:
                   "config": {"name": name, "phases_s": {k: round(v, 1) for k, v in marks.items()},
                              "note": "process start -> first optimizer step, trainer.train.main's setup order"}, **common})
             if cache is not None:  # a compiled first configuration with --compile-cache: warm or cold
-                warm = bool(cache["outcome"]["loaded"])
+                warm = bool(cache.outcome["loaded"])
                 emit({"metric": f"train.first_step_s_compiled_{'warm' if warm else 'cold'}", "value": round(marks["first_step"], 1),
                       "unit": "s", "goal": 45 if warm else None,
-                      "config": {"name": name, "cache_file": cache["key"].file_name, "loaded": warm,
-                                 "saved": cache["job"].save(0), "phases_s": {k: round(v, 1) for k, v in marks.items()},
+                      "config": {"name": name, "cache_file": cache.key.file_name, "loaded": warm,
+                                 "saved": cache.job.save(0), "phases_s": {k: round(v, 1) for k, v in marks.items()},
                                  "note": "process start -> first optimizer step; warm: trainer.compile_cache's file from "
                                          "an earlier process, its own Inductor and Triton directories empty"}, **common})
             emit({"metric": "train.data_wait_share", "value": result["data_wait_share"], "unit": "share of step time",
@@ -1019,23 +1080,25 @@ def main() -> None:
     # each goal's figure: the fastest configuration of its source and resolution in this run
     for (source, resolution), (metric, goal) in GOALS.items():
         candidates = [line for line in lines if line.get("value") and line["metric"].startswith("train.config.")
-                      and parse_config(line["config"]["name"])["source"] == source and line["config"]["resolution"] == resolution]
+                      and parse_config(line["config"]["name"]).source == source
+                      and line["config"]["resolution"] == resolution]
         if GOAL_PRESETS.get(metric, args.model_config) != args.model_config:
             continue
         if candidates:
             best = max(candidates, key=lambda line: line["value"])
             summary = {**best, "metric": metric, "goal": goal, "best_of": [line["config"]["name"] for line in candidates]}
-            if best["value"] < goal:  # a missed goal's row says what bounds it (issue 7)
-                vae = vae_figure(ctx, resolution)[0] if source == "image" else None
-                summary["bound"] = bound_of(best, profiles.get(best["config"]["name"]), unet_figure(ctx, resolution), vae)
+            if best["value"] < goal:  # a missed goal's row says what bounds it
+                vae = vae_figure(bench, resolution)[0] if source == "image" else None
+                summary["bound"] = bound_of(best, profiles.get(best["config"]["name"]), unet_figure(bench, resolution),
+                                            vae)
             emit(summary)
     for line in [line for line in lines if line["metric"].startswith("train.config.") and line.get("value")
-                 and parse_config(line["config"]["name"])["fast_default"]]:
+                 and parse_config(line["config"]["name"]).fast_default]:
         resolution = line["config"]["resolution"]
         emit({**line, "metric": f"train.img_per_s_{resolution}_default", "goal": DEFAULT_GOALS.get(resolution),
               "note": "the configuration trainer/configs/defaults/fast.json gives a job with default parameters"})
     if args.decode_bench:
-        emit({**decode_bench(ctx, lines, args.decode_bench), **common})
+        emit({**decode_bench(bench, lines, args.decode_bench), **common})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))
 
 

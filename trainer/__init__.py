@@ -1,0 +1,1 @@
+"""The training image: encode, autoencoder, train, evaluate and serve, with the SageMaker container contract."""

@@ -5,8 +5,9 @@
         unet/                   config.json + diffusion_pytorch_model.safetensors (full weights,
                                 loadable with UNet2DConditionModel.from_pretrained)
         ema_unet/               the EMA weights, the same way (when EMA is on)
-        training_state.pt       step, stage, args, optimizer (keyed by parameter name), lr scheduler,
-                                EMA counters, loss history, corrupt samples, shards seen
+        training_state.pt       the caller's state (trainer.train: RunState.to_dict(), trainer/run_state.py:
+                                step, stage, args, loss history, corrupt samples, shards seen, draws), the
+                                optimizer (keyed by parameter name), lr scheduler, EMA counters
         rng-rank<r>.pt          rank r's torch / CUDA / Python / NumPy RNG states
         manifest.json           {"format": 1, "step": 200, "files": [{"path", "size", "sha256"}, ...]}
                                 for every file above (every rank's RNG file), written last
@@ -179,7 +180,9 @@ def first_verified(directories: list[Path], trusted: Path | None = None) -> tupl
 
 def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None,
                     state: dict, keep: int) -> Path:
-    """Write step-N/ (every rank takes part; rank 0 writes all but its own RNG file, and the manifest)."""
+    """Write step-N/ (every rank takes part; rank 0 writes all but its own RNG file, and the manifest).
+
+    `state` is the run's plain data, its "step" among it; rank 0's is saved (the caller gathers it)."""
     weights = full_model_state(unet)
     optimizer_state = full_optimizer_state(unet, optimizer)
     ema_weights = ema.full_weights() if ema else None
@@ -293,7 +296,7 @@ def choose_checkpoint(resume: str, checkpoint_dir: Path | None) -> tuple[str | N
 
 
 def load_checkpoint(path: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None) -> dict:
-    """Put the weights, optimizer, scheduler, EMA and this rank's RNG back; return the training state.
+    """Put the weights, optimizer, scheduler, EMA and this rank's RNG back; return the state the caller saved.
 
     Every rank calls it. A checkpoint without EMA weights restarts the average from its weights;
     one without this rank's RNG file (more processes than saved it) keeps the fresh RNG.

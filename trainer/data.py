@@ -47,7 +47,6 @@ them; the shards themselves stay as packed (immutable, their digests valid). Eac
 
 import io
 import json
-import re
 import struct
 import tarfile
 from collections.abc import Collection, Mapping
@@ -63,11 +62,11 @@ from torch.utils.data import DataLoader, Dataset
 from wids.wids import IndexedTarSamples, splitname
 from wids.wids_mmtar import MMIndexedTar
 
+from contracts.aspect_buckets import bucket_ratio
+from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD
 from trainer.buckets import assign_buckets, bucket_sizes, cover_and_crop
 from trainer.stages import RunPlan
 
-IMAGE_MEMBERS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}  # extension -> Pillow format
-LATENT_MEMBER, IDS_MEMBER = "latents.safetensors", "ids.npy"  # a latent shard's sample (trainer/encode.py)
 MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
 UNKNOWN = "unknown"  # the partner or license of a sample whose record names none (img2dataset's)
 
@@ -217,21 +216,21 @@ def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float, tuple
         if offset + tarfile.BLOCKSIZE + size > len(tar.mmapped_file):  # wids indexes a member the shard ends inside
             return f"{member_name}: cut off (the shard ends inside it)"
         spans[extension[1:].lower()] = member
-    if LATENT_MEMBER in spans:
-        if IDS_MEMBER not in spans:
-            return f"{key}: needs {IDS_MEMBER} beside {LATENT_MEMBER}; has {sorted(spans)}"
-        header = latent_header(tar.get_at_index(spans[LATENT_MEMBER])[1])
+    if LATENTS in spans:
+        if IDS not in spans:
+            return f"{key}: needs {IDS} beside {LATENTS}; has {sorted(spans)}"
+        header = latent_header(tar.get_at_index(spans[LATENTS])[1])
         if header is None:
-            return f"{key}.{LATENT_MEMBER}: no readable header with encoder, resolution and bucket"
+            return f"{key}.{LATENTS}: no readable header with encoder, resolution and bucket"
         (width, height), encoding = header
         return key, width / height, encoding
-    image_extension = next((extension for extension in IMAGE_MEMBERS if extension in spans), None)
-    if image_extension is None or "txt" not in spans:
+    image_extension = next((extension for extension in IMAGE_FORMATS if extension in spans), None)
+    if image_extension is None or CAPTION not in spans:
         return f"{key}: needs an image (jpg/png/webp) and a txt member; has {sorted(spans)}"
-    record = tar.get_at_index(spans["json"])[1] if "json" in spans else None
+    record = tar.get_at_index(spans[RECORD])[1] if RECORD in spans else None
     aspect = aspect_from_metadata(record) or aspect_from_header(tar.get_at_index(spans[image_extension])[1], image_extension)
     if aspect is None:
-        return f"{key}.{image_extension}: not a readable {IMAGE_MEMBERS[image_extension]} image"
+        return f"{key}.{image_extension}: not a readable {IMAGE_FORMATS[image_extension]} image"
     return key, aspect, None
 
 
@@ -247,20 +246,18 @@ def latent_header(data: bytes) -> tuple[tuple[int, int], tuple[str, int]] | None
 
 
 def aspect_from_metadata(record: bytes | None) -> float | None:
-    """Width / height from the metadata record: its `aspect_bucket` ("WxH" or [W, H]) or width and height."""
+    """Width / height from the metadata record: its `aspect_bucket`'s ratio (contracts.aspect_buckets),
+    or without one its width and height."""
     try:
         fields = json.loads(record) if record else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     if not isinstance(fields, dict):
         return None
-    bucket = fields.get("aspect_bucket")
-    if isinstance(bucket, str) and re.fullmatch(r"\d+x\d+", bucket):
-        bucket = [int(side) for side in bucket.split("x")]
-    if isinstance(bucket, list | tuple) and len(bucket) == 2:
-        width, height = bucket
-    else:
-        width, height = fields.get("width"), fields.get("height")
+    ratio = bucket_ratio(fields.get("aspect_bucket"))
+    if ratio is not None:
+        return ratio
+    width, height = fields.get("width"), fields.get("height")
     if isinstance(width, int) and isinstance(height, int) and width > 0 and height > 0:
         return width / height
     return None
@@ -269,7 +266,7 @@ def aspect_from_metadata(record: bytes | None) -> float | None:
 def aspect_from_header(data: bytes, extension: str) -> float | None:
     """Width / height from the image's header (Pillow reads the size without decoding the pixels)."""
     try:
-        with Image.open(io.BytesIO(data), formats=[IMAGE_MEMBERS[extension]]) as image:
+        with Image.open(io.BytesIO(data), formats=[IMAGE_FORMATS[extension]]) as image:
             width, height = image.size
     except Exception:  # noqa: BLE001 - whatever Pillow raises, the sample is unreadable
         return None
@@ -410,17 +407,17 @@ class StepBatches(Dataset):
         drop_caption = rng.random() < self.caption_dropout  # the same draws for either kind of shard
         try:
             members = self.read(row)
-            source = sample_source(members.get("json"))
+            source = sample_source(members.get(RECORD))
             if index.latent:
-                tensors = load_safetensors(members[LATENT_MEMBER])
-                ids = self.empty_ids if drop_caption else np.load(io.BytesIO(members[IDS_MEMBER]))
+                tensors = load_safetensors(members[LATENTS])
+                ids = self.empty_ids if drop_caption else np.load(io.BytesIO(members[IDS]))
                 loaded = {"latent_dist": tensors["latent_dist"], "time_ids": tensors["time_ids"].tolist(),
                           "input_ids": torch.from_numpy(np.array(ids, dtype=np.int64))}
             else:
-                extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
-                pixel_values, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_MEMBERS[extension]), bucket, offset)
+                extension = next(extension for extension in IMAGE_FORMATS if extension in members)
+                pixel_values, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_FORMATS[extension]), bucket, offset)
                 loaded = {"pixel_values": pixel_values, "time_ids": time_ids,
-                          "caption": "" if drop_caption else members["txt"].decode("utf-8")}
+                          "caption": "" if drop_caption else members[CAPTION].decode("utf-8")}
         except Exception as error:  # noqa: BLE001 - a bad member of any kind is skipped, never fatal
             raise CorruptSample(f"{Path(shard).name}/{key}: {type(error).__name__}: {error}") from None
         return {**loaded, "key": key, "shard": Path(shard).name, "source": source}

@@ -63,8 +63,10 @@ from safetensors.torch import save as save_safetensors
 from torch.utils.data import DataLoader, Dataset
 
 from trainer import distributed
-from trainer.data import (IDS_MEMBER, IMAGE_MEMBERS, LATENT_MEMBER, CorruptSample, ShardIndex, ShardReader,
-                          buckets_of, crop_to_bucket, decode_image, index_shards, load_exclusions)
+from contracts import shard_members
+from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD, member_name
+from trainer.data import (CorruptSample, ShardIndex, ShardReader, buckets_of, crop_to_bucket, decode_image, index_shards,
+                          load_exclusions)
 from trainer.models import Models, caption_ids, compile_vae_encoder, load_models
 from trainer.objective import autocast
 
@@ -134,9 +136,9 @@ class ImageGroups(Dataset):
             key = str(self.index.key[row])
             try:
                 members = self.reader.read(row)
-                extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
-                pixels, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_MEMBERS[extension]), bucket, (0.5, 0.5))
-                loaded.append((row, pixels, time_ids, members["txt"].decode("utf-8"), members.get("json")))
+                extension = next(extension for extension in IMAGE_FORMATS if extension in members)
+                pixels, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_FORMATS[extension]), bucket, (0.5, 0.5))
+                loaded.append((row, pixels, time_ids, members[CAPTION].decode("utf-8"), members.get(RECORD)))
             except Exception as error:  # noqa: BLE001 - a bad member of any kind is left out, never fatal
                 corrupt.append(str(CorruptSample(f"{Path(self.index.shards[self.index.shard[row]]).name}/{key}: "
                                                  f"{type(error).__name__}: {error}")))
@@ -170,10 +172,10 @@ def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids
         metadata={"encoder": identity, "resolution": str(resolution), "bucket": f"{bucket[0]}x{bucket[1]}"}))
     ids_bytes = io.BytesIO()
     np.save(ids_bytes, ids.numpy().astype(np.int64), allow_pickle=False)
-    members = [(f"{key}.{IDS_MEMBER}", ids_bytes.getvalue())]
+    members = [(member_name(key, IDS), ids_bytes.getvalue())]
     if record is not None:
-        members.append((f"{key}.json", record))
-    return members + [(f"{key}.{LATENT_MEMBER}", latents)]
+        members.append((member_name(key, RECORD), record))
+    return members + [(member_name(key, LATENTS), latents)]
 
 
 def canonical_safetensors(data: bytes) -> bytes:
@@ -193,14 +195,14 @@ def canonical_safetensors(data: bytes) -> bytes:
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
-    """A tar as the packer writes one (mtime 0, mode 0644), under a temporary name, then renamed."""
+    """A tar as the packer writes one (ustar, contracts.shard_members' fixed headers), under a
+    temporary name, then renamed. A name ustar cannot hold (over 100 bytes with no `/` to split it
+    at) raises ValueError: pipeline keys are sha256s, far shorter."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".tmp-{path.name}")  # not *.tar: a reader of the directory never sees it
-    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(partial, "w", format=shard_members.TAR_FORMAT) as tar:
         for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
-            tar.addfile(info, io.BytesIO(data))
+            tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
     os.replace(partial, path)
 
 

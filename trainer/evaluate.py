@@ -73,7 +73,8 @@ from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 from wids.wids import IndexedTarSamples
 
 from trainer.buckets import cover_and_crop
-from trainer.data import IMAGE_MEMBERS, decode_image, scan_shard, to_tensor
+from contracts.shard_members import IMAGE_FORMATS
+from trainer.data import decode_image, scan_shard, to_tensor
 from trainer.health import log
 from trainer.models import Models, build_pipeline, encode_captions, from_pretrained
 
@@ -168,8 +169,8 @@ def read_eval_samples(shards: list[Path], resolution: int, max_samples: int) -> 
 def load_sample(members: dict, key: str, resolution: int) -> EvalSample:
     """One sample's image as a centred square of `resolution`, and its caption."""
     members = {extension[1:].lower(): data.getvalue() for extension, data in members.items() if extension != "__key__"}
-    extension = next(extension for extension in IMAGE_MEMBERS if extension in members)
-    image = decode_image(members[extension], IMAGE_MEMBERS[extension])
+    extension = next(extension for extension in IMAGE_FORMATS if extension in members)
+    image = decode_image(members[extension], IMAGE_FORMATS[extension])
     width, height = image.size
     resized, (left, top) = cover_and_crop(width, height, (resolution, resolution), (0.5, 0.5))
     image = image.resize(resized, Image.Resampling.BICUBIC).crop((left, top, left + resolution, top + resolution))

@@ -7,7 +7,8 @@ Log lines are JSON on stdout from rank 0. A training line reads
      "steps": 1000, "progress": 0.2, "eta_s": 412.5}
 
 with the figures over the steps since the previous line (loss averaged over ranks and steps;
-img/s counting every rank's images). docs/trainer.md lists the SageMaker metric regexes.
+img/s counting every rank's images). SageMaker parses them with contracts.metrics, the definitions
+the training job's request carries (docs/trainer.md lists them).
 
 Pictures are drawn with Pillow (already a dependency), so no plotting library is needed.
 """
@@ -23,15 +24,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-# the report's round axis ticks (trainer/Dockerfile copies functions/core/training_report.py into the image)
-from core.training_report import log_ticks, nice_ticks, tick_label
-
-
-# SageMaker MetricDefinitions for these lines (docs/trainer.md lists them for the training-job request).
-METRIC_DEFINITIONS = [
-    {"Name": f"train:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
-    for field in ("loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples")
-]
+from trainer.report_html import log_ticks, nice_ticks, tick_label  # the report's round axis ticks
 
 
 class NonFiniteLossError(RuntimeError):

@@ -1,5 +1,5 @@
-"""Start the pipeline's training job by hand, from a notebook or a terminal, as the seeds did:
-the same request the StartTrainingFunction builds (core.training.starter.training_job_request), sent with
+"""Start the pipeline's training job by hand, from a notebook or a terminal:
+the same request the StartTrainingFunction builds (core.training.job_requests.training_job_request), sent with
 the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
 
     pip install -e ".[functions,launch]"   # from a checkout: the request builder is functions/core
@@ -9,6 +9,10 @@ the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
 `--settings-from-function` reads the deployed function's environment, so instance types, quota,
 role, image, checkpoints and hyperparameters are exactly the pipeline's; `--env-json FILE` takes the
 same variables from a file instead (e.g. for a stack you cannot read).
+
+This runs on an operator's machine, never in the image (no module the image runs imports it): it
+alone under trainer/ imports the Lambda-side `core`, so that the request is the function's own, not
+a copy (tests/trainer/test_imports.py).
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-# The pipeline's own code (functions/core, installed as `core` by pyproject.toml): one request builder.
+# functions/core and functions/contracts, installed as `core` and `contracts` by pyproject.toml
+from contracts import pipeline_table
 from contracts.messages import Manifest
 from core.settings import TrainingSettings
-from core.training.starter import training_job_request
+from core.training.job_requests import training_job_request
 
 
 def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettings:
@@ -54,7 +59,8 @@ def build_request(args: argparse.Namespace, settings: TrainingSettings, manifest
 
 def lineage_vae(settings: TrainingSettings, boto_session: Any) -> str:
     """The VAE the lineage trained itself (its autoencoder job's model.tar.gz), "" if it has none."""
-    item = boto_session.client("dynamodb").get_item(TableName=settings.table, Key={"pk": {"S": f"LINEAGE#{settings.lineage}"}},
+    key = {"pk": {"S": pipeline_table.lineage_pk(settings.lineage)}}
+    item = boto_session.client("dynamodb").get_item(TableName=settings.table, Key=key,
                                                     ProjectionExpression="vae_uri").get("Item", {})
     return item.get("vae_uri", {}).get("S", "")
 

@@ -1,13 +1,13 @@
-"""A training job's report at the end of its run (the page itself: functions/core/training_report.py,
-the one renderer, which trainer/Dockerfile copies into the image; standard library only).
+"""A training job's report at the end of its run (the page itself: trainer/report_html.py, the one
+renderer, which `atelier report --job` uses too).
 
 Rank 0 writes `<model-dir>/report.html` and `<output-data-dir>/report.html`; the page carries the
 run's figures. An autoencoder job (trainer/autoencoder.py) calls the same `write_report`: its
 `autoencoder.json` and `reconstructions.png` make the page's Autoencoder section. SageMaker uploads
-the output data dir, validation grids and all, as `output/output.tar.gz`, from which the deploy
-function renders the complete page, with the gate's decision and the lineage, as `report.html`
-beside the model artefact. Rebuild it locally, e.g. with an `evaluation.json` and a `lineage.json`
-put into the model dir:
+the output data dir, validation grids and all, as `output/output.tar.gz`, from which
+`atelier report --job` renders the complete page, with the gate's decision (`evaluation.json`) and
+the lineage (`lineage.json`) the pipeline writes beside the model artefact. Rebuild it locally,
+e.g. with an `evaluation.json` and a `lineage.json` put into the model dir:
 
     python -m trainer.report --model-dir out/model [--output-data-dir out/data] [-o report.html]
 """
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from core.training_report import AUTOENCODER, RECONSTRUCTIONS, RECORD, REPORT, png_data_uri, render, run_data
+from trainer.report_html import AUTOENCODER, RECONSTRUCTIONS, RECORD, REPORT, png_data_uri, render, run_data
 
 
 def _read_json(path: Path) -> dict | None:
@@ -30,10 +30,12 @@ def build(model_dir: Path, health_dir: Path, history: list[dict] | None = None, 
     """The report from what a run left: atelier-training.json or autoencoder.json, the validation grids
     or the reconstructions, the JSON files."""
     run = run_data(_read_json(model_dir / RECORD) or {}, history, _read_json(model_dir / AUTOENCODER))
-    grids = [(path.stem, png_data_uri(path.read_bytes())) for path in sorted((health_dir / "validation").glob("step-*.png"))]
+    grids = [(path.stem, png_data_uri(path.read_bytes()))
+             for path in sorted((health_dir / "validation").glob("step-*.png"))]
     pictured = health_dir / RECONSTRUCTIONS
+    reconstructions = png_data_uri(pictured.read_bytes()) if pictured.is_file() else None
     return render(job or model_dir.name, run, grids, _read_json(model_dir / "evaluation.json"),
-                  _read_json(model_dir / "lineage.json"), png_data_uri(pictured.read_bytes()) if pictured.is_file() else None)
+                  _read_json(model_dir / "lineage.json"), reconstructions)
 
 
 def write_report(model_dir: Path, health_dir: Path, history: list[dict] | None = None,

@@ -56,6 +56,7 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from contracts import png_text
 from trainer.credentials import Credentials, sign_png
 from trainer.serve_levers import COMPILE_MODES, SCHEDULERS, Batcher, apply_levers, compiled, lever_plan
 
@@ -357,14 +358,14 @@ def png_bytes(image: Image.Image, generation: Generation, seed: int, provenance:
     and a signed C2PA manifest when there are credentials."""
     info = PngInfo()
     for key, value in (
-        ("atelier:model-id", provenance.model_id),
-        ("atelier:manifest", provenance.manifest),
-        ("atelier:attribution", provenance.attribution),
-        ("atelier:prompt", generation.prompt),
-        ("atelier:negative-prompt", generation.negative_prompt or ""),
-        ("atelier:seed", str(seed)),
-        ("atelier:steps", str(generation.num_inference_steps)),
-        ("atelier:guidance", f"{generation.guidance_scale:g}"),
+        (png_text.MODEL_ID, provenance.model_id),
+        (png_text.MANIFEST, provenance.manifest),
+        (png_text.ATTRIBUTION, provenance.attribution),
+        (png_text.PROMPT, generation.prompt),
+        (png_text.NEGATIVE_PROMPT, generation.negative_prompt or ""),
+        (png_text.SEED, str(seed)),
+        (png_text.STEPS, str(generation.num_inference_steps)),
+        (png_text.GUIDANCE, f"{generation.guidance_scale:g}"),
     ):
         info.add_text(key, value)
     buffer = io.BytesIO()

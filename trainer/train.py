@@ -30,7 +30,8 @@ with the reason). Every batch and every noise draw is a pure function of (seed, 
 so the resumed job trains on exactly what the uninterrupted one would have and its loss curve is
 the same; on another number of GPUs it continues with its own draws. `--resume none` starts over;
 `--resume <checkpoint dir>` picks one, and the job stops at once if it does not verify.
-Checkpoints: trainer/checkpoints.py.
+Checkpoints: trainer/checkpoints.py; what each saves of the run, and the run's record at the end,
+is one RunState (trainer/run_state.py). The step itself, shared with bench/train_gpu.py: trainer/step.py.
 
 Provenance: `--manifest` (default $SM_CHANNEL_MANIFEST, the job's manifest JSON) lists samples to
 leave out, which the loader never reads; `draws` in atelier-training.json counts the samples drawn
@@ -55,13 +56,10 @@ import os
 import random
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from diffusers import DDPMScheduler, UNet2DConditionModel
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer import distributed, preflight
@@ -75,11 +73,14 @@ from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, val
 from trainer.tensorboard_log import Board, default_dir
 from trainer.models import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
 from trainer.report import write_report
-from trainer.objective import autocast, diffusion_loss, step_generator
+from trainer.objective import autocast
+from trainer.run_state import RunState
 from trainer.stages import RunPlan, plan_from_args
+from trainer.step import StepSettings, Trainee, train_step
 from trainer.watchdog import stops_watchdogs, training_watchdog
 
-DEFAULT_VALIDATION_PROMPTS = "a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table|a mountain lake at sunrise"
+DEFAULT_VALIDATION_PROMPTS = ("a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table"
+                              "|a mountain lake at sunrise")
 
 
 # ---------------------------------------------------------------- helpers
@@ -117,19 +118,6 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
     distributed.barrier()
 
 
-def draws_over_ranks(draws: Counter) -> dict[str, dict[str, int]]:
-    """Every rank's (partner, license) draw counts summed, as {partner: {license: n}} (a collective)."""
-    everyone = [draws]
-    if dist.is_initialized():
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, draws)
-    total = sum(everyone, Counter())
-    nested: dict[str, dict[str, int]] = {}
-    for (partner, license), count in sorted(total.items()):
-        nested.setdefault(partner, {})[license] = count
-    return nested
-
-
 def progress_and_eta(step: int, total: int, window_steps: int, window_s: float) -> dict:
     """How far the run is and the seconds left at the step rate since the last log line (None: no rate yet)."""
     rate = window_steps / window_s if window_steps > 0 and window_s > 0 else 0.0
@@ -147,11 +135,6 @@ def zero_terminal_snr(scheduler: DDPMScheduler) -> DDPMScheduler:
     return DDPMScheduler.from_config(scheduler.config, rescale_betas_zero_snr=True, timestep_spacing="trailing")
 
 
-def whole(tensor: torch.Tensor) -> torch.Tensor:
-    """A plain tensor (FSDP returns the gradient norm as a replicated DTensor)."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -161,7 +144,8 @@ def main(args: argparse.Namespace) -> dict:
     # setup
     processes = distributed.setup()
     rank, device = processes.rank, processes.device
-    checks = preflight.check(processes, args.preflight_timeout, args.preflight_min_free_fraction)  # before anything loads
+    # before anything loads
+    checks = preflight.check(processes, args.preflight_timeout, args.preflight_min_free_fraction)
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
@@ -191,19 +175,19 @@ def main(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=fused or None)  # the schedule sets every step's rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(unet.named_parameters(), args.ema_decay) if args.ema_decay > 0 else None
-    progress = {"step": 0, "loss_history": [], "corrupt": [], "shards_seen": [], "skipped_steps": 0, "draws": {}}
+    trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema)
+    settings = StepSettings.from_args(args)
+    state = RunState(args=vars(args))  # what each checkpoint saves and the record ends with (trainer/run_state.py)
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
     if resume_from is not None:
-        progress = load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema)
-        log(rank, event="resumed", checkpoint=str(resume_from), step=progress["step"], stage=progress["stage"])
-    step, loss_history = progress["step"], progress["loss_history"]
-    history = progress.get("history", [])  # the logged figures, for the report (trainer/report.py)
-    # the draws so far (all ranks, earlier jobs of the lineage too) are carried by rank 0 alone
-    draws = Counter({(partner, license): n for partner, licenses in progress.get("draws", {}).items()
-                     for license, n in licenses.items()} if rank == 0 else {})
+        state = RunState.from_dict(load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema), rank)
+        state.args = vars(args)  # this job's arguments go into its checkpoints and its record
+        log(rank, event="resumed", checkpoint=str(resume_from), step=state.step, stage=state.stage)
+    step = state.step
 
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
-    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size, load_exclusions(args.manifest))
+    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
+                         load_exclusions(args.manifest))
     empty_ids = None
     if index.latent:  # latent shards (trainer/encode.py): the VAE never runs
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
@@ -212,16 +196,18 @@ def main(args: argparse.Namespace) -> dict:
         compile_vae_encoder(models)
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets)
-    dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop, empty_ids)
+    dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop,
+                          empty_ids)
     batches = iter(make_loader(dataset, args.num_workers))
-    corrupt, shards_seen = set(progress["corrupt"]) | set(index.problems), set(progress["shards_seen"])
+    state.corrupt.update(index.problems)
     log(rank, event="data", kind="latent" if index.latent else "image", samples=len(index), shards=len(index.shards),
         corrupt=len(index.problems),
         first_corrupt=index.problems[:5], excluded=index.excluded)
 
     compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/compile_cache.py)
     if compiling and args.compile_cache != "none":
-        cache_dir = Path(args.compile_cache) if args.compile_cache else checkpoint_dir / "compile-cache" if checkpoint_dir else None
+        cache_dir = (Path(args.compile_cache) if args.compile_cache
+                     else checkpoint_dir / "compile-cache" if checkpoint_dir else None)
         keys = [cache_key(unet, device, "latent" if index.latent else "image", stage.resolution, stage.batch_size,
                           args.channels_last, processes.world_size) for stage in plan.stages]
         compile_cache = JobCache(cache_dir, keys, rank)
@@ -229,82 +215,65 @@ def main(args: argparse.Namespace) -> dict:
 
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
-        backend=processes.backend, strategy=args.strategy, compile=compiling, sdxl=models.sdxl, stages=plan.describe(), preflight=checks)
+        backend=processes.backend, strategy=args.strategy, compile=compiling, sdxl=models.sdxl, stages=plan.describe(),
+        preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
-    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)
+    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)),
+                  rank)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
     while step < plan.total_steps:
         step += 1
         if plan.stage_index(step) != stage:
             stage = plan.stage_index(step)
-            log(rank, event="stage", step=step, **plan.describe()[stage], batches_per_epoch=batch_plan.batches_per_epoch(stage))
-        step_loss = torch.zeros((), device=device)
-        for micro in range(args.gradient_accumulation):
-            batch = window.wait_for(batches)
-            with distributed.gradient_sync(model, micro == args.gradient_accumulation - 1):
-                loss = diffusion_loss(step_model, models, batch, device, step_generator(args.seed, step, rank, micro, device),
-                                      args.noise_offset, args.snr_gamma)
-                (loss / args.gradient_accumulation).backward()
-            step_loss += loss.detach() / args.gradient_accumulation
-            window.images += len(batch["key"]) * processes.world_size
-            corrupt.update(batch["corrupt"])
-            shards_seen.update(batch["shard"])
-            draws.update(map(tuple, batch["source"]))
-        grad_norm = whole(torch.nn.utils.clip_grad_norm_(unet.parameters(), args.max_grad_norm))
-        learning_rate = optimizer.param_groups[0]["lr"]
-        if distributed.all_finite(step_loss, grad_norm):  # a NaN on any rank skips the step on every rank
-            optimizer.step()
-            if ema is not None:
-                ema.update(unet.named_parameters())
-            window.loss_sum += step_loss.cpu()
-            window.good_steps, window.grad_norm = window.good_steps + 1, grad_norm.item()
+            log(rank, event="stage", step=step, **plan.describe()[stage],
+                batches_per_epoch=batch_plan.batches_per_epoch(stage))
+        outcome = train_step(trainee, models, batches, window, settings, step, processes)
+        state.step, state.stage = step, stage
+        for batch in outcome.batches:
+            state.count(batch)
+        if outcome.finite:
             skipped_in_a_row = 0
         else:  # the step's data is passed over and the weights stay as they were
             skipped_in_a_row += 1
-            progress["skipped_steps"] += 1
+            state.skipped_steps += 1
             log(rank, event="skipped_step", step=step, reason="non-finite loss or gradient", in_a_row=skipped_in_a_row)
             if skipped_in_a_row >= args.max_nonfinite_steps:
-                reason = f"NonFiniteLossError: {skipped_in_a_row} steps in a row up to step {step} had a NaN or infinite loss or gradient"
+                reason = (f"NonFiniteLossError: {skipped_in_a_row} steps in a row up to step {step} had a NaN or "
+                          "infinite loss or gradient")
                 if rank == 0:
                     write_failure(reason)
                 raise NonFiniteLossError(reason)
-        optimizer.zero_grad(set_to_none=True)
-        lr_schedule.step()
         watchdog.pet(step)
         if compile_cache and compile_cache.first_step_of(stage):  # the stage's graphs now exist
             log(rank, event="compile_cache_saved", step=step, **(compile_cache.save(stage) or {}))
         if step % args.log_every == 0 or step == plan.total_steps:
-            loss_sum, good_steps = distributed.mean(torch.stack([window.loss_sum, torch.tensor(float(window.good_steps))]).to(device)).tolist()
+            window_sums = torch.stack([window.loss_sum, torch.tensor(float(window.good_steps))]).to(device)
+            loss_sum, good_steps = distributed.mean(window_sums).tolist()
             mean_loss = loss_sum / good_steps if good_steps else float("nan")
             if good_steps:
-                loss_history.append((step, mean_loss))
+                state.loss_history.append((step, mean_loss))
             figures = window.figures(mean_loss)
-            history.append({"step": step, **{k: figures[k] for k in ("loss", "img_per_s", "data_wait_share")}})
-            board.figures(step, lr=learning_rate, **figures)
-            log(rank, step=step, stage=stage, lr=learning_rate, **figures,
-                skipped_steps=progress["skipped_steps"], corrupt_samples=len(corrupt),
+            state.history.append({"step": step, **{k: figures[k] for k in ("loss", "img_per_s", "data_wait_share")}})
+            board.figures(step, lr=outcome.learning_rate, **figures)
+            log(rank, step=step, stage=stage, lr=outcome.learning_rate, **figures,
+                skipped_steps=state.skipped_steps, corrupt_samples=len(state.corrupt),
                 **progress_and_eta(step, plan.total_steps, step - logged_step, time.perf_counter() - window.start))
             window, logged_step = Window(), step
         if checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.total_steps):
-            state = {"step": step, "stage": stage, "args": vars(args), "loss_history": loss_history, "history": history,
-                     "corrupt": sorted(distributed.union(corrupt)), "shards_seen": sorted(distributed.union(shards_seen)),
-                     "skipped_steps": progress["skipped_steps"], "draws": draws_over_ranks(draws)}
             with window.paused():
-                path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema, state, args.keep_checkpoints)
+                path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema,
+                                       state.gathered().to_dict(), args.keep_checkpoints)
                 log(rank, event="checkpoint", step=step, dir=str(path))
                 if compile_cache:  # the bucket shapes compiled since
                     compile_cache.save(stage)
-                check_health(args, processes, models, unet, ema, plan, step, loss_history, health_dir, board)
+                check_health(args, processes, models, unet, ema, plan, step, state.loss_history, health_dir, board)
     watchdog.stop()
     board.close()
 
     # save: the pipeline with the EMA (or trained) weights, and the run's record
     weights = weights_to_sample(unet, ema, use_ema=args.final_weights == "ema")
-    record = {"args": vars(args), "steps": step, "components": models.sources, "final_loss": loss_history[-1][1] if loss_history else None,
-              "history": history,
-              "stages": plan.describe(), "weights": "ema" if ema is not None and args.final_weights == "ema" else "trained",
-              "skipped_steps": progress["skipped_steps"], "corrupt_samples": sorted(distributed.union(corrupt)),
-              "shards_seen": sorted(distributed.union(shards_seen)), "draws": draws_over_ranks(draws)}
+    record = state.gathered().record(models.sources, plan.describe(),
+                                     "ema" if ema is not None and args.final_weights == "ema" else "trained")
     if rank == 0:
         model_dir = Path(args.model_dir)
         models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
@@ -313,9 +282,9 @@ def main(args: argparse.Namespace) -> dict:
         final_unet.register_to_config(sample_size=plan.stages[-1].resolution // models.vae_scale_factor)
         build_pipeline(models, final_unet).save_pretrained(model_dir)
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
-        draw_loss_curve(loss_history, health_dir / "loss.png")
+        draw_loss_curve(state.loss_history, health_dir / "loss.png")
         write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it
-        log(rank, event="saved", model_dir=str(model_dir), steps=step, final_loss=record["final_loss"])
+        log(rank, event="saved", model_dir=str(model_dir), steps=state.step, final_loss=record["final_loss"])
     distributed.barrier()
     distributed.teardown()
     return record

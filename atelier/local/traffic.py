@@ -17,6 +17,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from contracts import pipeline_table
 from contracts.messages import ShardSealed
 from core import aws
 
@@ -89,7 +90,7 @@ def wait_until(done: Callable[[], bool], timeout_s: float, every_s: float = 1.0,
 
 
 def sealed(table: str) -> list[ShardSealed]:
-    return [ShardSealed.model_validate_json(i["record"]) for i in aws.scan_prefix(table, "SEALED#")]
+    return [ShardSealed.model_validate_json(i["record"]) for i in aws.scan_prefix(table, pipeline_table.SEALED_PREFIX)]
 
 
 def read_back(shard: ShardSealed) -> list[str]:

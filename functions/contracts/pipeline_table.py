@@ -1,4 +1,8 @@
-"""The pipeline table's item layout: one string key `pk`, a sparse GSI `gsi1` for pending shards."""
+"""The pipeline table's item layout: one string key `pk`, a sparse GSI `gsi1` for pending shards.
+
+Every key is built here, and only here: a prefix names what an item is (`SAMPLE#`, `JOB#`, ...),
+and the `*_name`/`*_of` functions read a name back out of a key.
+"""
 
 from __future__ import annotations
 
@@ -17,35 +21,116 @@ QUARANTINE_REASONS = ("empty", "truncated", "corrupt", "not_an_image", "unsuppor
                       "bad_sidecar", "caption_too_long", "image_named_json", "orphan_sidecar", "sidecar_too_late")
 
 
+SAMPLE_PREFIX = "SAMPLE#"
+UPLOAD_PREFIX = "UPLOAD#"
+SHARD_PREFIX = "SHARD#"
+SEALED_PREFIX = "SEALED#"
+JOB_PREFIX = "JOB#"
+MODEL_PREFIX = "MODEL#"
+ENDPOINT_PREFIX = "ENDPOINT#"
+LINEAGE_PREFIX = "LINEAGE#"
+PARTNER_PREFIX = "PARTNER#"
+REVOKED_PREFIX = "REVOKED#"
+IMPORT_PREFIX = "IMPORT#"
+PACK_SHARD_PREFIX = "PACKSHARD#"
+PHASH_PREFIX = "PHASH#"
+PHASH_FULL_PREFIX = "PHASHFULL#"
+TRAINED_SHARDS = "SHARDS#trained"  # the gsi1 partition of trained shards, the replay pool
+PACK_HEAD = "PACK#head"  # the packer's one open-shard record (core.pack.journal)
+
+
 def sample_pk(sha256: str) -> str:
-    return f"SAMPLE#{sha256}"
+    return f"{SAMPLE_PREFIX}{sha256}"
+
+
+def sample_sha256(pk: str) -> str:
+    return pk.removeprefix(SAMPLE_PREFIX)
 
 
 def upload_pk(bucket: str, key: str) -> str:
-    return f"UPLOAD#{bucket}/{key}"
+    return f"{UPLOAD_PREFIX}{bucket}/{key}"
+
+
+def upload_key(pk: str) -> str:
+    """The object key of an upload's record (its bucket left out)."""
+    return pk.removeprefix(UPLOAD_PREFIX).split("/", 1)[1]
 
 
 def shard_pk(shard_id: str) -> str:
-    return f"SHARD#{shard_id}"
+    return f"{SHARD_PREFIX}{shard_id}"
+
+
+def shard_id_of(pk: str) -> str:
+    return pk.removeprefix(SHARD_PREFIX)
 
 
 def sealed_pk(shard_id: str) -> str:
     """The pack stage's own record of a shard it sealed (read to re-announce it)."""
-    return f"SEALED#{shard_id}"
+    return f"{SEALED_PREFIX}{shard_id}"
+
+
+def pack_shard_pk(shard_id: str) -> str:
+    """How far the seal of one shard has got (core.pack.journal)."""
+    return f"{PACK_SHARD_PREFIX}{shard_id}"
 
 
 def job_pk(job_name: str) -> str:
-    return f"JOB#{job_name}"
+    """A job the pipeline started: core.training.starter's, but for `model_data` (core.deploy.records)."""
+    return f"{JOB_PREFIX}{job_name}"
+
+
+def job_name(pk: str) -> str:
+    return pk.removeprefix(JOB_PREFIX)
+
+
+def lineage_pk(lineage: str) -> str:
+    """A lineage's lock, sequence, queue, brake and VAE (core.training.starter)."""
+    return f"{LINEAGE_PREFIX}{lineage}"
+
+
+def lineage_name(pk: str) -> str:
+    return pk.removeprefix(LINEAGE_PREFIX)
 
 
 def model_pk(model_name: str) -> str:
-    """A deploy candidate: its evaluation, the gate's decision and its rollout (core.deploy.rollout)."""
-    return f"MODEL#{model_name}"
+    """A deploy candidate: its evaluation, the gate's decision and its rollout (core.deploy.records)."""
+    return f"{MODEL_PREFIX}{model_name}"
 
 
 def endpoint_pk(endpoint_name: str) -> str:
     """What an endpoint is meant to serve, its order and its rollout history (core.deploy.rollout)."""
-    return f"ENDPOINT#{endpoint_name}"
+    return f"{ENDPOINT_PREFIX}{endpoint_name}"
+
+
+def partner_pk(partner_id: str) -> str:
+    """A partner's registry entry: its licenses and terms (core.partners.licensing)."""
+    return f"{PARTNER_PREFIX}{partner_id}"
+
+
+def import_batch_pk(batch_id: str) -> str:
+    """An import batch (core.pack.import_tar); also the gsi1 partition of its source tars."""
+    return f"{IMPORT_PREFIX}{batch_id}"
+
+
+def import_shard_pk(batch_id: str, uri: str) -> str:
+    """One source tar of an import batch, with its report."""
+    return f"{import_batch_pk(batch_id)}#{uri}"
+
+
+def phash_band(band: int, band_hex: str) -> str:
+    """The first half of a near-duplicate index key: one 16-bit band of the hash (core.ingest.dedup)."""
+    return f"{PHASH_PREFIX}{band}#{band_hex}"
+
+
+def phash_pk(band: int, band_hex: str, sub: int, sub_hex: str) -> str:
+    """A near-duplicate index key: a band, and one 12-bit sub-band of the rest of the hash."""
+    return f"{phash_band(band, band_hex)}#{sub}#{sub_hex}"
+
+
+def phash_full_pk(phash_key: str) -> str:
+    """The counter of full index keys of the (band, sub-band) that `phash_key` belongs to."""
+    _, band, _, sub, _ = phash_key.split("#")
+    return f"{PHASH_FULL_PREFIX}{band}#{sub}"
 
 
 REDRIVE_PREFIX = "REDRIVE#"  # RedriveFunction may write only these items (template.yaml: dynamodb:LeadingKeys)
@@ -57,7 +142,7 @@ def redrive_pk(queue: str, identity: str) -> str:
 
 
 def revocation_pk(revocation_id: str) -> str:
-    return f"REVOKED#{revocation_id}"
+    return f"{REVOKED_PREFIX}{revocation_id}"
 
 
 def revocation_item(revocation_id: str, at: str, record: str) -> dict[str, Any]:

@@ -15,17 +15,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Protocol
 
-from contracts import pipeline_table
+from contracts import pipeline_table, s3_layout
 from contracts.messages import Frozen, LeftOut, Manifest, Sample, ShardRef
 from core import aws
-from core.pack import shards
 from core.partners.licensing import Revocation, Rules
 from core.training.pretrained import PretrainedBase
 
 LINEAGE_SCHEMA = 2  # 2: the pretrained base and the VAE
-OUTPUT_PREFIX = "training/"  # the training jobs' S3OutputPath under the models bucket
 NOT_STARTED = ("Queued",)  # a queued manifest has trained nothing yet
-TRAINING_JOB_TAG = "atelier:training-job"  # on every SageMaker model the deploy function creates
 # jobs run for a training job on its manifest (its encode job, the lineage's autoencoder job): what they
 # learned from is its manifest, so they are no model of their own here
 HELPER_ROLES = ("encode", "autoencoder")
@@ -50,20 +47,11 @@ class UnknownModel(LookupError):
     """No training job of that name in the pipeline table."""
 
 
-def output_uri(models_bucket: str, job: str, name: str) -> str:
-    """`s3://<models>/training/<job>/output/<name>`: beside the job's model.tar.gz."""
-    return f"s3://{models_bucket}/{output_key(job, name)}"
-
-
-def output_key(job: str, name: str) -> str:
-    return f"{OUTPUT_PREFIX}{job}/output/{name}"
-
-
 # --- reading shards and samples -------------------------------------------------------------------
 
 def shard_members(bucket: str, shard_id: str) -> list[tuple[str, str]] | None:
     """(sample key, partner) of every sample of a shard, from its index sidecar; None without one."""
-    key = shards.index_key(shard_id)
+    key = s3_layout.index_key(shard_id)
     if aws.head_object(bucket, key) is None:
         return None
     index = json.loads(aws.read_object(bucket, key))
@@ -73,7 +61,8 @@ def shard_members(bucket: str, shard_id: str) -> list[tuple[str, str]] | None:
 def sample_records(table: str, keys: Iterable[str]) -> dict[str, Sample]:
     """The ingest records of these samples (absent ones are left out)."""
     found = aws.batch_get_items(table, [pipeline_table.sample_pk(k) for k in keys], ["pk", "record"])
-    return {item["pk"].removeprefix("SAMPLE#"): Sample.model_validate_json(item["record"]) for item in found.values()}
+    return {pipeline_table.sample_sha256(item["pk"]): Sample.model_validate_json(item["record"])
+            for item in found.values()}
 
 
 # --- screening: what a manifest leaves out ------------------------------------------------------
@@ -194,7 +183,7 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
         return int(item["sequence"]) if "sequence" in item else manifest_of(item).sequence
 
     mine, stage = sequence_of(job), int(job.get("stage", 0))
-    lineage_jobs = [i for i in aws.scan_prefix(places.table, "JOB#")  # training jobs only
+    lineage_jobs = [i for i in aws.scan_prefix(places.table, pipeline_table.JOB_PREFIX)  # training jobs only
                     if i.get("lineage", "") == job.get("lineage", "") and i.get("role") not in HELPER_ROLES]
     chain = sorted((i for i in lineage_jobs
                     if (i["manifest"] == job["manifest"] and int(i.get("stage", 0)) <= stage)
@@ -205,7 +194,8 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
     used: dict[str, tuple[str, set[str], set[int]]] = {}  # sample key -> partner, shards, manifests
     for key in dict.fromkeys(i["manifest"] for i in chain):
         manifest = manifest_of(next(i for i in chain if i["manifest"] == key))
-        jobs = tuple(JobSource(name=i["pk"].removeprefix("JOB#"), stage=int(i.get("stage", 0)), status=i.get("status", ""))
+        jobs = tuple(JobSource(name=pipeline_table.job_name(i["pk"]), stage=int(i.get("stage", 0)),
+                               status=i.get("status", ""))
                      for i in chain if i["manifest"] == key)
         shard_sources = []
         for shard in manifest.shards:
@@ -217,17 +207,18 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
                     entry = used.setdefault(sample, (partner, set(), set()))
                     entry[1].add(shard.shard_id)
                     entry[2].add(manifest.sequence)
-            index_uri = f"s3://{manifest.bucket}/{shards.index_key(shard.shard_id)}" if members[shard.shard_id] is not None else ""
+            indexed = members[shard.shard_id] is not None
+            index_uri = s3_layout.uri(manifest.bucket, s3_layout.index_key(shard.shard_id)) if indexed else ""
             shard_sources.append(ShardSource(shard_id=shard.shard_id, key=shard.key, sha256=shard.sha256, role=shard.role,
                                              samples=shard.samples, excluded=len(excluded), index_uri=index_uri))
         sources.append(ManifestSource(sequence=manifest.sequence, digest=manifest.digest,
-                                      uri=f"s3://{places.data_bucket}/{key}", jobs=jobs, shards=tuple(shard_sources),
+                                      uri=s3_layout.uri(places.data_bucket, key), jobs=jobs, shards=tuple(shard_sources),
                                       left_out=manifest.left_out))
     found = sample_records(places.table, used)
     samples = tuple(_sample_source(key, *used[key], found.get(key)) for key in sorted(used))
     base = PretrainedBase.model_validate_json(job["pretrained"]) if job.get("pretrained") else None
     return Lineage(job=job_name, lineage=job.get("lineage", ""), manifest=str(job.get("digest", "")),
-                   artifact=output_uri(places.models_bucket, job_name, "model.tar.gz"),
+                   artifact=s3_layout.output_uri(places.models_bucket, job_name, s3_layout.MODEL_ARCHIVE),
                    manifests=tuple(sources), samples=samples, pretrained=base, vae=vae_source(job, base))
 
 
@@ -247,7 +238,7 @@ def _sample_source(key: str, partner: str, shard_ids: set[str], sequences: set[i
 
 def stored_lineage(job_name: str, places: Places) -> Lineage:
     """lineage.json beside the job's model, or (for a job not yet completed) worked out now."""
-    stored = aws.read_json_if_exists(places.models_bucket, output_key(job_name, "lineage.json"))
+    stored = aws.read_json_if_exists(places.models_bucket, s3_layout.output_key(job_name, s3_layout.LINEAGE_FILE))
     return Lineage.model_validate(stored) if stored else lineage_of(job_name, places)
 
 
@@ -265,10 +256,10 @@ class Affected(Frozen):
 def affected_by(revocation: Revocation, places: Places) -> list[Affected]:
     """Every job whose lineage holds a sample the takedown covers, oldest manifest first."""
     found = []
-    for item in aws.scan_prefix(places.table, "JOB#"):
+    for item in aws.scan_prefix(places.table, pipeline_table.JOB_PREFIX):
         if item.get("role") in HELPER_ROLES:  # their samples are their training job's
             continue
-        name = item["pk"].removeprefix("JOB#")
+        name = pipeline_table.job_name(item["pk"])
         covered = stored_lineage(name, places).covered_by(revocation)
         if covered:
             order = (item.get("lineage", ""), int(item.get("sequence", 0)), int(item.get("stage", 0)), item.get("at", ""))

@@ -16,8 +16,21 @@ from core.training.instance_types import GPUS_PER_INSTANCE
 from core.training.pretrained import AUTOENCODER_SUFFIX, check_uri
 
 
+# Tuning knobs rather than deploy-time choices: template.yaml passes none of them and each takes this
+# default, unless its environment variable is set (tests set some; so may `sam local invoke --env-vars`).
+DEFAULTS: dict[str, str] = {
+    "MAX_IMAGE_PIXELS": "178956970",  # Pillow's own decompression-bomb limit, stated outright
+    "MAX_SIDECAR_BYTES": "65536",  # a larger sidecar .json is refused (bad_sidecar); at most this much is read
+    "MAX_SIDECAR_DEPTH": "4",  # JSON nesting above which a sidecar is refused (bad_sidecar)
+    "ALPHA_BACKGROUND": "255,255,255",  # R,G,B that transparent pixels are composited over
+    "SWEEP_LOOKBACK_S": "86400",  # the sweep looks at uploads this recent; older ones are `atelier audit`'s
+    "SWEEP_MAX_QUEUE_DEPTH": "1000",  # a sweep run is deferred while UploadsQueue holds more (ingest is behind)
+    "DEAD_LETTER_MEMORY_S": "86400",  # a redrive count untouched this long is forgotten (a new incident)
+}
+
+
 def _require(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name, "")
+    value = env.get(name, "") or DEFAULTS.get(name, "")
     if not value:
         raise ConfigError(f"environment variable {name} is not set (template.yaml sets it)")
     return value
@@ -89,7 +102,8 @@ class IngestSettings:
     max_aspect_ratio: float
     jpeg_quality: int
     near_duplicate_distance: int
-    # Input limits besides bytes and pixels (docs/reliability.md); template.yaml sets all three.
+    # Input limits besides bytes and pixels (docs/reliability.md): the sidecar's in DEFAULTS, the caption's
+    # from template.yaml.
     max_sidecar_bytes: int = 65536
     max_sidecar_depth: int = 4
     max_caption_chars: int = 2000
@@ -418,7 +432,7 @@ class SweepSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "SweepSettings":
         grace = int(_bounded("SWEEP_GRACE_S", _int(env, "SWEEP_GRACE_S"), 0))
-        depth = _int(env, "SWEEP_MAX_QUEUE_DEPTH") if env.get("SWEEP_MAX_QUEUE_DEPTH") else 1000
+        depth = _int(env, "SWEEP_MAX_QUEUE_DEPTH")
         return cls(
             table=_require(env, "PIPELINE_TABLE"),
             uploads_bucket=_require(env, "UPLOADS_BUCKET"),

@@ -51,6 +51,8 @@ IMPORT_REJECTS = "ImportRejects"  # quarantined for any other reason
 DEAD_LETTERS_REDRIVEN = "DeadLettersRedriven"  # sent back to their source by RedriveFunction (core.reliability.redrive)
 POISON_MESSAGES = "PoisonMessages"  # held in their DLQs as poison, per run (a gauge: PoisonDeadLettersAlarm)
 SCHEDULE_TICKS_DROPPED = "ScheduleTicksDropped"  # failed timer ticks removed (the next tick does their work)
+UPLOADS_REDRIVEN = "UploadsRedriven"  # per sweep run: uploads with no record, sent again (core.ingest.sweep)
+SWEEPS_DEFERRED = "SweepsDeferred"  # a sweep run skipped while ingest is behind (UploadsQueue over its limit)
 REASON = "reason"
 
 

@@ -1,19 +1,15 @@
 """DeployFunction: training jobs, evaluation jobs, model artefacts and endpoint state changes ->
-the evaluation gate and a safe endpoint rollout (core.deploy.rollout; docs/deploy.md)."""
+the evaluation gate and a safe endpoint rollout (core.deploy; docs/deploy.md)."""
+
+from dataclasses import asdict
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.deploy.rollout import (
-    EVALUATE_REQUEST,
-    DeployResult,
-    job_state_from_event,
-    on_artefact_published,
-    on_endpoint_state,
-    on_job_state,
-    reevaluate,
-)
+from core.deploy.candidates import on_artefact_published, on_job_state, reevaluate
+from core.deploy.events import EVALUATE_REQUEST, DeployResult, job_state_from_event
+from core.deploy.rollout import on_endpoint_state
 from core.errors import BadMessage
 from core.settings import DeploySettings
 
@@ -36,11 +32,13 @@ def route(event: EventBridgeEvent, settings: DeploySettings) -> DeployResult:
     raise BadMessage(f"no deploy step for {event.source} / {event.detail_type}")
 
 
-# Log lines are correlated by the training job, the endpoint or the artefact the event is about.
+# Log lines are correlated by the training job, the endpoint, the artefact or the model the event is about.
+CORRELATION = "detail.TrainingJobName || detail.EndpointName || detail.object.key || detail.model"
+
+
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-@logger.inject_lambda_context(correlation_id_path="detail.TrainingJobName || detail.EndpointName || detail.object.key || detail.model")
+@logger.inject_lambda_context(correlation_id_path=CORRELATION)
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
-    result = route(event, DeploySettings.from_env())
-    return {"action": result.action, "model": result.model, "reason": result.reason}
+    return asdict(route(event, DeploySettings.from_env()))  # action, model, reason

@@ -17,7 +17,7 @@ from core.pack.import_tar import ImportShard, import_shard
 from core.settings import ImportSettings
 
 logger = Logger()
-metrics = Metrics()
+metrics = Metrics()  # core.pack.import_tar adds the Import* metrics to its buffer (core.telemetry)
 tracer = Tracer()  # the S3 stream and the per-sample DynamoDB calls of a tar (docs/architecture.md)
 processor = BatchProcessor(event_type=EventType.SQS)
 
@@ -32,11 +32,6 @@ def record_handler(record: SQSRecord) -> None:
         report = import_shard(message, ImportSettings.from_env())
         logger.info("import message handled", extra={"source": report.source, "status": report.status,
                                                       "shard": report.shard_id, "accepted": report.accepted})
-    telemetry.count_by(telemetry.IMPORTED_SHARDS, "status", report.status)
-    telemetry.count(telemetry.IMPORTED_SAMPLES, report.accepted)
-    telemetry.count(telemetry.IMPORT_DUPLICATES, report.duplicates)
-    telemetry.count(telemetry.IMPORT_NEAR_DUPLICATES, report.near_duplicates_found)
-    telemetry.count(telemetry.IMPORT_REJECTS, report.rejected)
 
 
 @tracer.capture_lambda_handler

@@ -27,8 +27,7 @@ def lambda_handler(event: dict, context: LambdaContext) -> dict:
     if event.get("source") == "aws.events":
         return {"sealed": [s.shard_id for s in seal_due(settings)]}
     batch = parse_batch(event, Sample)
-    valid_ids = [r["messageId"] for r in event["Records"] if r["messageId"] not in set(batch.failures)]
-    report = pack_samples(list(zip(valid_ids, batch.messages)), settings)
+    report = pack_samples(batch.messages, settings)
     logger.info("batch packed", extra={"committed": report.committed, "already_packed": report.already_packed,
                                        "sealed": [s.shard_id for s in report.sealed], "invalid": len(batch.failures)})
-    return {"batchItemFailures": [{"itemIdentifier": i} for i in batch.failures + report.failed]}
+    return batch.response(report.failed)

@@ -1,6 +1,8 @@
 """StartTrainingFunction: "Shard Sealed" events count towards the quota; a training job's end
-(Completed, Failed, Stopped) frees its lineage for the next stage or the next manifest; the
-schedule looks again at a lineage whose failure backoff may have ended."""
+(Completed, Failed, Stopped) is recorded on its `JOB#` record, which this function alone writes the
+status of (DeployFunction, on the same event, writes only `model_data`; docs/training-jobs.md), and
+frees its lineage for the next stage or the next manifest; the schedule looks again at a lineage
+whose failure backoff may have ended."""
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source

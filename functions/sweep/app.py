@@ -5,14 +5,13 @@ it never drops it (core.ingest.sweep).
 """
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.ingest.sweep import sweep
 from core.settings import SweepSettings
 
 logger = Logger()
-metrics = Metrics()
+metrics = Metrics()  # core.ingest.sweep adds UploadsRedriven and SweepsDeferred to its buffer (core.telemetry)
 tracer = Tracer()  # pages of ListObjects, batched record reads, re-drives (docs/architecture.md)
 
 
@@ -21,8 +20,6 @@ tracer = Tracer()  # pages of ListObjects, batched record reads, re-drives (docs
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
     report = sweep(SweepSettings.from_env())
-    metrics.add_metric(name="UploadsRedriven", unit=MetricUnit.Count, value=len(report.redriven))
     if report.deferred_depth:
-        metrics.add_metric(name="SweepsDeferred", unit=MetricUnit.Count, value=1)
         return {"listed": 0, "redriven": [], "deferred_queue_depth": report.deferred_depth}
     return {"listed": report.listed, "redriven": list(report.redriven)}

@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 
 from atelier.local.provision import Provisioned
-from contracts import pipeline_table
+from contracts import pipeline_table, s3_layout
 from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import shards
@@ -65,13 +65,13 @@ class Shard:
 def sealed_shards(settings: PackSettings) -> dict[str, Shard]:
     """Every tar under shards/, read back with Python's tarfile."""
     s3 = boto3.client("s3")
-    listing = s3.list_objects_v2(Bucket=settings.data_bucket, Prefix=shards.SHARD_PREFIX).get("Contents", [])
+    listing = s3.list_objects_v2(Bucket=settings.data_bucket, Prefix=s3_layout.SHARDS).get("Contents", [])
     found = {}
     for item in listing:
         body = s3.get_object(Bucket=settings.data_bucket, Key=item["Key"])["Body"].read()
         with tarfile.open(fileobj=io.BytesIO(body)) as tar:
             members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
-        shard_id = item["Key"].removeprefix(shards.SHARD_PREFIX).removesuffix(".tar")
+        shard_id = item["Key"].removeprefix(s3_layout.SHARDS).removesuffix(".tar")
         found[shard_id] = Shard(item["Key"], body, members)
     return found
 

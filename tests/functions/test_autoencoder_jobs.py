@@ -14,12 +14,14 @@ import boto3
 import pytest
 
 from atelier.cli_provenance import model_parts
+from contracts.s3_layout import output_key
 from core import aws
-from core.provenance import output_key, stored_lineage
+from core.provenance import stored_lineage
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, starter
+from core.training import autoencoder_job, manifests
+from core.training.manifests import job_name_for
 from core.training.pretrained import BaseMissing
-from core.training.starter import Decision, advance, job_name_for
+from core.training.starter import Decision, advance
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     TWO_STAGES,
     FakeSageMaker,
@@ -121,7 +123,7 @@ def test_without_held_out_shards_the_autoencoder_job_has_no_validation_channel(a
 def test_the_autoencoder_job_reads_the_exclusion_list_of_its_training_job(autoencoding: TrainingSettings,
                                                                           sagemaker: FakeSageMaker,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(starter, "manifest_from", _with_exclusion(starter.manifest_from))
+    monkeypatch.setattr(manifests, "manifest_from", _with_exclusion(manifests.manifest_from))
 
     name = seal(autoencoding, 1, 2)[1].job_name
 

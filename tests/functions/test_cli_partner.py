@@ -12,8 +12,9 @@ import pytest
 
 from atelier import cli
 from atelier.local.provision import Provisioned
+from contracts.pipeline_table import partner_pk
 from core import aws
-from core.partners.licensing import get_partner, partner_pk
+from core.partners.licensing import get_partner
 from core.partners.partner_access import ROLE_POLICY_NAME, read_profile, role_policy
 from tests.functions.test_audit import register_outputs
 

@@ -1,4 +1,4 @@
-"""core.deploy.rollout against moto with the template's resources: candidates, the gate, the rollout.
+"""core.deploy against moto with the template's resources: candidates, the gate, the rollout.
 
 moto runs training jobs to Completed at once and sends no events, and does not implement
 UpdateEndpoint: the tests deliver the events themselves (evaluation results as the trainer writes
@@ -18,24 +18,21 @@ import boto3
 import pytest
 from PIL import Image
 
+from atelier import reports
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table
 from contracts.messages import LeftOut
 from core import aws
-from core.deploy.rollout import (
-    JobState,
+from core.deploy.candidates import on_artefact_published, on_job_state, reevaluate
+from core.deploy.events import JobState, job_state_from_event
+from core.deploy.requests import (
     deployment_config,
     endpoint_config_request,
     evaluation_job_name,
     evaluation_job_request,
-    job_state_from_event,
     model_request,
-    on_artefact_published,
-    on_endpoint_state,
-    on_job_state,
-    reevaluate,
-    rollback,
 )
+from core.deploy.rollout import on_endpoint_state, rollback
 from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.settings import DeploySettings
@@ -161,8 +158,25 @@ def test_failed_and_stopped_jobs_are_recorded_and_never_evaluated(settings: Depl
     result = on_job_state(state, settings)
 
     assert result.action == "recorded"
-    assert aws.get_item(settings.table, pipeline_table.job_pk(JOB))["status"] == status
+    assert aws.get_item(settings.table, pipeline_table.job_pk(JOB))["model_data"] == state.model_data_url
     assert training_jobs() == [] and model_record(settings, JOB) == {}
+
+
+@pytest.mark.parametrize("status, final_stage", [("Completed", True), ("Completed", False), ("Failed", True)])
+def test_a_job_s_end_writes_only_model_data_on_its_job_record(settings: DeploySettings, status: str,
+                                                              final_stage: bool) -> None:
+    # GIVEN the job's record as the start-training stage keeps it: its status is that stage's to write
+    # (tests/functions/test_training_jobs.py), on the same event
+    before = {"pk": pipeline_table.job_pk(JOB), "kind": "job", "status": "InProgress", "manifest": "manifests/m.json",
+              "shards": ["s1"], "stage": 0}
+    aws.put_item(settings.table, before)
+    state = dataclasses.replace(completed(), status=status, final_stage=final_stage,
+                                failure_reason=None if status == "Completed" else "AlgorithmError: NaN")
+
+    on_job_state(state, settings)
+
+    assert aws.get_item(settings.table, pipeline_table.job_pk(JOB)) == {
+        **before, "model_data": f"{MODELS}/training/{JOB}/output/model.tar.gz"}
 
 
 def test_a_job_the_pipeline_did_not_start_gets_no_job_record(settings: DeploySettings) -> None:
@@ -180,7 +194,7 @@ def test_an_earlier_run_plan_stage_is_recorded_not_evaluated(settings: DeploySet
 
 def test_the_artefact_of_a_completed_job_is_the_same_candidate_as_its_completed_event(settings: DeploySettings,
                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("core.deploy.rollout.describe_job", lambda name: completed(name))
+    monkeypatch.setattr("core.deploy.candidates.describe_job", lambda name: completed(name))
 
     first = on_artefact_published(settings.models_bucket, f"training/{JOB}/output/model.tar.gz", settings)
     second = on_job_state(completed(), settings)
@@ -191,7 +205,7 @@ def test_the_artefact_of_a_completed_job_is_the_same_candidate_as_its_completed_
 def test_the_artefact_of_a_stopped_job_is_never_a_candidate(settings: DeploySettings,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # SageMaker uploads a Stopped job's model too
-    monkeypatch.setattr("core.deploy.rollout.describe_job", lambda name: dataclasses.replace(completed(name), status="Stopped"))
+    monkeypatch.setattr("core.deploy.candidates.describe_job", lambda name: dataclasses.replace(completed(name), status="Stopped"))
 
     result = on_artefact_published(settings.models_bucket, f"training/{JOB}/output/model.tar.gz", settings)
 
@@ -339,45 +353,63 @@ def lineage_document(job: str) -> Lineage:
                    manifests=(manifest,), samples=samples)
 
 
-def test_the_gate_s_decision_completes_the_training_report_beside_the_artefact(settings: DeploySettings,
-                                                                             tmp_path: Path) -> None:
+def test_after_the_gate_the_job_s_report_is_the_whole_page_the_run_the_decision_the_lineage(
+        settings: DeploySettings, stack: Provisioned, tmp_path: Path) -> None:
     # GIVEN a finished job's output data and its lineage.json, as the trainer and start-training leave them
     s3, folder = boto3.client("s3"), f"training/{JOB}/output"
     s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/output.tar.gz", Body=trainer_output(tmp_path))
-    s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/lineage.json", Body=lineage_document(JOB).model_dump_json())
+    s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/lineage.json",
+                  Body=lineage_document(JOB).model_dump_json())
     on_job_state(completed(), settings)
 
-    # WHEN the gate holds the model back
+    # WHEN the gate holds the model back, and `atelier report --job` renders the job's report
     assert on_job_state(evaluation_finished(settings, JOB, settings.gate_max_loss * 2), settings).action == "held-back"
+    page = reports.job_report(stack.outputs, JOB).decode()
 
-    # THEN report.html beside the artefact is the whole page: the run, the decision, the lineage summary
-    stored = s3.get_object(Bucket=settings.models_bucket, Key=f"{folder}/report.html")
-    page = stored["Body"].read().decode()
-    assert stored["ContentType"].startswith("text/html")
-    assert f"Training report: {JOB}" in page and page.count("<polyline") == 3 and 'alt="validation grid step-00000004"' in page
+    # THEN it is the whole page: the run, the decision, the lineage summary
+    assert f"Training report: {JOB}" in page and page.count("<polyline") == 3
+    assert 'alt="validation grid step-00000004"' in page
     assert '<span class="fail">held-back</span>' in page and "above the limit" in page
     assert f"#7 abababababab: jobs {JOB}; shards 1, left out 1" in page
     assert "partner-a / CC-BY-4.0: 1, partner-b / CC-BY-4.0: 1" in page and "no lineage.json" not in page
 
 
-def test_a_passing_model_s_report_says_passed_even_without_the_job_s_output_data(settings: DeploySettings) -> None:
+def test_a_passing_model_s_report_says_passed_even_without_the_job_s_output_data(settings: DeploySettings,
+                                                                                stack: Provisioned) -> None:
     deploy_first(settings)
 
-    page = aws.read_object(settings.models_bucket, f"training/{JOB}/output/report.html").decode()
+    page = reports.job_report(stack.outputs, JOB).decode()
     assert '<span class="pass">passed</span>' in page and "no lineage.json" in page
 
 
-def test_a_report_that_cannot_be_written_never_fails_the_gate(settings: DeploySettings, monkeypatch) -> None:
-    import core.deploy.rollout
+def test_the_gate_writes_evaluation_json_beside_the_artefact_and_reads_none_of_the_job_s_output(
+        settings: DeploySettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a finished job's output data and lineage.json beside its artefact, and every S3 read recorded
+    s3, folder = boto3.client("s3"), f"training/{JOB}/output"
+    s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/output.tar.gz", Body=trainer_output(tmp_path))
+    s3.put_object(Bucket=settings.models_bucket, Key=f"{folder}/lineage.json",
+                  Body=lineage_document(JOB).model_dump_json())
+    read: list[str] = []
+    for name in ("head_object", "open_object", "read_object", "read_json_if_exists", "read_prefix_if_exists",
+                 "read_prefix_with_etag", "read_range"):
+        monkeypatch.setattr(aws, name, recording(getattr(aws, name), read, lambda bucket, key, *_, **__: key))
+    monkeypatch.setattr(aws, "read_tar_member", recording(aws.read_tar_member, read, lambda uri, *_, **__: uri))
+    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=settings.models_bucket, Prefix=folder)["Contents"]}
 
-    def broken(*_: object) -> None:
-        raise RuntimeError("renderer down")
-    monkeypatch.setattr(core.deploy.rollout, "_publish_report", broken)
+    # WHEN the model passes the gate and is deployed
+    deploy_first(settings)
 
-    deploy_first(settings)  # asserts the endpoint was created
+    # THEN of the job's folder the deploy function read nothing, and wrote evaluation.json alone
+    now = {o["Key"] for o in s3.list_objects_v2(Bucket=settings.models_bucket, Prefix=folder)["Contents"]}
+    assert now - listed == {f"{folder}/evaluation.json"}
+    assert read == [f"s3://{settings.models_bucket}/evaluations/{JOB}-eval/output/model.tar.gz"]  # the scores
 
-    assert model_record(settings, JOB)["status"] == "deployed"
-    assert aws.head_object(settings.models_bucket, f"training/{JOB}/output/evaluation.json") is not None
+
+def recording(real: Callable[..., Any], read: list[str], what: Callable[..., str]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        read.append(what(*args, **kwargs))
+        return real(*args, **kwargs)
+    return call
 
 
 def test_a_non_finite_loss_is_held_back(settings: DeploySettings) -> None:

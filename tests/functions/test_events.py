@@ -131,7 +131,7 @@ def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
     from contracts import pipeline_table
     from contracts.messages import Manifest, ShardRef
     from core import aws
-    from core.training.starter import manifest_file
+    from core.training.manifests import manifest_file
     table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
     autoencoder_job = event["detail"]["TrainingJobName"]
     job = autoencoder_job.removesuffix("-ae")
@@ -164,14 +164,16 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     if name == "deploy_evaluate_request":  # a candidate whose evaluation failed
         from contracts import pipeline_table
         from core import aws
-        from core.deploy.rollout import job_state_from_event, on_job_state
+        from core.deploy.candidates import on_job_state
+        from core.deploy.events import job_state_from_event
         from core.settings import DeploySettings
         settings = DeploySettings.from_env(stack.functions["DeployFunction"].environment)
         on_job_state(job_state_from_event(job), settings)
         aws.update_item(settings.table, pipeline_table.model_pk(job["TrainingJobName"]), "SET #s = :f",
                         {":f": "eval-failed"}, names={"#s": "status"})
     if name == "deploy_evaluation_completed":
-        from core.deploy.rollout import job_state_from_event, on_job_state
+        from core.deploy.candidates import on_job_state
+        from core.deploy.events import job_state_from_event
         from core.settings import DeploySettings
         on_job_state(job_state_from_event(job), DeploySettings.from_env(stack.functions["DeployFunction"].environment))
         document = json.dumps({"schema": 1, "eval_set": {"digest": "e" * 64, "samples": 4},

@@ -15,6 +15,7 @@ from PIL import Image
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from atelier.local.runtime import sqs_event
+from contracts import pipeline_table
 from core import aws
 from core.ingest import images
 from core.partners.licensing import Partner, put_partner
@@ -208,7 +209,7 @@ def test_flat_images_past_an_index_keys_cap_are_accepted_and_no_longer_compared(
     assert {messages[key]["phash"] for key in flat} == {phash}
     table = stack.outputs["PipelineTableName"]
     assert all("full_at" in item for item in aws.batch_get_items(table, dedup.index_keys(phash)).values())
-    assert sorted(int(i["full_keys"]) for i in aws.scan_prefix(table, dedup.FULL_PREFIX)) == [1] * 16
+    assert sorted(int(i["full_keys"]) for i in aws.scan_prefix(table, pipeline_table.PHASH_FULL_PREFIX)) == [1] * 16
 
 
 def test_an_image_that_cannot_be_kept_is_stored_re_encoded(ingest, stack) -> None:

@@ -46,8 +46,8 @@ def test_ingest_quarantines_uploads_over_a_limit(ingest, stack, monkeypatch, sid
 def test_ingest_reads_no_more_of_a_sidecar_than_its_limit(ingest, stack, monkeypatch) -> None:  # noqa: F811
     from core import aws
     reads: list[int] = []
-    real = aws.read_object
-    monkeypatch.setattr(aws, "read_object", lambda b, k, max_bytes=None: reads.append(max_bytes) or real(b, k, max_bytes))
+    real = aws.s3.read_object  # the one aws.read_prefix_if_exists calls
+    monkeypatch.setattr(aws.s3, "read_object", lambda b, k, max_bytes=None: reads.append(max_bytes) or real(b, k, max_bytes))
     monkeypatch.setenv("MAX_SIDECAR_BYTES", "1000")
     ingest({"partner-a/red.json": b'{"caption": "' + b"x" * 5_000_000 + b'"}', "partner-a/red.png": RED})
     assert reads[0] == 1001 and uploads_table(stack)["partner-a/red.png"]["reason"] == "bad_sidecar"

@@ -20,11 +20,12 @@ from PIL import Image
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table
 from contracts.messages import LeftOut, Manifest, Sample
+from contracts.s3_layout import output_key
 from core import aws
 from core.pack.packer import pack_samples, seal_due
 from core.partners import attribution, licensing
 from core.partners.licensing import Partner, Revocation, Terms, put_partner, revoke
-from core.provenance import Affected, affected_by, lineage_of, output_key
+from core.provenance import Affected, affected_by, lineage_of
 from core.settings import TrainingSettings
 from core.training.starter import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for

@@ -19,7 +19,8 @@ from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from contracts.messages import Sample
 from core import aws
-from core.deploy.rollout import JobState, on_job_state
+from core.deploy.candidates import on_job_state
+from core.deploy.events import JobState
 from core.pack.packer import pack_samples
 from core.partners.licensing import Revocation, revoke
 from core.settings import DeploySettings, PackSettings, TrainingSettings
@@ -180,7 +181,7 @@ def test_job_report_is_rebuilt_with_the_gate_decision_and_lineage_written_after_
     # THEN it is the trainer's page with both, and the run's curves and grid
     page = (tmp_path / "r.html").read_text()
     assert "Training report: atelier-0002" in page
-    assert '<span class="fail">held-back</span>' in page  # the deploy gate's decision (core.deploy.rollout)
+    assert '<span class="fail">held-back</span>' in page  # the deploy gate's decision (core.deploy.evaluations)
     assert "1.200x production" in page and "main" in page and "no lineage.json" not in page
     assert page.count("<svg") >= 2 and "step-00000004" in page
 

@@ -68,7 +68,7 @@ def values(blobs: list[dict], name: str, **dimensions: str) -> list[float]:
 @pytest.fixture
 def ingest_handler(stack: Provisioned, partner: str, function_env: Callable, lambda_context: Any):
     function_env("IngestFunction")
-    from admission.app import lambda_handler
+    from ingest.app import lambda_handler
     return lambda uploads: ingest_through_queue(stack, lambda_handler, lambda_context, uploads)
 
 
@@ -110,6 +110,27 @@ def test_pack_counts_samples_bytes_shards_and_the_upload_to_shard_latency(stack,
     assert len(latencies) == 3 and all(value > 0 for value in latencies)
     packed = {line["correlation_id"]: line["sha256"] for line in core_log() if line["message"] == "sample packed"}
     assert packed == {s.key: s.sha256 for s in samples}
+
+
+def test_sweep_counts_the_uploads_it_re_drives_and_the_runs_it_defers(stack, function_env, lambda_context, emf,
+                                                                       monkeypatch) -> None:
+    # GIVEN two uploads whose notifications were never sent, and SweepFunction's environment with no grace period
+    s3, bucket, lost = boto3.client("s3"), stack.outputs["UploadsBucketName"], ["partner-a/a.png", "partner-a/b.png"]
+    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={})
+    for key in lost:
+        s3.put_object(Bucket=bucket, Key=key, Body=RED)
+    function_env("SweepFunction")
+    monkeypatch.setenv("SWEEP_GRACE_S", "0")
+    from sweep.app import lambda_handler
+    tick = {"source": "aws.events", "detail-type": "Scheduled Event"}
+    # WHEN the sweep re-drives them, then runs again while both messages wait in UploadsQueue (limit 1)
+    assert sorted(lambda_handler(tick, lambda_context)["redriven"]) == lost
+    monkeypatch.setenv("SWEEP_MAX_QUEUE_DEPTH", "1")
+    assert lambda_handler(tick, lambda_context)["deferred_queue_depth"] >= len(lost)
+    blobs = emf()
+    # THEN one EMF line per run, under the names the runbook and docs/reliability.md give
+    assert values(blobs, "UploadsRedriven") == [2.0, 0.0]
+    assert values(blobs, "SweepsDeferred") == [1.0]
 
 
 def test_nothing_is_recorded_without_a_namespace(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -25,16 +25,9 @@ from contracts import pipeline_table
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws
 from core.settings import TrainingSettings
-from core.training import starter
-from core.training.starter import (
-    Decision,
-    JobNameCollision,
-    advance,
-    job_name_for,
-    manifest_file,
-    on_job_finished,
-    on_shard_sealed,
-)
+from core.training import manifests, starter
+from core.training.manifests import job_name_for, manifest_file
+from core.training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed
 from tests.support import ACCOUNT, REGION, load_event
 
 TWO_STAGES = json.dumps([
@@ -159,9 +152,10 @@ def empty(stack: Provisioned) -> None:
 @pytest.fixture
 def sagemaker(stack: Provisioned, monkeypatch: pytest.MonkeyPatch) -> FakeSageMaker:
     empty(stack)
-    fake, lock, real = FakeSageMaker(), threading.RLock(), aws.client
+    fake, lock, real = FakeSageMaker(), threading.RLock(), aws.clients.client
     clients = {service: Serialized(real(service), lock) for service in ("dynamodb", "s3", "events")}  # before any thread
-    monkeypatch.setattr(aws, "client", lambda service: fake if service == "sagemaker" else clients[service])
+    # the client every module of core.aws (and aws.client) looks up when called
+    monkeypatch.setattr(aws.clients, "client", lambda service: fake if service == "sagemaker" else clients[service])
     return fake
 
 
@@ -333,7 +327,7 @@ def test_started_job_s_shards_open_with_wids_from_its_shard_list(settings: Train
 
 def test_wids_shard_list_carries_what_the_trainer_skips(settings: TrainingSettings) -> None:
     manifest = expected_manifest(settings, [1, 2]).model_copy(update={"exclude": {sid(2): ("a" * 64,)}})
-    listing = starter.wids_shard_list(manifest, "job")
+    listing = manifests.wids_shard_list(manifest, "job")
     assert listing["name"] == "job" and listing["wids_version"] == 1
     assert listing["shardlist"][0] == {"url": f"../shards/{sid(1)}.tar", "nsamples": 1}
     assert listing["shardlist"][1] == {"url": f"../shards/{sid(2)}.tar", "nsamples": 2, "atelier_exclude": ["a" * 64]}
@@ -924,6 +918,23 @@ def test_handler_settles_the_end_of_its_own_job(settings: TrainingSettings, sage
     retry = job_name_for(expected_manifest(settings, [1, 2], sequence=2))
     assert result == {"action": "started", "job": retry}
     assert job(settings, name)["failure_reason"] == "AlgorithmError: loss became NaN at step 1200"
+
+
+@pytest.mark.parametrize("status", ["Completed", "Failed"])
+def test_a_job_s_end_changes_only_its_status_settled_and_failure_reason(status: str, settings: TrainingSettings,
+                                                                       sagemaker: FakeSageMaker,
+                                                                       lambda_context: Any) -> None:
+    # GIVEN a job this stage started; DeployFunction, on the same event, writes only its model_data (test_deploy.py)
+    name = seal(settings, 1, 2)[1].job_name
+    before = job(settings, name)
+    event = load_event("deploy_job_failed")
+    event["detail"].update(TrainingJobName=name, TrainingJobStatus=status)
+
+    handle(event, lambda_context)
+
+    after = job(settings, name)
+    assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == {
+        "status", "settled", "failure_reason"}
 
 
 # --- latent shards: an encode job before each stage ---------------------------------------------------

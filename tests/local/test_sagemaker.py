@@ -24,7 +24,7 @@ from moto.server import ThreadedMotoServer
 from PIL import Image
 
 from atelier.local.sagemaker import LocalSageMaker, Settings, start_local_sagemaker
-from atelier.local.sagemaker_instances import host_names
+from atelier.local.sagemaker.training_instances import host_names
 
 FAKE_CONTAINER = Path(__file__).with_name("fake_container.py")
 FAKE_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-fake:latest"
@@ -845,8 +845,10 @@ def test_close_stops_every_container(sm: Any, s3: Any, service: LocalSageMaker) 
     wait_for_endpoint(sm, "atelier", "InService")
     wait_for(lambda: sm.describe_training_job(TrainingJobName="long")["SecondaryStatus"] == "Training",
              what="training")
-    pids = [int((state / "endpoints/atelier/model-v1/opt_ml/serve.pid").read_text()),
-            int((state / "jobs/long/algo-1/opt_ml/train.pid").read_text())]
+    # the status says Training just before the container starts: wait until it has written its pid
+    train_pid = state / "jobs/long/algo-1/opt_ml/train.pid"
+    wait_for(lambda: train_pid.is_file() and train_pid.read_text().strip(), what="the training container")
+    pids = [int((state / "endpoints/atelier/model-v1/opt_ml/serve.pid").read_text()), int(train_pid.read_text())]
 
     service.close()
 

@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from atelier.local.alarms import AlarmEvaluator, evaluate, unsupported
 from atelier.local.sagemaker import LocalSageMaker
-from atelier.local.sagemaker_deployments import Step, traffic_plan
+from atelier.local.sagemaker.deployment_config import Step, traffic_plan
 from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
     REGION,
     aws,

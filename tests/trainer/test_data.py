@@ -70,7 +70,7 @@ def test_without_width_and_height_the_aspect_comes_from_the_image_header(tmp_pat
 
 
 def test_an_aspect_bucket_field_from_ingest_is_used_when_present(tmp_path, write_members, encode_image):
-    record = {"width": 30, "height": 10, "aspect_bucket": "512x1024"}
+    record = {"width": 30, "height": 10, "aspect_bucket": "1:2"}  # contracts.aspect_buckets' name of 1/2
     write_members(tmp_path / "s.tar", [("k.png", encode_image((30, 10), "PNG", 1)), ("k.txt", b"a cat"),
                                        ("k.json", json.dumps(record).encode())])
     assert index_shards(tmp_path).aspect.tolist() == [0.5]

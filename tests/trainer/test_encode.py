@@ -245,11 +245,11 @@ def test_one_sample_is_always_written_as_the_same_bytes():
     """safetensors writes its metadata in a hash order that changes per call; the latent file must not."""
     from safetensors.torch import load
 
-    from trainer.data import LATENT_MEMBER
+    from contracts.shard_members import LATENTS
     from trainer.encode import sample_members
     latent_dist = torch.arange(8 * 4 * 4, dtype=torch.float32).reshape(8, 4, 4)
     written = {dict(sample_members("k", latent_dist, [64, 64, 0, 0, 64, 64], torch.tensor([1, 2, 3]), b"{}",
-                                   "identity", 64, (64, 64)))[f"k.{LATENT_MEMBER}"] for _ in range(20)}
+                                   "identity", 64, (64, 64)))[f"k.{LATENTS}"] for _ in range(20)}
     assert len(written) == 1
     data = written.pop()
     assert torch.equal(load(data)["latent_dist"], latent_dist)
@@ -290,3 +290,15 @@ def test_encode_compiles_by_default_on_a_gpu_only():
     from trainer.encode import parse_args
     assert parse_args(["--train-dir", "x", "--output-dir", "y"]).compile == "auto"
     assert parse_args(["--train-dir", "x", "--output-dir", "y", "--compile", "false"]).compile is False
+
+
+def test_a_latent_shard_is_a_ustar_tar_with_the_packers_fixed_headers(tmp_path):
+    from trainer.encode import write_tar
+    # GIVEN a member name outside ASCII (a PAX tar would give it an extended header of its own)
+    name = "clé.ids.npy"
+    write_tar(tmp_path / "s.tar", [(name, b"123")])
+    header = (tmp_path / "s.tar").read_bytes()[:tarfile.BLOCKSIZE]
+    info = tarfile.TarInfo.frombuf(header, "utf-8", "strict")
+    # THEN the first block is the member's own ustar header, as core.pack.shards writes one
+    assert (header[156:157], header[257:265]) == (tarfile.REGTYPE, b"ustar\x0000")
+    assert (info.name, info.size, info.mode, info.mtime, info.uid, info.gid, info.uname) == (name, 3, 0o644, 0, 0, 0, "")

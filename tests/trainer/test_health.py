@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 from PIL import Image
 
-from core.training_report import log_ticks, nice_ticks
 from trainer.health import draw_loss_curve, grid_layout, validation_grid
+from trainer.report_html import log_ticks, nice_ticks
 
 PROMPTS, SEEDS = ["a red dog", "a blue cat on a long wall"], [0, 7, 42]
 

@@ -18,9 +18,9 @@ import pytest
 from PIL import Image
 
 from contracts.messages import LeftOut
-from core import training_report
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from tests.support import REPO
+from trainer import report_html
 from trainer.health import label_grid
 from trainer.report import REPORT, build, write_report
 
@@ -66,7 +66,7 @@ def random_picture(rng: random.Random, size: int) -> Image.Image:
 @pytest.fixture
 def rich_run(run_dir) -> tuple[Path, Path]:
     """run_dir with what a report shows besides the run: a labelled grid of 64 px samples, an
-    autoencoder's record and reconstructions, the gate's document (core.deploy.rollout) and a lineage."""
+    autoencoder's record and reconstructions, the gate's document (core.deploy.evaluations) and a lineage."""
     model_dir, health_dir = run_dir
     rng = random.Random(0)
     label_grid([random_picture(rng, 64) for _ in range(4)], ["a red dog on a skateboard", "a blue cat"], [0, 7]) \
@@ -82,7 +82,7 @@ def rich_run(run_dir) -> tuple[Path, Path]:
             "production": None, "production_model": "",
             "thresholds": {"max_loss": 1.0, "max_loss_ratio": 1.1, "min_clip_delta": -0.5}}
     (model_dir / "evaluation.json").write_text(json.dumps(
-        {"model": "atelier-0123", "evaluation_job": "atelier-0123-eval", "gate": gate}))  # as core.deploy.rollout writes it
+        {"model": "atelier-0123", "evaluation_job": "atelier-0123-eval", "gate": gate}))  # as core.deploy.evaluations writes it
     shard = ShardSource(shard_id="s1", key="shards/s1.tar", sha256="c" * 64, role="new", samples=3, excluded=1,
                         index_uri="s3://data/shards/s1.json")
     manifest = ManifestSource(sequence=7, digest="ab" * 32, uri="s3://data/manifests/m.json",
@@ -157,7 +157,7 @@ def test_table_cells_read_as_text_rounded_with_no_json_and_no_python_none(rich_r
 
 
 def test_a_figure_of_many_sorts_reads_rounded() -> None:
-    table = training_report._table({"final_loss": 0.123456789, "img_per_s": 812.3456, "data_wait_share": 0.01234,
+    table = report_html._table({"final_loss": 0.123456789, "img_per_s": 812.3456, "data_wait_share": 0.01234,
                                     "psnr_db": 31.26, "big": 123456.7, "none": None, "flag": False, "empty": [],
                                     "names": ["a", "b"], "nan": float("nan"), "stages": [{"stage": 0, "learning_rate": 1e-4}]})
     cells = cells_of(table).cells
@@ -193,7 +193,7 @@ def test_an_autoencoder_job_s_report_shows_its_figures_and_its_reconstructions_b
         ("27.8 dB", "21.0 dB", "8", "40", "1e-06")
     assert "<figcaption>originals (top) / reconstructions (bottom)</figcaption>" in page
     assert page.count("<polyline") == 2  # its loss and PSNR over the steps
-    assert training_report.png_data_uri((health_dir / "reconstructions.png").read_bytes()) in page
+    assert report_html.png_data_uri((health_dir / "reconstructions.png").read_bytes()) in page
 
 
 def test_an_autoencoder_job_s_page_renders_again_from_its_output_data_alone(tmp_path) -> None:
@@ -209,12 +209,12 @@ def test_an_autoencoder_job_s_page_renders_again_from_its_output_data_alone(tmp_
         tar.add(health_dir, arcname=".")
     archive.seek(0)
 
-    # WHEN the deploy function (or `atelier report --job`) renders it from output.tar.gz
-    run, pictures = training_report.read_output(archive)
+    # WHEN `atelier report --job` renders it from output.tar.gz
+    run, pictures = report_html.read_output(archive)
 
     # THEN it is the job's own page, reconstructions and all
     assert [label for label, _ in pictures] == ["reconstructions"]
-    assert training_report.page("atelier-vae-1", run, pictures, None, None) == (health_dir / REPORT).read_text()
+    assert report_html.page("atelier-vae-1", run, pictures, None, None) == (health_dir / REPORT).read_text()
 
 
 def ticks(svg: str, anchor: str) -> list[float]:
@@ -230,7 +230,7 @@ def is_round(value: float) -> bool:
 
 def test_curves_carry_round_ticks_on_both_axes_and_axis_titles() -> None:
     points = [(s, 0.9 * 0.97 ** s) for s in range(10, 1001, 10)]
-    svg = training_report.svg_curve(points, "training loss (log scale)", log_y=True, y_title="loss")
+    svg = report_html.svg_curve(points, "training loss (log scale)", log_y=True, y_title="loss")
 
     assert ticks(svg, "middle") == [0, 200, 400, 600, 800, 1000]  # steps
     assert ticks(svg, "end") == [1e-14, 1e-11, 1e-08, 1e-05, 0.01, 10]  # decades over 14 of them, from below to above
@@ -239,14 +239,14 @@ def test_curves_carry_round_ticks_on_both_axes_and_axis_titles() -> None:
 
 
 def test_a_narrow_loss_range_gets_round_ticks_between_decades() -> None:
-    svg = training_report.svg_curve([(1, 0.31), (2, 0.22), (3, 0.18)], "loss", log_y=True)
+    svg = report_html.svg_curve([(1, 0.31), (2, 0.22), (3, 0.18)], "loss", log_y=True)
 
     assert ticks(svg, "end") == [0.1, 0.2, 0.5] and ticks(svg, "middle") == [1, 2, 3]
     assert all(is_round(t) for t in ticks(svg, "end") + ticks(svg, "middle"))
 
 
 def test_a_share_curve_has_percent_ticks() -> None:
-    svg = training_report.svg_curve([(1, 0.01), (2, 0.05)], "data-wait share", percent=True, y_title="share")
+    svg = report_html.svg_curve([(1, 0.01), (2, 0.05)], "data-wait share", percent=True, y_title="share")
 
     assert [t for t in cells_of(svg).svg_texts if t.endswith("%")] == ["1%", "2%", "3%", "4%", "5%"]
 
@@ -288,13 +288,13 @@ def test_the_page_carries_the_run_s_figures_so_the_output_data_alone_renders_it_
     write_report(*run_dir, history=HISTORY, job="atelier-0123")
     written = (run_dir[1] / REPORT).read_text()
 
-    # WHEN the page is rendered again from the output data alone (as the deploy function does)
-    run = training_report.run_from_page(written)
+    # WHEN the page is rendered again from the output data alone (as `atelier report --job` does)
+    run = report_html.run_from_page(written)
     grids = [(p.stem, p.read_bytes()) for p in sorted((run_dir[1] / "validation").glob("*.png"))]
 
     # THEN it is the trainer's page: one renderer
     assert (run["steps"], run["shards_seen"], run["history"]) == (5, 2, HISTORY)
-    assert training_report.page("atelier-0123", run, grids, None, None) == written
+    assert report_html.page("atelier-0123", run, grids, None, None) == written
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -303,13 +303,12 @@ def imported_modules(path: Path) -> set[str]:
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
 
 
-def test_the_image_gets_the_renderer_trainer_report_imports_and_it_needs_only_the_standard_library() -> None:
-    renderer = REPO / "functions" / "core" / "training_report.py"
+def test_the_one_renderer_is_the_trainer_s_the_cli_s_too_and_needs_only_the_standard_library() -> None:
+    renderer = REPO / "trainer" / "report_html.py"
 
-    assert imported_modules(REPO / "trainer" / "report.py") - set(sys.stdlib_module_names) == {"core.training_report"}
+    assert imported_modules(REPO / "trainer" / "report.py") - set(sys.stdlib_module_names) == {"trainer.report_html"}
     assert {name.split(".")[0] for name in imported_modules(renderer)} <= set(sys.stdlib_module_names)
-    assert "COPY functions/core/__init__.py functions/core/training_report.py /opt/program/core/" \
-        in (REPO / "trainer" / "Dockerfile").read_text()
+    assert "trainer.report_html" in imported_modules(REPO / "atelier" / "reports.py")  # `atelier report --job`
 
 
 def browser() -> str | None:

@@ -17,11 +17,12 @@ from diffusers import DDIMScheduler, DiffusionPipeline, StableDiffusionXLPipelin
 from PIL import Image
 from safetensors.torch import load_file
 
-from trainer import objective, train
+from contracts.metrics import METRIC_DEFINITIONS
+from trainer import objective, step, train
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint
 from trainer.distributed import Processes
 from trainer.ema import EMA
-from trainer.health import METRIC_DEFINITIONS, NonFiniteLossError
+from trainer.health import NonFiniteLossError
 from trainer.encode import encode_shards
 from trainer.health import grid_layout
 from trainer.models import compile_vae_encoder, load_models
@@ -45,7 +46,7 @@ def unet_weights(directory: Path) -> dict:
 @pytest.fixture
 def record_batches(monkeypatch):
     """Every micro-batch the loss sees; `nan_steps` makes those calls' losses NaN (1-based call numbers)."""
-    seen, real_loss = [], train.diffusion_loss
+    seen, real_loss = [], step.diffusion_loss
 
     def recording_loss(*args, **kwargs):
         seen.append(args[2])
@@ -55,7 +56,7 @@ def record_batches(monkeypatch):
         return loss * float("nan") if len(seen) in recording_loss.nan_steps else loss  # gradients NaN too
 
     recording_loss.nan_steps, recording_loss.always_nan = set(), False
-    monkeypatch.setattr(train, "diffusion_loss", recording_loss)
+    monkeypatch.setattr(step, "diffusion_loss", recording_loss)
     return seen, recording_loss
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import container, train, watchdog
+from trainer import container, step, train, watchdog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_a_training_run_that_raises_leaves_no_watchdog_running(tmp_path, shards_
     def failing_loss(*args, **kwargs):
         raise RuntimeError("the step failed")
 
-    monkeypatch.setattr(train, "diffusion_loss", failing_loss)
+    monkeypatch.setattr(step, "diffusion_loss", failing_loss)
     try:
         with pytest.raises(RuntimeError, match="the step failed"):
             train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "3"))

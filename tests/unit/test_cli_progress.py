@@ -19,8 +19,10 @@ from atelier.local.provision import Provisioned
 from atelier.progress import progress
 from contracts import pipeline_table
 from core import aws
+from core.deploy.candidates import consider_candidate
+from core.deploy.evaluations import gate
+from core.deploy.events import JobState
 from core.deploy.gate import Evaluation, Scores
-from core.deploy.rollout import JobState, consider_candidate, gate
 from core.settings import DeploySettings
 
 RED = encode(picture("circle", "red", "blue"), "png")
@@ -197,7 +199,7 @@ def candidate(settings: DeploySettings, name: str, ended: int) -> JobState:
 @pytest.fixture
 def gated(outputs, function_env, wide) -> DeploySettings:
     """GIVEN atelier-first deployed (loss 0.1, CLIP 30), then atelier-second held back by the gate:
-    the same loss, but a CLIP score 10 below production's (core.deploy.rollout writes both records)."""
+    the same loss, but a CLIP score 10 below production's (core.deploy writes both records)."""
     function_env("DeployFunction")
     settings = DeploySettings.from_env()
     bucket, _, prefix = settings.eval_data_uri.removeprefix("s3://").partition("/")

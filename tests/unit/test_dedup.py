@@ -15,6 +15,7 @@ from PIL import Image
 
 from atelier.catalog import make_catalog
 from atelier.local.provision import Provisioned
+from contracts import pipeline_table
 from core import aws
 from core.ingest import dedup, images
 from core.ingest.dedup import Near, band_keys, index_keys
@@ -74,7 +75,7 @@ def sha(n: int) -> str:
 
 
 def full_counters(table: str) -> dict[str, int]:
-    return {i["pk"]: int(i["full_keys"]) for i in aws.scan_prefix(table, dedup.FULL_PREFIX)}
+    return {i["pk"]: int(i["full_keys"]) for i in aws.scan_prefix(table, pipeline_table.PHASH_FULL_PREFIX)}
 
 
 def test_band_keys_split_the_hash_into_four_16_bit_bands() -> None:
@@ -323,7 +324,7 @@ def test_an_entry_filed_before_colour_signatures_is_judged_by_its_hash_alone(tab
 
 def test_catalog_pictures_of_other_colours_are_never_near_duplicates() -> None:
     # GIVEN the shapes catalog: three shapes in six colours on six grounds, pictures that differ
-    # mostly in colour (issue 22: a colour-blind check left out most of such a set)
+    # mostly in colour (a colour-blind check would leave out most of such a set)
     pictures = []
     for item in make_catalog(96):
         rgb = Image.open(io.BytesIO(item.image)).convert("RGB")

@@ -19,7 +19,7 @@ from core.ingest import images
 from core.ingest.images import DecodePolicy
 from tests.support import hue_turned
 
-LIMIT = 178_956_970  # template.yaml's MaxImagePixels default
+LIMIT = 178_956_970  # core.settings.DEFAULTS' MAX_IMAGE_PIXELS
 WHITE, BLACK = (255, 255, 255), (0, 0, 0)
 POLICY = DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=LIMIT, background=WHITE,
                       max_side=1024, reencode="auto")

@@ -14,14 +14,10 @@ import boto3
 import pytest
 from botocore.validate import validate_parameters
 
+from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS
 from core.errors import ConfigError
 from core.settings import Stage, TrainingSettings
-from core.training.job_requests import (
-    AUTOENCODER_METRIC_DEFINITIONS,
-    autoencoder_job_request,
-    encode_job_request,
-    training_job_request,
-)
+from core.training.job_requests import autoencoder_job_request, encode_job_request, training_job_request
 from core.training.pretrained import listing_digest
 from tests.unit.test_settings import TRAINING_ENV
 from tests.unit.test_training import DIGEST, MANIFEST_URI, SETTINGS, TWO_STAGES

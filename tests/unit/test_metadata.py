@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import pytest
 from PIL import Image
 
+from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sidecar, UploadRef
 from core.errors import RejectedUpload
 from core.ingest import images
-from core.ingest.metadata import aspect_bucket, caption_of, describe
+from core.ingest.metadata import caption_of, describe
 from core.settings import IngestSettings
 
 ENV = {

@@ -15,9 +15,10 @@ import pytest
 from botocore.validate import validate_parameters
 
 from contracts.messages import Manifest, ShardRef, ShardSealed
+from contracts.metrics import METRIC_DEFINITIONS
 from core.settings import Stage, TrainingSettings
-from core.training.job_requests import METRIC_DEFINITIONS, stage_hyperparameters
-from core.training.starter import job_name_for, manifest_file, manifest_from, replay_shards, training_job_request
+from core.training.job_requests import stage_hyperparameters, training_job_request
+from core.training.manifests import job_name_for, manifest_file, manifest_from, replay_shards
 
 DATA = "atelier-data-123456789012-us-east-1"
 MODELS = "atelier-models-123456789012-us-east-1"
@@ -470,9 +471,3 @@ def test_loss_of_a_window_of_skipped_steps_is_no_metric() -> None:
 ])
 def test_other_trainer_lines_give_no_metric(line: str) -> None:
     assert [metric(d["Name"], line) for d in METRIC_DEFINITIONS] == [None] * len(METRIC_DEFINITIONS)
-
-
-def test_the_job_request_parses_exactly_the_metrics_the_trainer_logs() -> None:
-    from core.training.job_requests import METRIC_DEFINITIONS
-    from trainer.health import METRIC_DEFINITIONS as TRAINER_METRICS
-    assert METRIC_DEFINITIONS == TRAINER_METRICS

@@ -85,7 +85,8 @@ def decide(candidate: Scores, production: Scores | None, thresholds: Thresholds)
     if candidate.val_loss > thresholds.max_loss:
         return Decision(False, f"validation loss {candidate.val_loss:.4f} is above the limit {thresholds.max_loss:g}")
     if production is None or production.val_loss is None:
-        return Decision(True, f"validation loss {candidate.val_loss:.4f} within the limit; no production model to compare")
+        return Decision(True, f"validation loss {candidate.val_loss:.4f} within the limit; "
+                              "no production model to compare")
     if production.eval_set != candidate.eval_set:
         return Decision(False, "production was scored on another evaluation set")  # the caller re-evaluates
     ratio = candidate.val_loss / production.val_loss if production.val_loss > 0 else math.inf

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 
 from aws_lambda_powertools import Logger
 
+from contracts import pipeline_table
 from contracts.messages import Sample
 from core import aws, telemetry
 from core.ingest.images import colour_distance, hamming
@@ -42,7 +43,6 @@ SUB_HEX = (16 - BAND_HEX) // SUB_BANDS  # the other three bands' 12 hex digits, 
 # fifths of DynamoDB's 400 KB, so a full key's last write cannot fail, and 250 times the 4 samples
 # a key holds on average at 10^9 samples.
 MAX_MEMBERS = 1000
-FULL_PREFIX = "PHASHFULL#"
 
 
 @dataclass(frozen=True)
@@ -78,22 +78,17 @@ def entry(sha256: str, phash: str, colour: str) -> str:
 
 def band_keys(phash: str) -> list[str]:
     """The four 16-bit bands: the first half of each index key."""
-    return [f"PHASH#{i}#{phash[i * BAND_HEX:(i + 1) * BAND_HEX]}" for i in range(BANDS)]
+    return [pipeline_table.phash_band(i, phash[i * BAND_HEX:(i + 1) * BAND_HEX]) for i in range(BANDS)]
 
 
 def index_keys(phash: str) -> list[str]:
     """The 16 keys a hash is filed under: each band, with each sub-band of the rest of the hash."""
     keys = []
-    for band, band_key in enumerate(band_keys(phash)):
+    for band in range(BANDS):
         rest = phash[:band * BAND_HEX] + phash[(band + 1) * BAND_HEX:]
-        keys += [f"{band_key}#{sub}#{rest[sub * SUB_HEX:(sub + 1) * SUB_HEX]}" for sub in range(SUB_BANDS)]
+        keys += [pipeline_table.phash_pk(band, phash[band * BAND_HEX:(band + 1) * BAND_HEX], sub,
+                                         rest[sub * SUB_HEX:(sub + 1) * SUB_HEX]) for sub in range(SUB_BANDS)]
     return keys
-
-
-def full_counter_key(key: str) -> str:
-    """The counter of full keys for the (band, sub-band) that `key` belongs to."""
-    _, band, _, sub, _ = key.split("#")
-    return f"{FULL_PREFIX}{band}#{sub}"
 
 
 def nearest(table: str, phash: str, colour: str, max_distance: int, max_colour_distance: int,
@@ -134,7 +129,7 @@ def _fill(table: str, key: str) -> None:
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     won = aws.transact_updates(table, [
         (key, "SET full_at = :now REMOVE entries", "attribute_not_exists(full_at)", {":now": now}),
-        (full_counter_key(key), "ADD full_keys :one", "attribute_exists(pk) OR attribute_not_exists(pk)",
+        (pipeline_table.phash_full_pk(key), "ADD full_keys :one", "attribute_exists(pk) OR attribute_not_exists(pk)",
          {":one": 1}),
     ], [])
     if won:

@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
+from contracts import s3_layout
+from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sample, Sidecar, UploadRef
 from core.errors import RejectedUpload
 from core.ingest import images
 from core.settings import IngestSettings
 
-# Aspect-ratio buckets (width / height), named as people name them; nearest in log space.
-ASPECT_BUCKETS: dict[str, float] = {
-    "1:4": 1 / 4, "1:3": 1 / 3, "1:2": 1 / 2, "9:16": 9 / 16, "2:3": 2 / 3, "3:4": 3 / 4, "4:5": 4 / 5,
-    "1:1": 1.0, "5:4": 5 / 4, "4:3": 4 / 3, "3:2": 3 / 2, "16:9": 16 / 9, "2:1": 2.0, "3:1": 3.0, "4:1": 4.0,
-}
-DERIVED_PREFIX = "derived/"
 
 
 @dataclass(frozen=True)
 class Described:
     sample: Sample
     derivative: bytes | None  # the re-encoded bytes to store, when the upload's cannot be kept
-
-
-def aspect_bucket(width: int, height: int) -> str:
-    ratio = math.log(width / height)
-    return min(ASPECT_BUCKETS, key=lambda name: abs(math.log(ASPECT_BUCKETS[name]) - ratio))
 
 
 def caption_of(sidecar: Sidecar, embedded: dict[str, str]) -> tuple[str, str]:
@@ -74,7 +64,7 @@ def describe(data: bytes, upload: UploadRef, partner: str, sidecar: Sidecar, lic
         aspect_bucket=aspect_bucket(decoded.width, decoded.height), phash=images.dhash(decoded.rgb),
         colour=images.colour_signature(decoded.rgb),
         content_bucket=settings.data_bucket if derivative is not None else upload.bucket,
-        content_key=f"{DERIVED_PREFIX}{sha256}.jpg" if derivative is not None else upload.key,
+        content_key=s3_layout.derived_key(sha256) if derivative is not None else upload.key,
         content_sha256=content_sha256,
         content_width=content_width, content_height=content_height, reencoded=decoded.reencode,
     )

@@ -28,7 +28,7 @@ from urllib.parse import quote_plus
 from aws_lambda_powertools import Logger
 
 from contracts import pipeline_table
-from core import aws
+from core import aws, telemetry
 from core.settings import SweepSettings
 
 logger = Logger(child=True)
@@ -47,6 +47,8 @@ def sweep(settings: SweepSettings, now: datetime | None = None) -> SweepReport:
     depth = aws.queue_depth(settings.uploads_queue_url)
     if depth > settings.max_queue_depth:
         logger.info("sweep deferred: ingest is behind", extra={"queue_depth": depth, "max": settings.max_queue_depth})
+        telemetry.count(telemetry.UPLOADS_REDRIVEN, 0)
+        telemetry.count(telemetry.SWEEPS_DEFERRED)
         return SweepReport(0, (), depth)
     now = now or datetime.now(timezone.utc)
     oldest, newest = now - timedelta(seconds=settings.lookback_s), now - timedelta(seconds=settings.grace_s)
@@ -66,6 +68,7 @@ def sweep(settings: SweepSettings, now: datetime | None = None) -> SweepReport:
     if redriven:
         logger.warning("uploads re-driven: no record after the grace period",
                        extra={"count": len(redriven), "keys": redriven[:20]})
+    telemetry.count(telemetry.UPLOADS_REDRIVEN, len(redriven))
     return SweepReport(len(candidates), tuple(redriven))
 
 

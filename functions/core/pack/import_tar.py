@@ -30,9 +30,9 @@ from typing import IO, Any, Iterator, Literal
 from aws_lambda_powertools import Logger
 from pydantic import BaseModel, Field
 
-from contracts import pipeline_table
+from contracts import pipeline_table, shard_members
 from contracts.messages import DEFAULT_NEAR_DUPLICATES, Frozen, NearDuplicates, Sample, Sidecar, UploadRef
-from core import aws
+from core import aws, telemetry
 from core.errors import RejectedUpload
 from core.ingest import dedup, metadata
 from core.pack import journal, seal, segments, shards
@@ -41,11 +41,7 @@ from core.partners import licensing
 from core.settings import ImportSettings
 
 logger = Logger(child=True)
-IMPORT_PREFIX = "IMPORT#"
 BATCH_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-# Image members in order of preference; the format itself is sniffed by the decoder, never the name.
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "tif", "tiff", "bmp", "gif")
-CAPTION_EXTENSIONS = ("txt", "caption")
 DUPLICATE_REASONS = ("duplicate", "near_duplicate")
 # img2dataset's per-sample fields its tools read back (its docs, "Output format"), kept verbatim
 SOURCE_FIELDS = ("url", "key", "status", "original_width", "original_height", "exif")
@@ -73,6 +69,11 @@ class ImportShard(Frozen):
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def record_pk(self) -> str:
+        """Its import record's key, in the table's layout."""
+        return pipeline_table.import_shard_pk(self.batch_id, self.uri)
 
 
 class NearDuplicate(BaseModel):
@@ -119,14 +120,6 @@ class NotATar(ValueError):
 
 # --- the records ----------------------------------------------------------------------------------
 
-def batch_pk(batch_id: str) -> str:
-    return f"{IMPORT_PREFIX}{batch_id}"
-
-
-def shard_pk(message: ImportShard) -> str:
-    return f"{batch_pk(message.batch_id)}#{message.uri}"
-
-
 def import_shard_id(message: ImportShard) -> str:
     """Deterministic per (batch, source): a redelivery rebuilds the same shard, another batch a new one."""
     return shards.shard_id_for([f"import:{message.batch_id}:{message.uri}"])
@@ -134,7 +127,7 @@ def import_shard_id(message: ImportShard) -> str:
 
 def batch_item(batch_id: str, partner: str, license_id: str, source: str, shards_total: int,
                near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES) -> dict[str, Any]:
-    return {"pk": batch_pk(batch_id), "kind": "import", "batch_id": batch_id, "partner": partner,
+    return {"pk": pipeline_table.import_batch_pk(batch_id), "kind": "import", "batch_id": batch_id, "partner": partner,
             "license": license_id, "source": source, "shards_total": shards_total, "near_duplicates": near_duplicates,
             "created_at": _now()}
 
@@ -202,9 +195,9 @@ def read_samples(stream: IO[bytes], max_member_bytes: int, damage: list[str],
 def import_shard(message: ImportShard, settings: ImportSettings) -> ShardReport:
     """Import one source tar exactly once into the pipeline; its report."""
     table = settings.ingest.table
-    item = aws.get_item(table, shard_pk(message))
+    item = aws.get_item(table, message.record_pk)
     if item and item.get("status") == "done":
-        return ShardReport.model_validate_json(item["report"])
+        return _published(ShardReport.model_validate_json(item["report"]))
     if item is None:
         report, written = _Reader(message, settings).run()
         item = _commit(message, report, written, settings)
@@ -214,6 +207,16 @@ def import_shard(message: ImportShard, settings: ImportSettings) -> ShardReport:
     _count(message, report, settings)
     logger.info("shard imported", extra={"source": message.uri, "shard": report.shard_id, "status": report.status,
                                          "accepted": report.accepted, "quarantined": report.quarantined})
+    return _published(report)
+
+
+def _published(report: ShardReport) -> ShardReport:
+    """The report, its metrics added: once per message handled (a redelivered one too)."""
+    telemetry.count_by(telemetry.IMPORTED_SHARDS, "status", report.status)
+    telemetry.count(telemetry.IMPORTED_SAMPLES, report.accepted)
+    telemetry.count(telemetry.IMPORT_DUPLICATES, report.duplicates)
+    telemetry.count(telemetry.IMPORT_NEAR_DUPLICATES, report.near_duplicates_found)
+    telemetry.count(telemetry.IMPORT_REJECTS, report.rejected)
     return report
 
 
@@ -375,9 +378,9 @@ def _describe(source: SourceSample, upload: UploadRef, message: ImportShard,
     extension = _image_extension(source)
     if extension is None:
         raise RejectedUpload("no_image", f"members {sorted(source.members)} hold no image")
-    meta = _json(source.members.get("json"))
-    caption = next((source.members[e].decode("utf-8", "replace") for e in CAPTION_EXTENSIONS if e in source.members),
-                   None)
+    meta = _json(source.members.get(shard_members.RECORD))
+    caption = next((source.members[e].decode("utf-8", "replace") for e in shard_members.SOURCE_CAPTIONS
+                    if e in source.members), None)
     if caption is None:
         caption = str(meta.get("caption") or "")
     sidecar = Sidecar(caption=caption, license=message.license, source=str(meta.get("url") or ""))
@@ -417,7 +420,7 @@ def _ends_cleanly(message: ImportShard, size: int, version: str) -> bool:
 
 
 def _image_extension(source: SourceSample) -> str | None:
-    return next((e for e in IMAGE_EXTENSIONS if e in source.members), None)
+    return next((e for e in shard_members.SOURCE_IMAGES if e in source.members), None)
 
 
 def _json(data: bytes | None) -> dict[str, Any]:
@@ -440,21 +443,21 @@ def _commit(message: ImportShard, report: ShardReport, written: list[segments.Wr
     """The import record and the seal record, both or neither; the winner's record if another
     delivery committed first (its segments are then garbage for the lifecycle rule)."""
     table = settings.ingest.table
-    item = {"pk": shard_pk(message), "kind": "import-shard", "status": "committed", "report": report.model_dump_json(),
-            "gsi1pk": batch_pk(message.batch_id), "gsi1sk": message.uri}
+    item = {"pk": message.record_pk, "kind": "import-shard", "status": "committed", "report": report.model_dump_json(),
+            "gsi1pk": pipeline_table.import_batch_pk(message.batch_id), "gsi1sk": message.uri}
     puts = [item]
     if written:
         shard = OpenShard(shard_id=report.shard_id or "", opened_at=_now())
         for part in written:
             shard = shard.appended(part.segment, part.partners, part.aspects)
-        puts.append({"pk": journal.seal_pk(shard.shard_id), "kind": "pack-shard", "status": "sealing",
+        puts.append({"pk": pipeline_table.pack_shard_pk(shard.shard_id), "kind": "pack-shard", "status": "sealing",
                      "state": SealState(shard=shard, status="sealing").model_dump_json(), "requested_at": _now(),
                      "import_batch": message.batch_id})
     if aws.transact_updates(table, [], puts):
         return item
-    winner = aws.get_item(table, shard_pk(message))
+    winner = aws.get_item(table, message.record_pk)
     if winner is None:  # the seal record exists without ours: a shard id taken by something else
-        raise RuntimeError(f"{journal.seal_pk(report.shard_id or '')} exists without {shard_pk(message)}")
+        raise RuntimeError(f"{pipeline_table.pack_shard_pk(report.shard_id or '')} exists without {message.record_pk}")
     return winner
 
 
@@ -490,8 +493,9 @@ def _count(message: ImportShard, report: ShardReport, settings: ImportSettings) 
     values = {f":c{i}": n for i, n in enumerate(counters.values())}
     add = "ADD " + ", ".join(f"#c{i} :c{i}" for i in range(len(counters)))
     aws.transact_updates(settings.ingest.table, [
-        (shard_pk(message), "SET #s = :done", "#s = :committed", {":done": "done", ":committed": "committed"}),
-        (batch_pk(message.batch_id), add, "attribute_exists(pk) OR attribute_not_exists(pk)", values),
+        (message.record_pk, "SET #s = :done", "#s = :committed", {":done": "done", ":committed": "committed"}),
+        (pipeline_table.import_batch_pk(message.batch_id), add, "attribute_exists(pk) OR attribute_not_exists(pk)",
+         values),
     ], [], names=names)
 
 
@@ -533,7 +537,7 @@ class BatchReport(BaseModel):
 
 
 def batch_report(table: str, batch_id: str, with_shards: bool = True) -> BatchReport | None:
-    item = aws.get_item(table, batch_pk(batch_id))
+    item = aws.get_item(table, pipeline_table.import_batch_pk(batch_id))
     if item is None:
         return None
     fields = {k: int(v) if isinstance(v, Decimal) else v for k, v in item.items() if k in BatchReport.model_fields}
@@ -543,7 +547,8 @@ def batch_report(table: str, batch_id: str, with_shards: bool = True) -> BatchRe
                                         if k.startswith("shard_reason_")})
     if with_shards:
         report.shards = [ShardReport.model_validate_json(i["report"])
-                         for i in aws.query_index(table, pipeline_table.PENDING_INDEX, batch_pk(batch_id))
+                         for i in aws.query_index(table, pipeline_table.PENDING_INDEX,
+                                                  pipeline_table.import_batch_pk(batch_id))
                          if i.get("status") == "done"]
     return report
 

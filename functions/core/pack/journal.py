@@ -13,17 +13,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from contracts import pipeline_table
 from contracts.messages import Frozen, ShardSealed
 from core import aws
 from core.pack.segments import Segment
 
-HEAD_PK = "PACK#head"
 SealStatus = Literal["sealing", "indexed", "composed", "announced", "done"]
 _NAMES = {"#v": "version", "#o": "open"}
-
-
-def seal_pk(shard_id: str) -> str:
-    return f"PACKSHARD#{shard_id}"
 
 
 class OpenShard(Frozen):
@@ -69,7 +65,7 @@ class SealState(Frozen):
 # --- the head -----------------------------------------------------------------------------------
 
 def load_head(table: str) -> Head:
-    item = aws.get_item(table, HEAD_PK) or {}
+    item = aws.get_item(table, pipeline_table.PACK_HEAD) or {}
     return Head(
         version=int(item.get("version", 0)),
         open=OpenShard.model_validate_json(item["open"]) if item.get("open") else None,
@@ -84,13 +80,13 @@ def append(table: str, head: Head, shard: OpenShard, pending: Pending) -> bool:
               ":k": "pack-head"}
     if head.version:
         values[":v"] = head.version
-    return aws.update_item(table, HEAD_PK, "SET #v = :n, #o = :o, pending = :p, kind = :k", values,
+    return aws.update_item(table, pipeline_table.PACK_HEAD, "SET #v = :n, #o = :o, pending = :p, kind = :k", values,
                            condition="#v = :v" if head.version else "attribute_not_exists(#v)", names=_NAMES)
 
 
 def clear_pending(table: str, head: Head) -> bool:
     """Forget `pending` once its marks are written, unless a newer commit replaced it."""
-    return aws.update_item(table, HEAD_PK, "REMOVE pending", {":v": head.version},
+    return aws.update_item(table, pipeline_table.PACK_HEAD, "REMOVE pending", {":v": head.version},
                            condition="#v = :v", names={"#v": "version"})
 
 
@@ -100,21 +96,21 @@ def begin_seal(table: str, head: Head, requested_at: str) -> bool:
     state = SealState(shard=head.open, status="sealing")
     return aws.transact_updates(
         table,
-        [(HEAD_PK, "SET #v = :n REMOVE #o ADD sealing :ids", "#v = :v",
+        [(pipeline_table.PACK_HEAD, "SET #v = :n REMOVE #o ADD sealing :ids", "#v = :v",
           {":v": head.version, ":n": head.version + 1, ":ids": {head.open.shard_id}})],
-        [{"pk": seal_pk(head.open.shard_id), "kind": "pack-shard", "status": "sealing",
+        [{"pk": pipeline_table.pack_shard_pk(head.open.shard_id), "kind": "pack-shard", "status": "sealing",
           "state": state.model_dump_json(), "requested_at": requested_at}],
         names=_NAMES)
 
 
 def forget_sealing(table: str, shard_id: str) -> None:
-    aws.update_item(table, HEAD_PK, "DELETE sealing :ids", {":ids": {shard_id}})
+    aws.update_item(table, pipeline_table.PACK_HEAD, "DELETE sealing :ids", {":ids": {shard_id}})
 
 
 # --- one seal -----------------------------------------------------------------------------------
 
 def load_seal(table: str, shard_id: str) -> SealState | None:
-    item = aws.get_item(table, seal_pk(shard_id))
+    item = aws.get_item(table, pipeline_table.pack_shard_pk(shard_id))
     return SealState.model_validate_json(item["state"]) if item else None
 
 
@@ -122,7 +118,7 @@ def advance(table: str, state: SealState, status: SealStatus, **changes: Any) ->
     """Move one seal a step on, if nobody moved it since `state`."""
     new = state.model_copy(update={"status": status, **changes})
     return aws.update_item(
-        table, seal_pk(state.shard.shard_id), "SET #s = :new, #st = :state",
+        table, pipeline_table.pack_shard_pk(state.shard.shard_id), "SET #s = :new, #st = :state",
         {":old": state.status, ":new": status, ":state": new.model_dump_json()},
         condition="#s = :old", names={"#s": "status", "#st": "state"})
 
@@ -131,6 +127,6 @@ def set_upload(table: str, state: SealState, upload_id: str) -> bool:
     """Record the shard's multipart upload, if no other sealer recorded one since `state`."""
     new = state.model_copy(update={"upload_id": upload_id})
     return aws.update_item(
-        table, seal_pk(state.shard.shard_id), "SET #st = :state",
+        table, pipeline_table.pack_shard_pk(state.shard.shard_id), "SET #st = :state",
         {":state": new.model_dump_json(), ":old": state.model_dump_json()},
         condition="#st = :old", names={"#st": "state"})

@@ -19,11 +19,10 @@ from typing import Any, Callable, Iterable
 
 from botocore.exceptions import ClientError
 
+from contracts import s3_layout
 from contracts.messages import Frozen, Sample
 from core import aws
 from core.pack import shards
-
-SEGMENT_PREFIX = "segments/"
 
 
 class SampleUnavailable(ValueError):
@@ -186,7 +185,7 @@ def write_segment(candidates: Iterable[Sample], bucket: str, budget: int, slots:
     The first candidate is written even when it alone exceeds the budget if `take_first` (an
     empty shard takes any sample). None when not even the first fits.
     """
-    key = f"{SEGMENT_PREFIX}{uuid.uuid4().hex}.tar"
+    key = s3_layout.segment_key(uuid.uuid4().hex)
     upload = StreamUpload(bucket, key, "application/x-tar", part_bytes, checksum=False)
     written: list[Sample] = []
     entries: list[SampleEntry] = []
@@ -214,7 +213,7 @@ def write_segment(candidates: Iterable[Sample], bucket: str, budget: int, slots:
 def write_segment_of(samples: Iterable[tuple[Sample, bytes]], bucket: str, part_bytes: int) -> Written:
     """A segment of samples whose stored bytes are already in hand (imports: core.pack.import_tar), sorted
     by key as the packer sorts its own; the same members, headers and index as `write_segment`."""
-    key = f"{SEGMENT_PREFIX}{uuid.uuid4().hex}.tar"
+    key = s3_layout.segment_key(uuid.uuid4().hex)
     upload = StreamUpload(bucket, key, "application/x-tar", part_bytes, checksum=False)
     ordered = sorted(samples, key=lambda pair: pair[0].sha256)
     try:

@@ -1,4 +1,4 @@
-"""The WebDataset shard layout: the only place in functions/ that knows it (docs/pack.md).
+"""How the pack stage writes the WebDataset shard layout (contracts.shard_members; docs/pack.md).
 
 A shard is a POSIX (ustar) tar. One sample = three contiguous members sharing a dot-free key:
 `<key>.<jpg|png|webp>` (the stored image bytes), `<key>.json` (the metadata record: license,
@@ -20,14 +20,17 @@ import tarfile
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
+from contracts import shard_members
+from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sample
+# the pack stage's callers read a shard's keys and headers from here; contracts holds them
+from contracts.s3_layout import index_key, shard_key  # noqa: F401
+from contracts.shard_members import member_header  # noqa: F401
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # tarfile (and GNU tar) pad the archive to 20 blocks
 END_OF_ARCHIVE = 2 * BLOCK
 TRAILER_MAX = END_OF_ARCHIVE + RECORD - BLOCK
-SHARD_PREFIX = "shards/"
-INDEX_PREFIX = "indexes/"  # not under shards/: consumers list shards/ for tars only
 DIGEST_ALGORITHM = "atelier-tree-v1"
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_-]")
 _UNSAFE_EXTENSION = re.compile(r"[^a-z0-9]")
@@ -42,21 +45,13 @@ def safe_key(key: str) -> str:
 
 def member_name(key: str, extension: str) -> str:
     """`<key>.<extension>`, sanitised whatever either part holds (the upload key never appears)."""
-    return f"{safe_key(key)}.{_UNSAFE_EXTENSION.sub('', extension.lower())[:8] or 'bin'}"
+    return shard_members.member_name(safe_key(key), _UNSAFE_EXTENSION.sub("", extension.lower())[:8] or "bin")
 
 
 def shard_id_for(sample_keys: Iterable[str]) -> str:
     """A shard is named by the samples of its first segment: unique, since a sample is packed once."""
     digest = hashlib.sha256("\n".join(sorted(sample_keys)).encode()).hexdigest()
     return f"shard-{digest[:32]}"
-
-
-def shard_key(shard_id: str) -> str:
-    return f"{SHARD_PREFIX}{shard_id}.tar"
-
-
-def index_key(shard_id: str) -> str:
-    return f"{INDEX_PREFIX}{shard_id}.json"
 
 
 # --- members ------------------------------------------------------------------------------------
@@ -83,27 +78,12 @@ def record_json(sample: Sample) -> bytes:
 
 def small_members(sample: Sample) -> list[tuple[str, bytes]]:
     """The record and the caption, in member order after the image."""
-    return [(member_name(sample.sha256, "json"), record_json(sample)),
-            (member_name(sample.sha256, "txt"), sample.caption.encode())]
+    return [(member_name(sample.sha256, shard_members.RECORD), record_json(sample)),
+            (member_name(sample.sha256, shard_members.CAPTION), sample.caption.encode())]
 
 
 def image_name(sample: Sample) -> str:
     return member_name(sample.sha256, sample.extension)
-
-
-def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mode = 0o644
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
-def member_header(name: str, size: int) -> bytes:
-    """One ustar header block with the fixed metadata that makes bytes reproducible."""
-    return _tarinfo(name, size).tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
 
 
 def padding(size: int) -> int:
@@ -126,10 +106,7 @@ def trailer(payload: int) -> bytes:
 
 
 def aspect_of(sample: Sample) -> str:
-    if sample.aspect_bucket:
-        return sample.aspect_bucket
-    from core.ingest.metadata import aspect_bucket  # schema 1 records carry none; ingest's buckets decide
-    return aspect_bucket(sample.width, sample.height)
+    return sample.aspect_bucket or aspect_bucket(sample.width, sample.height)  # schema 1 records carry none
 
 
 # --- the in-memory reference --------------------------------------------------------------------
@@ -137,10 +114,10 @@ def aspect_of(sample: Sample) -> str:
 def render_shard(samples: Iterable[tuple[Sample, bytes]]) -> bytes:
     """A whole shard in memory, samples in the given order (the reference the packer must match)."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    with tarfile.open(fileobj=buffer, mode="w", format=shard_members.TAR_FORMAT) as tar:
         for sample, image in samples:
             for name, data in [(image_name(sample), image), *small_members(sample)]:
-                tar.addfile(_tarinfo(name, len(data)), io.BytesIO(data))
+                tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
     return buffer.getvalue()
 
 

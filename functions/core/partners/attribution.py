@@ -18,8 +18,9 @@ from collections import Counter
 from PIL import Image, ImageDraw
 
 from contracts.messages import Frozen
+from contracts.s3_layout import output_key, output_uri
 from core import aws
-from core.provenance import Lineage, Places, lineage_of, output_key, output_uri
+from core.provenance import Lineage, Places, lineage_of
 
 ATTRIBUTION_SCHEMA = 1
 TRAINING_RECORD = "atelier-training.json"  # written by trainer/train.py at the model dir's root

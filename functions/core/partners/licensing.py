@@ -20,7 +20,6 @@ from contracts.messages import SHA256_PATTERN, Frozen
 from core import aws
 from core.errors import RejectedUpload
 
-PARTNER_PREFIX = "PARTNER#"
 ISO_DATE = r"^\d{4}-\d{2}-\d{2}$"
 
 
@@ -73,10 +72,6 @@ class Revocation(Frozen):
         return bool(self.license or self.sha256s)
 
 
-def partner_pk(partner_id: str) -> str:
-    return f"{PARTNER_PREFIX}{partner_id}"
-
-
 def license_for(partner: Partner | None, partner_id: str, key: str, sidecar_license: str) -> str:
     """The license an upload is used under, or RejectedUpload("unlicensed") saying why not."""
     sidecar_license = sidecar_license.strip()
@@ -97,7 +92,7 @@ def license_for(partner: Partner | None, partner_id: str, key: str, sidecar_lice
 # --- the registry, in the pipeline table --------------------------------------------------------
 
 def get_partner(table: str, partner_id: str) -> Partner | None:
-    item = aws.get_item(table, partner_pk(partner_id))
+    item = aws.get_item(table, pipeline_table.partner_pk(partner_id))
     return Partner.model_validate_json(item["record"]) if item else None
 
 
@@ -105,12 +100,13 @@ def put_partner(table: str, partner: Partner) -> Partner:
     stamped = partner.model_copy(update={"added_at": partner.added_at or datetime.now(timezone.utc).isoformat(timespec="seconds")})
     # A partner without principals is stored as before this field: functions deployed before it still read it.
     record = stamped.model_dump_json(exclude={"principals"} if not stamped.principals else None)
-    aws.put_item(table, {"pk": partner_pk(partner.partner_id), "kind": "partner", "record": record})
+    aws.put_item(table, {"pk": pipeline_table.partner_pk(partner.partner_id), "kind": "partner", "record": record})
     return stamped
 
 
 def list_partners(table: str) -> list[Partner]:
-    return sorted((Partner.model_validate_json(i["record"]) for i in aws.scan_prefix(table, PARTNER_PREFIX)),
+    found = aws.scan_prefix(table, pipeline_table.PARTNER_PREFIX)
+    return sorted((Partner.model_validate_json(i["record"]) for i in found),
                   key=lambda p: p.partner_id)
 
 

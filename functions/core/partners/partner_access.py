@@ -22,13 +22,14 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
+from contracts import job_tags
 from contracts.messages import Frozen
 from core.ingest.uploads import PARTNER_PATTERN
 
 ROLE_PATH = "/atelier/partners/"  # template.yaml's PartnerAdminPolicy names it
 ROLE_POLICY_NAME = "atelier-partner-uploads"
 ROLE_MAX_SESSION_S = 3600  # IAM's default MaxSessionDuration; the CLI refreshes before expiry
-PARTNER_TAG = "atelier:partner"
+PARTNER_TAG = job_tags.PARTNER
 # Whom a role may trust: an IAM role or user (a partner's own, in its account, or a broker's).
 # Not an account root: that hands the choice to whoever administers that account.
 PRINCIPAL_PATTERN = r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9_+=,.@/-]+$"

@@ -203,7 +203,7 @@ def gather(targets: Targets, since: datetime, until: datetime, grace_s: float, v
     accepted = [str(r["sha256"]) for r in upload_records.values() if r.get("status") == "accepted" and r.get("sha256")]
     samples = {pk.removeprefix(pipeline_table.sample_pk("")): item for pk, item in
                aws.batch_get_items(targets.table, [pipeline_table.sample_pk(s) for s in accepted], ["pk", "packed_in"]).items()}
-    sealed = [ShardSealed.model_validate_json(i["record"]) for i in aws.scan_prefix(targets.table, "SEALED#")]
+    sealed = [ShardSealed.model_validate_json(i["record"]) for i in aws.scan_prefix(targets.table, pipeline_table.SEALED_PREFIX)]
     holding = {str(item["packed_in"]) for item in samples.values() if item.get("packed_in")}
     in_window = [s for s in sorted(sealed, key=lambda s: s.sealed_at) if datetime.fromisoformat(s.sealed_at) >= since]
     earlier = [s for s in sorted(sealed, key=lambda s: s.sealed_at)

@@ -25,10 +25,6 @@ logger = Logger(child=True)
 ROLE = "autoencoder"  # the job record's role (an encode job's is "encode")
 
 
-def lineage_pk(settings: TrainingSettings) -> str:
-    return f"LINEAGE#{settings.lineage}"
-
-
 def needs_autoencoder(lineage: dict[str, Any], base: PretrainedBase | None, settings: TrainingSettings) -> bool:
     """Whether the lineage trains its own VAE: as recorded at its first claim, else decided now."""
     if "autoencoder" in lineage:
@@ -43,7 +39,7 @@ def vae_for(name: str, job: dict[str, Any], settings: TrainingSettings) -> str:
     "" while the lineage has none yet (its autoencoder job has not completed)."""
     if job.get("vae_uri"):
         return str(job["vae_uri"])
-    lineage = aws.get_item(settings.table, lineage_pk(settings)) or {}
+    lineage = aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
     if not lineage.get("vae_uri"):
         return ""
     aws.update_item(settings.table, pipeline_table.job_pk(name), "SET vae_uri = :u, autoencoder_job = :a",
@@ -84,7 +80,8 @@ def artefact(name: str) -> str:
 
 def store_vae(name: str, vae_uri: str, settings: TrainingSettings) -> bool:
     """The lineage's VAE, once: False when it has one already (that one stays)."""
-    stored = aws.update_item(settings.table, lineage_pk(settings), "SET vae_uri = :u, autoencoder_job = :a",
+    stored = aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage),
+                             "SET vae_uri = :u, autoencoder_job = :a",
                              {":u": vae_uri, ":a": name}, condition="attribute_not_exists(vae_uri)")
     if stored:
         logger.info("lineage VAE trained", extra={"job": name, "vae": vae_uri})

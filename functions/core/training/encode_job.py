@@ -15,11 +15,11 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table
+from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
 from core.settings import TrainingSettings
-from core.training.job_requests import MANIFEST_PREFIX, encode_job_name, encode_job_request, encoded_prefix
+from core.training.job_requests import encode_job_name, encode_job_request
 
 logger = Logger(child=True)
 ROLE = "encode"  # the job record's role
@@ -34,33 +34,34 @@ def latent_manifest_file(manifest: Manifest, bucket: str, prefix: str, keys: lis
     `<prefix>latents/`: one encoding directory, and every shard's twin in it (a twin holds fewer
     samples than its shard where the manifest excludes some: only its presence is checked)."""
     relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
+    latents = f"{prefix}{s3_layout.LATENTS}"
     found: dict[str, set[str]] = {}
     for key in keys:
-        encoding, _, path = key.removeprefix(f"{prefix}latents/").partition("/")
+        encoding, _, path = key.removeprefix(latents).partition("/")
         if path.endswith(".tar") and not path.rsplit("/", 1)[-1].startswith("."):  # not a .tmp- part
             found.setdefault(encoding, set()).add(path)
     if len(found) != 1:
-        raise EncodeIncomplete(f"expected one encoding under s3://{bucket}/{prefix}latents/, found "
+        raise EncodeIncomplete(f"expected one encoding under {s3_layout.uri(bucket, latents)}, found "
                                f"{len(found)} ({', '.join(sorted(found)) or 'none'})")
     [(encoding, paths)] = found.items()
     missing = [path for path in relative if path not in paths]
     if missing:
         raise EncodeIncomplete(f"{len(missing)} of {len(relative)} shards have no latent shard under "
-                               f"s3://{bucket}/{prefix}latents/{encoding}/ (first: {missing[0]})")
-    return [{"prefix": f"s3://{bucket}/{prefix}latents/{encoding}/"}, *relative]
+                               f"{s3_layout.uri(bucket, latents)}{encoding}/ (first: {missing[0]})")
+    return [{"prefix": f"{s3_layout.uri(bucket, latents)}{encoding}/"}, *relative]
 
 
 def write_latent_manifest(training_job: str, settings: TrainingSettings) -> str:
     """`manifests/<job>.latents.manifest` from what the encode job uploaded; its URI."""
     record = aws.get_item(settings.table, pipeline_table.job_pk(training_job)) or {}
     base = record.get("base", training_job)
-    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, f"{MANIFEST_PREFIX}{base}.json"))
-    prefix = encoded_prefix(training_job)
-    keys = [item["Key"] for item in aws.list_objects(settings.models_bucket, f"{prefix}latents/")]
+    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, s3_layout.manifest_key(base)))
+    prefix = s3_layout.encoded_prefix(training_job)
+    keys = [item["Key"] for item in aws.list_objects(settings.models_bucket, f"{prefix}{s3_layout.LATENTS}")]
     listing = latent_manifest_file(manifest, settings.models_bucket, prefix, keys)
-    key = f"{MANIFEST_PREFIX}{training_job}.latents.manifest"
+    key = s3_layout.manifest_key(training_job, s3_layout.LATENTS_MANIFEST)
     aws.write_object(settings.data_bucket, key, json.dumps(listing).encode(), "application/json")
-    return f"s3://{settings.data_bucket}/{key}"
+    return s3_layout.uri(settings.data_bucket, key)
 
 
 def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, pretrained_uri: str,

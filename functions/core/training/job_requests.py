@@ -13,38 +13,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts import job_tags, s3_layout
+from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
 from core.settings import Stage, TrainingSettings
 from core.training.instance_types import has_instance_store
 from core.training.pretrained import AUTOENCODER_SUFFIX
 
-TENSORBOARD_PREFIX = "tensorboard/"  # in the models bucket: <job>/ holds its TensorBoard event files
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # trainer/tensorboard_log.py LOCAL_PATH
-MANIFEST_PREFIX = "manifests/"  # in the data bucket: <job>.json, its ManifestFile <job>.manifest, <job>.latents.manifest, <job>.wids.json
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
 PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of its folders), or its model.tar.gz
 VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
-FINAL_STAGE_TAG = "atelier:final-stage"
-MANIFEST_TAG = "atelier:manifest"
-ROLE_TAG = "atelier:role"
-TRAINING_JOB_TAG = "atelier:training-job"  # on an encode or autoencoder job: the training job it runs for
 ENCODE_SUFFIX = "-enc"
-ENCODED_PREFIX = "encoded/"  # in the models bucket: <job>/latents/<encoder identity>-r<res>/<shard path>
-AUTOENCODER_PREFIX = "autoencoder/"  # in the models bucket: <job>-ae/output/model.tar.gz
 # the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
 ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets")
 # ... and those trainer/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
 AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution")
-# The trainer's JSON log lines (trainer/train.py, docs/trainer.md), parsed by SageMaker into metrics.
-METRIC_DEFINITIONS = [  # equal to trainer.health.METRIC_DEFINITIONS (a test holds them together)
-    {"Name": f"train:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
-    for field in ("loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples")
-]
-# trainer/autoencoder.py's log lines: the loss, and the held-out PSNR it measures at each of them
-AUTOENCODER_METRIC_DEFINITIONS = [{"Name": f"autoencoder:{field}", "Regex": f'"{field}": ([-+0-9.eE]+)'}
-                                  for field in ("loss", "psnr_db")]
 
 
 def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
@@ -128,16 +114,16 @@ def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
 
 
 def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettings) -> dict[str, str]:
-    return {MANIFEST_TAG: manifest_digest, "atelier:lineage": settings.lineage,
-            "atelier:stage": settings.stages[stage_index].name,
-            FINAL_STAGE_TAG: str(stage_index == len(settings.stages) - 1).lower()}
+    return {job_tags.MANIFEST: manifest_digest, job_tags.LINEAGE: settings.lineage,
+            job_tags.STAGE: settings.stages[stage_index].name,
+            job_tags.FINAL_STAGE: str(stage_index == len(settings.stages) - 1).lower()}
 
 
 def _helper_tags(training_job: str, role: str, manifest_digest: str, stage_index: int,
                  settings: TrainingSettings) -> dict[str, str]:
     """An encode or autoencoder job's: its training job's, never final, with its role and that job."""
-    return {**_stage_tags(manifest_digest, stage_index, settings), FINAL_STAGE_TAG: "false", ROLE_TAG: role,
-            TRAINING_JOB_TAG: training_job}
+    return {**_stage_tags(manifest_digest, stage_index, settings), job_tags.FINAL_STAGE: "false", job_tags.ROLE: role,
+            job_tags.TRAINING_JOB: training_job}
 
 
 def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
@@ -154,9 +140,9 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
     request = _job_request(
         name, manifest_uri, {**stage_hyperparameters(stage, steps_target), **model_hyperparameters},
-        (stage.instance_type, stage.instance_count), "training/",
+        (stage.instance_type, stage.instance_count), s3_layout.TRAINING,
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
-        f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}/",
+        s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(settings.lineage)),
         _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS)
     # The trainer writes its event files to LocalPath (trainer/tensorboard_log.py); SageMaker's
     # TensorBoard app and `atelier tensorboard JOB` read them from the job's own prefix.
@@ -166,16 +152,11 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
 
 
 def tensorboard_uri(models_bucket: str, job: str) -> str:
-    return f"s3://{models_bucket}/{TENSORBOARD_PREFIX}{job}/"
+    return s3_layout.uri(models_bucket, s3_layout.tensorboard_prefix(job))
 
 
 def encode_job_name(training_job: str) -> str:
     return f"{training_job}{ENCODE_SUFFIX}"
-
-
-def encoded_prefix(training_job: str) -> str:
-    """Where the encode job's CheckpointConfig puts the latent shards: `<this>latents/<identity>-r<res>/`."""
-    return f"{ENCODED_PREFIX}{training_job}/"
 
 
 def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
@@ -189,8 +170,8 @@ def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: st
     hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS},
                        **model_hyperparameters}
     return _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
-                        (settings.encode_instance_type, 1), ENCODED_PREFIX,
-                        f"s3://{settings.models_bucket}/{encoded_prefix(training_job)}",
+                        (settings.encode_instance_type, 1), s3_layout.ENCODED,
+                        s3_layout.uri(settings.models_bucket, s3_layout.encoded_prefix(training_job)),
                         _helper_tags(training_job, "encode", manifest_digest, stage_index, settings), settings,
                         exclusions_uri, channels)  # no loss to chart: no metrics
 
@@ -213,7 +194,8 @@ def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_diges
     hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in AUTOENCODER_STAGE_HYPERPARAMETERS},
                        **settings.autoencoder_hyperparameters, **model_hyperparameters, "task": "autoencoder"}
     return _job_request(autoencoder_job_name(training_job), manifest_uri, hyperparameters,
-                        (settings.autoencoder_instance_type, 1), AUTOENCODER_PREFIX,
-                        f"s3://{settings.models_bucket}/checkpoints/{settings.lineage}{AUTOENCODER_SUFFIX}/",
+                        (settings.autoencoder_instance_type, 1), s3_layout.AUTOENCODER,
+                        s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
+                            f"{settings.lineage}{AUTOENCODER_SUFFIX}")),
                         _helper_tags(training_job, "autoencoder", manifest_digest, stage_index, settings), settings,
                         exclusions_uri, channels, AUTOENCODER_METRIC_DEFINITIONS)

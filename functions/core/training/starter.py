@@ -30,32 +30,33 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
   (core.partners.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
+
+This module is the orchestration; what it builds lives beside it: the manifest and its files
+(core.training.manifests), the lineage's and the job's records (core.training.lineage, job_records)
+and the CreateTrainingJob requests (core.training.job_requests).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table
+from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws, telemetry
 from core.partners import attribution, licensing
 from core.provenance import Verdict, screen_shard
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, encode_job, failure_brake
-from core.training.job_requests import MANIFEST_PREFIX, autoencoder_job_name, encode_job_name, training_job_request
+from core.training import autoencoder_job, encode_job, failure_brake, job_records, lineage, manifests
+from core.training.job_records import Inputs
+from core.training.job_requests import autoencoder_job_name, encode_job_name, training_job_request
 from core.training.pretrained import PretrainedBase, describe_base
 
 logger = Logger(child=True)
-NO_BASE = "none"  # a lineage's base_digest when it trains without PretrainedModelUri
-TRAINED_SHARDS = "SHARDS#trained"
 ENDED = frozenset({"Completed", "Failed", "Stopped"})
 RESUME_SOURCE, RESUME_REQUEST = "atelier.cli", "Lineage Resumed"  # `atelier lineage resume NAME`
 
@@ -71,76 +72,6 @@ class Decision:
     action: str
     job_name: str | None = None
     pending: int = 0
-
-
-# --- pure ---------------------------------------------------------------------------------------
-
-def job_name_for(manifest: Manifest, stage_index: int = 0) -> str:
-    """At most 63 characters of [a-zA-Z0-9-], unique per manifest and stage."""
-    return f"atelier-{manifest.digest[:20]}" + (f"-s{stage_index}" if stage_index else "")
-
-
-def manifest_from(pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings,
-                  sequence: int, screen: Callable[[ShardRef], Verdict] | None = None) -> Manifest | None:
-    """The oldest `quota` pending shards that `screen` leaves something of, plus a replay share of
-    trained ones; None below quota. Samples and shards screened out are listed with their reasons."""
-    if len(pending) < settings.quota:
-        return None
-    new: list[ShardRef] = []
-    verdicts: dict[str, Verdict] = {}
-    for s in sorted(pending, key=lambda s: (s.sealed_at, s.shard_id)):
-        if len(new) == settings.quota:
-            break
-        ref = ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples, partners=tuple(s.partners))
-        verdicts[s.shard_id] = screen(ref) if screen else Verdict()
-        if not verdicts[s.shard_id].whole:
-            new.append(ref)
-    if len(new) < settings.quota:
-        return None
-    replay = []
-    for ref in replay_shards(new, trained, settings.replay_share):
-        verdicts[ref.shard_id] = screen(ref) if screen else Verdict()
-        if not verdicts[ref.shard_id].whole:
-            replay.append(ref)
-    return Manifest(bucket=settings.data_bucket, prefix="shards/", shards=tuple(new + replay),
-                    lineage=settings.lineage, sequence=sequence,
-                    exclude={i: v.keys for i, v in verdicts.items() if v.keys and not v.whole},
-                    left_out=tuple(sorted((e for v in verdicts.values() for e in v.left_out),
-                                          key=lambda e: (e.shard_id, e.sha256))))
-
-
-def replay_shards(new: list[ShardRef], trained: list[ShardRef], share: float) -> list[ShardRef]:
-    """Earlier shards making up `share` of the mix, drawn with a seed from the new shards."""
-    if share <= 0 or not trained:
-        return []
-    wanted = min(len(trained), int(len(new) * share / (1 - share) + 0.5))  # half up, not to even
-    seed = int(hashlib.sha256("".join(s.shard_id for s in new).encode()).hexdigest()[:16], 16)
-    picked = random.Random(seed).sample(sorted(trained, key=lambda s: s.shard_id), wanted)
-    return [s.model_copy(update={"role": "replay"}) for s in sorted(picked, key=lambda s: s.shard_id)]
-
-
-def manifest_file(manifest: Manifest) -> list[Any]:
-    """A SageMaker ManifestFile: a prefix, then keys relative to it."""
-    relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
-    return [{"prefix": f"s3://{manifest.bucket}/{manifest.prefix}"}, *relative]
-
-
-def wids_shard_list(manifest: Manifest, name: str) -> dict[str, Any]:
-    """The manifest as the shard-list JSON `wids.ShardListDataset` opens (webdataset's wids spec).
-
-    URLs are relative to the list's own key (`manifests/`), so the list opens in place on S3 or in a
-    synced copy of the bucket. `nsamples` counts every sample in the tar, as wids indexes it; samples
-    the trainer skips (revoked or no longer licensed) are listed per shard under `atelier_exclude`,
-    which wids ignores: a reader must drop those `__key__`s itself (docs/pack.md).
-    """
-    depth = MANIFEST_PREFIX.count("/")
-    shards = []
-    for shard in manifest.shards:
-        entry: dict[str, Any] = {"url": "../" * depth + shard.key, "nsamples": shard.samples}
-        if manifest.exclude.get(shard.shard_id):
-            entry["atelier_exclude"] = list(manifest.exclude[shard.shard_id])
-        shards.append(entry)
-    return {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name, "shardlist": shards}
 
 
 # --- orchestration: events in -------------------------------------------------------------------
@@ -175,7 +106,7 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
 def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, settings: TrainingSettings) -> Decision:
     """An encode job ended: Completed with every latent shard lets its training job start on them;
     anything else fails the training job (its shards return to pending, the lineage goes on)."""
-    name, training_job = job["pk"].removeprefix("JOB#"), job["for_job"]
+    name, training_job = pipeline_table.job_name(job["pk"]), job["for_job"]
     _record_end(job, status, reason, settings)
     if status != "Completed":
         on_job_finished(training_job, "Failed", f"encode job {name} {status}: {reason or 'no reason given'}", settings)
@@ -197,7 +128,7 @@ def on_autoencoder_finished(job: dict[str, Any], status: str, reason: str | None
     """The lineage's autoencoder job ended: Completed, its model.tar.gz becomes the lineage's VAE and
     the training job goes on (its encode job first, when encoding); anything else fails the training
     job (its shards return to pending, and the lineage's next job trains a VAE again)."""
-    name, training_job = job["pk"].removeprefix("JOB#"), job["for_job"]
+    name, training_job = pipeline_table.job_name(job["pk"]), job["for_job"]
     _record_end(job, status, reason, settings)
     vae_uri = autoencoder_job.artefact(name) if status == "Completed" else ""
     if not vae_uri:
@@ -264,10 +195,9 @@ def _apply_brake(name: str, status: str, reason: str | None, settings: TrainingS
                                                      "model_failures": after.model_failures})
 
 
-def write_brake(brake: failure_brake.Brake, table: str, lineage: str) -> None:
-    item = brake.to_item()
-    aws.update_item(table, f"LINEAGE#{lineage}", "SET " + ", ".join(f"#{k} = :{k}" for k in item),
-                    {f":{k}": v for k, v in item.items()}, names={f"#{k}": k for k in item})
+def write_brake(brake: failure_brake.Brake, table: str, lineage_name: str) -> None:
+    expression, values, names = lineage.brake_update(brake)
+    aws.update_item(table, pipeline_table.lineage_pk(lineage_name), expression, values, names=names)
 
 
 def _now() -> float:
@@ -275,25 +205,23 @@ def _now() -> float:
 
 
 def _lineage(settings: TrainingSettings) -> dict[str, Any]:
-    pk = f"LINEAGE#{settings.lineage}"
-    aws.put_item_if_absent(settings.table, {"pk": pk, "kind": "lineage", "sequence": 0, "steps_done": 0,
-                                            "queue": [], "running_job": ""})
-    return aws.get_item(settings.table, pk) or {}
+    aws.put_item_if_absent(settings.table, lineage.new_item(settings.lineage))
+    return aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
 
 
 def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -> Decision:
     pending = [ShardSealed.model_validate_json(i["record"])
                for i in aws.query_index(settings.table, pipeline_table.PENDING_INDEX, pipeline_table.PENDING_SHARDS)]
     trained = [ShardRef.model_validate_json(i["ref"])
-               for i in aws.query_index(settings.table, pipeline_table.PENDING_INDEX, TRAINED_SHARDS)]
+               for i in aws.query_index(settings.table, pipeline_table.PENDING_INDEX, pipeline_table.TRAINED_SHARDS)]
     sequence = int(lock["sequence"]) + 1
     screen = _Screen(pending, trained, settings) if len(pending) >= settings.quota else None
-    manifest = manifest_from(pending, trained, settings, sequence, screen)
+    manifest = manifests.manifest_from(pending, trained, settings, sequence, screen)
     if manifest is None:
         return Decision("waiting", pending=len(pending))
     base = describe_base(settings.pretrained_uri) if settings.pretrained_uri else None  # as it is when claimed
-    name = job_name_for(manifest)
-    if changed := _base_change(lock, base):
+    name = manifests.job_name_for(manifest)
+    if changed := lineage.base_change(lock, base):
         return _halt_for(changed, name, settings)
     _write_manifest(manifest, name, settings)
     if not _claim(manifest, name, lock, queue, base, settings):
@@ -336,28 +264,12 @@ def _exclude_shards(verdicts: dict[str, Verdict], pending: set[str], settings: T
 
 def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -> None:
     """Deterministic content under the job's name: writing it twice is harmless."""
-    aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.json",
+    aws.write_object(settings.data_bucket, s3_layout.manifest_key(name),
                      manifest.model_dump_json(indent=1).encode(), "application/json")
-    aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.manifest",
-                     json.dumps(manifest_file(manifest)).encode(), "application/json")
-    aws.write_object(settings.data_bucket, f"{MANIFEST_PREFIX}{name}.wids.json",
-                     json.dumps(wids_shard_list(manifest, name), indent=1).encode(), "application/json")
-
-
-def _base_digest(base: PretrainedBase | None) -> str:
-    return base.digest if base else NO_BASE
-
-
-def _base_change(lock: dict[str, Any], base: PretrainedBase | None) -> str | None:
-    """Why the lineage may not go on with this base: its checkpoints were trained from another."""
-    recorded = lock.get("base_digest")
-    if recorded is None or recorded == _base_digest(base):
-        return None
-    was = "no base" if recorded == NO_BASE else f"the base with digest {recorded[:16]}"
-    now = f"{base.uri} (digest {base.digest[:16]})" if base else "no base"
-    return (f"BaseChanged: lineage {lock['pk'].removeprefix('LINEAGE#')} was trained from {was}, and PretrainedModelUri "
-            f"now gives {now}: its checkpoints do not fit another base. Set TrainingLineage to a new name to train on "
-            "the new base, or set PretrainedModelUri back; then `atelier lineage resume`")
+    aws.write_object(settings.data_bucket, s3_layout.manifest_key(name, s3_layout.MANIFEST_FILE),
+                     json.dumps(manifests.manifest_file(manifest)).encode(), "application/json")
+    aws.write_object(settings.data_bucket, s3_layout.manifest_key(name, s3_layout.WIDS_LIST),
+                     json.dumps(manifests.wids_shard_list(manifest, name), indent=1).encode(), "application/json")
 
 
 def _halt_for(reason: str, name: str, settings: TrainingSettings) -> Decision:
@@ -379,31 +291,16 @@ def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, bas
     shard_updates = [(pipeline_table.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk, gsi1sk",
                       "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
                      for s in manifest.new_shards]
-    lineage_update = (
-        f"LINEAGE#{settings.lineage}",
-        ("SET #q = list_append(#q, :one), #seq = :next" if queue else "SET running_job = :job, #seq = :next")
-        + ", autoencoder = if_not_exists(autoencoder, :ae), base_digest = if_not_exists(base_digest, :bd)",
-        ("running_job <> :empty AND #seq = :seq" if queue else "running_job = :empty AND #seq = :seq"),
-        {":one": [name], ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder, ":bd": _base_digest(base)}
-        if queue else {":job": name, ":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder,
-                       ":bd": _base_digest(base)},
-    )
-    job = {**pipeline_table.job_item(name, f"{MANIFEST_PREFIX}{name}.json", [s.shard_id for s in manifest.new_shards],
-                              datetime.now(timezone.utc).isoformat(timespec="seconds")),
-           "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
-           "stage": 0, "base": name, "steps_base": steps_done, "replay": [s.shard_id for s in manifest.shards if s.role == "replay"],
-           "sequence": manifest.sequence, "excludes": manifest.excluded,
-           # decided once: a settings change never strands a claimed job
-           "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder,
-           "pretrained": base.model_dump_json() if base else ""}
+    lineage_update = lineage.claim_update(settings.lineage, name, sequence, queue, autoencoder, base)
+    job = job_records.claimed_job(manifest, name, queue, steps_done, autoencoder, base, settings)
     return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
-                                names={"#s": "status", "#q": "queue", "#seq": "sequence"})
+                                names={"#s": "status", **lineage.CLAIM_NAMES})
 
 
 def _start_queued(name: str, settings: TrainingSettings) -> Decision:
     """The queue's head becomes the running job (conditional: only one invocation does it)."""
     taken = aws.update_item(
-        settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :job REMOVE #q[0]",
+        settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :job REMOVE #q[0]",
         {":job": name, ":empty": ""}, condition="running_job = :empty AND #q[0] = :job", names={"#q": "queue"})
     if taken:
         aws.update_item(settings.table, pipeline_table.job_pk(name), "SET #s = :s, steps_base = :b", {
@@ -414,7 +311,7 @@ def _start_queued(name: str, settings: TrainingSettings) -> Decision:
 
 
 def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> None:
-    name = job["pk"].removeprefix("JOB#")
+    name = pipeline_table.job_name(job["pk"])
     stage = int(job.get("stage", 0))
     if status == "Completed" and stage + 1 < len(settings.stages):
         _start_next_stage(job, stage + 1, settings)
@@ -423,18 +320,16 @@ def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> Non
         _mark_trained(job, settings)
     else:
         _return_to_pending(job, settings)
-    aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :empty",
+    aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :empty",
                     {":empty": "", ":job": name}, condition="running_job = :job")
 
 
 def _start_next_stage(job: dict[str, Any], stage: int, settings: TrainingSettings) -> None:
     """The next stage resumes the lineage's checkpoints on the same manifest, with its own instances."""
-    name = f"{job['base']}-s{stage}"
-    carried = {k: v for k, v in job.items() if k not in {"settled", "failure_reason", "model_data", "latents"}}
-    aws.put_item_if_absent(settings.table, {**carried, "pk": pipeline_table.job_pk(name), "status": "Requested",
-                                            "stage": stage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET running_job = :next",
-                    {":next": name, ":job": job["pk"].removeprefix("JOB#")}, condition="running_job = :job")
+    name = job_records.next_stage_name(job, stage)
+    aws.put_item_if_absent(settings.table, job_records.next_stage(job, stage))
+    aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :next",
+                    {":next": name, ":job": pipeline_table.job_name(job["pk"])}, condition="running_job = :job")
     _ensure_started(name, settings)
 
 
@@ -443,15 +338,15 @@ def _mark_trained(job: dict[str, Any], settings: TrainingSettings) -> None:
     for shard in manifest.new_shards:
         aws.update_item(settings.table, pipeline_table.shard_pk(shard.shard_id),
                         "SET #s = :trained, gsi1pk = :p, gsi1sk = :k, #ref = :ref",
-                        {":trained": "trained", ":p": TRAINED_SHARDS, ":k": shard.shard_id,
+                        {":trained": "trained", ":p": pipeline_table.TRAINED_SHARDS, ":k": shard.shard_id,
                          ":ref": shard.model_dump_json()}, names={"#s": "status", "#ref": "ref"})
-    target = _steps_target(job, len(settings.stages) - 1, settings)
-    aws.update_item(settings.table, f"LINEAGE#{settings.lineage}", "SET steps_done = :t", {":t": target})
+    target = job_records.steps_target(job, len(settings.stages) - 1, settings)
+    aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET steps_done = :t", {":t": target})
 
 
 def _return_to_pending(job: dict[str, Any], settings: TrainingSettings) -> None:
     """A failed or stopped job loses no shard: each goes back to the pending index."""
-    name = job.get("base") or job["pk"].removeprefix("JOB#")  # shards name the manifest's first job
+    name = job.get("base") or pipeline_table.job_name(job["pk"])  # shards name the manifest's first job
     for shard_id in job.get("shards", []):
         item = aws.get_item(settings.table, pipeline_table.shard_pk(shard_id)) or {}
         shard = ShardSealed.model_validate_json(item["record"])
@@ -459,27 +354,6 @@ def _return_to_pending(job: dict[str, Any], settings: TrainingSettings) -> None:
                         "SET #s = :pending, gsi1pk = :p, gsi1sk = :k REMOVE manifest_job",
                         {":pending": "pending", ":p": pipeline_table.PENDING_SHARDS, ":k": f"{shard.sealed_at}#{shard_id}",
                          ":job": name}, condition="manifest_job = :job", names={"#s": "status"})
-
-
-def _steps_target(job: dict[str, Any], stage: int, settings: TrainingSettings) -> int:
-    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage + 1])
-
-
-@dataclass(frozen=True)
-class _Inputs:
-    """What a claimed job's jobs read: its manifest's shards and exclusions, and its model parts."""
-
-    manifest_uri: str
-    exclusions_uri: str
-    pretrained_uri: str  # the base it was claimed with ("": none)
-    vae_uri: str = ""  # the lineage's VAE, once its autoencoder job has made one
-
-
-def _inputs(name: str, job: dict[str, Any], settings: TrainingSettings) -> _Inputs:
-    base = job.get("base", name)
-    return _Inputs(f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.manifest",
-                   f"s3://{settings.data_bucket}/{MANIFEST_PREFIX}{base}.json" if job.get("excludes") else "",
-                   PretrainedBase.model_validate_json(job["pretrained"]).uri if job.get("pretrained") else "")
 
 
 def _ensure_started(name: str, settings: TrainingSettings) -> bool:
@@ -500,7 +374,7 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     if job is None or job.get("status") not in ("Requested", "InProgress"):
         return
     stage = int(job.get("stage", 0))
-    inputs = _inputs(name, job, settings)
+    inputs = job_records.inputs_of(name, job, settings)
     if job.get("autoencoder"):
         inputs = replace(inputs, vae_uri=autoencoder_job.vae_for(name, job, settings))
         if not inputs.vae_uri:
@@ -510,7 +384,8 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
         _ensure_encoding(name, job, inputs, settings)
         return
     train_uri = job.get("latents") or inputs.manifest_uri
-    request = training_job_request(name, train_uri, job["digest"], stage, _steps_target(job, stage, settings), settings,
+    steps_target = job_records.steps_target(job, stage, settings)
+    request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
                                    inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri)
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
@@ -519,7 +394,7 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     _check_ours(name, name, train_uri, settings)
 
 
-def _ensure_encoding(name: str, job: dict[str, Any], inputs: _Inputs, settings: TrainingSettings) -> None:
+def _ensure_encoding(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
     """The training job's encode job runs (or has ended: then its end is handled now, in case its
     event was lost)."""
     if encode_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri, inputs.vae_uri,
@@ -532,7 +407,7 @@ def _ensure_encoding(name: str, job: dict[str, Any], inputs: _Inputs, settings: 
         on_encode_finished(record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
 
 
-def _ensure_autoencoder(name: str, job: dict[str, Any], inputs: _Inputs, settings: TrainingSettings) -> None:
+def _ensure_autoencoder(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
     """The lineage's autoencoder job runs for this job (or has ended: its end is handled now, in case
     its event was lost)."""
     if autoencoder_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri, settings):

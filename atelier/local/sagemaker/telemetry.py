@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from atelier.local.sagemaker_common import AwsClients, utc_now
+from atelier.local.sagemaker.aws_clients import AwsClients
+from atelier.local.sagemaker.documents import utc_now
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atelier.local.sagemaker_common import S3Uri, download, download_prefix, inside, list_keys, relative_key, upload
+from atelier.local.sagemaker.s3_transfers import (
+    S3Uri,
+    download,
+    download_prefix,
+    inside,
+    list_keys,
+    relative_key,
+    upload,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -4,14 +4,14 @@ It shows the loss and throughput curves (round ticks on both axes), the data-wai
 validation grid of every checkpoint (trainer/health.py labels each with its prompts and seeds), an
 autoencoder job's figures and reconstructions, the evaluation gate's decision and the lineage
 summary; every table cell reads as text (figures rounded, yes/no, an em dash for what is missing).
-This module is its one renderer, standard library only, for the two places that write it:
+This module is its one renderer, standard library only (the CLI imports it without the ML stack),
+for the two places that write it:
 
-- the trainer, at the end of a run (trainer/report.py; trainer/Dockerfile copies this file into the
-  image): `report.html` in the model and output data dirs, before any gate. The page carries the
-  run's figures as a JSON data block, so that from the output data (`output/output.tar.gz`) alone
-  the page can be rendered again;
-- the deploy function, once the gate has decided (core.deploy.rollout): `report.html` as its own object
-  beside the model artefact, from output.tar.gz, the decision and lineage.json.
+- the trainer, at the end of a run (trainer/report.py): `report.html` in the model and output data
+  dirs, before any gate. The page carries the run's figures as a JSON data block, so that from the
+  output data (`output/output.tar.gz`) alone the page can be rendered again;
+- `atelier report --job` (atelier/reports.py), on demand: the complete page from output.tar.gz,
+  the gate's `evaluation.json` and `lineage.json` beside the model artefact.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ RUN_DATA = '<script type="application/json" id="atelier-run">'  # the run's figu
 MISSING = "\u2014"  # an em dash: what a table shows for a value that is not there
 STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin-bottom:1em}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{font-weight:600;background:#f6f6f6}td{overflow-wrap:anywhere}table table{font-size:0.92em;margin:1px 0}
 .pass{color:#176d2c;font-weight:bold}.fail{color:#a4161a;font-weight:bold}.none{color:#777}
 svg{margin:0 1em 1em 0;font-family:system-ui,sans-serif}
@@ -113,7 +114,8 @@ def svg_curve(points: list[tuple[float, float]], title: str, colour: str = "#1f4
                          f'stroke="#666"/><text x="{px(tick):.1f}" y="{top + plot_h + 17}" font-size="11" '
                          f'text-anchor="middle">{tick_label(tick)}</text>')
         for tick in y_ticks:
-            parts.append(f'<line x1="{left}" y1="{py(tick):.1f}" x2="{left + plot_w}" y2="{py(tick):.1f}" stroke="#eee"/>'
+            parts.append(f'<line x1="{left}" y1="{py(tick):.1f}" x2="{left + plot_w}" y2="{py(tick):.1f}" '
+                         'stroke="#eee"/>'
                          f'<line x1="{left - 5}" y1="{py(tick):.1f}" x2="{left}" y2="{py(tick):.1f}" stroke="#666"/>'
                          f'<text x="{left - 8}" y="{py(tick) + 4:.1f}" font-size="11" text-anchor="end">'
                          f"{tick_label(tick, percent)}</text>")
@@ -195,12 +197,14 @@ def _columns(rows: list[tuple[str | None, dict]]) -> str:
     named = any(name is not None for name, _ in rows)
     head = ("<th></th>" if named else "") + "".join(f"<th>{html.escape(_label(k))}</th>" for k in fields)
     body = "".join("<tr>" + (f"<th>{html.escape(name or '')}</th>" if named else "")
-                   + "".join(f"<td>{_cell(_label(k), row.get(k))}</td>" for k in fields) + "</tr>" for name, row in rows)
+                   + "".join(f"<td>{_cell(_label(k), row.get(k))}</td>" for k in fields) + "</tr>"
+                   for name, row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _table(rows: dict) -> str:
-    cells = "".join(f"<tr><th>{html.escape(_label(k))}</th><td>{_cell(_label(k), v)}</td></tr>" for k, v in rows.items())
+    cells = "".join(f"<tr><th>{html.escape(_label(k))}</th><td>{_cell(_label(k), v)}</td></tr>"
+                    for k, v in rows.items())
     return f"<table>{cells}</table>"
 
 
@@ -212,7 +216,8 @@ def gate_section(evaluation: dict | None) -> str:
     if evaluation is None:
         return '<p class="none">not evaluated</p>'
     gate = evaluation["gate"] if isinstance(evaluation.get("gate"), dict) else evaluation
-    decision = gate.get("decision") or ({True: "pass", False: "fail"}.get(gate.get("passed")) if "passed" in gate else None)
+    passed = {True: "pass", False: "fail"}.get(gate.get("passed")) if "passed" in gate else None
+    decision = gate.get("decision") or passed
     css = {"pass": "pass", "passed": "pass", "deploy": "pass", "fail": "fail", "failed": "fail",
            "reject": "fail", "rejected": "fail", "held-back": "fail"}.get(str(decision).lower(), "none")
     head = (f'<p>decision: <span class="{css}">{html.escape(str(decision))}</span></p>' if decision
@@ -233,12 +238,14 @@ def lineage_section(lineage: dict | None) -> str:
     manifests, samples = lineage.get("manifests"), lineage.get("samples")
     if isinstance(manifests, list):
         rows["manifests"] = Html("<br>".join(html.escape(
-            f"#{m.get('sequence')} {str(m.get('digest', ''))[:12]}: jobs {', '.join(j.get('name', '') for j in m.get('jobs', []))}; "
+            f"#{m.get('sequence')} {str(m.get('digest', ''))[:12]}: "
+            f"jobs {', '.join(j.get('name', '') for j in m.get('jobs', []))}; "
             f"shards {len(m.get('shards', []))}, left out {len(m.get('left_out', []))}") for m in manifests))
     if isinstance(samples, list):
         by_source = Counter((s.get("partner") or "?", s.get("license") or "?") for s in samples)
         rows["samples"] = len(samples)
-        rows["samples by partner / license"] = ", ".join(f"{p} / {lic}: {n}" for (p, lic), n in sorted(by_source.items()))
+        rows["samples by partner / license"] = ", ".join(f"{p} / {lic}: {n}"
+                                                         for (p, lic), n in sorted(by_source.items()))
     return _table(rows)
 
 
@@ -271,7 +278,8 @@ def autoencoder_section(record: dict | None, reconstructions: str | None) -> str
     history = [h for h in record.get("history") or [] if isinstance(h, dict) and "step" in h]
     curves = [svg_curve([(h["step"], h.get("loss")) for h in history], "autoencoder loss (log scale)", log_y=True,
                         y_title="loss"),
-              svg_curve([(h["step"], h.get("psnr_db")) for h in history], "reconstruction PSNR", "#6a3d9a", y_title="dB")] \
+              svg_curve([(h["step"], h.get("psnr_db")) for h in history], "reconstruction PSNR", "#6a3d9a",
+                        y_title="dB")] \
         if history else []
     picture = (_figure(reconstructions, "autoencoder reconstructions", "originals (top) / reconstructions (bottom)")
                if reconstructions else '<p class="none">no reconstructions.png</p>')
@@ -345,7 +353,8 @@ def read_output(stream: IO[bytes]) -> tuple[dict | None, list[tuple[str, bytes]]
     with tarfile.open(fileobj=stream, mode="r|gz") as tar:
         for member in tar:
             path = PurePosixPath(member.name.removeprefix("./"))
-            wanted = str(path) in (REPORT, RECONSTRUCTIONS) or (str(path.parent) == "validation" and path.match("step-*.png"))
+            grid = str(path.parent) == "validation" and path.match("step-*.png")
+            wanted = str(path) in (REPORT, RECONSTRUCTIONS) or grid
             extracted = tar.extractfile(member) if member.isfile() and wanted else None
             if extracted is None:
                 continue

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from atelier.local.sagemaker_common import validation_error
+from atelier.local.sagemaker.validation import validation_error
 
 ROUTING_TYPES = ("ALL_AT_ONCE", "CANARY", "LINEAR")
 CAPACITY_TYPES = ("INSTANCE_COUNT", "CAPACITY_PERCENT")

@@ -17,7 +17,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from atelier.local.sagemaker_common import page, require, validation_error
+from atelier.local.sagemaker.validation import page, require, validation_error
 
 MAX_TAGS = 50
 MAX_KEY_LENGTH, MAX_VALUE_LENGTH = 128, 256

@@ -1,0 +1,18 @@
+"""The tags the pipeline puts on what it creates in SageMaker (and on partner roles), read back
+by the stages after it: the deploy stage, provenance, the CLI."""
+
+from __future__ import annotations
+
+# on every job the start-training stage creates (core.training.job_requests)
+MANIFEST = "atelier:manifest"  # the digest of the manifest it trains on
+LINEAGE = "atelier:lineage"
+STAGE = "atelier:stage"  # the run-plan stage's name
+FINAL_STAGE = "atelier:final-stage"  # "true" on the job whose model is a deploy candidate
+# on an encode, autoencoder or evaluation job: what it is, and the training job it runs for
+ROLE = "atelier:role"
+TRAINING_JOB = "atelier:training-job"  # also on every SageMaker model the deploy stage creates
+# on an evaluation job (core.deploy.requests): the model it judges, and what it is compared with
+CANDIDATE = "atelier:candidate"
+BASELINE = "atelier:baseline"
+# on a partner's IAM role (core.partners.partner_access): which partner's uploads it may write
+PARTNER = "atelier:partner"

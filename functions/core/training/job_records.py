@@ -1,0 +1,68 @@
+"""A training job's record in the pipeline table, as the start-training stage claims it, carries it
+to the next run-plan stage and reads it back: what its jobs read, and the steps it trains up to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from contracts import pipeline_table, s3_layout
+from contracts.messages import Manifest
+from core.settings import TrainingSettings
+from core.training.pretrained import PretrainedBase
+
+# what a stage's record does not inherit from the one before it: that one's end and outputs
+NOT_CARRIED = frozenset({"settled", "failure_reason", "model_data", "latents"})
+
+
+def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, autoencoder: bool,
+                base: PretrainedBase | None, settings: TrainingSettings) -> dict[str, Any]:
+    """The record a claim creates for the manifest's first job (stage 0)."""
+    return {**pipeline_table.job_item(name, s3_layout.manifest_key(name), [s.shard_id for s in manifest.new_shards],
+                                      _now()),
+            "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
+            "stage": 0, "base": name, "steps_base": steps_done,
+            "replay": [s.shard_id for s in manifest.shards if s.role == "replay"],
+            "sequence": manifest.sequence, "excludes": manifest.excluded,
+            # decided once: a settings change never strands a claimed job
+            "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder,
+            "pretrained": base.model_dump_json() if base else ""}
+
+
+def next_stage_name(job: dict[str, Any], stage: int) -> str:
+    return f"{job['base']}-s{stage}"
+
+
+def next_stage(job: dict[str, Any], stage: int) -> dict[str, Any]:
+    """The record of the manifest's job for `stage`: the same manifest and lineage, its own instances."""
+    carried = {k: v for k, v in job.items() if k not in NOT_CARRIED}
+    return {**carried, "pk": pipeline_table.job_pk(next_stage_name(job, stage)), "status": "Requested",
+            "stage": stage, "at": _now()}
+
+
+def steps_target(job: dict[str, Any], stage: int, settings: TrainingSettings) -> int:
+    """The lineage total of steps the job of `stage` trains up to."""
+    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage + 1])
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a claimed job's jobs read: its manifest's shards and exclusions, and its model parts."""
+
+    manifest_uri: str
+    exclusions_uri: str
+    pretrained_uri: str  # the base it was claimed with ("": none)
+    vae_uri: str = ""  # the lineage's VAE, once its autoencoder job has made one
+
+
+def inputs_of(name: str, job: dict[str, Any], settings: TrainingSettings) -> Inputs:
+    """The manifest files of the job's first stage (every stage trains on them)."""
+    base = job.get("base", name)
+    return Inputs(s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base, s3_layout.MANIFEST_FILE)),
+                  s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base)) if job.get("excludes") else "",
+                  PretrainedBase.model_validate_json(job["pretrained"]).uri if job.get("pretrained") else "")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,134 @@
+"""Every name that crosses a boundary is spelled once, in functions/contracts/: no table key prefix,
+tag or S3 prefix is written as a literal anywhere else, and what the trainer takes from contracts
+needs nothing beyond the standard library (trainer/Dockerfile copies it into the image)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts import pipeline_table, s3_layout
+from contracts.aspect_buckets import ASPECT_BUCKETS, aspect_bucket, bucket_ratio
+from tests.support import REPO
+
+CONTRACTS = REPO / "functions" / "contracts"
+SEARCHED = [REPO / "functions", REPO / "trainer", REPO / "atelier", REPO / "bench"]
+KEY_PREFIX = re.compile(r"\b[A-Z][A-Z_]*#")  # SAMPLE#, JOB#, LINEAGE#, PHASHFULL#, ...
+TAG = re.compile(r"^atelier:")
+S3_PREFIXES = sorted(value for name, value in vars(s3_layout).items()
+                     if name.isupper() and isinstance(value, str) and value.endswith("/"))
+
+
+def sources() -> list[Path]:
+    return sorted(p for root in SEARCHED for p in root.rglob("*.py") if CONTRACTS not in p.parents)
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the module's, classes' and functions' docstring nodes (prose, not names)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def literals(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal; an f-string reads with `{}` where its values go."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = docstrings(tree)
+    parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            found.append((node.lineno, text))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip | parts:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def stray(text: str) -> str | None:
+    """What in `text` only contracts may spell, if anything."""
+    if match := KEY_PREFIX.search(text):
+        return f"table key prefix {match.group()}"
+    if TAG.match(text):
+        return f"tag {text}"
+    for prefix in S3_PREFIXES:
+        # a key (`training/<job>/...`) or a URI's key (`s3://{bucket}/training/...`)
+        if text.startswith(prefix) or f"}}/{prefix}" in text:
+            return f"S3 prefix {prefix}"
+    return None
+
+
+def test_no_name_of_the_contracts_is_spelled_outside_them() -> None:
+    found = [f"{path.relative_to(REPO)}:{line}: {what}: {text!r}"
+             for path in sources() for line, text in literals(path) if (what := stray(text))]
+
+    assert found == []
+
+
+@pytest.mark.parametrize("text", ["JOB#", "f'LINEAGE#{}'", "atelier:role", "training/", "s3://{}/checkpoints/{}/"])
+def test_the_search_finds_each_kind_of_name(text: str) -> None:
+    assert stray(text.removeprefix("f'").removesuffix("'")) is not None
+
+
+def test_the_search_leaves_expressions_and_local_paths_alone() -> None:
+    ignored = ("SET #s = :pending", "{}#{}", "/opt/ml/checkpoints", "atelier-quarantine")
+    assert [stray(t) for t in ignored] == [None] * len(ignored)
+
+
+def test_each_key_reads_back_the_name_it_was_built_from() -> None:
+    assert pipeline_table.job_name(pipeline_table.job_pk("atelier-0123-s1")) == "atelier-0123-s1"
+    assert pipeline_table.lineage_name(pipeline_table.lineage_pk("main")) == "main"
+    assert pipeline_table.sample_sha256(pipeline_table.sample_pk("ab" * 32)) == "ab" * 32
+    assert pipeline_table.shard_id_of(pipeline_table.shard_pk("shard-1")) == "shard-1"
+    key = "partner-a/x/red.png"
+    assert pipeline_table.upload_key(pipeline_table.upload_pk("uploads", key)) == key
+
+
+def test_the_import_records_nest_under_their_batch() -> None:
+    batch = pipeline_table.import_batch_pk("b1")
+    assert (batch, pipeline_table.import_shard_pk("b1", "s3://in/0.tar")) == ("IMPORT#b1", "IMPORT#b1#s3://in/0.tar")
+
+
+def test_a_full_index_key_counts_under_its_band_and_sub_band() -> None:
+    key = pipeline_table.phash_pk(2, "89ab", 3, "cde")
+    assert (key, pipeline_table.phash_full_pk(key)) == ("PHASH#2#89ab#3#cde", "PHASHFULL#2#3")
+
+
+def test_every_aspect_bucket_reads_back_as_its_own_ratio() -> None:
+    assert {name: bucket_ratio(aspect_bucket(round(ratio * 1000), 1000)) for name, ratio in ASPECT_BUCKETS.items()} \
+        == ASPECT_BUCKETS
+    assert [bucket_ratio(b) for b in ("512x1024", [1, 2], None, "")] == [None] * 4  # no other spelling means one
+
+
+def contracts_the_trainer_imports() -> set[str]:
+    """The contracts modules the image's program imports (trainer/launch.py runs on an operator's machine)."""
+    names = set()
+    for path in set((REPO / "trainer").rglob("*.py")) - {REPO / "trainer" / "launch.py"}:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("contracts"):
+                names |= {node.module} if node.module != "contracts" else {f"contracts.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name.startswith("contracts.")}
+    return names
+
+
+def test_what_the_trainer_takes_from_contracts_needs_only_the_standard_library() -> None:
+    imported = contracts_the_trainer_imports()
+    outside = {}
+    for module in sorted(imported):
+        tree = ast.parse((CONTRACTS / f"{module.removeprefix('contracts.')}.py").read_text())
+        tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        tops |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        outside[module] = sorted(tops - set(sys.stdlib_module_names) - {"__future__"})
+
+    assert "contracts.shard_members" in imported
+    assert outside == {module: [] for module in imported}

@@ -1,0 +1,91 @@
+"""One optimizer step of the UNet, the step trainer/train.py runs and bench/train_gpu.py times.
+
+A step: for each micro-batch the diffusion loss (trainer/objective.py: noise, timesteps, target,
+noise offset, min-SNR weighting) from that micro-batch's own seeded generator, its backward scaled
+by 1 / micro-batches (the gradient all-reduce on the last alone); then gradient clipping, one
+finiteness check over every rank, AdamW and the EMA when it is finite (the weights stay as they
+were when not, on every rank), and the learning-rate schedule's step either way.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from trainer import distributed
+from trainer.ema import EMA
+from trainer.health import Window
+from trainer.models import Models
+from trainer.objective import diffusion_loss, step_generator
+
+
+@dataclass
+class Trainee:
+    """The UNet being trained and what updates it."""
+    unet: torch.nn.Module  # its parameters are clipped, stepped and averaged
+    model: torch.nn.Module  # the UNet under DDP / FSDP (or itself): its gradient-sync switch
+    step_model: Callable  # what the loss calls: `model`, or torch.compile of it
+    optimizer: torch.optim.Optimizer
+    lr_schedule: torch.optim.lr_scheduler.LRScheduler
+    ema: EMA | None
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """The step's hyperparameters; the defaults are trainer.train's."""
+    seed: int = 0
+    gradient_accumulation: int = 1
+    max_grad_norm: float = 1.0
+    noise_offset: float = 0.0
+    snr_gamma: float | None = None
+    sync_every_micro_batch: bool = False  # the all-reduce on every micro-batch: a benchmark lever, never a job's
+
+    @classmethod
+    def from_args(cls, args) -> "StepSettings":
+        return cls(args.seed, args.gradient_accumulation, args.max_grad_norm, args.noise_offset, args.snr_gamma)
+
+
+@dataclass
+class StepOutcome:
+    loss: torch.Tensor  # the mean over the micro-batches, detached, on the device
+    grad_norm: torch.Tensor  # before clipping
+    learning_rate: float  # the rate this step used
+    finite: bool  # False: a NaN or inf on some rank; no rank changed its weights
+    batches: list[dict]  # the micro-batches, for the caller's counts
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor (FSDP returns the gradient norm as a replicated DTensor)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def train_step(trainee: Trainee, models: Models, batches: Iterator[dict], window: Window, settings: StepSettings,
+               step: int, processes: distributed.Processes) -> StepOutcome:
+    """Step `step` (1-based) on the next `gradient_accumulation` micro-batches; `window` counts their
+    images, the time spent waiting for them and, when the step is finite, its loss and gradient norm."""
+    device, accumulation = processes.device, settings.gradient_accumulation
+    step_loss = torch.zeros((), device=device)  # a fresh tensor each step: never a compiled graph's output kept
+    seen = []
+    for micro in range(accumulation):
+        batch = window.wait_for(batches)
+        with distributed.gradient_sync(trainee.model, settings.sync_every_micro_batch or micro == accumulation - 1):
+            generator = step_generator(settings.seed, step, processes.rank, micro, device)
+            loss = diffusion_loss(trainee.step_model, models, batch, device, generator, settings.noise_offset,
+                                  settings.snr_gamma)
+            (loss / accumulation).backward()
+        step_loss += loss.detach() / accumulation
+        window.images += len(batch["key"]) * processes.world_size
+        seen.append(batch)
+    grad_norm = whole(torch.nn.utils.clip_grad_norm_(trainee.unet.parameters(), settings.max_grad_norm))
+    learning_rate = trainee.optimizer.param_groups[0]["lr"]
+    finite = distributed.all_finite(step_loss, grad_norm)  # a NaN on any rank skips the step on every rank
+    if finite:
+        trainee.optimizer.step()
+        if trainee.ema is not None:
+            trainee.ema.update(trainee.unet.named_parameters())
+        window.loss_sum += step_loss.cpu()
+        window.good_steps, window.grad_norm = window.good_steps + 1, grad_norm.item()
+    trainee.optimizer.zero_grad(set_to_none=True)
+    trainee.lr_schedule.step()
+    return StepOutcome(step_loss, grad_norm, learning_rate, finite, seen)
