@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from atelier import client
+from contracts import s3_layout
 
 if TYPE_CHECKING:
     from core.provenance import Lineage
@@ -90,7 +91,7 @@ def cmd_attribution(args: argparse.Namespace) -> int:
                       "?" if share.draws is None else str(share.draws),
                       "?" if share.draw_share is None else f"{share.draw_share:.1%}")
     console.print(table)
-    console.print(f"chart: {report.lineage_uri.removesuffix('lineage.json')}attribution.png")
+    console.print(f"chart: {report.lineage_uri.removesuffix(s3_layout.LINEAGE_FILE)}attribution.png")
     return 0
 
 

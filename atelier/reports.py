@@ -21,7 +21,7 @@ from core import aws, provenance
 from trainer import report_html
 from trainer.report_html import REPORT
 
-AFTER_TRAINING = ("evaluation.json", "lineage.json")  # written beside the artefact by deploy / start-training
+AFTER_TRAINING = (s3_layout.EVALUATION_FILE, s3_layout.LINEAGE_FILE)  # written beside the artefact by deploy / start-training
 
 
 def partner_report(outputs: dict[str, str], partner: str) -> dict[str, Any]:
@@ -134,9 +134,9 @@ def job_report(outputs: dict[str, str], job: str) -> bytes:
     decision, the page the trainer wrote."""
     bucket, folder = outputs["ModelsBucketName"], s3_layout.output_folder(job)
     run, grids = report_data(bucket, folder)
-    if run is None and aws.head_object(bucket, f"{folder}/model.tar.gz") is not None:
+    if run is None and aws.head_object(bucket, f"{folder}/{s3_layout.MODEL_ARCHIVE}") is not None:
         with suppress(FileNotFoundError):  # an older trainer's page carries no figures: its record, streamed up to it
-            record = aws.read_tar_member(f"s3://{bucket}/{folder}/model.tar.gz", report_html.RECORD)
+            record = aws.read_tar_member(f"s3://{bucket}/{folder}/{s3_layout.MODEL_ARCHIVE}", report_html.RECORD)
             run = report_html.run_data(json.loads(record))
     evaluation, lineage = (aws.read_json_if_exists(bucket, f"{folder}/{name}") for name in AFTER_TRAINING)
     if run is not None or evaluation is not None:  # a candidate's page says what the gate decided, figures or not

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from contracts import s3_layout
 from trainer import autoencoder, cluster, encode, evaluate, serve, train
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
@@ -138,7 +139,7 @@ def run_job(root: Path) -> None:
     if task == "evaluate":
         evaluate.main(parse_quietly(evaluate.parse_args, hyperparameter_argv(root)))
     elif task == "encode":  # latent shards go where CheckpointConfig uploads them (trainer/encode.py)
-        argv = ["--output-dir", str(root / "checkpoints" / "latents"), *hyperparameter_argv(root)]
+        argv = ["--output-dir", str(root / "checkpoints" / s3_layout.LATENTS.rstrip("/")), *hyperparameter_argv(root)]
         encode.main(parse_quietly(encode.parse_args, argv))
     elif task == "autoencoder":
         autoencoder.main(parse_quietly(autoencoder.parse_args, training_argv(root)))

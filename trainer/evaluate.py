@@ -73,13 +73,14 @@ from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 from wids.wids import IndexedTarSamples
 
 from trainer.buckets import cover_and_crop
+from contracts import s3_layout
 from contracts.shard_members import IMAGE_FORMATS
 from trainer.data import decode_image, scan_shard, to_tensor
 from trainer.health import log
 from trainer.models import Models, build_pipeline, encode_captions, from_pretrained
 
 SCHEMA = 1
-EVALUATION_FILE = "evaluation.json"
+EVALUATION_FILE = s3_layout.EVALUATION_FILE
 DEFAULT_TIMESTEPS = "100,300,500,700,900"
 CLIP_BATCH = 16
 NO_SCORER = "no scorer"
@@ -188,9 +189,9 @@ def channel_dir(channel: str | None, scratch: Path, name: str, marker: str = "mo
     path = Path(channel)
     if (path / marker).is_file():
         return path
-    if (path / "model.tar.gz").is_file():
+    if (path / s3_layout.MODEL_ARCHIVE).is_file():
         unpacked = scratch / name
-        with tarfile.open(path / "model.tar.gz") as archive:
+        with tarfile.open(path / s3_layout.MODEL_ARCHIVE) as archive:
             archive.extractall(unpacked, filter="data")
         if (unpacked / marker).is_file():
             return unpacked

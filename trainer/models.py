@@ -30,6 +30,7 @@ from diffusers import (
 )
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
+from contracts.s3_layout import MODEL_ARCHIVE
 from trainer.tokenizer import build_tokenizer
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
@@ -222,7 +223,7 @@ def channel_path(value: str) -> Path:
     path = Path(value)
     if not path.exists() and os.environ.get(f"SM_CHANNEL_{value.upper()}"):
         path = Path(os.environ[f"SM_CHANNEL_{value.upper()}"])
-    archive = path if path.is_file() else path / "model.tar.gz"
+    archive = path if path.is_file() else path / MODEL_ARCHIVE
     if archive.is_file() and archive.name.endswith(".tar.gz"):
         unpacked = Path(tempfile.mkdtemp(prefix="atelier-base-"))
         try:

@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from contracts.s3_layout import EVALUATION_FILE, LINEAGE_FILE
 from trainer.report_html import AUTOENCODER, RECONSTRUCTIONS, RECORD, REPORT, png_data_uri, render, run_data
 
 
@@ -34,8 +35,8 @@ def build(model_dir: Path, health_dir: Path, history: list[dict] | None = None, 
              for path in sorted((health_dir / "validation").glob("step-*.png"))]
     pictured = health_dir / RECONSTRUCTIONS
     reconstructions = png_data_uri(pictured.read_bytes()) if pictured.is_file() else None
-    return render(job or model_dir.name, run, grids, _read_json(model_dir / "evaluation.json"),
-                  _read_json(model_dir / "lineage.json"), reconstructions)
+    return render(job or model_dir.name, run, grids, _read_json(model_dir / EVALUATION_FILE),
+                  _read_json(model_dir / LINEAGE_FILE), reconstructions)
 
 
 def write_report(model_dir: Path, health_dir: Path, history: list[dict] | None = None,

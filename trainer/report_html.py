@@ -26,7 +26,9 @@ from collections import Counter
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-REPORT = "report.html"
+from contracts.s3_layout import REPORT_FILE
+
+REPORT = REPORT_FILE
 RECORD = "atelier-training.json"  # the run's record at the model dir's root (trainer/train.py)
 AUTOENCODER = "autoencoder.json"  # an autoencoder job's record at the model dir's root (trainer/autoencoder.py)
 RECONSTRUCTIONS = "reconstructions.png"  # its originals (top row) over their reconstructions, in the output data

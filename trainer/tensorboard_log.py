@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-LOCAL_PATH = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath (core/training/job_requests.py)
+from contracts.container_paths import TENSORBOARD_LOCAL_PATH
+
+LOCAL_PATH = TENSORBOARD_LOCAL_PATH  # TensorBoardOutputConfig.LocalPath, as the job request sets it
 SCALARS = ("loss", "lr", "img_per_s", "data_wait_share", "grad_norm")
 
 

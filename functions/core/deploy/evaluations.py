@@ -9,7 +9,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table
+from contracts import pipeline_table, s3_layout
 from core import aws, telemetry
 from core.deploy.events import CANDIDATE_TAG, EVAL_SUFFIX, DeployResult, JobState
 from core.deploy.gate import Evaluation, Scores, Thresholds, decide, parse_evaluation
@@ -20,7 +20,7 @@ from core.settings import DeploySettings
 
 logger = Logger(child=True)
 # the evaluation job's scores in its artefact (trainer/evaluate.py), and the gate's decision beside the candidate's
-EVALUATION = "evaluation.json"
+EVALUATION = s3_layout.EVALUATION_FILE
 
 
 def start_evaluation(model: dict[str, Any], production: dict[str, Any] | None, settings: DeploySettings,

@@ -18,7 +18,7 @@ from collections import Counter
 from PIL import Image, ImageDraw
 
 from contracts.messages import Frozen
-from contracts.s3_layout import output_key, output_uri
+from contracts.s3_layout import ATTRIBUTION_FILE, LINEAGE_FILE, MODEL_ARCHIVE, output_key, output_uri
 from core import aws
 from core.provenance import Lineage, Places, lineage_of
 
@@ -66,7 +66,7 @@ def attribution(lineage: Lineage, draws: dict[str, dict[str, int]] | None, linea
 def read_draws(models_bucket: str, job: str) -> dict[str, dict[str, int]] | None:
     """`draws` from atelier-training.json in the job's model.tar.gz, streamed up to that member;
     None when there is no artefact or the trainer recorded no counts."""
-    key = output_key(job, "model.tar.gz")
+    key = output_key(job, MODEL_ARCHIVE)
     if aws.head_object(models_bucket, key) is None:
         return None
     _, body = aws.open_object(models_bucket, key)
@@ -108,11 +108,11 @@ def record_model(job: str, places: Places) -> Attribution:
     """Write lineage.json, attribution.json and attribution.png beside the job's model (idempotent:
     a redelivered Completed event writes them again from the same records)."""
     lineage = lineage_of(job, places)
-    lineage_uri = output_uri(places.models_bucket, job, "lineage.json")
+    lineage_uri = output_uri(places.models_bucket, job, LINEAGE_FILE)
     report = attribution(lineage, read_draws(places.models_bucket, job), lineage_uri)
-    aws.write_object(places.models_bucket, output_key(job, "lineage.json"),
+    aws.write_object(places.models_bucket, output_key(job, LINEAGE_FILE),
                      lineage.model_dump_json(indent=1).encode(), "application/json")
-    aws.write_object(places.models_bucket, output_key(job, "attribution.json"),
+    aws.write_object(places.models_bucket, output_key(job, ATTRIBUTION_FILE),
                      report.model_dump_json(indent=1).encode(), "application/json")
     aws.write_object(places.models_bucket, output_key(job, "attribution.png"), chart(report), "image/png")
     return report

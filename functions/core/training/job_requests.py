@@ -14,18 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 from contracts import job_tags, s3_layout
+from contracts.container_paths import CHECKPOINT_LOCAL_PATH, TENSORBOARD_LOCAL_PATH
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
 from core.settings import Stage, TrainingSettings
 from core.training.instance_types import has_instance_store
 from core.training.pretrained import AUTOENCODER_SUFFIX
 
-TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"  # trainer/tensorboard_log.py LOCAL_PATH
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
 PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of its folders), or its model.tar.gz
 VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 ENCODE_SUFFIX = "-enc"
 # the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
 ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets")

@@ -15,9 +15,10 @@ import re
 from typing import Literal
 
 from contracts.messages import Frozen
+from contracts.s3_layout import MODEL_ARCHIVE
 from core import aws
 
-ARCHIVE_NAME = "model.tar.gz"  # the one archive name the trainer unpacks from its channel
+ARCHIVE_NAME = MODEL_ARCHIVE  # the one archive name the trainer unpacks from its channel
 BASES_PREFIX = "bases/"  # in the models bucket: where `atelier base add` uploads a base
 AUTOENCODER_SUFFIX = "-ae"  # `<training job>-ae`, and its checkpoints at checkpoints/<lineage>-ae/
 BASE_RECORD = "atelier-base.json"  # written by `atelier base add` beside the base's files

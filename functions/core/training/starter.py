@@ -39,6 +39,7 @@ and the CreateTrainingJob requests (core.training.job_requests).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -395,28 +396,26 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
 
 
 def _ensure_encoding(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
-    """The training job's encode job runs (or has ended: then its end is handled now, in case its
-    event was lost)."""
-    if encode_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri, inputs.vae_uri,
-                        settings):
-        return
-    encode_name = encode_job_name(name)
-    existing = _check_ours(encode_name, name, inputs.manifest_uri, settings)
-    record = aws.get_item(settings.table, pipeline_table.job_pk(encode_name)) or {}
-    if existing["TrainingJobStatus"] in ENDED and "settled" not in record:
-        on_encode_finished(record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
+    if not encode_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri,
+                            inputs.vae_uri, settings):
+        _settle_if_ended(encode_job_name(name), name, inputs.manifest_uri, on_encode_finished, settings)
 
 
 def _ensure_autoencoder(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
-    """The lineage's autoencoder job runs for this job (or has ended: its end is handled now, in case
-    its event was lost)."""
-    if autoencoder_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri, settings):
-        return
-    ae_name = autoencoder_job_name(name)
-    existing = _check_ours(ae_name, name, inputs.manifest_uri, settings)
-    record = aws.get_item(settings.table, pipeline_table.job_pk(ae_name)) or {}
+    if not autoencoder_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri,
+                                 settings):
+        _settle_if_ended(autoencoder_job_name(name), name, inputs.manifest_uri, on_autoencoder_finished, settings)
+
+
+def _settle_if_ended(preceding: str, name: str, manifest_uri: str,
+                     on_finished: Callable[[dict[str, Any], str, str | None, TrainingSettings], Decision],
+                     settings: TrainingSettings) -> None:
+    """`preceding` (the encode or autoencoder job `name` waits for) already exists: it must be ours, and
+    if it has ended unsettled its end is handled now, in case its event was lost."""
+    existing = _check_ours(preceding, name, manifest_uri, settings)
+    record = aws.get_item(settings.table, pipeline_table.job_pk(preceding)) or {}
     if existing["TrainingJobStatus"] in ENDED and "settled" not in record:
-        on_autoencoder_finished(record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
+        on_finished(record, existing["TrainingJobStatus"], existing.get("FailureReason"), settings)
 
 
 def _check_ours(name: str, training_job: str, expected_uri: str, settings: TrainingSettings) -> dict[str, Any]:
