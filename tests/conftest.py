@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from moto import mock_aws
 
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.runtime import LambdaContext
-from atelier.local.template import expand
+from atelier.local.template import Expanded, expand
 from core import aws
 from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK
 
@@ -31,6 +33,17 @@ TEST_OVERRIDES = {
     "TrainingRunPlan": "[]",  # one job a manifest; the run-plan tests set stages
     "TrainingFailureBackoffSeconds": "0",  # a failed job's shards are retried at once unless a test sets a backoff
 }
+
+
+@functools.cache
+def _expanded() -> Expanded:
+    return expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+
+
+def expanded_template() -> Expanded:
+    """template.yaml expanded with TEST_OVERRIDES: parsed and transformed once a session (a third of a
+    second each time), a fresh copy for every stack, which provisioning must not share."""
+    return copy.deepcopy(_expanded())
 
 
 @pytest.fixture(autouse=True)
@@ -58,8 +71,7 @@ def lambda_context() -> LambdaContext:
 def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
     """moto with every resource of template.yaml, created by the local stack's own provisioner."""
     with mock_aws():
-        expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
-        yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+        yield Provisioner(expanded_template(), STACK, REGION, ACCOUNT, boto3.client).provision()
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +87,7 @@ def module_stack() -> Iterator[Provisioned]:
                             "AWS_DEFAULT_REGION": REGION}.items():
             patch.setenv(name, value)
         with mock_aws():
-            expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
-            yield Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
+            yield Provisioner(expanded_template(), STACK, REGION, ACCOUNT, boto3.client).provision()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ function's dead-letter queue, as Lambda's asynchronous invocation does.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -80,7 +81,8 @@ class Provisioner:
     def __init__(self, expanded: Expanded, stack: str, region: str, account: str,
                  client: Callable[[str], Any]) -> None:
         self.expanded = expanded
-        self.client = client
+        # one client per service: creating a botocore client costs more than most of the calls made with it
+        self.client = functools.cache(client)
         self.result = Provisioned(stack, region, account)
         self.attributes: dict[str, dict[str, Any]] = {}
         self.resolver = Resolver(expanded.parameters, expanded.conditions, self._ref, self._get_att,

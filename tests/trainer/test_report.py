@@ -378,7 +378,7 @@ def test_on_ci_a_missing_browser_fails_the_rendering_test_instead_of_skipping_it
     env = {**os.environ, "CI": "1", "PATH": str(Path(sys.executable).parent)}
 
     # WHEN the rendering test runs
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                           f"{__file__}::test_a_headless_browser_renders_every_image_and_curve"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
