@@ -17,9 +17,11 @@ from core.pack.shards import build_shard  # noqa: E402
 
 def catalog_sample(item, size: int) -> Sample:
     """The metadata record the ingest function would write for a catalogue PNG of `size` px."""
-    return Sample(sha256=hashlib.sha256(item.image).hexdigest(), partner="bench", bucket="bench", key=item.name,
-                  format="png", width=size, height=size, size=len(item.image), caption=item.sidecar["caption"],
-                  license=item.sidecar["license"], source=item.sidecar["source"], uploaded_at="2026-01-01T00:00:00Z")
+    sha = hashlib.sha256(item.image).hexdigest()
+    return Sample(sha256=sha, partner="bench", bucket="bench", key=item.name, format="png", width=size, height=size,
+                  size=len(item.image), caption=item.sidecar["caption"], license=item.sidecar["license"],
+                  source=item.sidecar["source"], uploaded_at="2026-01-01T00:00:00Z", aspect_bucket="1:1",
+                  content_bucket="bench", content_key=item.name, content_sha256=sha)
 
 
 def write_shards(items: list, folder: Path, per_shard: int, size: int) -> list[Path]:

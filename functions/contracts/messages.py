@@ -46,7 +46,7 @@ class Sample(Frozen):
     """The metadata record of one accepted image; the ingest -> pack message body.
 
     Schema 2 (docs/metadata.md). `bucket`/`key` name the upload; `content_bucket`/`content_key`
-    the bytes a shard stores (the upload itself, or its re-encoded derivative).
+    the bytes a shard stores (the upload itself, or its re-encoded derivative), `content_sha256` their hash.
     """
 
     schema_version: int = SCHEMA_VERSION
@@ -67,15 +67,15 @@ class Sample(Frozen):
     original_format: str = ""
     original_mode: str = ""
     megapixels: float = 0.0
-    aspect_bucket: str = ""
+    aspect_bucket: str = Field(min_length=1)  # contracts.aspect_buckets, e.g. "16:9"
     phash: str = ""  # 64-bit difference hash, 16 hex digits
     colour: str = ""  # mean chroma of a 4 x 4 grid, 64 hex digits (images.colour_signature); "" before it existed
     near_duplicate_of: str | None = None
     near_duplicate_distance: int | None = None  # dHash bits
     near_duplicate_colour_distance: int | None = None  # colour levels; None: not compared (one had no signature)
-    content_bucket: str = ""
-    content_key: str = ""
-    content_sha256: str = ""
+    content_bucket: str = Field(min_length=1)
+    content_key: str = Field(min_length=1)
+    content_sha256: str = Field(pattern=SHA256_PATTERN)
     content_width: int = 0
     content_height: int = 0
     reencoded: str | None = None  # why the stored bytes are not the upload's
@@ -90,8 +90,8 @@ class Sample(Frozen):
 
     @property
     def content_location(self) -> tuple[str, str]:
-        """Where the bytes to pack are (schema 1 records stored the upload itself)."""
-        return (self.content_bucket or self.bucket, self.content_key or self.key)
+        """Where the bytes to pack are."""
+        return (self.content_bucket, self.content_key)
 
 
 class ShardSealed(Frozen):

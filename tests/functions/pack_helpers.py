@@ -14,6 +14,7 @@ import boto3
 
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table, s3_layout
+from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import shards
@@ -46,7 +47,8 @@ def upload_sample(stack: Provisioned, n: int, size: int | None = None, key: str 
     sample = Sample(sha256=sha, partner=key.split("/", 1)[0], bucket=bucket, key=key, version_id=version,
                     format="jpeg", width=width, height=height, size=len(image), caption=f"sample {n}",
                     license="CC-BY-4.0", source="tests", uploaded_at="2026-11-29T12:00:00.000Z",
-                    content_bucket=bucket, content_key=key, content_sha256=sha)
+                    aspect_bucket=aspect_bucket(width, height), content_bucket=bucket, content_key=key,
+                    content_sha256=sha)
     aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.sample_item(sample))
     return sample
 

@@ -104,7 +104,8 @@ def picture(stack: Provisioned, n: int, partner: str = "partner-a", license: str
     sha = hashlib.sha256(image).hexdigest()
     sample = Sample(sha256=sha, partner=partner, bucket=bucket, key=key, version_id=version, format="jpeg", width=48,
                     height=48, size=len(image), caption=f"picture {n}", license=license,
-                    uploaded_at="2026-11-29T12:00:00.000Z", content_bucket=bucket, content_key=key, content_sha256=sha)
+                    uploaded_at="2026-11-29T12:00:00.000Z", aspect_bucket="1:1", content_bucket=bucket, content_key=key,
+                    content_sha256=sha)
     aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.sample_item(sample))
     return sample
 

@@ -306,7 +306,9 @@ def test_started_job_s_shards_open_with_wids_from_its_shard_list(settings: Train
             digest = hashlib.sha256(image).hexdigest()
             samples.append((Sample(sha256=digest, partner="partner-a", bucket="uploads", key=f"a/{n}-{i}.png",
                                    format="png", width=8, height=8, size=len(image), caption=f"caption {n}.{i}",
-                                   license="CC-BY-4.0", uploaded_at="2026-11-29T12:00:00+00:00"), image))
+                                   license="CC-BY-4.0", uploaded_at="2026-11-29T12:00:00+00:00", aspect_bucket="1:1",
+                                   content_bucket="uploads", content_key=f"a/{n}-{i}.png", content_sha256=digest),
+                            image))
             keys[digest] = f"caption {n}.{i}"
         s3.put_object(Bucket=settings.data_bucket, Key=f"shards/{sid(n)}.tar", Body=build_shard(samples))
     name = seal(settings, 1, 2)[1].job_name

@@ -13,14 +13,17 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
+from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sample
 from core.pack.shards import build_shard, shard_id_for, shard_key
 
 
 def sample(image: bytes, fmt: str, caption: str) -> tuple[Sample, bytes]:
-    record = Sample(sha256=hashlib.sha256(image).hexdigest(), partner="partner-a", bucket="atelier-uploads",
-                    key=f"partner-a/{caption}.{fmt}", format=fmt, width=8, height=6, size=len(image),
-                    caption=caption, license="CC-BY-4.0", uploaded_at="2026-11-29T12:00:00Z")
+    sha, key = hashlib.sha256(image).hexdigest(), f"partner-a/{caption}.{fmt}"
+    record = Sample(sha256=sha, partner="partner-a", bucket="atelier-uploads", key=key, format=fmt, width=8, height=6,
+                    size=len(image), caption=caption, license="CC-BY-4.0", uploaded_at="2026-11-29T12:00:00Z",
+                    aspect_bucket=aspect_bucket(8, 6), content_bucket="atelier-uploads", content_key=key,
+                    content_sha256=sha)
     return record, image
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
 from contracts import shard_members
-from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sample
 # the pack stage's callers read a shard's keys and headers from here; contracts holds them
 from contracts.s3_layout import index_key, shard_key  # noqa: F401
@@ -57,8 +56,8 @@ def shard_id_for(sample_keys: Iterable[str]) -> str:
 # --- members ------------------------------------------------------------------------------------
 
 def image_sha256(sample: Sample) -> str:
-    """The sha256 of the stored image bytes (schema 1 records stored the upload itself)."""
-    return sample.content_sha256 or sample.sha256
+    """The sha256 of the stored image bytes (the upload's, or its derivative's)."""
+    return sample.content_sha256
 
 
 def record_json(sample: Sample) -> bytes:
@@ -106,7 +105,7 @@ def trailer(payload: int) -> bytes:
 
 
 def aspect_of(sample: Sample) -> str:
-    return sample.aspect_bucket or aspect_bucket(sample.width, sample.height)  # schema 1 records carry none
+    return sample.aspect_bucket
 
 
 # --- the in-memory reference --------------------------------------------------------------------
