@@ -34,9 +34,20 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   `<base>+lopt` (inductor's layout optimisation forced on: channels-last through the compiled graphs),
   `<base>+default` (what trainer/configs/defaults/fast.json gives a job with default parameters for `--model-config`
   at that resolution: compile, fused AdamW, batch, accumulation; also gives `train.img_per_s_<res>_default`),
+  `<base>+bf16w` (the UNet's weights in bf16, their fp32 masters stepped by the optimizer, clipped and averaged
+  by the EMA: trainer.master_weights; single process only, a skipped line under torchrun),
+  `<base>+fp8` (torchao float8 training, `convert_to_float8_training`, tensorwise dynamic scaling, on the
+  linear layers of the UNet's Transformer2DModel blocks whose dims are multiples of 16, less the cross-attention
+  key/value projections of the 77 text tokens; torchao imported in the lever: without it, or without a CUDA
+  device of compute capability >= 8.9, a skipped line),
+  `<base>+gnsilu` (each ResnetBlock2D's GroupNorm -> SiLU pairs as one op, trainer.fused_norm: Triton kernels on
+  a GPU, its PyTorch formulas on a CPU),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
   `latent512+compile`), each when measured earlier in the same process.
+- `--parity-steps N`: after the configurations, `--parity-base` (`latent512+default` unless told) and the same
+  with `+fp8`, N steps each from the same weights, seed and data order; a `train.lever.fp8_loss_parity` line gives
+  each loss curve's mean over its last 50 steps and their ratio (fp8 / without).
 - `--profile NAME,...`: after those configurations' timed steps, 3 more under torch.profiler; a
   `train.profile.<name>` line gives the top CUDA kernels and the shares of attention, convolution,
   matmul, normalisation, elementwise and optimizer kernels.
@@ -94,6 +105,7 @@ if TYPE_CHECKING:  # the trainer and torch are imported late: their import time 
     from trainer.compile_cache import CacheKey, JobCache
     from trainer.data import ShardIndex, StepBatches
     from trainer.distributed import Processes
+    from trainer.master_weights import MasterWeights
     from trainer.models import Models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +201,8 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 
 SOURCES = ("image", "latent", "resident")
-LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl", "lopt", "default")
+LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl", "lopt",
+          "default", "bf16w", "fp8", "gnsilu")
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
@@ -215,6 +228,9 @@ class Configuration:
     vae_channels_last: bool = False
     force_layout_opt: bool = False
     fast_default: bool = False
+    bf16_weights: bool = False
+    fp8: bool = False
+    fused_groupnorm_silu: bool = False
 
 
 def parse_config(name: str) -> Configuration:
@@ -235,9 +251,13 @@ def parse_config(name: str) -> Configuration:
                            pin_memory=False if "nopin" in levers else None, sync_every_micro_batch="sync" in levers,
                            fp32="fp32" in levers, math_attention="mathattn" in levers,
                            vae_compile="vaec" in levers or "vaecl" in levers, vae_channels_last="vaecl" in levers,
-                           force_layout_opt="lopt" in levers, fast_default="default" in levers, **counted)
+                           force_layout_opt="lopt" in levers, fast_default="default" in levers,
+                           bf16_weights="bf16w" in levers, fp8="fp8" in levers, fused_groupnorm_silu="gnsilu" in levers,
+                           **counted)
     if config.accumulation < 1 or (config.sync_every_micro_batch and config.accumulation == 1):
         raise ValueError(f"{name!r}: accum<N> needs N >= 1, and sync needs accum<N> with N > 1 (one micro-batch always syncs)")
+    if config.bf16_weights and config.fp32:
+        raise ValueError(f"{name!r}: bf16w and fp32 contradict each other")
     return config
 
 
@@ -271,6 +291,8 @@ class Bench:
     # (part, resolution) -> (TFLOP per image, by kind), counted once with --count-flops
     counted: dict[tuple[str, int], tuple[float, dict]] = field(default_factory=dict)
     trainer_autocast: Callable | None = None  # trainer.objective.autocast while the fp32 lever replaces it
+    master_weights: MasterWeights | None = None  # the bf16w lever's, until release() restores fp32 weights
+    float8_originals: dict[str, object] = field(default_factory=dict)  # the fp8 lever: fqn -> the nn.Linear it swapped
 
     @property
     def device(self):
@@ -457,15 +479,20 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     torch._inductor.config.force_layout_optimization = config.force_layout_opt
     if config.vae_compile:
         compile_vae_encoder(models, channels_last=config.vae_channels_last)
+    detail = apply_model_levers(bench, config)
     model = distributed.wrap(unet, processes, "ddp")
     torch.backends.cudnn.benchmark = config.cudnn_benchmark
     profile_steps = 3 if config.name in bench.profile else 0
     plan = plan_from_args(None, warmup + steps + profile_steps, batch, resolution, None, 0, models.default_resolution)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=True if config.fused_adamw else None)
+    # what clipping, AdamW and the EMA update: the UNet's parameters, or with bf16w their fp32 masters
+    trained = bench.master_weights.masters if bench.master_weights else unet
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1.0, fused=True if config.fused_adamw else None)
+    if bench.master_weights:
+        bench.master_weights.track(optimizer)  # each step copies the masters into the bf16 weights
     # `model` keeps DDP's gradient-sync switch and the step calls step_module(model), as in trainer.train
-    trainee = Trainee(unet, model, step_module(model, config), optimizer,
+    trainee = Trainee(trained, model, step_module(model, config), optimizer,
                       LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1)),
-                      EMA(unet.named_parameters(), 0.9999))
+                      EMA(trained.named_parameters(), 0.9999))
     del model, optimizer
     settings = StepSettings(seed=args.seed, gradient_accumulation=accumulation,
                             sync_every_micro_batch=config.sync_every_micro_batch)
@@ -474,7 +501,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
         bench.marks["loader_started"] = time.time() - PROCESS_START
         batches = first_marked(batches, bench.marks)
 
-    step_times, skipped, window = [], 0, Window()
+    step_times, skipped, window, losses = [], 0, Window(), []
     figures, profiler = None, None
     for step in range(1, plan.total_steps + 1):
         if step == warmup + 1:
@@ -488,6 +515,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
             torch.compiler.cudagraph_mark_step_begin()
         outcome = train_step(trainee, models, batches, window, settings, step, processes)
         skipped += not outcome.finite
+        losses.append(outcome.loss)
         elapsed = time.perf_counter() - started  # the step ends in host syncs (.item()), so this is its wall time
         if first and step == 1:
             bench.marks["first_step"] = time.time() - PROCESS_START
@@ -504,7 +532,8 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
         profile = profile_summary(profiler, profile_steps)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
-    del trainee, batches, profiler, outcome
+    losses = [round(loss, 5) for loss in torch.stack(losses).tolist()]
+    del trainee, batches, profiler, outcome, trained
     release(bench, config)
     median = statistics.median(step_times)
     images_per_step = batch * accumulation
@@ -514,7 +543,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
             "data_wait_share": figures["data_wait_share"], "peak_gpu_mem_gib": round(peak_gib, 2) if peak_gib else None,
             "timed_steps": len(step_times), "warmup_steps": warmup, "skipped_steps": skipped,
             "step_s_min_max": [round(min(step_times), 4), round(max(step_times), 4)], "loss": figures["loss"],
-            "profile": profile}
+            **detail, "profile": profile, "losses": losses}
 
 
 def switch_precision_and_attention(bench: Bench, config: Configuration, on: bool) -> None:
@@ -538,14 +567,82 @@ def switch_precision_and_attention(bench: Bench, config: Configuration, on: bool
         models.unet.set_attn_processor(AttnProcessor() if on else AttnProcessor2_0())
 
 
+def float8_linears(unet) -> dict[str, object]:
+    """fqn -> nn.Linear of the UNet's Transformer2DModel blocks (attention projections, feed-forward, proj_in/out)
+    that float8 matmuls take: both dims multiples of 16. The cross-attention key/value projections are left out:
+    their rows are batch x 77 text tokens, which the weight-gradient float8 matmul needs divisible by 16, and they
+    are a sliver of the FLOPs. Convolutions are never nn.Linear, so never converted."""
+    import torch
+    from diffusers.models.transformers.transformer_2d import Transformer2DModel
+    chosen = {}
+    for prefix, block in unet.named_modules():
+        if isinstance(block, Transformer2DModel):
+            for name, module in block.named_modules():
+                if (type(module) is torch.nn.Linear and module.in_features % 16 == 0 and module.out_features % 16 == 0
+                        and not name.endswith(("attn2.to_k", "attn2.to_v"))):
+                    chosen[f"{prefix}.{name}"] = module
+    return chosen
+
+
+def fp8_unavailable(device) -> str | None:
+    """Why the fp8 lever cannot run here, or None."""
+    import torch
+    if device.type != "cuda":
+        return "float8 training needs a CUDA device"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        return f"float8 matmuls need compute capability >= 8.9 (this GPU: {capability[0]}.{capability[1]})"
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as missing:
+        return f"torchao is not installed ({missing}); bench/gpu_wheels.sh fetches it"
+    return None
+
+
+def apply_model_levers(bench: Bench, config: Configuration) -> dict:
+    """The levers that change the UNet itself (release() undoes them): gnsilu, fp8, bf16w; what each did."""
+    unet, detail = bench.models.unet, {}
+    if config.fused_groupnorm_silu:
+        from trainer.fused_norm import fuse_groupnorm_silu, runs_triton
+        detail["groupnorm_silu_blocks"] = fuse_groupnorm_silu(unet)
+        probe = next(unet.parameters()).new_empty(1, 1, 1, 1)
+        detail["groupnorm_silu_path"] = "triton" if runs_triton(probe) else "pytorch (no CUDA/Triton)"
+    if config.fp8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        bench.float8_originals = float8_linears(unet)
+        convert_to_float8_training(unet, module_filter_fn=lambda module, fqn: fqn in bench.float8_originals,
+                                   config=Float8LinearConfig())
+        detail["float8_linears"] = len(bench.float8_originals)
+    if config.bf16_weights:
+        from trainer.master_weights import MasterWeights
+        bench.master_weights = MasterWeights(unet)
+    return detail
+
+
+def release_model_levers(bench: Bench, config: Configuration) -> None:
+    """The UNet back in fp32 (the masters' values), its nn.Linear and GroupNorm modules back in place."""
+    unet = bench.models.unet
+    if bench.master_weights is not None:
+        bench.master_weights.restore()
+        bench.master_weights = None
+    for fqn, original in bench.float8_originals.items():  # the Float8Linear held the same parameter objects
+        parent, _, name = fqn.rpartition(".")
+        setattr(unet.get_submodule(parent), name, original)
+    bench.float8_originals = {}
+    if config.fused_groupnorm_silu:
+        from trainer.fused_norm import unfuse_groupnorm_silu
+        unfuse_groupnorm_silu(unet)
+
+
 def release(bench: Bench, config: Configuration) -> None:
-    """Leave the UNet as the next configuration expects it (also after a failed one): contiguous, no
-    gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
+    """Leave the UNet as the next configuration expects it (also after a failed one): fp32, its own modules,
+    contiguous, no gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
     import torch
 
     from trainer.models import vae_encoder_eager
     unet = bench.models.unet
     unet.zero_grad(set_to_none=True)
+    release_model_levers(bench, config)
     switch_precision_and_attention(bench, config, on=False)
     if config.channels_last:
         unet.to(memory_format=torch.contiguous_format)
@@ -863,6 +960,11 @@ def parse_args() -> argparse.Namespace:
                         help="after each --encode resolution, encode again with the VAE encoder compiled and every call "
                              "padded (trainer.encode --compile), twice: train.encode_img_per_s_<res>_compiled (cold, "
                              "compile included) and _compiled_warm, each with its ratio to the eager encode")
+    parser.add_argument("--parity-steps", type=int, default=0, metavar="N",
+                        help="after the configurations, --parity-base and --parity-base+fp8 N steps each from the same "
+                             "weights, seed and data: train.lever.fp8_loss_parity (the last 50 steps' loss means)")
+    parser.add_argument("--parity-base", default="latent512+default",
+                        help="the configuration the parity run compares +fp8 against (a smaller eager one is cheaper)")
     parser.add_argument("--profile", default="", help="configurations to profile (3 steps after the timed ones)")
     parser.add_argument("--count-flops", action="store_true",
                         help="count the UNet's (and VAE encoder's) FLOPs per image with FlopCounterMode, once per resolution")
@@ -952,10 +1054,69 @@ def config_line(bench: Bench, config: Configuration, result: dict, measured: dic
                       "cudnn_benchmark": config.cudnn_benchmark, "vae_compile": config.vae_compile,
                       "vae_channels_last": config.vae_channels_last, "force_layout_opt": config.force_layout_opt,
                       "gradient_sync": "every micro-batch" if config.sync_every_micro_batch else "last micro-batch",
+                      "weights": ("bf16 + fp32 master (trainer.master_weights)" if config.bf16_weights
+                                  else "fp32" if config.fp32 else "fp32 under bf16 autocast"),
+                      "fp8": (f"torchao float8, tensorwise dynamic scaling, {result.get('float8_linears')} "
+                              "transformer-block linears" if config.fp8 else None),
+                      "groupnorm_silu": (f"fused {result.get('groupnorm_silu_path')}, "
+                                         f"{result.get('groupnorm_silu_blocks')} ResnetBlock2D"
+                                         if config.fused_groupnorm_silu else "GroupNorm then SiLU"),
                       "world_size": bench.processes.world_size, **result, "config_wall_s": round(wall_s, 1)}
     if config.sync_every_micro_batch and bench.processes.world_size == 1:
         line["config"]["note"] = "world size 1: no all-reduce either way; sync means something under torchrun only"
     return line
+
+
+def lever_unavailable(config: Configuration, device, world_size: int) -> str | None:
+    """Why a configuration's lever cannot run on this machine (its line is emitted as skipped), or None."""
+    if config.graphs and device.type != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if config.fp8:
+        return fp8_unavailable(device)
+    if config.bf16_weights and world_size > 1:
+        return "bf16w moves gradients in hooks DDP does not expect: single process only"
+    return None
+
+
+PARITY_TAIL = 50  # the steps at the end of each loss curve that are compared
+
+
+def fp8_parity_line(bench: Bench, base: str, steps: int) -> dict:
+    """`base` and `base+fp8`, `steps` steps each from the same weights, seed and data order: their loss curves'
+    means over the last PARITY_TAIL steps and the ratio (fp8 / without)."""
+    import torch
+    names = [base, f"{base}+fp8"]
+    line = {"metric": "train.lever.fp8_loss_parity", "value": None, "unit": "fp8 loss / loss without, tail means"}
+    skip = fp8_unavailable(bench.device)
+    if skip:
+        return {**line, "skipped": skip, "config": {"names": names, "steps": steps}}
+    unet = bench.models.unet
+    start = {key: value.detach().clone() for key, value in unet.state_dict().items()}  # both runs start here
+    curves, results = {}, {}
+    for name in names:
+        config = apply_fast_default(parse_config(name), bench.args.model_config)
+        unet.load_state_dict(start)
+        torch.manual_seed(bench.args.seed)  # whatever draws from the global generator (resident latents) draws the same
+        try:
+            result = run_config(bench, config, steps, 0, first=False)
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            release(bench, config)
+            return {**line, "error": f"{name}: {type(error).__name__}: {str(error)[:300]}", "config": {"names": names}}
+        result.pop("profile")
+        curves[name], results[name] = result.pop("losses"), result
+    unet.load_state_dict(start)
+    del start
+    tail = min(PARITY_TAIL, steps)
+    means = [statistics.fmean(curves[name][-tail:]) for name in names]
+    stride = max(steps // 20, 1)
+    return {**line, "value": round(means[1] / means[0], 4), "tail_steps": tail,
+            "tail_mean_loss": dict(zip(names, [round(mean, 5) for mean in means])),
+            "img_per_s": {name: results[name]["img_per_s"] for name in names},
+            "curves_every_n_steps": stride, "curves": {name: curves[name][::stride] for name in names},
+            "config": {"names": names, "steps": steps, "batch": results[names[0]]["batch"],
+                       "accumulation": results[names[0]]["accumulation"],
+                       "float8_linears": results[names[1]].get("float8_linears"), "seed": bench.args.seed,
+                       "note": "same initial weights, seed, noise and data order; random-init UNet"}}
 
 
 def first_config_cache(bench: Bench, config: Configuration) -> FirstCache:
@@ -1032,10 +1193,8 @@ def main() -> None:
             emit({"metric": "train.compile_cache_load", "value": len(cache.outcome["loaded"]), "unit": "files",
                   "config": {"name": name, **cache.outcome}, **common})
         left = args.deadline - (time.time() - PROCESS_START)
-        skip = None
-        if config.graphs and device.type != "cuda":
-            skip = "CUDA graphs need a CUDA device"
-        elif left < (args.compile_needs if config.compile else 20):
+        skip = lever_unavailable(config, device, processes.world_size)
+        if not skip and left < (args.compile_needs if config.compile else 20):
             skip = f"{left:.0f} s left before the deadline"
         if skip:
             emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "skipped": skip, **common})
@@ -1054,7 +1213,7 @@ def main() -> None:
             release(bench, config)  # out here, where no traceback holds the failed step's tensors any more
             emit({"metric": f"train.config.{name}", "value": None, "unit": "img/s", "error": failure, **common})
             continue
-        profile = result.pop("profile")
+        profile, _ = result.pop("profile"), result.pop("losses")
         line = config_line(bench, config, result, measured, time.time() - started)
         measured[name], profiles[name] = result["img_per_s"], profile
         emit({**line, **common})
@@ -1092,13 +1251,21 @@ def main() -> None:
                 summary["bound"] = bound_of(best, profiles.get(best["config"]["name"]), unet_figure(bench, resolution),
                                             vae)
             emit(summary)
+    # what a job gets is `<base>+default` itself: a lever measured on top of it is not the default
     for line in [line for line in lines if line["metric"].startswith("train.config.") and line.get("value")
-                 and parse_config(line["config"]["name"]).fast_default]:
+                 and line["config"]["name"].endswith("+default")]:
         resolution = line["config"]["resolution"]
         emit({**line, "metric": f"train.img_per_s_{resolution}_default", "goal": DEFAULT_GOALS.get(resolution),
               "note": "the configuration trainer/configs/defaults/fast.json gives a job with default parameters"})
     if args.decode_bench:
         emit({**decode_bench(bench, lines, args.decode_bench), **common})
+    if args.parity_steps:
+        left = args.deadline - (time.time() - PROCESS_START)
+        if left < args.compile_needs:
+            emit({"metric": "train.lever.fp8_loss_parity", "value": None,
+                  "skipped": f"{left:.0f} s left before the deadline", **common})
+        else:
+            emit({**fp8_parity_line(bench, args.parity_base, args.parity_steps), **common})
     note(event="done", seconds=round(time.time() - PROCESS_START, 1))
 
 
