@@ -35,6 +35,16 @@ TEST_OVERRIDES = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the workers share the cores: each worker, and every process of a local stack
+    it starts (training jobs included), gets its share of threads. Two torch processes of two threads
+    on two cores run 4x slower than one alone, their OpenMP threads spinning for cores the other
+    holds; of one thread each, each runs about as fast as one alone. This runs before collection
+    imports torch."""
+    if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // int(workers))))
+
+
 @functools.cache
 def _expanded() -> Expanded:
     return expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
