@@ -32,7 +32,9 @@ def test_the_serving_benchmark_prints_each_figure_on_a_cpu(tmp_path):
     # the p50 and the ratio come from the same A B A B timings
     assert lines["serve.ratio_vs_diffusers"]["value"] == round(
         lines["serve.diffusers_p50_latency_s_64"]["value"] / lines["serve.p50_latency_s_64"]["value"], 3)
-    assert lines["serve.cold_start_s"]["ping_200_s"] < lines["serve.cold_start_s"]["value"]
+    # the first image comes after the first 200 from /ping (the two times are rounded to 0.1 s, their gap to 0.01 s)
+    cold = lines["serve.cold_start_s"]
+    assert cold["first_request_s"] > 0 and cold["ping_200_s"] <= cold["value"]
     assert lines["serve.lever.dpmpp"]["steps"] == 1 and "consistency check" in lines["serve.lever.dpmpp"]["note"]
     assert 0 < lines["serve.lever.fuse_qkv"]["psnr_db_vs_plain"] <= 100
     # a CPU compiles nothing: the compiled levers say so instead of timing the eager model
