@@ -10,8 +10,10 @@ Only the UNet trains. The VAE and text encoders are frozen: they map images to l
 to embeddings, and training them too would move the target under the UNet.
 """
 
+import atexit
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 from collections.abc import Collection
@@ -226,6 +228,8 @@ def channel_path(value: str) -> Path:
     archive = path if path.is_file() else path / MODEL_ARCHIVE
     if archive.is_file() and archive.name.endswith(".tar.gz"):
         unpacked = Path(tempfile.mkdtemp(prefix="atelier-base-"))
+        # the models read from it may keep files mapped until the process ends: removed then, not before
+        atexit.register(shutil.rmtree, unpacked, ignore_errors=True)
         try:
             with tarfile.open(archive) as tar:
                 tar.extractall(unpacked, filter="data")

@@ -1,7 +1,10 @@
 """Pretrained parts in: a base (`--pretrained`) gives what it holds, `--vae` replaces its VAE,
 `--init-unet` picks fine-tuning or a UNet from scratch, and a base that cannot be used fails at start."""
 
+import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import torch
 from diffusers import AutoencoderKL
 from safetensors.torch import load_file
 
+from tests.support import REPO
 from trainer import train
 from trainer.models import BaseModelError, load_models, read_preset
 
@@ -100,3 +104,24 @@ def test_a_bad_base_fails_the_job_at_start_with_the_reason(tmp_path, shards_dir,
         train.main(args)
     assert '"event": "start"' not in capsys.readouterr().out  # nothing trained, no data read
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_an_unpacked_archive_is_removed_when_the_process_ends(tmp_path: Path) -> None:
+    # GIVEN a channel holding a model.tar.gz
+    channel = tmp_path / "channel"
+    (tmp_path / "model").mkdir(parents=True)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    channel.mkdir()
+    with tarfile.open(channel / "model.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "model" / "config.json", arcname="config.json")
+
+    # WHEN a process unpacks it and ends
+    run = subprocess.run([sys.executable, "-c", "import sys; from trainer.models import channel_path; "
+                          "path = channel_path(sys.argv[1]); print(path, (path / 'config.json').is_file())",
+                          str(channel)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'functions'}"})
+
+    # THEN it was there while the process ran, and is gone after
+    unpacked, present = run.stdout.split()
+    assert run.returncode == 0 and present == "True", run.stderr
+    assert not Path(unpacked).exists()
