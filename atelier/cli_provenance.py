@@ -91,7 +91,7 @@ def cmd_attribution(args: argparse.Namespace) -> int:
                       "?" if share.draws is None else str(share.draws),
                       "?" if share.draw_share is None else f"{share.draw_share:.1%}")
     console.print(table)
-    console.print(f"chart: {report.lineage_uri.removesuffix(s3_layout.LINEAGE_FILE)}attribution.png")
+    console.print(f"chart: {report.lineage_uri.removesuffix(s3_layout.LINEAGE_FILE)}{s3_layout.ATTRIBUTION_CHART}")
     return 0
 
 

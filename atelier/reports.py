@@ -13,13 +13,12 @@ from contextlib import suppress
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+import trainer.report_html as report_html
 from atelier import client
 from atelier.client import PipelineError
 from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws, provenance
-from trainer import report_html
-from trainer.report_html import REPORT
 
 AFTER_TRAINING = (s3_layout.EVALUATION_FILE, s3_layout.LINEAGE_FILE)  # written beside the artefact by deploy / start-training
 
@@ -147,7 +146,7 @@ def job_report(outputs: dict[str, str], job: str) -> bytes:
             page = report_from_tar(body)
         if page is not None:
             return page
-    raise PipelineError(f"no {REPORT} for job {job!r} under s3://{bucket}/{folder}/: "
+    raise PipelineError(f"no {s3_layout.REPORT_FILE} for job {job!r} under s3://{bucket}/{folder}/: "
                         "has it finished? (`atelier status` lists jobs)")
 
 
@@ -186,7 +185,7 @@ def report_from_tar(stream: Any) -> bytes | None:
     """The first report.html in a gzipped tar read front to back (nothing is written to disk)."""
     with tarfile.open(fileobj=stream, mode="r|gz") as tar:
         for member in tar:
-            if member.isfile() and PurePosixPath(member.name).name == REPORT:
+            if member.isfile() and PurePosixPath(member.name).name == s3_layout.REPORT_FILE:
                 extracted = tar.extractfile(member)
                 return extracted.read() if extracted else None
     return None

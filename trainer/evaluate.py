@@ -72,15 +72,14 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 from wids.wids import IndexedTarSamples
 
-from trainer.buckets import cover_and_crop
 from contracts import s3_layout
 from contracts.shard_members import IMAGE_FORMATS
+from trainer.buckets import cover_and_crop
 from trainer.data import decode_image, scan_shard, to_tensor
 from trainer.health import log
 from trainer.models import Models, build_pipeline, encode_captions, from_pretrained
 
 SCHEMA = 1
-EVALUATION_FILE = s3_layout.EVALUATION_FILE
 DEFAULT_TIMESTEPS = "100,300,500,700,900"
 CLIP_BATCH = 16
 NO_SCORER = "no scorer"
@@ -366,7 +365,7 @@ def main(args: argparse.Namespace) -> dict:
 
     # save
     evaluation = {"schema": SCHEMA, "eval_set": eval_set, "config": config.to_json(), "models": scores}
-    output = Path(args.model_dir) / EVALUATION_FILE
+    output = Path(args.model_dir) / s3_layout.EVALUATION_FILE
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(evaluation, indent=2) + "\n")
     log(0, event="saved", path=str(output))
@@ -396,7 +395,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--clip-dir", default=env.get("SM_CHANNEL_CLIP"),
                        help="optional CLIP model, tokenizer and image processor ($SM_CHANNEL_CLIP)")
     where.add_argument("--model-dir", default=env.get("SM_MODEL_DIR"), required="SM_MODEL_DIR" not in env,
-                       help=f"where {EVALUATION_FILE} is written ($SM_MODEL_DIR)")
+                       help=f"where {s3_layout.EVALUATION_FILE} is written ($SM_MODEL_DIR)")
     what = parser.add_argument_group("what")
     what.add_argument("--timesteps", default=DEFAULT_TIMESTEPS, help="comma-separated noise timesteps for the loss")
     what.add_argument("--seed", type=int, default=0, help="seeds every noise draw and sampled image")

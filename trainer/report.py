@@ -16,8 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from contracts.s3_layout import EVALUATION_FILE, LINEAGE_FILE
-from trainer.report_html import AUTOENCODER, RECONSTRUCTIONS, RECORD, REPORT, png_data_uri, render, run_data
+from contracts.s3_layout import EVALUATION_FILE, LINEAGE_FILE, REPORT_FILE
+from trainer.report_html import AUTOENCODER, RECONSTRUCTIONS, RECORD, png_data_uri, render, run_data
 
 
 def _read_json(path: Path) -> dict | None:
@@ -46,8 +46,8 @@ def write_report(model_dir: Path, health_dir: Path, history: list[dict] | None =
     written = []
     for folder in dict.fromkeys([model_dir, health_dir]):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / REPORT).write_text(page)
-        written.append(folder / REPORT)
+        (folder / REPORT_FILE).write_text(page)
+        written.append(folder / REPORT_FILE)
     return written
 
 

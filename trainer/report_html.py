@@ -28,7 +28,6 @@ from typing import IO, Any
 
 from contracts.s3_layout import REPORT_FILE
 
-REPORT = REPORT_FILE
 RECORD = "atelier-training.json"  # the run's record at the model dir's root (trainer/train.py)
 AUTOENCODER = "autoencoder.json"  # an autoencoder job's record at the model dir's root (trainer/autoencoder.py)
 RECONSTRUCTIONS = "reconstructions.png"  # its originals (top row) over their reconstructions, in the output data
@@ -356,11 +355,11 @@ def read_output(stream: IO[bytes]) -> tuple[dict | None, list[tuple[str, bytes]]
         for member in tar:
             path = PurePosixPath(member.name.removeprefix("./"))
             grid = str(path.parent) == "validation" and path.match("step-*.png")
-            wanted = str(path) in (REPORT, RECONSTRUCTIONS) or grid
+            wanted = str(path) in (REPORT_FILE, RECONSTRUCTIONS) or grid
             extracted = tar.extractfile(member) if member.isfile() and wanted else None
             if extracted is None:
                 continue
-            if str(path) == REPORT:
+            if str(path) == REPORT_FILE:
                 run = run_from_page(extracted.read().decode())
             else:
                 grids.append((path.stem, extracted.read()))

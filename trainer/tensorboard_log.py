@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from contracts.container_paths import TENSORBOARD_LOCAL_PATH
-
-LOCAL_PATH = TENSORBOARD_LOCAL_PATH  # TensorBoardOutputConfig.LocalPath, as the job request sets it
 SCALARS = ("loss", "lr", "img_per_s", "data_wait_share", "grad_norm")
 
 
 def default_dir(health_dir: Path) -> Path:
-    """$SM_OUTPUT_DIR/tensorboard in a SageMaker job (= LOCAL_PATH), else beside the health files."""
+    """$SM_OUTPUT_DIR/tensorboard in a SageMaker job (the request's TensorBoardOutputConfig.LocalPath,
+    contracts.container_paths), else beside the health files."""
     output = os.environ.get("SM_OUTPUT_DIR")
     return Path(output) / "tensorboard" if output else health_dir / "tensorboard"
 

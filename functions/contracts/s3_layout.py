@@ -34,6 +34,7 @@ TENSORBOARD = "tensorboard/"  # <job>/: a training job's TensorBoard event files
 MODEL_ARCHIVE = "model.tar.gz"  # a job's model, in <S3OutputPath><job>/output/
 LINEAGE_FILE = "lineage.json"  # beside a training job's model: what it learned from (core.provenance)
 ATTRIBUTION_FILE = "attribution.json"  # beside it too: its draws per partner (core.partners.attribution)
+ATTRIBUTION_CHART = "attribution.png"  # and those draws as a bar chart
 EVALUATION_FILE = "evaluation.json"  # the gate's scores: in an evaluation job's model, and beside the candidate
 REPORT_FILE = "report.html"  # a training job's report, in its model and its output data (trainer/report.py)
 

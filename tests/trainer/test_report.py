@@ -18,11 +18,12 @@ import pytest
 from PIL import Image
 
 from contracts.messages import LeftOut
+from contracts.s3_layout import REPORT_FILE as REPORT
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from tests.support import REPO
 from trainer import report_html
 from trainer.health import label_grid
-from trainer.report import REPORT, build, write_report
+from trainer.report import build, write_report
 
 # Debian's build of Chrome's headless shell: `apt-get install chromium-headless-shell` (docs/runbook.md).
 BROWSERS = ("chromium-headless-shell", "chrome-headless-shell", "chromium", "google-chrome")

@@ -277,7 +277,7 @@ def test_request_checkpoint_prefix_follows_the_lineage() -> None:
 
 
 def test_request_sends_tensorboard_files_to_the_job_s_own_prefix() -> None:
-    from trainer.tensorboard_log import LOCAL_PATH
+    from contracts.container_paths import TENSORBOARD_LOCAL_PATH as LOCAL_PATH
     assert REQUEST["TensorBoardOutputConfig"] == {"S3OutputPath": f"s3://{MODELS}/tensorboard/atelier-0123456789abcdef0123/",
                                                   "LocalPath": LOCAL_PATH}
     assert LOCAL_PATH == "/opt/ml/output/tensorboard"  # SageMaker's default LocalPath, where the trainer writes

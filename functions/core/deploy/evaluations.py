@@ -19,8 +19,6 @@ from core.deploy.rollout import promote
 from core.settings import DeploySettings
 
 logger = Logger(child=True)
-# the evaluation job's scores in its artefact (trainer/evaluate.py), and the gate's decision beside the candidate's
-EVALUATION = s3_layout.EVALUATION_FILE
 
 
 def start_evaluation(model: dict[str, Any], production: dict[str, Any] | None, settings: DeploySettings,
@@ -48,7 +46,7 @@ def on_evaluation_finished(job: JobState, settings: DeploySettings) -> DeployRes
         settle(name, "eval-failed", f"evaluation {job.name} {job.status}: {job.failure_reason or ''}".strip(), settings)
         telemetry.count(telemetry.MODELS_HELD_BACK)
         return DeployResult("eval-failed", name)
-    evaluation = parse_evaluation(aws.read_tar_member(job.model_data_url, EVALUATION))
+    evaluation = parse_evaluation(aws.read_tar_member(job.model_data_url, s3_layout.EVALUATION_FILE))
     return gate(model, evaluation, settings)
 
 
@@ -89,7 +87,7 @@ def publish_decision(model: dict[str, Any], gate_record: dict[str, Any]) -> None
     renders the page from it, the job's output data and lineage.json)."""
     bucket, _, key = str(model["model_data"]).removeprefix("s3://").partition("/")
     document = {"gate": gate_record, "model": model["model"], "evaluation_job": model.get("eval_job", "")}
-    aws.write_object(bucket, f"{key.rsplit('/', 1)[0]}/{EVALUATION}",
+    aws.write_object(bucket, f"{key.rsplit('/', 1)[0]}/{s3_layout.EVALUATION_FILE}",
                      json.dumps(document, indent=1).encode(), "application/json")
 
 

@@ -266,7 +266,7 @@ def _write_sample(upload: StreamUpload, sample: Sample, size: int, body: Any) ->
     members = [_write_image(upload, sample, size, body)]
     for name, data in shards.small_members(sample):
         members.append(_write_member(upload, name, data))
-    return SampleEntry(key=sample.sha256, partner=sample.partner, aspect=shards.aspect_of(sample), offset=start,
+    return SampleEntry(key=sample.sha256, partner=sample.partner, aspect=sample.aspect_bucket, offset=start,
                        size=upload.size - start, members=tuple(members))
 
 
@@ -274,7 +274,7 @@ def _write_image(upload: StreamUpload, sample: Sample, size: int, body: Any) -> 
     header = shards.member_header(shards.image_name(sample), size)
     offset = upload.size
     upload.write(header)
-    expected = shards.image_sha256(sample)
+    expected = sample.content_sha256
     digest = None if _pinned_version(sample) else hashlib.sha256()
     with body:
         copied = upload.write_from(body, size, digest.update if digest else None)

@@ -22,6 +22,7 @@ from typing import BinaryIO, Iterable
 
 from contracts import shard_members
 from contracts.messages import Sample
+
 # the pack stage's callers read a shard's keys and headers from here; contracts holds them
 from contracts.s3_layout import index_key, shard_key  # noqa: F401
 from contracts.shard_members import member_header  # noqa: F401
@@ -54,11 +55,6 @@ def shard_id_for(sample_keys: Iterable[str]) -> str:
 
 
 # --- members ------------------------------------------------------------------------------------
-
-def image_sha256(sample: Sample) -> str:
-    """The sha256 of the stored image bytes (the upload's, or its derivative's)."""
-    return sample.content_sha256
-
 
 def record_json(sample: Sample) -> bytes:
     """The `.json` member: the metadata record and, at its top level, the source dataset's own fields
@@ -102,10 +98,6 @@ def trailer(payload: int) -> bytes:
     """End-of-archive blocks, padded as tarfile pads, after `payload` bytes of members."""
     total = payload + END_OF_ARCHIVE
     return bytes(END_OF_ARCHIVE + (-total % RECORD))
-
-
-def aspect_of(sample: Sample) -> str:
-    return sample.aspect_bucket
 
 
 # --- the in-memory reference --------------------------------------------------------------------

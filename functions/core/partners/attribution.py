@@ -18,7 +18,7 @@ from collections import Counter
 from PIL import Image, ImageDraw
 
 from contracts.messages import Frozen
-from contracts.s3_layout import ATTRIBUTION_FILE, LINEAGE_FILE, MODEL_ARCHIVE, output_key, output_uri
+from contracts.s3_layout import ATTRIBUTION_CHART, ATTRIBUTION_FILE, LINEAGE_FILE, MODEL_ARCHIVE, output_key, output_uri
 from core import aws
 from core.provenance import Lineage, Places, lineage_of
 
@@ -114,5 +114,5 @@ def record_model(job: str, places: Places) -> Attribution:
                      lineage.model_dump_json(indent=1).encode(), "application/json")
     aws.write_object(places.models_bucket, output_key(job, ATTRIBUTION_FILE),
                      report.model_dump_json(indent=1).encode(), "application/json")
-    aws.write_object(places.models_bucket, output_key(job, "attribution.png"), chart(report), "image/png")
+    aws.write_object(places.models_bucket, output_key(job, ATTRIBUTION_CHART), chart(report), "image/png")
     return report

@@ -18,7 +18,6 @@ from contracts.messages import Frozen
 from contracts.s3_layout import MODEL_ARCHIVE
 from core import aws
 
-ARCHIVE_NAME = MODEL_ARCHIVE  # the one archive name the trainer unpacks from its channel
 BASES_PREFIX = "bases/"  # in the models bucket: where `atelier base add` uploads a base
 AUTOENCODER_SUFFIX = "-ae"  # `<training job>-ae`, and its checkpoints at checkpoints/<lineage>-ae/
 BASE_RECORD = "atelier-base.json"  # written by `atelier base add` beside the base's files
@@ -31,7 +30,7 @@ COMPONENT_CONFIGS = {"vae": "config.json", "text_encoder": "config.json", "token
 # resource and hold no wildcard (template.yaml's AllowedPattern for PretrainedModelUri is the same).
 _SEGMENT = r"[A-Za-z0-9!_.'()-]+"
 URI_PATTERN = re.compile(rf"s3://(?P<bucket>[a-z0-9][a-z0-9.-]{{1,61}}[a-z0-9])/"
-                         rf"(?P<key>({_SEGMENT}/)*({_SEGMENT}/|{re.escape(ARCHIVE_NAME)}))")
+                         rf"(?P<key>({_SEGMENT}/)*({_SEGMENT}/|{re.escape(MODEL_ARCHIVE)}))")
 
 
 class BaseMissing(LookupError):
@@ -56,7 +55,7 @@ def check_uri(uri: str, name: str = "PretrainedModelUri") -> str:
     match = URI_PATTERN.fullmatch(uri)
     if not match or any(part in {".", ".."} for part in match["key"].split("/")):
         raise ValueError(f"{name}={uri!r} must be an s3:// prefix ending in '/' (a diffusers pipeline or some of its "
-                         f"folders) or the s3:// key of a {ARCHIVE_NAME}, e.g. s3://my-bucket/bases/sd2/; "
+                         f"folders) or the s3:// key of a {MODEL_ARCHIVE}, e.g. s3://my-bucket/bases/sd2/; "
                          "key segments of letters, digits and !_.'()- only")
     return uri
 
@@ -67,7 +66,7 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 def is_archive(uri: str) -> bool:
-    return uri.endswith(f"/{ARCHIVE_NAME}") or split_uri(uri)[1] == ARCHIVE_NAME
+    return uri.endswith(f"/{MODEL_ARCHIVE}") or split_uri(uri)[1] == MODEL_ARCHIVE
 
 
 def listing_digest(objects: list[tuple[str, int, str]]) -> str:
