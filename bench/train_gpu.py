@@ -71,8 +71,8 @@ its first step and saves it after, and its first step is also reported as
 own empty TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, so only the file carries the compile.
 
 The first configuration also gives `train.first_step_s`: process start to the first optimizer step,
-with the same setup order as trainer.train.main (models built, moved to the GPU, optimizer, EMA,
-shards indexed, loader started).
+with the same setup order as trainer.train.main (models built, the UNet on the GPU already, the frozen
+parts moved there, optimizer, EMA, shards indexed, loader started).
 
 Under torchrun every rank prints its own lines (`rank`, `world_size`); make the shards in a single
 process first (`--make-shards N --configs ""`); rank 0 alone encodes.
@@ -1146,11 +1146,10 @@ def main() -> None:
     marks = {"imports": time.time() - PROCESS_START}
     processes = distributed.setup()
     device = processes.device
-    models = load_models(args.model_config, None, args.seed)
+    models = load_models(args.model_config, None, args.seed, device=device)  # the UNet built on the GPU
     marks["models_built"] = time.time() - PROCESS_START
     torch.manual_seed(args.seed)
     models.frozen_to(device)
-    models.unet.to(device)
     marks["models_on_device"] = time.time() - PROCESS_START
     params = sum(p.numel() for p in models.unet.parameters())
     note(event="models", unet_params=params, marks=marks)

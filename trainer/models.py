@@ -36,6 +36,7 @@ from contracts.s3_layout import MODEL_ARCHIVE
 from trainer.tokenizer import build_tokenizer
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -101,13 +102,15 @@ COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2
 
 
 def load_models(model_config: str, pretrained: str | None, seed: int, vae: str | None = None,
-                init_unet: str | None = None) -> Models:
+                init_unet: str | None = None, device: torch.device = CPU) -> Models:
     """The run's models: each component from `pretrained` (a pipeline, or some of its subfolders) where
     it has one, the VAE from `vae` when given, the rest built from the preset `model_config` with `seed`.
 
     `init_unet`: `pretrained` fine-tunes the base's UNet, `random` trains one from scratch on the base's
     frozen parts (how a licensed-only model is trained); the default takes the base's UNet if it has one.
-    Everything is checked to fit together before any data is read: a bad base fails the job at start.
+    The UNet is on `device`, the one that trains it (from_preset); the frozen parts stay on the CPU
+    until `Models.frozen_to`. Everything is checked to fit together before any data is read: a bad base
+    fails the job at start.
     """
     base = resolve_pretrained(pretrained) if pretrained else None
     found = set(base_components(base)) if base else set()
@@ -116,11 +119,11 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     from_base = {name for name in found if name != "unet" or init_unet != "random"}
     if vae:
         from_base.add("vae")  # given separately: the preset's is never built
-    models = from_preset(model_config, seed, skip=from_base)
+    models = from_preset(model_config, seed, skip=from_base, device=device)
     if "vae" in found and not vae:
         models.vae = AutoencoderKL.from_pretrained(base, subfolder="vae")
     if "unet" in from_base:
-        models.unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet")
+        models.unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet").to(device)
     if "scheduler" in found:  # whatever sampler the pipeline ships with, training adds noise the DDPM way
         models.noise_scheduler = DDPMScheduler.from_pretrained(base, subfolder="scheduler")
     if "text_encoder" in found:
@@ -186,9 +189,18 @@ def read_preset(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def from_preset(name: str, seed: int, skip: Collection[str] = ()) -> Models:
-    """Fresh weights for the preset's architecture; the same seed gives the same weights. Components
-    named in `skip` (the ones a base brings) are not built and are None until the caller fills them."""
+def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.device = CPU) -> Models:
+    """Fresh weights for the preset's architecture; the same seed gives the same weights on the same kind
+    of device. Components named in `skip` (the ones a base brings) are not built and are None until the
+    caller fills them.
+
+    The UNet is built on `device`, the one that trains it. A CPU draws random init one number at a time
+    (sd2's 866M UNet parameters: about two thirds of the 13.9 s its GPU job spent building models,
+    bench/train_gpu.py); a GPU draws them in parallel, and nothing is copied after. The draws come from
+    that device's generator, so a CUDA-built UNet is not the CPU-built one of the same seed. Every rank
+    of a job has the same kind of GPU, so the ranks still agree. The frozen parts are always drawn on
+    the CPU: latent shards name the VAE and text encoders by their weights (trainer/encode.py), and
+    the encode job that wrote them may have run on another device."""
     preset = read_preset(name)
     torch.manual_seed(seed)
     tokenizers, text_encoders = [], []
@@ -210,14 +222,16 @@ def from_preset(name: str, seed: int, skip: Collection[str] = ()) -> Models:
         vae=None if "vae" in skip else seeded(seed, AutoencoderKL, preset["vae"]),
         text_encoders=text_encoders,
         tokenizers=tokenizers,
-        unet=None if "unet" in skip else seeded(seed, UNet2DConditionModel, preset["unet"]),
+        unet=None if "unet" in skip else seeded(seed, UNet2DConditionModel, preset["unet"], device),
         noise_scheduler=DDPMScheduler(**preset["scheduler"]),
     )
 
 
-def seeded(seed: int, model_class, config: dict):
-    torch.manual_seed(seed)
-    return model_class(**config)
+def seeded(seed: int, model_class, config: dict, device: torch.device = CPU):
+    """The model built with its parameters allocated and initialised on `device`."""
+    torch.manual_seed(seed)  # every device's generator
+    with torch.device(device):
+        return model_class(**config)
 
 
 def channel_path(value: str) -> Path:

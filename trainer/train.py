@@ -149,8 +149,8 @@ def main(args: argparse.Namespace) -> dict:
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
-    # models: the same initial weights on every rank
-    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet)
+    # models: the same initial weights on every rank; the UNet built on the device (trainer/models.py)
+    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device)
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
     if args.prediction_type:
@@ -160,7 +160,7 @@ def main(args: argparse.Namespace) -> dict:
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
                           args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction)
     models.frozen_to(device)
-    unet = models.unet.to(device)
+    unet = models.unet
     if args.channels_last:
         unet.to(memory_format=torch.channels_last)
     if args.gradient_checkpointing:
