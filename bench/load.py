@@ -57,16 +57,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="uploads per second; 0: as fast as one client can")
     parser.add_argument("--large-share", type=float, default=0.02)
     parser.add_argument("--timeout-s", type=float, default=3600)
+    parser.add_argument("--concurrency", type=int, default=StackOptions.concurrency,
+                        help="worker processes a function at most (the local stack's cap on Lambda's concurrency)")
     args = parser.parse_args()
     revision = commit()  # the code that runs: read before the hour-long run, not after it
     made = traffic.uploads(PARTNER, args.uploads, seed=0, large_share=args.large_share, sidecar_share=0.3)
     config = {"uploads": args.uploads, "rate": args.rate or "unpaced", "large_share": args.large_share,
               "bytes": sum(len(u.body) for u in made), "sidecar_share": 0.3,
               "local_config": "samconfig.toml [local] + " + json.dumps(OVERRIDES),
-              "properties": PROPERTIES}
+              "properties": PROPERTIES, "concurrency": args.concurrency}
     with tempfile.TemporaryDirectory() as state:
         options = StackOptions(root=REPO, state_dir=Path(state), moto_port=0, sagemaker_port=0, overrides=OVERRIDES,
-                               property_overrides=PROPERTIES)
+                               property_overrides=PROPERTIES, concurrency=args.concurrency)
         with LocalStack(options) as stack:
             aws.reset_clients()
             figures = drive(stack, made, args)
@@ -91,7 +93,10 @@ def drive(stack: LocalStack, made: list[traffic.Upload], args: argparse.Namespac
     targets = audit.Targets(outputs["UploadsBucketName"], outputs["DataBucketName"], outputs["PipelineTableName"])
 
     def settled() -> bool:
-        if traffic.queue_depth(queues):
+        depths = [traffic.queue_depth([url]) for url in queues]
+        if any(depths):
+            print(f"[{time.time() - started:6.0f} s] queued: uploads {depths[0]}, pack {depths[1]}", file=sys.stderr,
+                  flush=True)
             return False
         report = audit.gather(targets, since, datetime.now(timezone.utc) + timedelta(minutes=5), 1e9, verify_bytes=False)
         print(f"[{time.time() - started:6.0f} s] {len(report.pending)} pending", file=sys.stderr, flush=True)

@@ -59,8 +59,8 @@ class ChaosConfig:
 class Chaos:
     """One worker's view of the chaos file, its random draws and its fault log."""
 
-    def __init__(self, path: Path, function: str) -> None:
-        self.path, self.function = path, function
+    def __init__(self, path: Path, function: str, instance: int = 0) -> None:
+        self.path, self.function, self.instance = path, function, instance
         self.log_path = path.with_name(path.name + ".log")
         self.generation = int(os.environ.get(GENERATION_ENV, "0"))
         self._mtime = -1.0
@@ -74,9 +74,9 @@ class Chaos:
         self._deadline_s = 0.0
 
     @classmethod
-    def from_env(cls, function: str) -> "Chaos | None":
+    def from_env(cls, function: str, instance: int = 0) -> "Chaos | None":
         path = os.environ.get(CHAOS_ENV)
-        return cls(Path(path), function) if path else None
+        return cls(Path(path), function, instance) if path else None
 
     @property
     def config(self) -> ChaosConfig:
@@ -89,7 +89,8 @@ class Chaos:
             self._mtime = mtime
             config = ChaosConfig(**json.loads(self.path.read_text()))
             if config.seed != self._seeded:
-                self.rng.seed(f"{config.seed}:{self.function}:{self.generation}")
+                instance = f":{self.instance}" if self.instance else ""  # another execution environment, other draws
+                self.rng.seed(f"{config.seed}:{self.function}{instance}:{self.generation}")
                 self._seeded = config.seed
             self._config = config
         return self._config

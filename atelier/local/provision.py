@@ -34,6 +34,7 @@ class FunctionSpec:
     memory_mb: int
     dead_letter_arn: str | None = None
     async_retries: int = ASYNC_RETRIES_DEFAULT
+    reserved_concurrency: int | None = None  # ReservedConcurrentExecutions: at most this many at once
 
 
 @dataclass
@@ -49,6 +50,7 @@ class EventSource:
     report_batch_item_failures: bool = False
     schedule_s: int = 0  # a scheduled rule: the runtime puts an event on the queue this often
     rule_arn: str = ""
+    max_concurrency: int | None = None  # an SQS mapping's ScalingConfig.MaximumConcurrency (None: no cap)
 
 
 @dataclass
@@ -265,6 +267,8 @@ class Provisioner:
             environment={k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()},
             timeout_s=int(props.get("Timeout", 3)), memory_mb=int(props.get("MemorySize", 128)),
             dead_letter_arn=props.get("DeadLetterConfig", {}).get("TargetArn"),
+            reserved_concurrency=int(props["ReservedConcurrentExecutions"]) if "ReservedConcurrentExecutions" in props
+            else None,
         )
         self.result.physical[logical] = name
         self.attributes[logical] = {"Arn": self._arn("lambda", f"function:{name}")}
@@ -289,6 +293,8 @@ class Provisioner:
             function=spec.logical_id, kind="sqs", queue_url=self._queue_url(arn), queue_arn=arn,
             batch_size=int(props.get("BatchSize", 10)), window_s=int(props.get("MaximumBatchingWindowInSeconds", 0)),
             report_batch_item_failures="ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
+            max_concurrency=int(props["ScalingConfig"]["MaximumConcurrency"])
+            if "MaximumConcurrency" in props.get("ScalingConfig", {}) else None,
         ))
         self.result.physical[logical] = f"{self.result.stack}-{logical}"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -120,20 +121,33 @@ class Poller:
         self.chaos = chaos  # opt-in delivery faults (atelier/local/chaos.py); None: Lambda's behaviour
         self.schedule_every = source.schedule_s * schedule_scale
         self.next_fire = time.monotonic() + self.schedule_every
+        self.delivering = False  # inside a delivery (its invocation and its deletes): a stop waits for it
 
     def poll_once(self) -> int:
         """Receive and deliver what is there; return how many messages were received."""
         if self.source.schedule_s and time.monotonic() >= self.next_fire:
             self._fire_schedule()
-        if self.source.kind == "eventbridge":
-            messages = self._receive(SQS_RECEIVE_MAX, self.wait_s)
-            for message in messages:
-                self._deliver_event(message)
-            return len(messages)
-        messages = self._gather_batch()
-        if messages:
-            self._deliver_batch(messages)
+        count = SQS_RECEIVE_MAX if self.source.kind == "eventbridge" else min(SQS_RECEIVE_MAX, self.source.batch_size)
+        messages = self._receive(count, self._first_wait())
+        if not messages:
+            return 0
+        self.delivering = True  # from here on, a stop waits: these messages are this worker's to finish
+        try:
+            if self.source.kind == "eventbridge":
+                for message in messages:
+                    self._deliver_event(message)
+            else:
+                messages = self._gather_batch(messages)
+                self._deliver_batch(messages)
+        finally:
+            self.delivering = False
         return len(messages)
+
+    def _first_wait(self) -> int:
+        """The first receive's wait: no longer than until this source's schedule next fires."""
+        if not self.source.schedule_s:
+            return self.wait_s
+        return max(0, min(self.wait_s, math.ceil(self.next_fire - time.monotonic())))
 
     def _fire_schedule(self) -> None:
         """Put the event EventBridge Scheduler would on the rule's delivery queue."""
@@ -150,11 +164,8 @@ class Poller:
             AttributeNames=["All"], MessageAttributeNames=["All"],
         ).get("Messages", [])
 
-    def _gather_batch(self) -> list[dict[str, Any]]:
-        """Up to BatchSize messages; keep gathering while the batching window is open."""
-        batch = self._receive(min(SQS_RECEIVE_MAX, self.source.batch_size), self.wait_s)
-        if not batch:
-            return batch
+    def _gather_batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Up to BatchSize messages: keep gathering while the batching window is open."""
         window_ends = time.monotonic() + self.source.window_s
         while len(batch) < self.source.batch_size and time.monotonic() < window_ends:
             wait = max(0, min(self.wait_s, int(window_ends - time.monotonic())))

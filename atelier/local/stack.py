@@ -56,6 +56,11 @@ class StackOptions:
     property_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # logical id -> properties
     schedule_scale: float = 1.0  # rate(...) schedules fire this much more often (0.05: every 3 s for 1 minute)
     chaos_file: Path | None = None  # fault injection (atelier/local/chaos.py)
+    # Lambda runs an SQS-triggered function in as many execution environments at once as its queue
+    # keeps busy, up to the mapping's MaximumConcurrency and the function's reserved concurrency;
+    # locally, also at most this many worker processes a function (docs/local.md). 1 until two
+    # packers sealing one shard are made safe (issue 24: a lost compose race fails the batch).
+    concurrency: int = 1
     # A diffusers pipeline folder (or some of its parts): uploaded once moto is up, before the template
     # is provisioned, and given to every job as PretrainedModelUri (`atelier local up --base DIR`).
     base: Path | None = None
@@ -99,7 +104,8 @@ class LocalStack:
         self.alarms = AlarmEvaluator(region=opts.region, interval_seconds=opts.alarm_evaluation_seconds).start()
         self._write_state()
         for logical_id in sorted({s.function for s in self.provisioned.sources}):
-            self.workers[logical_id] = self._start_worker(logical_id)
+            for instance in range(instances(self.provisioned, logical_id, opts.concurrency)):
+                self.workers[worker_name(logical_id, instance)] = self._start_worker(logical_id, instance)
         return self
 
     def stop(self) -> None:
@@ -187,10 +193,10 @@ class LocalStack:
                     "Outputs": {k: {"Value": v} for k, v in provisioned.outputs.items()}}
         boto3.client("cloudformation").create_stack(StackName=self.options.stack, TemplateBody=json.dumps(template))
 
-    def _start_worker(self, logical_id: str) -> subprocess.Popen[bytes]:
+    def _start_worker(self, logical_id: str, instance: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "atelier.local.worker", str(self.options.state_file), logical_id],
-            stdout=self.log_path(logical_id).open("wb"), stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "atelier.local.worker", str(self.options.state_file), logical_id, str(instance)],
+            stdout=self.log_path(worker_name(logical_id, instance)).open("wb"), stderr=subprocess.STDOUT,
             cwd=self.options.root, env={**os.environ, "PYTHONUNBUFFERED": "1", **self._worker_options()},
             start_new_session=True)
 
@@ -214,6 +220,24 @@ class LocalStack:
         assert self.provisioned is not None
         state = {"env": self.env, "provisioned": self.provisioned.to_json(), "pid": os.getpid()}
         self.options.state_file.write_text(json.dumps(state, indent=1))
+
+
+def instances(provisioned: Provisioned, logical_id: str, local_cap: int) -> int:
+    """How many worker processes run a function: one for a function only EventBridge rules invoke
+    (rare events); for SQS mappings, as many as Lambda would run at most, capped at `local_cap`."""
+    sources = [s for s in provisioned.sources if s.function == logical_id]
+    if not any(s.kind == "sqs" for s in sources):
+        return 1
+    caps = [local_cap, *(s.max_concurrency for s in sources if s.kind == "sqs" and s.max_concurrency)]
+    reserved = provisioned.functions[logical_id].reserved_concurrency
+    if reserved is not None:
+        caps.append(reserved)
+    return min(caps)
+
+
+def worker_name(logical_id: str, instance: int) -> str:
+    """The process's name in `workers` and its log: the function's own for the first."""
+    return logical_id if instance == 0 else f"{logical_id}-{instance + 1}"
 
 
 def _forget_sessions() -> None:

@@ -201,3 +201,35 @@ def test_cron_schedules_are_refused_with_a_reason() -> None:
     from atelier.local.template import TemplateError
     with pytest.raises(TemplateError, match="only rate"):
         _rate_seconds("cron(0 12 * * ? *)")
+
+
+def test_workers_per_function_follow_lambda_concurrency_limits(stack: Any) -> None:
+    """As many worker processes as Lambda would run at once, capped locally: an SQS mapping's
+    MaximumConcurrency and a function's reserved concurrency bound it; rule-only functions get one."""
+    from atelier.local.stack import instances, worker_name
+
+    pack = [s for s in stack.sources if s.function == "PackFunction" and s.kind == "sqs"]
+    assert [s.max_concurrency for s in pack] == [2]  # template.yaml's ScalingConfig
+    assert stack.functions["StartTrainingFunction"].reserved_concurrency == 1
+    counts = {fn: instances(stack, fn, 4) for fn in sorted({s.function for s in stack.sources})}
+    assert counts["IngestFunction"] == 4  # no MaximumConcurrency: the local cap
+    assert counts["PackFunction"] == 2
+    assert counts["StartTrainingFunction"] == counts["SweepFunction"] == counts["RedriveFunction"] == 1
+    assert counts["DeployFunction"] == 1  # EventBridge rules only
+    assert instances(stack, "IngestFunction", 1) == 1
+    assert [worker_name("IngestFunction", i) for i in range(3)] == ["IngestFunction", "IngestFunction-2",
+                                                                     "IngestFunction-3"]
+
+
+def test_a_long_poll_never_outlasts_the_next_scheduled_fire(sqs: Any) -> None:
+    url, arn, _ = make_queue(sqs, "sched-wait")
+    source = EventSource(function="Fn", kind="eventbridge", queue_url=url, queue_arn=arn, schedule_s=3,
+                         rule_arn="arn:aws:events:us-east-1:123456789012:rule/r")
+    recorder = Recorder()
+    poller = Poller(source, spec(), recorder, sqs, REGION, ACCOUNT, wait_s=20)
+    started = time.monotonic()
+    while not recorder.events and time.monotonic() - started < 10:
+        poller.poll_once()
+    assert recorder.events and recorder.events[0]["detail-type"] == "Scheduled Event"
+    assert time.monotonic() - started < 6  # fired at 3 s, not after a 20 s wait
+    assert not poller.delivering

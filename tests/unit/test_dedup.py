@@ -339,3 +339,31 @@ def test_catalog_pictures_of_other_colours_are_never_near_duplicates() -> None:
     assert sum(bits <= MAX_DISTANCE for (bits, _), _ in pairs) >= 80
     assert [names for (bits, colour), names in pairs if dedup.is_near(bits, colour, MAX_DISTANCE, MAX_COLOUR_DISTANCE)] \
         == []
+
+
+def test_a_samples_index_writes_are_sent_at_once_not_one_after_another(table: str, monkeypatch) -> None:
+    """16 keys, 16 independent writes: one round trip's latency, not sixteen (on Lambda, the
+    difference is most of an upload's ingest time)."""
+    import threading
+    keys = index_keys(BASE)
+    barrier = threading.Barrier(len(keys), timeout=10)  # passes only once all 16 are in flight together
+    written = []
+    real = aws.update_item
+
+    def update_item(table_name: str, key: str, *args, **kwargs) -> bool:
+        barrier.wait()
+        written.append(key)
+        return real(table_name, key, *args, **kwargs)
+
+    monkeypatch.setattr(aws, "update_item", update_item)
+    remember(table, FIRST, BASE)
+    assert sorted(written) == sorted(keys)
+    assert nearest(table, flip(BASE, 1), MAX_DISTANCE, exclude=SECOND) == (FIRST, 1)
+
+
+def test_remember_with_the_items_nearest_read_reads_nothing_more(table: str, monkeypatch) -> None:
+    remember(table, FIRST, BASE)
+    items = dedup.index_items(table, BASE)
+    monkeypatch.setattr(aws, "batch_get_items", lambda *a, **k: pytest.fail("read again"))
+    assert dedup.nearest(table, flip(BASE, 2), GREY, MAX_DISTANCE, MAX_COLOUR_DISTANCE, SECOND, items=items).sha256 == FIRST
+    dedup.remember(table, FIRST, BASE, GREY, items=items)  # a redelivery: every key holds it, nothing written

@@ -15,7 +15,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-_RETRIES = Config(retries={"max_attempts": 5, "mode": "standard"})
+# A connection for each of the (at most 16) calls a function sends at once (core.ingest.dedup).
+_RETRIES = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=16)
 
 
 def client(service: str) -> Any:
