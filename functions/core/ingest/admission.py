@@ -162,10 +162,10 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
     if described.derivative is not None:
         bucket, key = sample.content_location
         aws.write_object(bucket, key, described.derivative, "image/jpeg")
-    index = dedup.index_items(settings.table, sample.phash) if sample.phash else {}
+    index = dedup.index_items(settings.table, sample.phash) if sample.phash else None  # read once, for both uses
     near = dedup.nearest(settings.table, sample.phash, sample.colour, settings.near_duplicate_distance,
                          settings.near_duplicate_colour_distance, exclude=sample.sha256, items=index) \
-        if sample.phash else None
+        if index is not None else None
     if near:
         sample = dedup.flagged(sample, near)
     existing = None
@@ -179,7 +179,7 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
                               settings, sha256=sample.sha256, duplicate_of=sample.sha256, duplicate_of_key=first.key,
                               sidecar_etag=sidecar_etag)
         sample = first  # a redelivery of the first upload: hand over the record it already has
-    dedup.remember(settings.table, sample.sha256, sample.phash, sample.colour, items=index if sample.phash else None)
+    dedup.remember(settings.table, sample.sha256, sample.phash, sample.colour, items=index)
     if not (existing or {}).get("packed_in"):
         aws.send_message(settings.pack_queue_url, sample.model_dump_json())
     aws.put_item(settings.table, pipeline_table.upload_item(upload, "accepted", sample.partner, sha256=sample.sha256,

@@ -120,9 +120,7 @@ def remember(table: str, sha256: str, phash: str, colour: str, items: dict[str, 
     `items`: the hash's `index_items`, if already read (a key filled since is caught by the condition)."""
     member = entry(sha256, phash, colour)
     found = index_items(table, phash) if items is None else items
-    # a redelivery writes nothing; a full key takes no one
-    keys = [key for key in index_keys(phash)
-            if "full_at" not in found.get(key, {}) and member not in found.get(key, {}).get("entries", set())]
+    keys = [key for key in index_keys(phash) if _takes(found.get(key, {}), member)]
 
     def add(key: str) -> bool:
         # The condition admits the entry while the set has room (or holds it already, since ADD
@@ -136,6 +134,11 @@ def remember(table: str, sha256: str, phash: str, colour: str, items: dict[str, 
     for key, added in zip(keys, _writers().map(add, keys)):
         if not added:
             _fill(table, key)
+
+
+def _takes(item: dict, member: str) -> bool:
+    """Whether a key's item still needs `member`: a redelivery writes nothing, a full key takes no one."""
+    return "full_at" not in item and member not in item.get("entries", set())
 
 
 @functools.cache
