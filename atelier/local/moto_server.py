@@ -26,6 +26,10 @@ moto's server asks for the list of its service modules on every request (to rout
 list is an `os.listdir` plus one `isdir` per module, about 6% of the server's CPU under load. The
 folder does not change while the server runs: it is read once here.
 
+moto's S3 looks a multipart upload up by a bare dict lookup in UploadPart and UploadPartCopy, so a part sent to an upload that another packer has just completed
+failed with a 500 (a KeyError), which botocore retried and then raised as InternalError. S3 answers
+NoSuchUpload, which the seal handles (it reads the finished object); here, too.
+
 werkzeug logs every request; at a few hundred requests a second that is the server's own log I/O
 for lines nobody reads. Only requests answered with an error (4xx, 5xx) are logged here.
 
@@ -50,8 +54,10 @@ from moto.dynamodb.exceptions import (ConditionalCheckFailed, MockValidationExce
 from moto.dynamodb.models import DynamoDBBackend
 from moto.events.models import Rule
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from moto.sqs.models import Message, Queue
+from moto.s3.exceptions import NoSuchUpload
+from moto.s3.models import S3Backend
 from moto.server import MotoRequestHandler
+from moto.sqs.models import Message, Queue
 from werkzeug.serving import run_simple
 
 from atelier.local.iam_rules import patch_iam_rules
@@ -229,6 +235,25 @@ def patch_module_list() -> None:
         backends.list_of_moto_modules = list_of_moto_modules  # type: ignore[assignment]
 
 
+def _upload_must_exist(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(backend: S3Backend, bucket_name: str, multipart_id: str, *args: Any, **kwargs: Any) -> Any:
+        if multipart_id not in backend.get_bucket(bucket_name).multiparts:
+            raise NoSuchUpload(upload_id=multipart_id)
+        return original(backend, bucket_name, multipart_id, *args, **kwargs)
+    call.patched = True  # type: ignore[attr-defined]
+    return call
+
+
+MULTIPART_CALLS = ("upload_part", "upload_part_copy")  # a repeated completion already answers as S3 does
+
+
+def patch_multipart_gone() -> None:
+    """A part for an upload that is gone (completed, aborted) is NoSuchUpload, as on S3."""
+    for name in MULTIPART_CALLS:
+        if not getattr(getattr(S3Backend, name), "patched", False):
+            setattr(S3Backend, name, _upload_must_exist(getattr(S3Backend, name)))
+
+
 class ErrorRequestsOnly(logging.Filter):
     """Pass werkzeug's request lines for 4xx and 5xx answers; its other messages pass as they are."""
 
@@ -245,6 +270,7 @@ def main(host: str, port: int) -> None:
     patch_sqs_clock()
     patch_schedule_rules()
     patch_module_list()
+    patch_multipart_gone()
     patch_iam_rules()  # used only under IAM enforcement (atelier/local/enforcement.py)
     logging.getLogger("werkzeug").addFilter(ErrorRequestsOnly())
     app = DomainDispatcherApplication(create_backend_app)

@@ -183,7 +183,7 @@ class Poller:
                               self.region, self.account)
             failed = failed_ids(response, ids) if self.source.report_batch_item_failures else set()
         except (Exception, LambdaTimeout) as exc:
-            log.error("%s failed on a batch of %d: %s", self.spec.logical_id, len(messages), exc)
+            log.error("%s failed on a batch of %d: %s", self.spec.logical_id, len(messages), exc, exc_info=exc)
             failed = ids
         done = [m for m in messages if m["MessageId"] not in failed]
         if self.chaos is not None and self.chaos.lose_delete():
@@ -201,7 +201,7 @@ class Poller:
             invoke(self.handler, json.loads(message["Body"]), self.spec, self.region, self.account)
         except (Exception, LambdaTimeout) as exc:
             log.error("%s failed on event %s: %s (retried after the visibility timeout)",
-                      self.spec.logical_id, message["MessageId"], exc)
+                      self.spec.logical_id, message["MessageId"], exc, exc_info=exc)
             return
         if self.chaos is not None and self.chaos.lose_delete():
             return
@@ -212,7 +212,7 @@ class Poller:
         try:
             invoke(self.handler, event, self.spec, self.region, self.account)
         except (Exception, LambdaTimeout) as exc:
-            log.error("%s failed on a repeated delivery: %s", self.spec.logical_id, exc)
+            log.error("%s failed on a repeated delivery: %s", self.spec.logical_id, exc, exc_info=exc)
 
     def _send_copy(self, message: dict[str, Any], delay_s: int) -> None:
         """The message once more, as a second notification of the same thing would arrive (chaos)."""

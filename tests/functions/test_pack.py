@@ -106,6 +106,67 @@ def test_segments_are_deleted_once_the_shard_is_announced(stack, settings) -> No
     assert left.get("Versions", []) == [] and left.get("DeleteMarkers", []) == []
 
 
+def test_a_segment_whose_commit_lost_a_race_is_committed_next_round_not_written_again(
+        stack, settings, monkeypatch) -> None:
+    # GIVEN a second packer that commits its own batch just before this one's first commit
+    from core.pack import segments
+    samples = [upload_sample(stack, n) for n in range(6)]
+    real_append, real_write, written = journal.append, segments.write_segment, []
+
+    def append(table, head, shard, pending):  # noqa: ANN001
+        if not written[1:]:  # only this packer's first commit is overtaken
+            written.append("other")
+            pack_samples(batch(samples[3:]), settings)
+        return real_append(table, head, shard, pending)
+
+    def write_segment(candidates, *args, **kwargs):  # noqa: ANN001
+        written.append(sorted(c.sha256 for c in candidates))
+        return real_write(candidates, *args, **kwargs)
+
+    monkeypatch.setattr(journal, "append", append)
+    monkeypatch.setattr(segments, "write_segment", write_segment)
+    # WHEN this packer's commit fails and it goes round again
+    report = pack_samples(batch(samples[:3]), settings)
+    # THEN it commits the segment it had written (its samples compared whole, sidecar fields too)
+    mine = sorted(s.sha256 for s in samples[:3])
+    assert written.count(mine) == 1 and report.committed == 3
+    seal_due(dataclasses.replace(settings, shard_max_age_s=0))
+    [(shard_id, shard)] = sealed_shards(settings).items()
+    assert sorted(shard.sample_keys) == sorted(s.sha256 for s in samples)
+
+
+# --- two sealers of one shard ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("per_batch", "copied"), [(1, False), (4, True)], ids=["parts-read-and-sent", "parts-copied"])
+def test_a_sealer_overtaken_mid_compose_finishes_without_an_error(stack, settings, monkeypatch, per_batch: int,
+                                                                   copied: bool) -> None:
+    # GIVEN a second sealer (two packers run at once on AWS) that, as the first sends its first part,
+    # completes the upload, announces the shard and deletes its segments
+    from atelier.local.moto_server import patch_multipart_gone
+    from core.pack import seal
+    patch_multipart_gone()
+    real_part, overtaken = seal._part, []
+
+    def part(number, part, upload_id, state, settings):  # noqa: ANN001
+        if not overtaken:
+            overtaken.append(part.copy)
+            assert seal.finish(state.shard.shard_id, settings) is not None
+        return real_part(number, part, upload_id, state, settings)
+
+    monkeypatch.setattr(seal, "_part", part)
+    samples = [upload_sample(stack, n, size=3000 if copied else 300) for n in range(12)]
+    sealing = dataclasses.replace(settings, shard_max_samples=12, shard_target_bytes=1 << 20)
+    # WHEN the first sealer goes on with its stale state
+    for start in range(0, 12, per_batch):
+        pack_samples(batch(samples[start:start + per_batch]), sealing)
+    # THEN it finishes the seal without an error, and the shard was sealed and announced once
+    assert overtaken == [copied]  # the part it was sending: copied server-side, or read and sent
+    [(shard_id, shard)] = sealed_shards(settings).items()
+    check_shard(settings, shard_id, shard, {s.sha256: s for s in samples})
+    assert [e.shard_id for e in announced(stack)] == [shard_id]
+    assert journal.load_seal(settings.table, shard_id).status == "done"  # type: ignore[union-attr]
+
+
 # --- when a shard is sealed ---------------------------------------------------------------------
 
 def test_a_shard_is_sealed_at_the_sample_limit(stack, settings) -> None:

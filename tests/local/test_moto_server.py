@@ -237,3 +237,41 @@ def test_the_request_log_keeps_errors_and_drops_successes() -> None:
     assert keep(request_record("500"))
     other = logging.LogRecord("werkzeug", logging.INFO, __file__, 1, " * Running on %s", ("http://x",), None)
     assert keep(other)  # not a request line: kept
+
+
+# --- S3: a part for an upload that is gone is NoSuchUpload ----------------------------------------
+
+@pytest.fixture
+def multipart_gone_patched() -> Iterator[None]:
+    from moto.s3.models import S3Backend
+
+    from atelier.local.moto_server import MULTIPART_CALLS, patch_multipart_gone
+    saved = {name: S3Backend.__dict__[name] for name in MULTIPART_CALLS}
+    patch_multipart_gone()
+    yield
+    for name, call in saved.items():
+        setattr(S3Backend, name, call)
+
+
+def test_parts_and_completions_for_a_completed_upload_are_no_such_upload(multipart_gone_patched: None) -> None:
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="bucket")
+        s3.put_object(Bucket="bucket", Key="source", Body=b"s" * 10)
+        upload = s3.create_multipart_upload(Bucket="bucket", Key="shard")["UploadId"]
+        etag = s3.upload_part(Bucket="bucket", Key="shard", UploadId=upload, PartNumber=1, Body=b"x")["ETag"]
+        s3.complete_multipart_upload(Bucket="bucket", Key="shard", UploadId=upload,
+                                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+        late = [  # what a second sealer sends after the first completed the upload
+            lambda: s3.upload_part(Bucket="bucket", Key="shard", UploadId=upload, PartNumber=1, Body=b"x"),
+            lambda: s3.upload_part_copy(Bucket="bucket", Key="shard", UploadId=upload, PartNumber=1,
+                                        CopySource={"Bucket": "bucket", "Key": "source"}),
+        ]
+        for call in late:
+            with pytest.raises(ClientError) as gone:
+                call()
+            assert gone.value.response["Error"]["Code"] == "NoSuchUpload"
+        # Completing it again is answered with the object, as S3 answers a retried completion.
+        s3.complete_multipart_upload(Bucket="bucket", Key="shard", UploadId=upload,
+                                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+        assert s3.get_object(Bucket="bucket", Key="shard")["Body"].read() == b"x"

@@ -81,7 +81,8 @@ def test_sqs_batch_reports_partial_failures_and_redelivers_only_those(sqs: Any) 
     assert bodies(sqs, url) == ["b"]
 
 
-def test_sqs_handler_error_returns_the_whole_batch(sqs: Any) -> None:
+def test_sqs_handler_error_returns_the_whole_batch_and_logs_its_traceback(sqs: Any,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     url, arn, _ = make_queue(sqs, "q")
     for body in ("a", "b"):
         sqs.send_message(QueueUrl=url, MessageBody=body)
@@ -89,6 +90,10 @@ def test_sqs_handler_error_returns_the_whole_batch(sqs: Any) -> None:
     Poller(source, spec(), Recorder(raise_error=True), sqs, REGION, ACCOUNT, wait_s=0).poll_once()
     time.sleep(1.1)
     assert bodies(sqs, url) == ["a", "b"]
+    # as Lambda's runtime writes an unhandled error's stack trace to the function's log
+    [failure] = [r for r in caplog.records if "failed on a batch" in r.getMessage()]
+    assert failure.exc_info is not None and failure.exc_info[0] is RuntimeError
+    assert "in __call__" in caplog.text  # the handler's frame
 
 
 def test_sqs_timeout_fails_the_batch_even_if_the_handler_catches_exceptions(sqs: Any) -> None:

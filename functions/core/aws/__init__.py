@@ -9,7 +9,7 @@ get; to change the client every module of the package uses, patch `aws.clients.c
 
 from typing import Any
 
-from botocore.exceptions import IncompleteReadError
+from botocore.exceptions import ClientError, IncompleteReadError
 
 from core.aws import clients
 from core.aws.clients import error_code, reset_clients, transfer_client
@@ -32,7 +32,7 @@ def client(service: str) -> Any:
 
 
 __all__ = [
-    "Download", "IncompleteReadError", "ServiceQuotaExceeded", "UploadGone", "abort_multipart", "batch_get_items",
+    "ClientError", "Download", "IncompleteReadError", "ServiceQuotaExceeded", "UploadGone", "abort_multipart", "batch_get_items",
     "client", "clients", "complete_multipart", "create_multipart", "create_training_job", "delete_object",
     "describe_endpoint", "describe_training_job", "error_code", "get_item", "head_object", "list_objects",
     "open_object", "put_bytes", "put_event", "put_item", "put_item_if_absent", "put_target_tracking_policy",

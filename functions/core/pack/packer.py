@@ -121,7 +121,8 @@ def _segment(head: Head, candidates: list[Sample], spare: segments.Written | Non
              settings: PackSettings) -> segments.Written | None:
     """Step 3: the segment to commit next (the one that lost a race, if it still fits), or None if full."""
     budget, slots = _room(head.open, settings)
-    if spare and set(spare.samples) <= set(candidates) \
+    wanted = {c.sha256: c for c in candidates}  # samples are compared whole: a late sidecar changes the bytes
+    if spare and all(wanted.get(s.sha256) == s for s in spare.samples) \
             and spare.segment.samples <= slots and (spare.segment.size <= budget or head.open is None):
         return spare
     return segments.write_segment(candidates, settings.data_bucket, budget, slots, take_first=head.open is None,

@@ -109,11 +109,16 @@ def _compose(state: SealState, settings: PackSettings) -> tuple[str, dict] | Non
                  for number, part in enumerate(plan_parts([s.size for s in state.shard.segments],
                                                           settings.min_part_bytes), start=1)]
         aws.complete_multipart(bucket, key, upload_id, parts)
-    except aws.UploadGone:
-        if _is_complete(bucket, key, state.sealed):  # another sealer completed it
+    except (aws.UploadGone, aws.ClientError) as failed:
+        # Another sealer (two packers run at once) may have completed the upload, moved the seal on
+        # and deleted the segments this one was still copying: then the failure is moot.
+        current = journal.load_seal(settings.table, state.shard.shard_id)
+        if current is None or current.status != state.status:
+            return None
+        if _is_complete(bucket, key, state.sealed):
             return "composed", {}
-        # Aborted (a lifecycle rule): start again with a new upload.
-        journal.set_upload(settings.table, state, "")
+        if isinstance(failed, aws.UploadGone):  # aborted (a lifecycle rule): start again with a new upload
+            journal.set_upload(settings.table, state, "")
         raise
     return "composed", {"upload_id": upload_id}
 
