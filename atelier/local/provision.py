@@ -88,7 +88,7 @@ class Provisioner:
         self.result = Provisioned(stack, region, account)
         self.attributes: dict[str, dict[str, Any]] = {}
         self.resolver = Resolver(expanded.parameters, expanded.conditions, self._ref, self._get_att,
-                                 expanded.list_parameters)
+                                 expanded.list_parameters, expanded.mappings)
 
     # --- references -----------------------------------------------------------------------------
     def _ref(self, logical: str) -> str:

@@ -39,6 +39,7 @@ class Expanded:
     conditions: dict[str, Any]
     code_dirs: dict[str, Path] = field(default_factory=dict)  # placeholder S3 key -> local folder
     list_parameters: set[str] = field(default_factory=set)  # CommaDelimitedList: Ref gives a list
+    mappings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 class _NoManagedPolicies:
@@ -69,7 +70,7 @@ def expand(path: Path, overrides: dict[str, str], stack: str, region: str, accou
                        "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com"})
     cfn = transform(template, {k: v for k, v in parameters.items() if "::" not in k}, _NoManagedPolicies())
     return Expanded(cfn["Resources"], cfn.get("Outputs", {}), parameters, cfn.get("Conditions", {}), code_dirs,
-                    list_parameters)
+                    list_parameters, cfn.get("Mappings", {}))
 
 
 def _point_code_at_placeholders(template: dict[str, Any], root: Path) -> dict[str, Path]:
@@ -137,9 +138,11 @@ class Resolver:
 
     def __init__(self, parameters: dict[str, str], conditions: dict[str, Any],
                  ref: Callable[[str], str], get_att: Callable[[str, str], Any],
-                 list_parameters: set[str] | frozenset[str] = frozenset()) -> None:
+                 list_parameters: set[str] | frozenset[str] = frozenset(),
+                 mappings: dict[str, dict[str, dict[str, Any]]] | None = None) -> None:
         self.parameters = parameters
         self.list_parameters = list_parameters
+        self.mappings = mappings or {}
         self.conditions = conditions
         self._ref = ref
         self._get_att = get_att
@@ -163,6 +166,7 @@ class Resolver:
             "Fn::Select": lambda a: self.resolve(a[1])[int(self.resolve(a[0]))],
             "Fn::Split": lambda a: str(self.resolve(a[1])).split(self.resolve(a[0])),
             "Fn::If": lambda a: self.resolve(a[1] if self.condition(a[0]) else a[2]),
+            "Fn::FindInMap": self._fn_find_in_map,
             "Fn::Equals": lambda a: str(self.resolve(a[0])) == str(self.resolve(a[1])),
             "Fn::Not": lambda a: not self.resolve(a[0]),
             "Fn::And": lambda a: all(self.resolve(v) for v in a),
@@ -183,6 +187,13 @@ class Resolver:
         if name in self.parameters:
             return self.parameters[name]
         return self._ref(name)
+
+    def _fn_find_in_map(self, arg: Any) -> Any:
+        name, top, second = (str(self.resolve(a)) for a in arg[:3])
+        try:
+            return self.mappings[name][top][second]
+        except KeyError:  # CloudFormation fails the stack the same way
+            raise TemplateError(f"Fn::FindInMap: {name} has no {top}.{second}") from None
 
     def _fn_get_att(self, arg: Any) -> Any:
         logical, attribute = arg.split(".", 1) if isinstance(arg, str) else arg

@@ -36,7 +36,11 @@ PACK_SHARD_PREFIX = "PACKSHARD#"
 PHASH_PREFIX = "PHASH#"
 PHASH_FULL_PREFIX = "PHASHFULL#"
 TRAINED_SHARDS = "SHARDS#trained"  # the gsi1 partition of trained shards, the replay pool
-PACK_HEAD = "PACK#head"  # the packer's one open-shard record (core.pack.journal)
+PACK_HEAD = "PACK#head"  # lane 0's open-shard record (core.pack.journal); lane k > 0 is PACK#head#k
+
+
+def pack_head_pk(lane: int) -> str:
+    return PACK_HEAD if lane == 0 else f"{PACK_HEAD}#{lane}"
 
 
 def sample_pk(sha256: str) -> str:

@@ -10,6 +10,7 @@ from typing import Mapping
 
 from core.errors import ConfigError
 from core.ingest.images import KNOWN_FORMATS, DecodePolicy
+from core.pack.lanes import MAX_LANES
 from core.reliability.dead_letters import CONTRACTS, RedrivePolicy
 from core.training.failure_brake import BrakeSettings
 from core.training.instance_types import GPUS_PER_INSTANCE
@@ -148,6 +149,7 @@ class PackSettings:
     shard_target_bytes: int  # a shard is sealed before it would grow past this
     shard_max_samples: int
     shard_max_age_s: int  # ... or once its first segment is this old
+    lanes: int = 1  # open shards packed side by side (core.pack.lanes)
     # S3's rules and the packer's memory, not deployment choices (tests lower them to keep moto fast).
     min_part_bytes: int = 5 << 20  # S3's smallest part but the last
     part_bytes: int = 16 << 20  # the one part a streaming upload holds in memory
@@ -161,7 +163,14 @@ class PackSettings:
             shard_target_bytes=_int(env, "SHARD_TARGET_BYTES"),
             shard_max_samples=_int(env, "SHARD_MAX_SAMPLES"),
             shard_max_age_s=_int(env, "SHARD_MAX_AGE_S"),
+            lanes=_lanes(_int(env, "PACK_LANES")),
         )
+
+
+def _lanes(count: int) -> int:
+    if not 1 <= count <= MAX_LANES:
+        raise ConfigError(f"PACK_LANES={count}: must be 1..{MAX_LANES}")
+    return count
 
 
 

@@ -10,8 +10,8 @@ dead letters back and holds poison ones. Once the pipeline is quiet `core.reliab
 upload quarantined or in exactly one sealed, byte-exact shard; every shard must read back with
 tarfile and webdataset; every DLQ must be empty but UploadsDLQ, which must hold exactly the poison
 messages, each marked with the contract error that proves it poison. Timeouts and visibility timeouts are
-a few seconds (property overrides) so a crashed batch comes back quickly; training never starts
-(TrainingQuota 1000). ATELIER_CHAOS_RUNS=N runs more; ATELIER_CHAOS_SEED=S replays a seed's draws
+a few seconds (property overrides) so a crashed batch comes back quickly; samples pack over two
+lanes; training never starts (TrainingQuota 1000). ATELIER_CHAOS_RUNS=N runs more; ATELIER_CHAOS_SEED=S replays a seed's draws
 (the interleaving with real time is not replayed).
 """
 
@@ -43,7 +43,8 @@ RUNS = int(os.environ.get("ATELIER_CHAOS_RUNS", "3"))
 SEED = int(os.environ.get("ATELIER_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 31))))
 PARTNER = "chaos"
 OVERRIDES = {"TrainingQuota": "1000", "ShardMaxAgeSeconds": "4", "ShardMaxSamples": "8", "PackBatchSize": "8",
-             "PackBatchWindowSeconds": "1", "DeadLetterBackoffSeconds": "2"}  # the redriver runs every 3 s
+             "PackBatchWindowSeconds": "1", "DeadLetterBackoffSeconds": "2",  # the redriver runs every 3 s
+             "PackLanes": "2"}  # two open shards (tests/functions/test_pack_faults.py races two packers over lanes)
 # Lambda timeouts and visibility timeouts of seconds, not minutes: a crashed batch is back soon.
 PROPERTIES = {"IngestFunction": {"Timeout": 6}, "PackFunction": {"Timeout": 8}, "StartTrainingFunction": {"Timeout": 6},
               "SweepFunction": {"Timeout": 6}, "RedriveFunction": {"Timeout": 10}, "UploadsQueue": {"VisibilityTimeout": 8},

@@ -167,6 +167,46 @@ def test_a_sealer_overtaken_mid_compose_finishes_without_an_error(stack, setting
     assert journal.load_seal(settings.table, shard_id).status == "done"  # type: ignore[union-attr]
 
 
+# --- lanes ---------------------------------------------------------------------------------------
+
+def test_lanes_fill_their_own_shards_and_every_sample_is_in_its_lanes_shard(stack, settings) -> None:
+    # GIVEN four lanes and 40 samples arriving in batches that mix them
+    from core.pack.lanes import lane_of
+    laned = dataclasses.replace(settings, lanes=4, shard_target_bytes=1 << 20)
+    samples = [upload_sample(stack, n) for n in range(40)]
+    # WHEN the batches are packed (two of them twice: redeliveries)
+    for start in (0, 10, 10, 20, 30, 30):
+        pack_samples(batch(samples[start:start + 10]), laned)
+    heads = {lane: journal.load_head(settings.table, lane) for lane in range(4)}
+    # THEN each lane has its own open shard, holding exactly its samples
+    assert all(head.open is not None and head.version for head in heads.values())
+    assert len({head.open.shard_id for head in heads.values()}) == 4  # type: ignore[union-attr]
+    assert sum(head.open.samples for head in heads.values()) == 40  # type: ignore[union-attr]
+    # AND the timer seals every lane, each sample in exactly one shard, of its own lane
+    assert len(seal_due(dataclasses.replace(laned, shard_max_age_s=0))) == 4
+    found = sealed_shards(settings)
+    assert sorted(k for shard in found.values() for k in shard.sample_keys) == sorted(s.sha256 for s in samples)
+    assert all(len({lane_of(k, 4) for k in shard.sample_keys}) == 1 for shard in found.values())
+    for shard_id, shard in found.items():
+        check_shard(settings, shard_id, shard, {s.sha256: s for s in samples})
+    assert all(journal.load_head(settings.table, lane).sealing == frozenset() for lane in range(4))
+
+
+def test_the_timer_seals_a_lane_left_open_when_the_lane_count_was_lowered(stack, settings) -> None:
+    # GIVEN samples packed over four lanes, then PackLanes lowered to 1 before their shards were sealed
+    from core.pack.lanes import lane_of
+    samples = [upload_sample(stack, n) for n in range(24)]
+    assert {lane_of(s.sha256, 4) for s in samples} == {0, 1, 2, 3}
+    pack_samples(batch(samples), dataclasses.replace(settings, lanes=4, shard_target_bytes=1 << 20))
+    # WHEN the timer runs with one lane
+    sealed = seal_due(dataclasses.replace(settings, lanes=1, shard_max_age_s=0, shard_target_bytes=1 << 20))
+    # THEN the shards of lanes 1..3 are sealed too: nothing waits forever
+    assert len(sealed) == 4
+    assert sorted(k for shard in sealed_shards(settings).values() for k in shard.sample_keys) == \
+        sorted(s.sha256 for s in samples)
+    assert all(journal.load_head(settings.table, lane).open is None for lane in range(4))
+
+
 # --- when a shard is sealed ---------------------------------------------------------------------
 
 def test_a_shard_is_sealed_at_the_sample_limit(stack, settings) -> None:

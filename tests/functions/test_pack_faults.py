@@ -1,5 +1,5 @@
 """Exactly once, proved by force: the packer dies at every side-effect boundary, SQS redelivers
-(twice, late, out of order), two packers and the seal timer race, over many randomized runs; then
+(twice, late, out of order), two packers and the seal timer race over 1 to 3 lanes, in many randomized runs; then
 every sealed shard is read back and every accepted sample must be in exactly one of them.
 
 Every call the packer makes to AWS goes through core.aws; each is wrapped so that it is atomic (one
@@ -137,12 +137,14 @@ def invoke(faults: Faults, queue: Queue, settings: PackSettings, rng: random.Ran
 def run_once(stack: Provisioned, monkeypatch: pytest.MonkeyPatch, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     settings = settings_for(stack, shard_target_bytes=rng.randint(12, 48) << 10,
-                            shard_max_samples=rng.randint(2, 9), part_bytes=rng.choice([4, 6, 8]) << 10)
+                            shard_max_samples=rng.randint(2, 9), part_bytes=rng.choice([4, 6, 8]) << 10,
+                            lanes=1 + seed % 3)
     samples = [upload_sample(stack, seed * 1000 + n, rng=rng) for n in range(rng.randint(10, 24))]
     queue = Queue(rng, {f"msg-{i}": s for i, s in enumerate(samples)})
     faults = Faults(monkeypatch)
     errors: Counter[str] = Counter()
-    # GIVEN two packers and the timer, each invocation dying at a random call with probability 0.5
+    # GIVEN two packers and the timer over 1, 2 or 3 lanes, each invocation dying at a random call with
+    # probability 0.5
     def packer(worker_seed: int) -> None:
         worker_rng = random.Random(worker_seed)
         for _ in range(400):
@@ -171,10 +173,11 @@ def run_once(stack: Provisioned, monkeypatch: pytest.MonkeyPatch, seed: int) -> 
         assert len(shard.body) <= settings.shard_target_bytes or len(shard.sample_keys) == 1
         for key in shard.sample_keys:
             assert aws.get_item(settings.table, pipeline_table.sample_pk(key))["packed_in"] == shard_id  # type: ignore[index]
-    head = journal.load_head(settings.table)
-    assert (head.open, head.pending, head.sealing) == (None, None, frozenset()), f"seed {seed}"
+    for lane in range(settings.lanes):
+        head = journal.load_head(settings.table, lane)
+        assert (head.open, head.pending, head.sealing) == (None, None, frozenset()), f"seed {seed}, lane {lane}"
     assert set(_announced(stack)) == set(found), f"seed {seed}: announced shards differ from sealed ones"
-    return {"samples": len(samples), "shards": len(found), "deliveries": queue.deliveries, "calls": faults.calls,
+    return {"samples": len(samples), "shards": len(found), "lanes_above_one": int(settings.lanes > 1), "deliveries": queue.deliveries, "calls": faults.calls,
             **errors}
 
 
@@ -212,4 +215,5 @@ def test_every_accepted_sample_is_in_exactly_one_sealed_shard_whatever_fails(
     # the runs exercised what they claim to: server-side copies, aborted uploads, late deliveries
     assert totals["shards"] >= RUNS and totals["crashes"] > RUNS
     assert totals["upload_part_copy"] > 0 and totals["abort_multipart"] > 0 and totals["read_range"] > 0
+    assert totals["lanes_above_one"] > 0
     print(f"\n{RUNS} runs: {dict(totals)}")

@@ -272,7 +272,7 @@ LAMBDA_MARKERS = ("LAMBDA_TASK_ROOT", "AWS_SAM_LOCAL", "POWERTOOLS_TRACE_DISABLE
 def test_the_functions_trace_only_in_lambda(where: str, markers: dict, tracing: bool) -> None:
     # GIVEN a fresh interpreter (Powertools decides once per process) with a function's environment
     expanded = expand(REPO / "template.yaml", IMAGES, STACK, REGION, ACCOUNT)
-    resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: name, get_att=lambda name, _: name)
+    resolver = Resolver(expanded.parameters, expanded.conditions, mappings=expanded.mappings, ref=lambda name: name, get_att=lambda name, _: name)
     template_env = resolver.resolve(expanded.resources["PackFunction"]["Properties"]["Environment"]["Variables"])
     env = {k: v for k, v in os.environ.items() if k not in LAMBDA_MARKERS}
     env |= {k: str(v) for k, v in template_env.items()} | {"AWS_LAMBDA_FUNCTION_NAME": "atelier-pack"} | markers

@@ -53,6 +53,19 @@ def test_get_att_attribute_may_be_a_ref(resolver: Resolver) -> None:
     assert resolver.resolve({"Fn::GetAtt": ["Queue", {"Ref": "Attribute"}]}) == "atelier-Queue"
 
 
+# --- FindInMap -------------------------------------------------------------------------------------
+
+def test_find_in_map_looks_up_with_resolved_keys(resolver: Resolver) -> None:
+    resolver.mappings = {"Sizes": {"prod": {"Count": 8}, "dev": {"Count": 1}}}
+    assert resolver.resolve({"Fn::FindInMap": ["Sizes", {"Ref": "Env"}, "Count"]}) == 8
+
+
+def test_find_in_map_without_the_key_fails_as_cloudformation_does(resolver: Resolver) -> None:
+    resolver.mappings = {"Sizes": {"dev": {"Count": 1}}}
+    with pytest.raises(TemplateError, match="Sizes has no prod.Count"):
+        resolver.resolve({"Fn::FindInMap": ["Sizes", {"Ref": "Env"}, "Count"]})
+
+
 # --- Sub ----------------------------------------------------------------------------------------
 
 def test_sub_replaces_parameters_pseudo_parameters_and_resources(resolver: Resolver) -> None:

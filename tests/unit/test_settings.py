@@ -68,9 +68,10 @@ INGEST_SETTINGS = IngestSettings(
     min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3,
     near_duplicate_colour_distance=12)
 PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default",
-            "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600"}
+            "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600",
+            "PACK_LANES": "4"}
 PACK_SETTINGS = dict(table="t", data_bucket="d", event_bus="default", shard_target_bytes=1073741824,
-                     shard_max_samples=10000, shard_max_age_s=3600)
+                     shard_max_samples=10000, shard_max_age_s=3600, lanes=4)
 DEPLOY_ENV = {"PIPELINE_TABLE": "t", "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/r",
               "INFERENCE_IMAGE_URI": "img", "ENDPOINT_NAME": "atelier", "ENDPOINT_INSTANCE_TYPE": "ml.g5.xlarge",
               "TRAINING_IMAGE_URI": "train-img", "EVAL_INSTANCE_TYPE": "ml.g5.2xlarge", "EVAL_DATA_URI": "s3://d/eval/",
@@ -103,6 +104,12 @@ def test_ingest_settings_from_a_full_environment() -> None:
 
 def test_pack_settings_from_a_full_environment() -> None:
     assert PackSettings.from_env(PACK_ENV) == PackSettings(**PACK_SETTINGS)
+
+
+@pytest.mark.parametrize("lanes", ["0", "65"])
+def test_pack_lanes_outside_what_the_template_allows_are_refused(lanes: str) -> None:
+    with pytest.raises(ConfigError, match=f"PACK_LANES={lanes}: must be 1..64"):
+        PackSettings.from_env({**PACK_ENV, "PACK_LANES": lanes})
 
 
 def test_deploy_settings_from_a_full_environment() -> None:
@@ -453,7 +460,7 @@ def expanded() -> Expanded:
 
 def function_environment(expanded: Expanded, logical_id: str) -> dict[str, str]:
     """The function's variables as CloudFormation would set them (resources by logical id)."""
-    resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: name,
+    resolver = Resolver(expanded.parameters, expanded.conditions, mappings=expanded.mappings, ref=lambda name: name,
                         get_att=lambda name, attribute: f"{name}.{attribute}")
     variables = resolver.resolve(expanded.resources[logical_id]["Properties"]["Environment"]["Variables"])
     return {k: str(v) for k, v in variables.items()}

@@ -29,7 +29,7 @@ def expand_with(overrides: dict[str, str]) -> Expanded:
 
 def resolve(expanded: Expanded) -> dict[str, dict[str, Any]]:
     """Every resource with intrinsics resolved: Ref -> logical id, GetAtt -> `<logical id>.<attribute>`."""
-    resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: name,
+    resolver = Resolver(expanded.parameters, expanded.conditions, mappings=expanded.mappings, ref=lambda name: name,
                         get_att=lambda name, attribute: f"{name}.{attribute}")
     return {logical: {**resource, "Properties": resolver.resolve(resource.get("Properties", {}))}
             for logical, resource in expanded.resources.items()}
@@ -201,7 +201,7 @@ def test_env_json_gives_every_function_the_local_stack_name_of_each_resource_it_
     # resolves parameters itself (samconfig.toml [local]) but cannot know the local stack's names
     expanded = expand_with({"LocalEndpointUrl": LOCAL_ENDPOINT})  # as `--config-env local` expands it
     unknown = "<a resource>"
-    resolver = Resolver(expanded.parameters, expanded.conditions, ref=lambda name: unknown,
+    resolver = Resolver(expanded.parameters, expanded.conditions, mappings=expanded.mappings, ref=lambda name: unknown,
                         get_att=lambda name, attribute: unknown)
     declared = {name: resolver.resolve(f["Properties"]["Environment"]["Variables"])
                 for name, f in expanded.resources.items() if f["Type"] == "AWS::Lambda::Function"}
@@ -409,3 +409,21 @@ def test_sam_build_installs_the_function_dependencies_once_into_one_layer(resour
     assert all(f.get("Layers") == [layer] for f in functions.values()), {n: f.get("Layers") for n, f in functions.items()}
     assert not (FUNCTIONS_DIR / "requirements.txt").exists()
     assert (FUNCTIONS_DIR / "layer" / "requirements.txt").is_file()
+
+
+@pytest.mark.parametrize("lanes", ["1", "4", "64"])
+def test_pack_lanes_reach_the_packer_and_two_packers_run_per_lane(lanes: str) -> None:
+    resources = resolve(expand_with({"PackLanes": lanes}))
+    pack = resources["PackFunction"]["Properties"]
+    mapping = resources["PackFunctionSamples"]["Properties"]
+    assert pack["Environment"]["Variables"]["PACK_LANES"] == lanes
+    assert mapping["ScalingConfig"]["MaximumConcurrency"] == 2 * int(lanes)  # Lambda accepts 2..1000
+
+
+def test_every_allowed_lane_count_has_a_concurrency() -> None:
+    from core.pack.lanes import MAX_LANES
+    expanded = expand_with({})
+    from samtranslator.yaml_helper import yaml_parse
+    declared = yaml_parse((REPO / "template.yaml").read_text())["Parameters"]["PackLanes"]
+    allowed = [str(v) for v in declared["AllowedValues"]]
+    assert set(expanded.mappings["PackLaneConcurrency"]) == set(allowed) and max(map(int, allowed)) == MAX_LANES

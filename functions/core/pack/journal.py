@@ -1,10 +1,11 @@
 """The pack stage's durable state in the pipeline table (docs/pack.md).
 
-`PACK#head` holds the open shard (its committed segments and counts), the last committed segment
-whose samples may not all be marked `packed_in` yet (`pending`), and the ids of shards being
-sealed. Every change to what a shard holds is a conditional write on the head's `version`, so two
-packers never both append: the one that read a stale head fails and reads it again.
-`PACKSHARD#<id>` records how far the seal of one shard has got, one conditional step at a time.
+Each pack lane's head (`PACK#head` for lane 0, `PACK#head#<k>`: core.pack.lanes) holds its open
+shard (its committed segments and counts), the last committed segment whose samples may not all
+be marked `packed_in` yet (`pending`), and the ids of its shards being sealed. Every change to what
+a shard holds is a conditional write on the head's `version`, so two packers never both append to
+one lane: the one that read a stale head fails and reads it again. `PACKSHARD#<id>` records how
+far the seal of one shard has got, one conditional step at a time.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class Head:
     open: OpenShard | None
     pending: Pending | None
     sealing: frozenset[str]
+    lane: int = 0
+
+    @property
+    def pk(self) -> str:
+        return pipeline_table.pack_head_pk(self.lane)
 
 
 class SealState(Frozen):
@@ -60,17 +66,28 @@ class SealState(Frozen):
     status: SealStatus
     upload_id: str = ""
     sealed: ShardSealed | None = None
+    lane: int = 0  # whose head lists the shard under `sealing`
 
 
 # --- the head -----------------------------------------------------------------------------------
 
-def load_head(table: str) -> Head:
-    item = aws.get_item(table, pipeline_table.PACK_HEAD) or {}
+def load_head(table: str, lane: int = 0) -> Head:
+    return _head(aws.get_item(table, pipeline_table.pack_head_pk(lane)) or {}, lane)
+
+
+def load_heads(table: str, lanes: int) -> list[Head]:
+    """The heads of lanes 0 .. lanes - 1, in one consistent batch read."""
+    items = aws.batch_get_items(table, [pipeline_table.pack_head_pk(lane) for lane in range(lanes)])
+    return [_head(items.get(pipeline_table.pack_head_pk(lane), {}), lane) for lane in range(lanes)]
+
+
+def _head(item: dict[str, Any], lane: int) -> Head:
     return Head(
         version=int(item.get("version", 0)),
         open=OpenShard.model_validate_json(item["open"]) if item.get("open") else None,
         pending=Pending.model_validate_json(item["pending"]) if item.get("pending") else None,
         sealing=frozenset(item.get("sealing", ())),
+        lane=lane,
     )
 
 
@@ -80,31 +97,31 @@ def append(table: str, head: Head, shard: OpenShard, pending: Pending) -> bool:
               ":k": "pack-head"}
     if head.version:
         values[":v"] = head.version
-    return aws.update_item(table, pipeline_table.PACK_HEAD, "SET #v = :n, #o = :o, pending = :p, kind = :k", values,
+    return aws.update_item(table, head.pk, "SET #v = :n, #o = :o, pending = :p, kind = :k", values,
                            condition="#v = :v" if head.version else "attribute_not_exists(#v)", names=_NAMES)
 
 
 def clear_pending(table: str, head: Head) -> bool:
     """Forget `pending` once its marks are written, unless a newer commit replaced it."""
-    return aws.update_item(table, pipeline_table.PACK_HEAD, "REMOVE pending", {":v": head.version},
+    return aws.update_item(table, head.pk, "REMOVE pending", {":v": head.version},
                            condition="#v = :v", names={"#v": "version"})
 
 
 def begin_seal(table: str, head: Head, requested_at: str) -> bool:
     """Close the open shard: the head lets go of it and a seal record takes it, in one transaction."""
     assert head.open is not None
-    state = SealState(shard=head.open, status="sealing")
+    state = SealState(shard=head.open, status="sealing", lane=head.lane)
     return aws.transact_updates(
         table,
-        [(pipeline_table.PACK_HEAD, "SET #v = :n REMOVE #o ADD sealing :ids", "#v = :v",
+        [(head.pk, "SET #v = :n REMOVE #o ADD sealing :ids", "#v = :v",
           {":v": head.version, ":n": head.version + 1, ":ids": {head.open.shard_id}})],
         [{"pk": pipeline_table.pack_shard_pk(head.open.shard_id), "kind": "pack-shard", "status": "sealing",
           "state": state.model_dump_json(), "requested_at": requested_at}],
         names=_NAMES)
 
 
-def forget_sealing(table: str, shard_id: str) -> None:
-    aws.update_item(table, pipeline_table.PACK_HEAD, "DELETE sealing :ids", {":ids": {shard_id}})
+def forget_sealing(table: str, lane: int, shard_id: str) -> None:
+    aws.update_item(table, pipeline_table.pack_head_pk(lane), "DELETE sealing :ids", {":ids": {shard_id}})
 
 
 # --- one seal -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ sample again) or a committed one whose marks and seal the next invocation finish
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,7 +27,7 @@ from aws_lambda_powertools import Logger
 from contracts import pipeline_table
 from contracts.messages import Sample, ShardSealed
 from core import aws, telemetry
-from core.pack import journal, seal, segments, shards
+from core.pack import journal, lanes, seal, segments, shards
 from core.pack.journal import Head, OpenShard, Pending
 from core.settings import PackSettings
 
@@ -52,19 +53,31 @@ class PackReport:
 
 
 def pack_samples(messages: list[tuple[str, Sample]], settings: PackSettings) -> PackReport:
-    """Append every sample of a batch to the open shard exactly once, then seal what is due."""
+    """Append every sample of a batch to its lane's open shard exactly once, then seal what is due."""
+    by_lane: dict[int, list[tuple[str, Sample]]] = defaultdict(list)
+    for message_id, sample in messages:
+        by_lane[lanes.lane_of(sample.sha256, settings.lanes)].append((message_id, sample))
+    report = PackReport()
+    for lane in lanes.visiting_order(sorted(by_lane)):
+        _pack_lane(lane, by_lane[lane], settings, report)
+    report.sealed = seal_due(settings, sorted(by_lane))
+    return report
+
+
+def _pack_lane(lane: int, messages: list[tuple[str, Sample]], settings: PackSettings, report: PackReport) -> None:
+    """The commit protocol on one lane's head, for the samples of the batch that hash to it."""
     samples = {sample.sha256: sample for _, sample in messages}  # a batch can hold one sample twice
     message_ids: dict[str, list[str]] = defaultdict(list)
     for message_id, sample in messages:
         message_ids[sample.sha256].append(message_id)
-    report = PackReport()
+    committed = 0
     unavailable_keys: set[str] = set()
     todo = sorted(samples)
     spare: segments.Written | None = None  # written, but its commit lost a race
     for _ in range(MAX_ROUNDS + 2 * len(todo)):
         if not todo:
             break
-        head = _settle(journal.load_head(settings.table), settings)
+        head = _settle(journal.load_head(settings.table, lane), settings)
         current = _records(todo, settings)
         todo = sorted(k for k in todo if not current.get(k, {}).get("packed_in"))
         if not todo:
@@ -88,21 +101,29 @@ def pack_samples(messages: list[tuple[str, Sample]], settings: PackSettings) -> 
             spare = written
             continue
         spare = None
-        report.committed += written.segment.samples
+        committed += written.segment.samples
         todo = sorted(set(todo) - {s.sha256 for s in written.samples})
     else:
-        raise PackContention(f"{len(todo)} samples still unpacked after {MAX_ROUNDS} rounds of lost races")
-    report.already_packed = len(samples) - report.committed - len(unavailable_keys)
-    report.sealed = seal_due(settings)
-    return report
+        raise PackContention(f"lane {lane}: {len(todo)} samples still unpacked after {MAX_ROUNDS} rounds of lost races")
+    report.committed += committed
+    report.already_packed += len(samples) - committed - len(unavailable_keys)
 
 
-def seal_due(settings: PackSettings) -> list[ShardSealed]:
-    """Seal the open shard if it is full or old, and finish every seal in progress."""
-    head = _settle(journal.load_head(settings.table), settings)
-    if head.open and _due(head.open, settings) and journal.begin_seal(settings.table, head, _now()):
-        head = journal.load_head(settings.table)
-    return [sealed for shard_id in sorted(head.sealing) if (sealed := seal.finish(shard_id, settings))]
+def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) -> list[ShardSealed]:
+    """Seal each lane's open shard if it is full or old, and finish every seal in progress.
+
+    Without `lanes_to_check` (the timer), every lane up to lanes.MAX_LANES is looked at, in one
+    read: shards opened before PackLanes was lowered are sealed too.
+    """
+    heads = [journal.load_head(settings.table, lane) for lane in lanes_to_check] if lanes_to_check is not None \
+        else [head for head in journal.load_heads(settings.table, lanes.MAX_LANES) if head.version]
+    sealed: list[ShardSealed] = []
+    for head in heads:
+        head = _settle(head, settings)
+        if head.open and _due(head.open, settings) and journal.begin_seal(settings.table, head, _now()):
+            head = journal.load_head(settings.table, head.lane)
+        sealed += [done for shard_id in sorted(head.sealing) if (done := seal.finish(shard_id, settings, head.lane))]
+    return sealed
 
 
 # --- the protocol's steps -----------------------------------------------------------------------
@@ -114,7 +135,7 @@ def _settle(head: Head, settings: PackSettings) -> Head:
     keys = [entry.key for entry in segments.read_index(settings.data_bucket, head.pending.segment)]
     _mark(keys, head.pending.shard_id, settings)
     journal.clear_pending(settings.table, head)
-    return Head(head.version, head.open, None, head.sealing)
+    return dataclasses.replace(head, pending=None)
 
 
 def _segment(head: Head, candidates: list[Sample], spare: segments.Written | None,
@@ -153,7 +174,7 @@ def _commit(head: Head, written: segments.Written, settings: PackSettings) -> bo
     logger.info("segment committed", extra={"shard": shard.shard_id, "segment": written.segment.key,
                                             "samples": written.segment.samples, "bytes": written.segment.size})
     _mark(keys, shard.shard_id, settings)
-    journal.clear_pending(settings.table, Head(head.version + 1, shard, None, head.sealing))
+    journal.clear_pending(settings.table, dataclasses.replace(head, version=head.version + 1, open=shard, pending=None))
     _report_packed(written, shard.shard_id)
     return True
 

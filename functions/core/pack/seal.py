@@ -28,8 +28,8 @@ SHARD_SEALED = "Shard Sealed"
 MAX_PART_BYTES = 5 << 30  # S3's largest part
 
 
-def finish(shard_id: str, settings: PackSettings) -> ShardSealed | None:
-    """Run the remaining steps of one seal; the shard if this call announced it."""
+def finish(shard_id: str, settings: PackSettings, lane: int = 0) -> ShardSealed | None:
+    """Run the remaining steps of one seal that `lane`'s head lists; the shard if this call announced it."""
     with telemetry.correlated(shard_id):
         state = journal.load_seal(settings.table, shard_id)
         announced = None
@@ -38,7 +38,7 @@ def finish(shard_id: str, settings: PackSettings) -> ShardSealed | None:
             if step and journal.advance(settings.table, state, step[0], **step[1]) and step[0] == "announced":
                 announced = state.sealed
             state = journal.load_seal(settings.table, shard_id)
-        journal.forget_sealing(settings.table, shard_id)
+        journal.forget_sealing(settings.table, lane, shard_id)
     if announced is not None:  # counted once: only one invocation moves the seal to "announced"
         telemetry.count(telemetry.SHARDS_SEALED)
         telemetry.count(telemetry.SHARD_BYTES, announced.size, telemetry.MetricUnit.Bytes)
