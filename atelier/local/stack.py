@@ -58,8 +58,8 @@ class StackOptions:
     chaos_file: Path | None = None  # fault injection (atelier/local/chaos.py)
     # Lambda runs an SQS-triggered function in as many execution environments at once as its queue
     # keeps busy, up to the mapping's MaximumConcurrency and the function's reserved concurrency;
-    # locally, also at most this many worker processes a function (docs/local.md). 1 until two
-    # packers sealing one shard are made safe (issue 24: a lost compose race fails the batch).
+    # locally, also at most this many worker processes a function (docs/local.md). 1: on a 2-core
+    # machine a second process per function only contends for moto (bench/RESULTS.md, load test).
     concurrency: int = 1
     # A diffusers pipeline folder (or some of its parts): uploaded once moto is up, before the template
     # is provisioned, and given to every job as PretrainedModelUri (`atelier local up --base DIR`).

@@ -155,9 +155,11 @@ def revocation_item(revocation_id: str, at: str, record: str) -> dict[str, Any]:
             "gsi1sk": f"{at}#{revocation_id}", "record": record}
 
 
-def sample_item(sample: Sample) -> dict[str, Any]:
+def sample_item(sample: Sample, pack_lane: int | None = None) -> dict[str, Any]:
+    """A sample's record; `pack_lane`, the lane its first ingest chose (core.pack.lanes), is kept
+    with it so that every later delivery of the sample is packed in that lane."""
     return {"pk": sample_pk(sample.sha256), "kind": "sample", "record": sample.model_dump_json(),
-            "partner": sample.partner}
+            "partner": sample.partner, **({"pack_lane": pack_lane} if pack_lane is not None else {})}
 
 
 def upload_item(upload: UploadRef, status: UploadStatus, partner: str, sha256: str | None = None,

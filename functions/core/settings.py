@@ -113,6 +113,7 @@ class IngestSettings:
     # Near duplicates' colour signatures differ by at most this many levels (core.ingest.dedup); from_env
     # requires it (template.yaml's NearDuplicateColourDistance), the default is that parameter's.
     near_duplicate_colour_distance: int = 16
+    pack_lanes: int = 1  # the lane an accepted sample's record is given (core.pack.lanes)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "IngestSettings":
@@ -138,6 +139,7 @@ class IngestSettings:
             sidecar_orphan_grace_s=_orphan_grace(env),
             near_duplicate_colour_distance=int(_bounded(
                 "NEAR_DUPLICATE_COLOUR_DISTANCE", _int(env, "NEAR_DUPLICATE_COLOUR_DISTANCE"), 0, 255)),
+            pack_lanes=_lanes(_int(env, "PACK_LANES")),
         )
 
 
@@ -470,7 +472,8 @@ class ImportSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "ImportSettings":
         # An import hands nothing to the pack queue: it writes its shards itself (docs/import.md).
-        ingest = IngestSettings.from_env({**env, "PACK_QUEUE_URL": env.get("PACK_QUEUE_URL") or "none"})
+        ingest = IngestSettings.from_env({**env, "PACK_QUEUE_URL": env.get("PACK_QUEUE_URL") or "none",
+                                          "PACK_LANES": env.get("PACK_LANES") or "1"})
         pack = PackSettings(table=ingest.table, data_bucket=ingest.data_bucket,
                             event_bus=_require(env, "EVENT_BUS_NAME"), shard_target_bytes=0, shard_max_samples=0,
                             shard_max_age_s=0)  # one imported shard per source tar: no size policy applies

@@ -35,7 +35,7 @@ def settings_for(stack: Provisioned, **overrides: Any) -> PackSettings:
 
 
 def upload_sample(stack: Provisioned, n: int, size: int | None = None, key: str | None = None,
-                  rng: random.Random | None = None) -> Sample:
+                  rng: random.Random | None = None, pack_lane: int | None = None) -> Sample:
     """An accepted sample: its bytes in the uploads bucket and its record in the table, as ingest leaves them."""
     rng = rng or random.Random(n)
     image = rng.randbytes(size if size is not None else rng.randint(200, 3000))
@@ -49,7 +49,7 @@ def upload_sample(stack: Provisioned, n: int, size: int | None = None, key: str 
                     license="CC-BY-4.0", source="tests", uploaded_at="2026-11-29T12:00:00.000Z",
                     aspect_bucket=aspect_bucket(width, height), content_bucket=bucket, content_key=key,
                     content_sha256=sha)
-    aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.sample_item(sample))
+    aws.put_item(stack.outputs["PipelineTableName"], pipeline_table.sample_item(sample, pack_lane=pack_lane))
     return sample
 
 

@@ -74,6 +74,19 @@ def test_a_redelivered_notification_makes_one_record_and_one_hand_over(ingest, s
     assert [m["key"] for m in pack_messages(stack)] == ["partner-a/red.png"]
 
 
+def test_an_accepted_sample_keeps_the_pack_lane_it_was_first_given(ingest, stack, monkeypatch) -> None:
+    # GIVEN four pack lanes, then a redelivery read under one (PackLanes changed between them)
+    from core.pack.lanes import lane_of
+    monkeypatch.setenv("PACK_LANES", "4")
+    ingest({"partner-a/red.png": RED})
+    monkeypatch.setenv("PACK_LANES", "1")
+    boto3.client("s3").put_object(Bucket=stack.outputs["UploadsBucketName"], Key="partner-a/red.png", Body=RED)
+    ingest({})
+    # THEN the record keeps the lane of the first: the packer sends every delivery there
+    [record] = aws.scan_prefix(stack.outputs["PipelineTableName"], "SAMPLE#")
+    assert record["pack_lane"] == lane_of(hashlib.sha256(RED).hexdigest(), 4)
+
+
 def test_the_same_bytes_under_another_name_are_quarantined_as_a_duplicate(ingest, stack) -> None:
     put_partner(stack.outputs["PipelineTableName"], Partner(partner_id="partner-b", licenses=("CC-BY-4.0",)))
     ingest({"partner-a/red.png": RED})

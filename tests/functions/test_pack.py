@@ -135,6 +135,23 @@ def test_a_segment_whose_commit_lost_a_race_is_committed_next_round_not_written_
     assert sorted(shard.sample_keys) == sorted(s.sha256 for s in samples)
 
 
+def test_deliveries_under_different_lane_counts_pack_a_sample_once_in_its_recorded_lane(stack, settings) -> None:
+    # GIVEN samples whose records ingest gave lane 3 (of four), and packers reading 1 and 4 lanes
+    # (Lambda runs old and new configurations side by side while PackLanes changes)
+    samples = [upload_sample(stack, n, pack_lane=3) for n in range(6)]
+    one, four = (dataclasses.replace(settings, lanes=n, shard_target_bytes=1 << 20) for n in (1, 4))
+    # WHEN each sample is delivered to both
+    pack_samples(batch(samples[:3]), one)
+    pack_samples(batch(samples), four)
+    pack_samples(batch(samples[3:]), one)
+    # THEN all went to lane 3's shard, each once
+    assert journal.load_head(settings.table, 3).open.samples == 6  # type: ignore[union-attr]
+    assert journal.load_head(settings.table, 0).version == 0
+    seal_due(dataclasses.replace(four, shard_max_age_s=0))
+    [shard] = sealed_shards(settings).values()
+    assert sorted(shard.sample_keys) == sorted(s.sha256 for s in samples)
+
+
 # --- two sealers of one shard ---------------------------------------------------------------------
 
 @pytest.mark.parametrize(("per_batch", "copied"), [(1, False), (4, True)], ids=["parts-read-and-sent", "parts-copied"])

@@ -60,13 +60,13 @@ INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "DATA_BU
               "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
               "MIN_SHORT_SIDE": "256", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "2048", "STORE_JPEG_QUALITY": "95",
               "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
-              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12"}
+              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12", "PACK_LANES": "2"}
 INGEST_SETTINGS = IngestSettings(
     table="t", pack_queue_url="https://sqs/q", data_bucket="d", max_upload_bytes=209715200,
     decode=DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
                         background=(255, 255, 255), max_side=2048, reencode="auto"),
     min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3,
-    near_duplicate_colour_distance=12)
+    near_duplicate_colour_distance=12, pack_lanes=2)
 PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default",
             "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600",
             "PACK_LANES": "4"}

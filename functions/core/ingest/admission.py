@@ -21,6 +21,7 @@ from contracts.messages import Sample, Sidecar, UploadRef
 from core import aws, telemetry
 from core.errors import RejectedUpload
 from core.ingest import dedup, metadata, sidecars, uploads
+from core.pack import lanes
 from core.partners import licensing
 from core.settings import IngestSettings
 
@@ -169,7 +170,8 @@ def _accept(upload: UploadRef, described: metadata.Described, settings: IngestSe
     if near:
         sample = dedup.flagged(sample, near)
     existing = None
-    if not aws.put_item_if_absent(settings.table, pipeline_table.sample_item(sample)):
+    lane = lanes.lane_of(sample.sha256, settings.pack_lanes)  # kept with the record: redeliveries use it
+    if not aws.put_item_if_absent(settings.table, pipeline_table.sample_item(sample, pack_lane=lane)):
         existing = aws.get_item(settings.table, pipeline_table.sample_pk(sample.sha256)) or {}
         first = Sample.model_validate_json(existing["record"]) if existing.get("record") else sample
         if first.key != upload.key:  # the same bytes under another name: recorded once, packed once

@@ -1,8 +1,8 @@
 """Pack lanes: N open shards, each with its own head, so that packers append side by side.
 
-A sample's lane is a stable hash of its sha256, so every delivery of one sample (redeliveries,
-duplicates) meets the same head, and the single-head protocol's exactly-once holds per lane
-(docs/pack.md). An invocation visits the lanes of its batch starting at a random one, so that
+A sample's lane is a hash of its sha256, chosen once by ingest and kept in the sample's record, so
+every delivery of one sample (redeliveries, duplicates, either side of a change of PackLanes) meets
+the same head, and the single-head protocol's exactly-once holds per lane (docs/pack.md). An invocation visits the lanes of its batch starting at a random one, so that
 concurrent invocations are mostly at different heads: with 2 packers per lane, about 2 contend
 for a head whatever N is.
 """

@@ -54,9 +54,11 @@ class PackReport:
 
 def pack_samples(messages: list[tuple[str, Sample]], settings: PackSettings) -> PackReport:
     """Append every sample of a batch to its lane's open shard exactly once, then seal what is due."""
+    recorded = _recorded_lanes(sorted({sample.sha256 for _, sample in messages}), settings)
     by_lane: dict[int, list[tuple[str, Sample]]] = defaultdict(list)
     for message_id, sample in messages:
-        by_lane[lanes.lane_of(sample.sha256, settings.lanes)].append((message_id, sample))
+        lane = recorded.get(sample.sha256)
+        by_lane[lanes.lane_of(sample.sha256, settings.lanes) if lane is None else lane].append((message_id, sample))
     report = PackReport()
     for lane in lanes.visiting_order(sorted(by_lane)):
         _pack_lane(lane, by_lane[lane], settings, report)
@@ -155,6 +157,17 @@ def _with_sidecar_fields(sample: Sample, item: dict) -> Sample:
     have set them since the message was sent (core.ingest.sidecars)."""
     record = Sample.model_validate_json(item["record"])
     return sample.model_copy(update={name: getattr(record, name) for name in SIDECAR_FIELDS})
+
+
+def _recorded_lanes(keys: list[str], settings: PackSettings) -> dict[str, int]:
+    """The lane each sample's record was given when ingest first wrote it. Every delivery of a sample
+    then meets one head, even across a change of PackLanes; a record without one (written before
+    lanes) takes the hash's lane under the current count."""
+    if not keys:
+        return {}
+    items = aws.batch_get_items(settings.table, [pipeline_table.sample_pk(k) for k in keys], ["pk", "pack_lane"])
+    return {pipeline_table.sample_sha256(pk): int(item["pack_lane"]) for pk, item in items.items()
+            if item.get("pack_lane") is not None}
 
 
 def _records(keys: list[str], settings: PackSettings) -> dict[str, dict]:
