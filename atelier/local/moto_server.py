@@ -237,9 +237,12 @@ def patch_module_list() -> None:
 
 def _upload_must_exist(original: Callable[..., Any]) -> Callable[..., Any]:
     def call(backend: S3Backend, bucket_name: str, multipart_id: str, *args: Any, **kwargs: Any) -> Any:
-        if multipart_id not in backend.get_bucket(bucket_name).multiparts:
-            raise NoSuchUpload(upload_id=multipart_id)
-        return original(backend, bucket_name, multipart_id, *args, **kwargs)
+        try:
+            return original(backend, bucket_name, multipart_id, *args, **kwargs)
+        except KeyError:  # the upload's lookup (a completion may remove it between a check and the call)
+            if multipart_id in backend.get_bucket(bucket_name).multiparts:
+                raise
+            raise NoSuchUpload(upload_id=multipart_id) from None
     call.patched = True  # type: ignore[attr-defined]
     return call
 

@@ -152,6 +152,9 @@ class PackSettings:
     shard_max_samples: int
     shard_max_age_s: int  # ... or once its first segment is this old
     lanes: int = 1  # open shards packed side by side (core.pack.lanes)
+    # How long a seal is leased to the invocation finishing it (core.pack.journal.claim_seal): the
+    # handler sets the invocation's remaining time; 900 s is Lambda's longest.
+    seal_lease_s: float = 900.0
     # S3's rules and the packer's memory, not deployment choices (tests lower them to keep moto fast).
     min_part_bytes: int = 5 << 20  # S3's smallest part but the last
     part_bytes: int = 16 << 20  # the one part a streaming upload holds in memory

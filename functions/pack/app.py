@@ -6,6 +6,8 @@ record returns and the redelivery finishes what was started. The `rate(1 minute)
 shards older than their maximum age and finishes seals that an invocation left half done.
 """
 
+import dataclasses
+
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -23,7 +25,8 @@ tracer = Tracer()  # multipart parts, transactions, the seal's compose and event
 @metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict, context: LambdaContext) -> dict:
-    settings = PackSettings.from_env()
+    # A seal this invocation starts is leased to it until Lambda would stop it (core.pack.journal.claim_seal).
+    settings = dataclasses.replace(PackSettings.from_env(), seal_lease_s=context.get_remaining_time_in_millis() / 1000)
     if event.get("source") == "aws.events":
         return {"sealed": [s.shard_id for s in seal_due(settings)]}
     batch = parse_batch(event, Sample)

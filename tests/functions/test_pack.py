@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -154,11 +155,43 @@ def test_deliveries_under_different_lane_counts_pack_a_sample_once_in_its_record
 
 # --- two sealers of one shard ---------------------------------------------------------------------
 
+def test_a_seal_leased_to_another_invocation_is_left_to_it_and_finished_once_the_lease_ends(
+        stack, settings, monkeypatch) -> None:
+    # GIVEN a full shard whose seal another invocation (still running) has claimed
+    samples = [upload_sample(stack, n) for n in range(6)]
+    leased = dataclasses.replace(settings, shard_max_samples=6, seal_lease_s=600)
+    from core.pack import seal
+    real_finish, claimed = seal.finish, []
+
+    def claimed_elsewhere(shard_id, settings, lane=0):  # noqa: ANN001
+        now_ms = int(time.time() * 1000)
+        assert journal.claim_seal(settings.table, shard_id, "another-invocation", now_ms + 600_000, now_ms)
+        claimed.append(shard_id)
+        monkeypatch.setattr(seal, "finish", real_finish)
+        return real_finish(shard_id, settings, lane)
+
+    monkeypatch.setattr(seal, "finish", claimed_elsewhere)
+    # WHEN this invocation fills the shard and comes to seal it
+    report = pack_samples(batch(samples), leased)
+    # THEN it leaves the seal alone: not announced, still listed, its messages packed all the same
+    assert claimed and report.sealed == [] and report.committed == 6
+    assert journal.load_head(settings.table).sealing == frozenset(claimed)
+    assert seal_due(leased) == []  # the timer too, while the lease lasts
+    # AND once the holder's lease has ended (it died), the timer finishes it
+    item = aws.get_item(settings.table, pipeline_table.pack_shard_pk(claimed[0]))
+    aws.update_item(settings.table, pipeline_table.pack_shard_pk(claimed[0]), "SET sealer_until = :past",
+                    {":past": int(item["sealer_until"]) - 700_000})  # type: ignore[index]
+    [sealed] = seal_due(leased)
+    assert sealed.shard_id == claimed[0] and journal.load_head(settings.table).sealing == frozenset()
+    assert "sealer" not in aws.get_item(settings.table, pipeline_table.pack_shard_pk(claimed[0]))  # released
+
+
 @pytest.mark.parametrize(("per_batch", "copied"), [(1, False), (4, True)], ids=["parts-read-and-sent", "parts-copied"])
 def test_a_sealer_overtaken_mid_compose_finishes_without_an_error(stack, settings, monkeypatch, per_batch: int,
                                                                    copied: bool) -> None:
     # GIVEN a second sealer (two packers run at once on AWS) that, as the first sends its first part,
-    # completes the upload, announces the shard and deletes its segments
+    # completes the upload, announces the shard and deletes its segments (the first one's lease has
+    # run out: settings_for leases seals for 0 s)
     from atelier.local.moto_server import patch_multipart_gone
     from core.pack import seal
     patch_multipart_gone()

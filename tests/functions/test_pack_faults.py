@@ -138,13 +138,13 @@ def run_once(stack: Provisioned, monkeypatch: pytest.MonkeyPatch, seed: int) -> 
     rng = random.Random(seed)
     settings = settings_for(stack, shard_target_bytes=rng.randint(12, 48) << 10,
                             shard_max_samples=rng.randint(2, 9), part_bytes=rng.choice([4, 6, 8]) << 10,
-                            lanes=1 + seed % 3)
+                            lanes=1 + seed % 3, seal_lease_s=rng.choice([0.0, 0.05, 0.3]))
     samples = [upload_sample(stack, seed * 1000 + n, rng=rng) for n in range(rng.randint(10, 24))]
     queue = Queue(rng, {f"msg-{i}": s for i, s in enumerate(samples)})
     faults = Faults(monkeypatch)
     errors: Counter[str] = Counter()
-    # GIVEN two packers and the timer over 1, 2 or 3 lanes, each invocation dying at a random call with
-    # probability 0.5
+    # GIVEN two packers and the timer over 1, 2 or 3 lanes, seals leased for 0 to 0.3 s, each
+    # invocation dying at a random call with probability 0.5
     def packer(worker_seed: int) -> None:
         worker_rng = random.Random(worker_seed)
         for _ in range(400):
@@ -162,6 +162,7 @@ def run_once(stack: Provisioned, monkeypatch: pytest.MonkeyPatch, seed: int) -> 
     while queue.pending:
         invoke(faults, queue, settings, calm, crash_rate=0.0, errors=errors)
     faults.arm(None, after=False)
+    time.sleep(settings.seal_lease_s)  # the leases of seals whose sealer died run out, as its invocation's deadline
     seal_due(dataclasses.replace(settings, shard_max_age_s=0))
     # THEN every accepted sample is in exactly one sealed shard, and each shard is sound
     found = sealed_shards(settings)

@@ -140,6 +140,25 @@ def advance(table: str, state: SealState, status: SealStatus, **changes: Any) ->
         condition="#s = :old", names={"#s": "status", "#st": "state"})
 
 
+def claim_seal(table: str, shard_id: str, owner: str, until_ms: int, now_ms: int) -> bool:
+    """Lease one seal to `owner` until `until_ms` (epoch milliseconds), unless another owner holds it now.
+
+    Two invocations composing one shard at once would send the same parts to one multipart upload:
+    wasted work on S3, and with SSE-KMS (ETags that are not the bytes' MD5) one's completion can
+    name parts the other replaced. The lease ends with the holder's invocation (its deadline), so a
+    crashed holder delays the seal only until then."""
+    return aws.update_item(
+        table, pipeline_table.pack_shard_pk(shard_id), "SET sealer = :me, sealer_until = :until",
+        {":me": owner, ":until": until_ms, ":now": now_ms},
+        condition="attribute_exists(pk) AND (attribute_not_exists(sealer_until) OR sealer_until < :now "
+                  "OR sealer = :me)")
+
+
+def release_seal(table: str, shard_id: str, owner: str) -> None:
+    aws.update_item(table, pipeline_table.pack_shard_pk(shard_id), "REMOVE sealer, sealer_until", {":me": owner},
+                    condition="sealer = :me")
+
+
 def set_upload(table: str, state: SealState, upload_id: str) -> bool:
     """Record the shard's multipart upload, if no other sealer recorded one since `state`."""
     new = state.model_copy(update={"upload_id": upload_id})

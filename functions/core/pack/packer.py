@@ -124,7 +124,12 @@ def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) ->
         head = _settle(head, settings)
         if head.open and _due(head.open, settings) and journal.begin_seal(settings.table, head, _now()):
             head = journal.load_head(settings.table, head.lane)
-        sealed += [done for shard_id in sorted(head.sealing) if (done := seal.finish(shard_id, settings, head.lane))]
+        for shard_id in sorted(head.sealing):
+            try:
+                if done := seal.finish(shard_id, settings, head.lane):
+                    sealed.append(done)
+            except seal.SealBusy:  # its holder finishes it, or the timer once the holder's lease ends
+                logger.info("seal in progress elsewhere", extra={"shard": shard_id, "lane": head.lane})
     return sealed
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterator
@@ -28,16 +30,31 @@ SHARD_SEALED = "Shard Sealed"
 MAX_PART_BYTES = 5 << 30  # S3's largest part
 
 
+class SealBusy(RuntimeError):
+    """Another invocation holds this seal's lease: it is finishing it."""
+
+
 def finish(shard_id: str, settings: PackSettings, lane: int = 0) -> ShardSealed | None:
-    """Run the remaining steps of one seal that `lane`'s head lists; the shard if this call announced it."""
+    """Run the remaining steps of one seal that `lane`'s head lists; the shard if this call announced it.
+
+    Raises SealBusy if another invocation is sealing it (journal.claim_seal)."""
     with telemetry.correlated(shard_id):
         state = journal.load_seal(settings.table, shard_id)
         announced = None
-        while state is not None and state.status != "done":
-            step = _STEPS[state.status](state, settings)
-            if step and journal.advance(settings.table, state, step[0], **step[1]) and step[0] == "announced":
-                announced = state.sealed
-            state = journal.load_seal(settings.table, shard_id)
+        if state is not None and state.status != "done":
+            owner, now_ms = uuid.uuid4().hex, int(time.time() * 1000)
+            if not journal.claim_seal(settings.table, shard_id, owner, now_ms + int(settings.seal_lease_s * 1000),
+                                      now_ms):
+                raise SealBusy(f"{shard_id} is being sealed by another invocation")
+            try:
+                while state is not None and state.status != "done":
+                    step = _STEPS[state.status](state, settings)
+                    if step and journal.advance(settings.table, state, step[0], **step[1]) \
+                            and step[0] == "announced":
+                        announced = state.sealed
+                    state = journal.load_seal(settings.table, shard_id)
+            finally:
+                journal.release_seal(settings.table, shard_id, owner)
         journal.forget_sealing(settings.table, lane, shard_id)
     if announced is not None:  # counted once: only one invocation moves the seal to "announced"
         telemetry.count(telemetry.SHARDS_SEALED)
