@@ -93,6 +93,10 @@ def correlated(correlation_id: str, **keys: str) -> Iterator[None]:
         previous = logger.get_correlation_id()
         logger.set_correlation_id(correlation_id)
     except OrphanedChildLoggerError:  # no service Logger() in this process (a script): nothing to label
+        labelled = False
+    else:
+        labelled = True
+    if not labelled:  # the body runs outside the handler: its errors do not read "during handling of ..."
         yield
         return
     try:

@@ -286,3 +286,18 @@ def test_the_functions_trace_only_in_lambda(where: str, markers: dict, tracing: 
     # THEN their tracer (and the X-Ray SDK) is on in Lambda alone: nowhere else is a daemon listening
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1]) == [{m: tracing for m in TRACED}, tracing]
+
+
+def test_an_error_inside_correlated_in_a_script_is_not_chained_to_the_missing_logger() -> None:
+    # A script or bench has no service Logger(): the body's own error must be the one reported,
+    # not "during handling of OrphanedChildLoggerError".
+    code = ("from core import telemetry\n"
+            "try:\n"
+            "    with telemetry.correlated('shard-1'):\n"
+            "        raise ValueError('boom')\n"
+            "except ValueError as error:\n"
+            "    print(type(error.__context__).__name__)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "functions")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "NoneType"
