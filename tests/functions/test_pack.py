@@ -155,6 +155,37 @@ def test_deliveries_under_different_lane_counts_pack_a_sample_once_in_its_record
 
 # --- two sealers of one shard ---------------------------------------------------------------------
 
+def test_a_seal_that_fails_leaves_the_batch_and_the_other_seals_alone_and_fails_the_timer(
+        stack, settings, monkeypatch) -> None:
+    # GIVEN two lanes whose shards fill in one batch, and one of the two seals that keeps failing
+    from core.pack import seal
+    from core.pack.lanes import lane_of
+    samples = [upload_sample(stack, n) for n in range(40)]
+    by_lane = {lane: [s for s in samples if lane_of(s.sha256, 2) == lane][:4] for lane in (0, 1)}
+    laned = dataclasses.replace(settings, lanes=2, shard_max_samples=4, shard_target_bytes=1 << 20)
+    real_index, broken = seal._STEPS["sealing"], []
+
+    def index(state, settings):  # noqa: ANN001
+        if not broken or broken == [state.shard.shard_id]:
+            broken[:] = [state.shard.shard_id]
+            raise RuntimeError("index write refused")
+        return real_index(state, settings)
+
+    monkeypatch.setitem(seal._STEPS, "sealing", index)
+    # WHEN the batch is packed
+    report = pack_samples(batch(by_lane[0] + by_lane[1]), laned)
+    # THEN the batch succeeds (its samples are committed) and the other lane's shard is sealed
+    assert report.committed == 8 and len(report.sealed) == 1 and report.sealed[0].shard_id not in broken
+    # AND the timer raises the failing seal, so its tick fails into the DLQ and the alarm
+    with pytest.raises(RuntimeError, match="index write refused"):
+        seal_due(laned)
+    # AND once the fault is gone, the timer seals it
+    monkeypatch.setitem(seal._STEPS, "sealing", real_index)
+    assert [s.shard_id for s in seal_due(laned)] == broken
+    assert sorted(k for shard in sealed_shards(settings).values() for k in shard.sample_keys) == \
+        sorted(s.sha256 for s in by_lane[0] + by_lane[1])
+
+
 def test_a_seal_leased_to_another_invocation_is_left_to_it_and_finished_once_the_lease_ends(
         stack, settings, monkeypatch) -> None:
     # GIVEN a full shard whose seal another invocation (still running) has claimed

@@ -116,10 +116,16 @@ def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) ->
 
     Without `lanes_to_check` (the timer), every lane up to lanes.MAX_LANES is looked at, in one
     read: shards opened before PackLanes was lowered are sealed too.
+
+    A seal that fails does not stop the others. After a batch (`lanes_to_check` given) it is logged
+    and left to the timer: the batch's samples are committed, and failing it would only send them
+    round again, and with a seal that keeps failing, every batch to the DLQ. The timer raises it
+    once every seal had its turn, so the tick fails into PackScheduleDLQ and its alarm.
     """
     heads = [journal.load_head(settings.table, lane) for lane in lanes_to_check] if lanes_to_check is not None \
         else [head for head in journal.load_heads(settings.table, lanes.MAX_LANES) if head.version]
     sealed: list[ShardSealed] = []
+    failures: list[Exception] = []
     for head in heads:
         head = _settle(head, settings)
         if head.open and _due(head.open, settings) and journal.begin_seal(settings.table, head, _now()):
@@ -130,6 +136,11 @@ def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) ->
                     sealed.append(done)
             except seal.SealBusy:  # its holder finishes it, or the timer once the holder's lease ends
                 logger.info("seal in progress elsewhere", extra={"shard": shard_id, "lane": head.lane})
+            except Exception as failed:  # noqa: BLE001 - each seal is retried on its own (docstring)
+                logger.exception("seal failed; the timer retries it", extra={"shard": shard_id, "lane": head.lane})
+                failures.append(failed)
+    if failures and lanes_to_check is None:
+        raise failures[0]
     return sealed
 
 
