@@ -26,9 +26,10 @@ moto's server asks for the list of its service modules on every request (to rout
 list is an `os.listdir` plus one `isdir` per module, about 6% of the server's CPU under load. The
 folder does not change while the server runs: it is read once here.
 
-moto's S3 looks a multipart upload up by a bare dict lookup in UploadPart and UploadPartCopy, so a part sent to an upload that another packer has just completed
-failed with a 500 (a KeyError), which botocore retried and then raised as InternalError. S3 answers
-NoSuchUpload, which the seal handles (it reads the finished object); here, too.
+moto's S3 looks a multipart upload up by a bare dict lookup in UploadPart and UploadPartCopy, so a
+part sent to an upload that another packer had just completed failed with a 500 (a KeyError), which
+botocore retried and then raised as InternalError. S3 answers NoSuchUpload, which the seal handles
+(it reads the seal again); here, too.
 
 werkzeug logs every request; at a few hundred requests a second that is the server's own log I/O
 for lines nobody reads. Only requests answered with an error (4xx, 5xx) are logged here.

@@ -194,12 +194,12 @@ def test_a_seal_leased_to_another_invocation_is_left_to_it_and_finished_once_the
     from core.pack import seal
     real_finish, claimed = seal.finish, []
 
-    def claimed_elsewhere(shard_id, settings, lane=0):  # noqa: ANN001
+    def claimed_elsewhere(shard_id, settings):  # noqa: ANN001
         now_ms = int(time.time() * 1000)
         assert journal.claim_seal(settings.table, shard_id, "another-invocation", now_ms + 600_000, now_ms)
         claimed.append(shard_id)
         monkeypatch.setattr(seal, "finish", real_finish)
-        return real_finish(shard_id, settings, lane)
+        return real_finish(shard_id, settings)
 
     monkeypatch.setattr(seal, "finish", claimed_elsewhere)
     # WHEN this invocation fills the shard and comes to seal it

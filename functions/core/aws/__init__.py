@@ -32,9 +32,10 @@ def client(service: str) -> Any:
 
 
 __all__ = [
-    "ClientError", "Download", "IncompleteReadError", "ServiceQuotaExceeded", "UploadGone", "abort_multipart", "batch_get_items",
-    "client", "clients", "complete_multipart", "create_multipart", "create_training_job", "delete_object",
-    "describe_endpoint", "describe_training_job", "error_code", "get_item", "head_object", "list_objects",
+    "ClientError", "Download", "IncompleteReadError", "ServiceQuotaExceeded", "UploadGone", "abort_multipart",
+    "batch_get_items", "client", "clients", "complete_multipart", "create_multipart", "create_training_job",
+    "delete_object", "describe_endpoint", "describe_training_job", "error_code", "get_item", "head_object",
+    "list_objects",
     "open_object", "put_bytes", "put_event", "put_item", "put_item_if_absent", "put_target_tracking_policy",
     "query_index", "queue_depth", "read_json_if_exists", "read_object", "read_prefix_if_exists",
     "read_prefix_with_etag", "read_range", "read_tar_member", "register_scalable_target", "reset_clients",

@@ -2,9 +2,9 @@
 
 A sample's lane is a hash of its sha256, chosen once by ingest and kept in the sample's record, so
 every delivery of one sample (redeliveries, duplicates, either side of a change of PackLanes) meets
-the same head, and the single-head protocol's exactly-once holds per lane (docs/pack.md). An invocation visits the lanes of its batch starting at a random one, so that
-concurrent invocations are mostly at different heads: with 2 packers per lane, about 2 contend
-for a head whatever N is.
+the same head, and the single-head protocol's exactly-once holds per lane (docs/pack.md). An
+invocation visits the lanes of its batch starting at a random one, so that concurrent invocations
+are mostly at different heads: with 2 packers per lane, about 2 contend for a head whatever N is.
 """
 
 from __future__ import annotations

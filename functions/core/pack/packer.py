@@ -132,7 +132,7 @@ def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) ->
             head = journal.load_head(settings.table, head.lane)
         for shard_id in sorted(head.sealing):
             try:
-                if done := seal.finish(shard_id, settings, head.lane):
+                if done := seal.finish(shard_id, settings):
                     sealed.append(done)
             except seal.SealBusy:  # its holder finishes it, or the timer once the holder's lease ends
                 logger.info("seal in progress elsewhere", extra={"shard": shard_id, "lane": head.lane})
@@ -179,8 +179,6 @@ def _recorded_lanes(keys: list[str], settings: PackSettings) -> dict[str, int]:
     """The lane each sample's record was given when ingest first wrote it. Every delivery of a sample
     then meets one head, even across a change of PackLanes; a record without one (written before
     lanes) takes the hash's lane under the current count."""
-    if not keys:
-        return {}
     items = aws.batch_get_items(settings.table, [pipeline_table.sample_pk(k) for k in keys], ["pk", "pack_lane"])
     return {pipeline_table.sample_sha256(pk): int(item["pack_lane"]) for pk, item in items.items()
             if item.get("pack_lane") is not None}

@@ -34,8 +34,8 @@ class SealBusy(RuntimeError):
     """Another invocation holds this seal's lease: it is finishing it."""
 
 
-def finish(shard_id: str, settings: PackSettings, lane: int = 0) -> ShardSealed | None:
-    """Run the remaining steps of one seal that `lane`'s head lists; the shard if this call announced it.
+def finish(shard_id: str, settings: PackSettings) -> ShardSealed | None:
+    """Run the remaining steps of one seal; the shard if this call announced it.
 
     Raises SealBusy if another invocation is sealing it (journal.claim_seal)."""
     with telemetry.correlated(shard_id):
@@ -55,7 +55,8 @@ def finish(shard_id: str, settings: PackSettings, lane: int = 0) -> ShardSealed 
                     state = journal.load_seal(settings.table, shard_id)
             finally:
                 journal.release_seal(settings.table, shard_id, owner)
-        journal.forget_sealing(settings.table, lane, shard_id)
+        if state is not None:  # the record names the lane whose head lists it
+            journal.forget_sealing(settings.table, state.lane, shard_id)
     if announced is not None:  # counted once: only one invocation moves the seal to "announced"
         telemetry.count(telemetry.SHARDS_SEALED)
         telemetry.count(telemetry.SHARD_BYTES, announced.size, telemetry.MetricUnit.Bytes)
