@@ -1,6 +1,7 @@
 """The fastest measured configuration per (model preset, resolution): configs/defaults/fast.json.
 
-`trainer.train --compile auto` (the default) compiles where the table says compiling pays, on a GPU
+`trainer.train --compile auto` (the default) compiles where the table says compiling pays, and
+`--cuda-graphs auto` replays the step from CUDA graphs where the table says that pays, on a GPU
 only: Inductor on a CPU costs minutes and gains nothing the tests or a CPU smoke run need. The
 table's batch and accumulation are what template.yaml's default run plan uses (a test holds them
 together), so the job a user gets by default is the one the table's figure measured.
@@ -25,6 +26,7 @@ class FastConfig:
     batch_size: int
     gradient_accumulation: int
     measured: dict
+    cuda_graphs: bool = False  # trainer/cuda_graphs.py: on where it was measured faster
 
 
 @cache
@@ -41,3 +43,9 @@ def compile_by_default(preset: str, resolutions: list[int], on_gpu: bool) -> boo
     """`--compile auto`: on a GPU, when the table measured compiling faster at every stage's resolution."""
     entries = [lookup(preset, resolution) for resolution in resolutions]
     return on_gpu and bool(entries) and all(entry is not None and entry.compile for entry in entries)
+
+
+def graphs_by_default(preset: str, resolutions: list[int]) -> bool:
+    """`--cuda-graphs auto` (where they can run): when the table measured them faster at every stage's resolution."""
+    entries = [lookup(preset, resolution) for resolution in resolutions]
+    return bool(entries) and all(entry is not None and entry.cuda_graphs for entry in entries)

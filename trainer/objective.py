@@ -20,6 +20,7 @@ was resumed before it.
 """
 
 import contextlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,10 +30,10 @@ from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from trainer.models import Models, encode_captions, encode_token_ids
 
 
-def autocast(device: torch.device):
+def autocast(device: torch.device, cache: bool = True):
     """bf16 autocast on GPUs (trained weights stay fp32); full precision on CPU."""
     if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
 
 
@@ -42,9 +43,27 @@ def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.de
     return torch.Generator(device).manual_seed(int(state) & (2**63 - 1))
 
 
+@dataclass
+class Noised:
+    """One micro-batch made ready for the UNet: every random draw done, nothing left but its forward."""
+    noisy_latents: torch.Tensor
+    timesteps: torch.Tensor
+    context: torch.Tensor  # the text encoders' hidden states
+    target: torch.Tensor  # the noise (epsilon) or the velocity (v-prediction)
+    weights: torch.Tensor | None  # per sample (min-SNR), or None: a plain mean
+    added_conditions: dict | None  # SDXL's pooled text embedding and time ids
+
+
 def diffusion_loss(unet, models: Models, batch: dict, device: torch.device, generator: torch.Generator,
                    noise_offset: float = 0.0, snr_gamma: float | None = None) -> torch.Tensor:
     """The mean (optionally min-SNR weighted) squared error of the UNet's prediction on one micro-batch."""
+    return prediction_loss(unet, noised_inputs(models, batch, device, generator, noise_offset, snr_gamma))
+
+
+def noised_inputs(models: Models, batch: dict, device: torch.device, generator: torch.Generator,
+                  noise_offset: float = 0.0, snr_gamma: float | None = None) -> Noised:
+    """The latents drawn and noised at random timesteps, the captions encoded, the target: all of the
+    step's random draws, from `generator`, in one fixed order."""
     scheduler = models.noise_scheduler
     with torch.no_grad(), autocast(device):
         if "latents" in batch:  # precomputed (already sampled and scaled): the VAE is skipped
@@ -69,14 +88,22 @@ def diffusion_loss(unet, models: Models, batch: dict, device: torch.device, gene
     noisy_latents = scheduler.add_noise(latents, noise, timesteps)
     v_prediction = scheduler.config.prediction_type == "v_prediction"
     target = scheduler.get_velocity(latents, noise, timesteps) if v_prediction else noise
+    weights = min_snr_weights(scheduler, timesteps, snr_gamma, v_prediction) if snr_gamma else None
     added_conditions = None
     if models.sdxl:
         added_conditions = {"text_embeds": pooled, "time_ids": batch["time_ids"].to(device, non_blocking=True)}
-    with autocast(device):
-        prediction = unet(noisy_latents, timesteps, context, added_cond_kwargs=added_conditions).sample
-    per_sample = F.mse_loss(prediction.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
-    if snr_gamma:
-        per_sample = per_sample * min_snr_weights(scheduler, timesteps, snr_gamma, v_prediction)
+    return Noised(noisy_latents, timesteps, context, target, weights, added_conditions)
+
+
+def prediction_loss(unet, noised: Noised, autocast_cache: bool = True) -> torch.Tensor:
+    """The UNet's prediction on `noised` against its target: the loss whose backward trains it
+    (`autocast_cache` False inside a CUDA graph capture, as torch's CUDA-graph notes require)."""
+    with autocast(noised.noisy_latents.device, autocast_cache):
+        prediction = unet(noised.noisy_latents, noised.timesteps, noised.context,
+                          added_cond_kwargs=noised.added_conditions).sample
+    per_sample = F.mse_loss(prediction.float(), noised.target.float(), reduction="none").mean(dim=(1, 2, 3))
+    if noised.weights is not None:
+        per_sample = per_sample * noised.weights
     return per_sample.mean()
 
 

@@ -2,7 +2,8 @@
 
 A step: for each micro-batch the diffusion loss (trainer/objective.py: noise, timesteps, target,
 noise offset, min-SNR weighting) from that micro-batch's own seeded generator, its backward scaled
-by 1 / micro-batches (the gradient all-reduce on the last alone); then gradient clipping, one
+by 1 / micro-batches (the gradient all-reduce on the last alone; the UNet's part replayed from a
+CUDA graph with `Trainee.graphs`, the draws still made eagerly); then gradient clipping, one
 finiteness check over every rank, AdamW and the EMA when it is finite (the weights stay as they
 were when not, on every rank), and the learning-rate schedule's step either way.
 """
@@ -14,10 +15,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainer import distributed
+from trainer.cuda_graphs import GraphedBackward
 from trainer.ema import EMA
 from trainer.health import Window
 from trainer.models import Models
-from trainer.objective import diffusion_loss, step_generator
+from trainer.objective import diffusion_loss, noised_inputs, step_generator
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Trainee:
     optimizer: torch.optim.Optimizer
     lr_schedule: torch.optim.lr_scheduler.LRScheduler
     ema: EMA | None
+    graphs: GraphedBackward | None = None  # the UNet's forward and backward from CUDA graphs (trainer/cuda_graphs.py)
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,13 @@ def train_step(trainee: Trainee, models: Models, batches: Iterator[dict], window
         batch = window.wait_for(batches)
         with distributed.gradient_sync(trainee.model, settings.sync_every_micro_batch or micro == accumulation - 1):
             generator = step_generator(settings.seed, step, processes.rank, micro, device)
-            loss = diffusion_loss(trainee.step_model, models, batch, device, generator, settings.noise_offset,
-                                  settings.snr_gamma)
-            (loss / accumulation).backward()
+            if trainee.graphs is None:
+                loss = diffusion_loss(trainee.step_model, models, batch, device, generator, settings.noise_offset,
+                                      settings.snr_gamma)
+                (loss / accumulation).backward()
+            else:
+                noised = noised_inputs(models, batch, device, generator, settings.noise_offset, settings.snr_gamma)
+                loss = trainee.graphs.loss_and_backward(noised, 1 / accumulation)
         step_loss += loss.detach() / accumulation
         window.images += len(batch["key"]) * processes.world_size
         seen.append(batch)
@@ -86,6 +93,9 @@ def train_step(trainee: Trainee, models: Models, batches: Iterator[dict], window
             trainee.ema.update(trainee.unet.named_parameters())
         window.loss_sum += step_loss.cpu()
         window.good_steps, window.grad_norm = window.good_steps + 1, grad_norm.item()
-    trainee.optimizer.zero_grad(set_to_none=True)
+    if trainee.graphs is None:
+        trainee.optimizer.zero_grad(set_to_none=True)
+    else:
+        trainee.graphs.zero_grad()  # in place: the graphs accumulate into these tensors
     trainee.lr_schedule.step()
     return StepOutcome(step_loss, grad_norm, learning_rate, finite, seen)

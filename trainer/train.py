@@ -62,13 +62,13 @@ import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer import distributed, preflight
+from trainer import cuda_graphs, distributed, preflight
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from trainer.compile_cache import JobCache, cache_key
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
 from trainer.encode import check_latent_shards
-from trainer.fast_defaults import compile_by_default
+from trainer.fast_defaults import compile_by_default, graphs_by_default
 from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
 from trainer.tensorboard_log import Board, default_dir
 from trainer.models import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
@@ -125,6 +125,17 @@ def progress_and_eta(step: int, total: int, window_steps: int, window_s: float) 
             "eta_s": round((total - step) / rate, 1) if rate else None}
 
 
+def cuda_graphs_for(args, resolutions: list[int], processes: distributed.Processes) -> bool:
+    """`--cuda-graphs`: true where they can run (else the job stops at start, saying why), false, or auto
+    (where configs/defaults/fast.json measured them faster for the preset and every stage's resolution)."""
+    reason = cuda_graphs.usable(processes.device, processes.world_size)
+    if args.cuda_graphs == "auto":
+        return reason is None and graphs_by_default(args.model_config, resolutions)
+    if args.cuda_graphs and reason:
+        raise ValueError(f"--cuda-graphs true: {reason}; run with --cuda-graphs false or auto")
+    return args.cuda_graphs
+
+
 def zero_terminal_snr(scheduler: DDPMScheduler) -> DDPMScheduler:
     """The schedule rescaled so its last timestep is pure noise, sampled from the last timestep
     (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps are Flawed"): otherwise
@@ -175,7 +186,9 @@ def main(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1.0, fused=fused or None)  # the schedule sets every step's rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(unet.named_parameters(), args.ema_decay) if args.ema_decay > 0 else None
-    trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema)
+    graphing = cuda_graphs_for(args, [stage.resolution for stage in plan.stages], processes)
+    graphs = cuda_graphs.GraphedBackward(step_model, list(unet.parameters())) if graphing else None
+    trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema, graphs)
     settings = StepSettings.from_args(args)
     state = RunState(args=vars(args))  # what each checkpoint saves and the record ends with (trainer/run_state.py)
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
@@ -215,7 +228,7 @@ def main(args: argparse.Namespace) -> dict:
 
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
-        backend=processes.backend, strategy=args.strategy, compile=compiling, sdxl=models.sdxl, stages=plan.describe(),
+        backend=processes.backend, strategy=args.strategy, compile=compiling, cuda_graphs=graphing, sdxl=models.sdxl, stages=plan.describe(),
         preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
     board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)),
@@ -362,6 +375,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="directory of compiled-shape files, read at start and written after each stage's first "
                              "step (default <checkpoint-dir>/compile-cache; also read: $SM_CHANNEL_COMPILE_CACHE; "
                              "'none': off)")
+    system.add_argument("--cuda-graphs", type=auto_or_boolean, default="auto",
+                        help="replay the UNet's forward and backward from a CUDA graph per shape (trainer/cuda_graphs.py; "
+                             "one process on a GPU): true, false, or auto (where configs/defaults/fast.json measured it "
+                             "faster for the preset and resolution)")
     system.add_argument("--fused-adamw", type=boolean, default=True, help="fused AdamW kernels on a GPU (DDP or one process)")
     system.add_argument("--channels-last", type=boolean, default=False, help="channels-last UNet weights (measured slower eager)")
     data = parser.add_argument_group("data")
