@@ -40,6 +40,8 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   linear layers of the UNet's Transformer2DModel blocks whose dims are multiples of 16, less the cross-attention
   key/value projections of the 77 text tokens; torchao imported in the lever: without it, or without a CUDA
   device of compute capability >= 8.9, a skipped line),
+  `<base>+stepgraph` (trainer/cuda_graphs.py, as `trainer.train --cuda-graphs true`: the UNet's forward, loss and
+  backward captured once per shape and replayed, eager or compiled, the draws and the optimizer outside),
   `<base>+gnsilu` (each ResnetBlock2D's GroupNorm -> SiLU pairs as one op, trainer.fused_norm: Triton kernels on
   a GPU, its PyTorch formulas on a CPU),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
@@ -202,7 +204,7 @@ def make_shards(directory: Path, samples: int, size: int, per_shard: int, folder
 
 SOURCES = ("image", "latent", "resident")
 LEVERS = ("cl", "fused", "compile", "cudnn", "graphs", "nopin", "sync", "fp32", "mathattn", "vaec", "vaecl", "lopt",
-          "default", "bf16w", "fp8", "gnsilu")
+          "default", "bf16w", "fp8", "gnsilu", "stepgraph")
 COUNTED_LEVERS = {"b": "batch", "accum": "accumulation"}  # lever prefix + a number -> config field
 
 
@@ -231,6 +233,7 @@ class Configuration:
     bf16_weights: bool = False
     fp8: bool = False
     fused_groupnorm_silu: bool = False
+    step_graphs: bool = False
 
 
 def parse_config(name: str) -> Configuration:
@@ -253,7 +256,7 @@ def parse_config(name: str) -> Configuration:
                            vae_compile="vaec" in levers or "vaecl" in levers, vae_channels_last="vaecl" in levers,
                            force_layout_opt="lopt" in levers, fast_default="default" in levers,
                            bf16_weights="bf16w" in levers, fp8="fp8" in levers, fused_groupnorm_silu="gnsilu" in levers,
-                           **counted)
+                           step_graphs="stepgraph" in levers, **counted)
     if config.accumulation < 1 or (config.sync_every_micro_batch and config.accumulation == 1):
         raise ValueError(f"{name!r}: accum<N> needs N >= 1, and sync needs accum<N> with N > 1 (one micro-batch always syncs)")
     if config.bf16_weights and config.fp32:
@@ -464,6 +467,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     from trainer.health import Window
     from trainer.models import compile_vae_encoder
     from trainer.stages import plan_from_args
+    from trainer.cuda_graphs import GraphedBackward
     from trainer.step import StepSettings, Trainee, train_step
 
     args, models, processes, device = bench.args, bench.models, bench.processes, bench.device
@@ -490,9 +494,11 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     if bench.master_weights:
         bench.master_weights.track(optimizer)  # each step copies the masters into the bf16 weights
     # `model` keeps DDP's gradient-sync switch and the step calls step_module(model), as in trainer.train
-    trainee = Trainee(trained, model, step_module(model, config), optimizer,
+    step_model = step_module(model, config)
+    trainee = Trainee(trained, model, step_model, optimizer,
                       LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1)),
-                      EMA(trained.named_parameters(), 0.9999))
+                      EMA(trained.named_parameters(), 0.9999),
+                      GraphedBackward(step_model, list(trained.parameters())) if config.step_graphs else None)
     del model, optimizer
     settings = StepSettings(seed=args.seed, gradient_accumulation=accumulation,
                             sync_every_micro_batch=config.sync_every_micro_batch)
@@ -1050,7 +1056,7 @@ def config_line(bench: Bench, config: Configuration, result: dict, measured: dic
     line.update(flops_fields(bench, config.source, result["resolution"], value))
     line["config"] = {"name": name, "source": SOURCE_LABELS[config.source],
                       "channels_last": config.channels_last, "fused_adamw": config.fused_adamw,
-                      "torch_compile": config.compile, "cuda_graphs": config.graphs,
+                      "torch_compile": config.compile, "cuda_graphs": config.graphs, "step_graphs": config.step_graphs,
                       "cudnn_benchmark": config.cudnn_benchmark, "vae_compile": config.vae_compile,
                       "vae_channels_last": config.vae_channels_last, "force_layout_opt": config.force_layout_opt,
                       "gradient_sync": "every micro-batch" if config.sync_every_micro_batch else "last micro-batch",
@@ -1071,6 +1077,9 @@ def lever_unavailable(config: Configuration, device, world_size: int) -> str | N
     """Why a configuration's lever cannot run on this machine (its line is emitted as skipped), or None."""
     if config.graphs and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
+    if config.step_graphs:
+        from trainer.cuda_graphs import usable
+        return usable(device, world_size)
     if config.fp8:
         return fp8_unavailable(device)
     if config.bf16_weights and world_size > 1:
