@@ -9,7 +9,10 @@
    from another seed, with none of the training bytes, is the eval shards.
 2. A base pipeline both runs start from: the autoencoder job (trainer/autoencoder.py) trains the VAE on
    the training shards; the text encoder (random, frozen), tokenizer (CLIP BPE), scheduler and a UNet
-   of --model-config with seed 0 come from trainer.models. Same weights, same images for both runs.
+   of --model-config with seed 0 come from trainer.models. The scheduler is the demo's recipe
+   (--prediction-type v_prediction with a zero-terminal-SNR schedule: with epsilon and SD's schedule
+   no model of the catalogue draws its prompts' colours, docs/trainer.md), and both runs read it from
+   the base. Same weights, same images, same objective for both runs.
 3. Timed, one after the other, each from process start:
    - ours: the encode job (image shards -> latent shards) and then the training job on the latents,
      `--init-unet pretrained` (the base's seed-0 UNet);
@@ -19,10 +22,13 @@
    --checkpoint-every steps. A checkpoint's time is when it is complete on disk (ours: the atomic
    rename of step-N/; peer: its "Saved state to" log line). Both stop after their last checkpoint.
 4. Off the clock: every checkpoint's UNet (in the base pipeline) is scored by trainer/evaluate.py on the
-   same held-out shards, timesteps and seeds: `val_loss`.
-5. The target is the peer's held-out loss after --steps steps, scaled by --target-slack (1.0: the
-   exact loss). Time to target = the first checkpoint at or under it. Both final models draw the
-   demo's twelve prompts (atelier/prompt_match.py), so the target's meaning is measured beside it.
+   same held-out shards, timesteps and seeds (`val_loss`), and draws the demo's twelve prompts, six of
+   them combinations no training picture shows (atelier/prompt_match.py: `match`, the share whose
+   picture has the prompt's colours).
+5. The target (`--target match`, the default): the peer's held-out loss at its first checkpoint whose
+   match rate reaches --match-goal (0.8), times --target-slack: the loss at which the script's model
+   draws the prompts. `--target final`: the peer's loss after --steps steps. Time to target = the
+   first checkpoint at or under it; each run's match rate there is reported beside it.
 
 Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours),
 `train.diffusers_time_to_target_s` and `train.time_to_target_ratio_vs_diffusers` (peer / ours;
@@ -92,30 +98,44 @@ def write_imagefolder(items: list, folder: Path) -> None:
 
 
 def prepare(args, work: Path) -> None:
-    if (work / "base" / "model_index.json").is_file():
-        return
-    started = time.monotonic()
-    items = make_catalogue(args.images, args.size, 0, args.workers)
-    seen = {item.image for item in items}
-    held_out = [item for item in make_catalogue(args.eval_images * 2, args.size, 1, 2) if item.image not in seen]
-    write_shards(items, work / "shards", args.per_shard, args.size)
-    write_shards(held_out[:args.eval_images], work / "eval", args.eval_images, args.size)
-    write_imagefolder(items, work / "folder")
-    progress("data", images=len(items), eval_images=min(len(held_out), args.eval_images), s=time.monotonic() - started)
+    """The data, the VAE and the base, each made once per --work (a VAE put there beforehand is kept)."""
+    if not (work / "folder" / "metadata.jsonl").is_file():  # written last
+        started = time.monotonic()
+        items = make_catalogue(args.images, args.size, 0, args.workers)
+        seen = {item.image for item in items}
+        held_out = [item for item in make_catalogue(args.eval_images * 2, args.size, 1, 2) if item.image not in seen]
+        write_shards(items, work / "shards", args.per_shard, args.size)
+        write_shards(held_out[:args.eval_images], work / "eval", args.eval_images, args.size)
+        write_imagefolder(items, work / "folder")
+        progress("data", images=len(items), eval_images=min(len(held_out), args.eval_images), s=time.monotonic() - started)
+    if not (work / "vae" / "config.json").is_file():
+        train_vae(args, work)
+    if not (work / "base" / "model_index.json").is_file():
+        build_base(args, work)
 
+
+def train_vae(args, work: Path) -> None:
     from trainer import autoencoder
     started = time.monotonic()
     vae = autoencoder.main(autoencoder.parse_args([
         "--train-dir", str(work / "shards"), "--validation-dir", str(work / "eval"), "--model-dir", str(work / "vae"),
         "--model-config", args.model_config, "--resolution", str(args.size), "--steps", str(args.vae_steps),
-        "--batch-size", str(args.vae_batch), "--learning-rate", "0.002", "--reconstruction-loss", "mse",
+        "--batch-size", str(args.vae_batch), "--learning-rate", str(args.vae_learning_rate), "--reconstruction-loss", "mse",
         "--aspect-buckets", "false", "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
-        "--log-every", str(max(args.vae_steps // 4, 1)), "--checkpoint-every", str(args.vae_steps)]))
+        "--log-every", str(max(args.vae_steps // 6, 1)), "--checkpoint-dir", str(work / "vae-checkpoints"),
+        "--checkpoint-every", str(max(args.vae_steps // 6, 1))]))  # a stopped call resumes it
     progress("vae", psnr_db=vae["psnr_db"], s=time.monotonic() - started)
 
+
+def build_base(args, work: Path) -> None:
+    """The base pipeline: the VAE in --work, the preset's other parts at seed 0, the scheduler of the recipe."""
     import torch
     from trainer.models import build_pipeline, load_models
+    from trainer.train import zero_terminal_snr
     models = load_models(args.model_config, None, 0, vae=str(work / "vae"))
+    models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
+    if args.zero_terminal_snr:
+        models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
     build_pipeline(models, models.unet).save_pretrained(work / "base")
     del models
     torch.cuda.empty_cache()
@@ -155,8 +175,9 @@ def poll_checkpoints(folder: Path, run: Run, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def run_ours(args, work: Path) -> Run:
-    run, checkpoints = Run(args.ours_name), work / f"{args.ours_name}-checkpoints"
+def run_ours(args, work: Path, name: str, extra: str) -> Run:
+    """Our encode job, then our training job with `extra` flags; `name` names its records in --work."""
+    run, checkpoints = Run(name), work / f"{name}-checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)
     shutil.rmtree(work / "latents", ignore_errors=True)
     python = [sys.executable, "-m"]
@@ -165,12 +186,13 @@ def run_ours(args, work: Path) -> Run:
     run.started = time.monotonic()
     code = watch([*python, "trainer.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
                   "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
-                  "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers)],
-                 work / f"{args.ours_name}.log", env=path)
+                  "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers),
+                  *args.encode_args.split()],
+                 work / f"{name}.log", env=path)
     if code:
-        raise RuntimeError(f"the encode job failed ({code}); see {work / (args.ours_name + '.log')}")
+        raise RuntimeError(f"the encode job failed ({code}); see {work / (name + '.log')}")
     run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
-    progress("ours encoded", s=run.phases["encoded_s"])
+    progress(f"{name} encoded", s=run.phases["encoded_s"])
     stop = threading.Event()
     poller = threading.Thread(target=poll_checkpoints, args=(checkpoints, run, stop), daemon=True)
     poller.start()
@@ -183,12 +205,12 @@ def run_ours(args, work: Path) -> Run:
                   "--aspect-buckets", "false", "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
                   "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
                   "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
-                  *args.ours_args.split()],
-                 work / f"{args.ours_name}.log", done=lambda: last in run.checkpoints, env=path)
+                  *extra.split()],
+                 work / f"{name}.log", done=lambda: last in run.checkpoints, env=path)
     time.sleep(0.2)
     stop.set()
     if code or last not in run.checkpoints:
-        raise RuntimeError(f"the training job failed ({code}); see {work / (args.ours_name + '.log')}")
+        raise RuntimeError(f"the training job failed ({code}); see {work / (name + '.log')}")
     return run
 
 
@@ -231,27 +253,29 @@ def pipeline_with(base: Path, unet: Path, folder: Path) -> Path:
     return folder
 
 
-def score(run: Run, work: Path, samples: list, config, device) -> dict[int, float]:
-    """Each checkpoint's held-out loss (kept in --work: a run is scored once)."""
+def score(run: Run, work: Path, samples: list, config, device, match: bool) -> dict[int, dict]:
+    """Each checkpoint's held-out loss and, with `match`, its prompt match rate (kept in --work: scored once)."""
     from trainer.evaluate import score_model
-    record = work / f"{run.name}-losses.json"
-    losses = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
+    record = work / f"{run.name}-scores.json"
+    scores = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
     for step in sorted(run.checkpoints):
-        if step not in losses:
-            folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
-            losses[step] = score_model(folder, samples, config, None, device)["val_loss"]
-            record.write_text(json.dumps(losses))
+        folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
+        if step not in scores:
+            scores[step] = {"val_loss": score_model(folder, samples, config, None, device)["val_loss"]}
+        if match and "match" not in scores[step]:
+            scores[step]["match"] = match_rate(folder, config, device)
+        record.write_text(json.dumps(scores))
         emit({"event": "checkpoint", "run": run.name, "step": step, "s": round(run.checkpoints[step], 1),
-              "val_loss": round(losses[step], 5)})
-    return losses
+              "val_loss": round(scores[step]["val_loss"], 5), "match": scores[step].get("match")})
+    return scores
 
 
-def match_rate(unet: Path, work: Path, name: str, config, device) -> float:
+def match_rate(pipeline: Path, config, device) -> float:
     """The share of the demo's prompts whose picture shows the prompt's colours (atelier/prompt_match.py)."""
     import io
     from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, STEPS, matches
     from trainer.evaluate import EvalConfig, load_models, sample_images
-    models = load_models(pipeline_with(work / "base", unet, work / "scoring" / f"{name}-final"), device)
+    models = load_models(pipeline, device)
     drawn = sample_images(models, list(DEMO_PROMPTS), EvalConfig(config.timesteps, 0, config.resolution, STEPS, GUIDANCE))
     hits = []
     for prompt, image in zip(DEMO_PROMPTS, drawn):
@@ -261,30 +285,51 @@ def match_rate(unet: Path, work: Path, name: str, config, device) -> float:
     return round(sum(hits) / len(hits), 3)
 
 
-def time_to(target: float, run: Run, losses: dict[int, float]) -> tuple[int | None, float | None]:
-    for step in sorted(losses):
-        if losses[step] <= target:
+def target_of(args, peer_scores: dict[int, dict]) -> tuple[float | None, str]:
+    """(the target loss, the rule that gave it); None when the peer never reached --match-goal."""
+    if args.target == "final":
+        return peer_scores[args.steps]["val_loss"] * args.target_slack, \
+            f"the peer's held-out val_loss at step {args.steps} x {args.target_slack:g}"
+    reached = [step for step in sorted(peer_scores) if peer_scores[step].get("match", 0) >= args.match_goal]
+    if not reached:
+        return None, f"the peer never matched {args.match_goal:g} of the prompts in {args.steps} steps"
+    return peer_scores[reached[0]]["val_loss"] * args.target_slack, \
+        (f"the peer's held-out val_loss at its first checkpoint matching >= {args.match_goal:g} of the demo's "
+         f"prompts (step {reached[0]}) x {args.target_slack:g}")
+
+
+def time_to(target: float | None, run: Run, scores: dict[int, dict]) -> tuple[int | None, float | None]:
+    for step in sorted(scores):
+        if target is not None and scores[step]["val_loss"] <= target:
             return step, round(run.checkpoints[step], 1)
     return None, None
 
 
-def plot(runs: list[tuple[Run, dict[int, float]]], target: float, folder: Path) -> str | None:
+def plot(runs: list[tuple[Run, dict[int, dict]]], target: float | None, folder: Path) -> str | None:
+    """Held-out loss and prompt match rate against seconds from process start, one line per run."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for run, losses in runs:
-        steps = sorted(losses)
-        axes.plot([run.checkpoints[s] for s in steps], [losses[s] for s in steps], marker="o", label=run.name)
-    axes.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
-    axes.set_xlabel("seconds from process start")
-    axes.set_ylabel("held-out val_loss (trainer/evaluate.py)")
-    axes.set_yscale("log")
-    axes.legend()
-    axes.grid(True, which="both", alpha=0.3)
+    figure, (losses, matched) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=[3, 2])
+    for run, scores in runs:
+        steps = sorted(scores)
+        seconds = [run.checkpoints[step] for step in steps]
+        losses.plot(seconds, [scores[step]["val_loss"] for step in steps], marker="o", label=run.name)
+        if all("match" in scores[step] for step in steps):
+            matched.plot(seconds, [scores[step]["match"] for step in steps], marker="o", label=run.name)
+    if target is not None:
+        losses.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
+    losses.set_ylabel("held-out val_loss (trainer/evaluate.py)")
+    losses.set_yscale("log")
+    losses.legend()
+    losses.grid(True, which="both", alpha=0.3)
+    matched.set_ylabel("prompt match rate (12 prompts)")
+    matched.set_ylim(-0.05, 1.05)
+    matched.grid(True, alpha=0.3)
+    matched.set_xlabel("seconds from process start (ours: the encode job included)")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "loss_vs_time.png"
     figure.savefig(path, dpi=120, bbox_inches="tight")
@@ -305,14 +350,14 @@ def emit(line: dict) -> None:
             out.write(text + "\n")
 
 
-def timed(args, work: Path, name: str, runner) -> Run:
-    """A run, or the record of one this --work already holds (a second call picks up where one stopped)."""
+def timed(work: Path, name: str, runner) -> Run:
+    """`runner()`, or the record of the run this --work already holds (a second call picks up where one stopped)."""
     record = work / f"{name}-run.json"
     if record.is_file():
         saved = json.loads(record.read_text())
         return Run(saved["name"], 0.0, {int(k): v for k, v in saved["checkpoints"].items()},
                    {int(k): Path(v) for k, v in saved["directories"].items()}, saved["phases"])
-    run = runner(args, work)
+    run = runner()
     record.write_text(json.dumps({"name": run.name, "checkpoints": run.checkpoints, "phases": run.phases,
                                   "directories": {step: str(path) for step, path in run.directories.items()}}))
     return run
@@ -334,20 +379,32 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=20160, help="training pictures")
     parser.add_argument("--eval-images", type=int, default=256, help="held-out pictures scored")
     parser.add_argument("--per-shard", type=int, default=1000, help="samples per training shard")
-    parser.add_argument("--vae-steps", type=int, default=600, help="autoencoder job steps (setup, off the clock)")
+    parser.add_argument("--vae-steps", type=int, default=3000, help="autoencoder job steps (setup, off the clock)")
     parser.add_argument("--vae-batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=1200, help="optimizer steps of each run")
     parser.add_argument("--batch", type=int, default=128, help="images per step, both runs")
     parser.add_argument("--learning-rate", type=float, default=2e-4, help="constant, both runs")
     parser.add_argument("--checkpoint-every", type=int, default=150, help="steps between checkpoints, both runs")
     parser.add_argument("--encode-batch", type=int, default=128, help="images per VAE call in the encode job")
-    parser.add_argument("--target-slack", type=float, default=1.0, help="target = the peer's final loss x this")
+    parser.add_argument("--target", choices=["match", "final"], default="match",
+                        help="the peer's loss at its first checkpoint matching --match-goal, or at its last")
+    parser.add_argument("--match-goal", type=float, default=0.8, help="prompt match rate of --target match")
+    parser.add_argument("--target-slack", type=float, default=1.0, help="the target loss is multiplied by this")
+    parser.add_argument("--prediction-type", default="v_prediction", choices=["epsilon", "v_prediction"],
+                        help="the base scheduler's (both runs read it)")
+    parser.add_argument("--zero-terminal-snr", type=int, default=1, help="1: the base scheduler reaches pure noise")
+    parser.add_argument("--vae-learning-rate", type=float, default=1e-3)
+    parser.add_argument("--encode-args", default="", help="extra trainer.encode flags, e.g. '--compile false'")
     parser.add_argument("--peer-args", default="", help="extra script flags, e.g. '--report_to all' without tensorboard")
     parser.add_argument("--peer-path", default="", help="prepended to PYTHONPATH for the peer's process only")
-    parser.add_argument("--ours-name", default="ours", help="names this configuration of ours (its records in --work)")
-    parser.add_argument("--ours-args", default="", help="extra trainer.train flags, e.g. '--compile true'")
+    parser.add_argument("--ours", action="append", default=None, metavar="NAME=FLAGS",
+                        help="a configuration of ours: its name (its records in --work) and extra trainer.train flags, "
+                             "e.g. 'graphs=--cuda-graphs true'; repeat for several (default: 'ours=')")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16), help="data processes")
     parser.add_argument("--skip-match", action="store_true", help="do not draw the demo prompts")
+    parser.add_argument("--prepare-only", action="store_true", help="make the data, the VAE and the base, then stop")
+    parser.add_argument("--runs", choices=["all", "peer", "ours"], default="all",
+                        help="peer or ours: only those timed runs, then stop (a device call each); all: both, then scoring")
     return parser.parse_args()
 
 
@@ -362,38 +419,47 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         OUT.append(args.out)
     prepare(args, args.work)
-    peer = timed(args, args.work, "peer", run_peer)
-    progress("peer trained", s=peer.checkpoints[args.steps])
-    ours = timed(args, args.work, args.ours_name, run_ours)
-    progress(f"{ours.name} trained", s=ours.checkpoints[args.steps])
+    if args.prepare_only:
+        return
+    if args.runs != "ours":
+        peer = timed(args.work, "peer", lambda: run_peer(args, args.work))
+        progress("peer trained", s=peer.checkpoints[args.steps])
+    ours = []
+    for name, extra in (entry.partition("=")[::2] for entry in args.ours or ["ours="]):
+        if args.runs != "peer":
+            ours.append(timed(args.work, name, lambda: run_ours(args, args.work, name, extra)))
+            progress(f"{name} trained", s=ours[-1].checkpoints[args.steps])
+    if args.runs != "all":
+        return
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = EvalConfig(timesteps=[100, 300, 500, 700, 900], seed=0, resolution=args.size, steps=25, guidance=5.0)
     samples, _ = read_eval_samples(find_eval_shards(str(args.work / "eval")), args.size, args.eval_images)
-    peer_losses = score(peer, args.work, samples, config, device)
-    our_losses = score(ours, args.work, samples, config, device)
-    target = peer_losses[args.steps] * args.target_slack
-    peer_step, peer_s = time_to(target, peer, peer_losses)
-    our_step, our_s = time_to(target, ours, our_losses)
-    matched = {} if args.skip_match else {
-        run.name: match_rate(run.directories[args.steps], args.work, run.name, config, device) for run in (peer, ours)}
+    scored = [(run, score(run, args.work, samples, config, device, not args.skip_match)) for run in (peer, *ours)]
+    target, rule = target_of(args, scored[0][1])
+    peer_step, peer_s = time_to(target, peer, scored[0][1])
 
     common = {"commit": commit(), "versions": versions(),
               "machine": {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "nproc": os.cpu_count()}}
     setup = {"model_config": args.model_config, "resolution": args.size, "images": args.images, "eval_images": len(samples),
              "batch": args.batch, "steps": args.steps, "learning_rate": args.learning_rate,
-             "checkpoint_every": args.checkpoint_every, "ours_args": args.ours_args,
-             "target": round(target, 5), "target_rule": f"the peer's held-out val_loss at step {args.steps} x {args.target_slack:g}",
-             "prompt_match_at_final": matched,
+             "checkpoint_every": args.checkpoint_every, "prediction_type": args.prediction_type,
+             "zero_terminal_snr": bool(args.zero_terminal_snr), "encode_args": args.encode_args,
+             "target": round(target, 5) if target is not None else None, "target_rule": rule,
              "note": "from process start; ours includes the encode job; checkpoint times when complete on disk; "
-                     "losses scored off the clock by trainer/evaluate.py"}
-    emit({"metric": "train.time_to_target_s", "value": our_s, "unit": "s", "step": our_step,
-          "encode_s": ours.phases["encoded_s"], "config": setup, **common})
+                     "losses and match rates scored off the clock"}
     emit({"metric": "train.diffusers_time_to_target_s", "value": peer_s, "unit": "s", "step": peer_step,
+          "match_at_target": scored[0][1][peer_step].get("match") if peer_step else None,
           "baseline": "diffusers examples/text_to_image/train_text_to_image.py, unmodified", "config": setup, **common})
-    emit({"metric": "train.time_to_target_ratio_vs_diffusers", "value": round(peer_s / our_s, 3) if our_s else None,
-          "unit": "ratio", "goal": 2.0, "config": setup, **common})
-    picture = plot([(peer, peer_losses), (ours, our_losses)], target, args.plot_dir or args.work)
+    for run, scores in scored[1:]:
+        step, seconds = time_to(target, run, scores)
+        ours_setup = {**setup, "ours": run.name, "ours_args": dict(e.partition("=")[::2] for e in args.ours or ["ours="])[run.name]}
+        emit({"metric": "train.time_to_target_s", "value": seconds, "unit": "s", "step": step,
+              "match_at_target": scores[step].get("match") if step else None,
+              "encode_s": run.phases["encoded_s"], "config": ours_setup, **common})
+        emit({"metric": "train.time_to_target_ratio_vs_diffusers", "value": round(peer_s / seconds, 3) if seconds and peer_s else None,
+              "unit": "ratio", "goal": 2.0, "config": ours_setup, **common})
+    picture = plot(scored, target, args.plot_dir or args.work)
     if picture:
         progress("plot", path=picture)
 
