@@ -6,6 +6,7 @@ import copy
 import functools
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist the workers share the cores: each worker, and every process of a local stack
     it starts (training jobs included), gets its share of threads. Two torch processes of two threads
     on two cores run 4x slower than one alone, their OpenMP threads spinning for cores the other
-    holds; of one thread each, each runs about as fast as one alone. This runs before collection
-    imports torch."""
+    holds; of one thread each, each runs about as fast as one alone. The worker's own torch gets the
+    same count, so a run in the worker and one in a subprocess it starts add in the same order (a
+    resumed run is compared bit for bit with an uninterrupted one)."""
     if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // int(workers))))
+        if "torch" in sys.modules:  # a conftest named on the command line (tests/trainer/) imported it first
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @functools.cache
