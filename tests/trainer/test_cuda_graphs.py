@@ -96,21 +96,21 @@ def test_a_capture_survives_a_thread_pinning_memory_as_the_data_loader_does():
     models.frozen_to(device)
     unet = models.unet.to(device)
     graphs = cuda_graphs.GraphedBackward(unet, list(unet.parameters()), warmup=1)
+    noised = Noised(torch.randn(2, 4, 8, 8, device=device), torch.tensor([10, 500], device=device),
+                    torch.randn(2, 77, unet.config.cross_attention_dim, device=device),
+                    torch.randn(2, 4, 8, 8, device=device), None, None)
     stop, copies = threading.Event(), []
 
     def pin_and_copy() -> None:
         side = torch.cuda.Stream()
         while not stop.is_set():
-            pinned = torch.empty(1 << 20, pin_memory=True)  # a fresh block each time: cudaHostAlloc
+            pinned = torch.empty(1 << 20, pin_memory=True)  # pinned host memory, as the loader's thread makes
             with torch.cuda.stream(side):
                 copies.append(pinned.to(device, non_blocking=True).sum())
 
+    # WHEN a shape warms up, is captured and replays while that thread runs
     worker = threading.Thread(target=pin_and_copy, daemon=True)
     worker.start()
-    # WHEN a shape warms up, is captured and replays while that thread runs
-    noised = Noised(torch.randn(2, 4, 8, 8, device=device), torch.tensor([10, 500], device=device),
-                    torch.randn(2, 77, models.text_encoder.config.hidden_size, device=device),
-                    torch.randn(2, 4, 8, 8, device=device), None, None)
     try:
         losses = [graphs.loss_and_backward(noised, 1.0).item() for _ in range(4)]
     finally:
