@@ -1,7 +1,9 @@
 #!/bin/sh
 # Wheels the GPU machine (device tool, nvidia-h200: Python 3.12, torch 2.11, no diffusers/wids/datasets)
 # lacks, downloaded here into .whl/ (ignored) and carried with `run(carry=[".whl"])`. There:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+#   python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+# (with their bytecode compiled, as in a container image: without it every timed process spends about
+# 8 s compiling diffusers' sources at import, bench/RESULTS.md 2026-12-03)
 #   export PYTHONPATH=/tmp/site
 # tensorboardX, protobuf: trainer.train writes TensorBoard event files.
 # pydantic: bench/catalog_shards.py writes shards with the packer's own records (core.models.Sample).

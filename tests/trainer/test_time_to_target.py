@@ -1,0 +1,66 @@
+"""bench/time_to_target.py's scoring rules: the target from the peer's first checkpoint that draws the prompts,
+the prompts drawn only until then, and each run's time to that loss."""
+
+import argparse
+import json
+from pathlib import Path
+
+from bench import time_to_target as ttt
+from trainer import evaluate
+
+LOSSES = {150: 0.14, 300: 0.09, 450: 0.07, 600: 0.06, 750: 0.05}
+MATCHES = {150: 0.1, 300: 0.3, 450: 0.8, 600: 0.9, 750: 1.0}
+
+
+def run_of(tmp_path: Path, name: str, seconds_per_step: float) -> ttt.Run:
+    run = ttt.Run(name)
+    for step in LOSSES:
+        unet = tmp_path / name / str(step) / "unet"
+        unet.mkdir(parents=True)
+        (unet / "step").write_text(str(step))
+        run.checkpoints[step], run.directories[step] = step * seconds_per_step, unet
+    return run
+
+
+def fake_scoring(monkeypatch, drawn: list) -> None:
+    def step_of(folder: Path) -> int:
+        return int((folder / "unet" / "step").read_text())
+
+    monkeypatch.setattr(evaluate, "score_model", lambda folder, *rest: {"val_loss": LOSSES[step_of(folder)]})
+
+    def match_rate(folder, config, device):
+        drawn.append(step_of(folder))
+        return MATCHES[step_of(folder)]
+    monkeypatch.setattr(ttt, "match_rate", match_rate)
+
+
+def test_the_peer_draws_prompts_until_its_first_match_and_ours_only_at_its_target(tmp_path, monkeypatch):
+    # GIVEN a base pipeline, the peer's checkpoints and ours (twice as fast a step), scored by fakes
+    (tmp_path / "base" / "unet").mkdir(parents=True)
+    (tmp_path / "base" / "model_index.json").write_text("{}")
+    peer, ours = run_of(tmp_path, "diffusers", 0.2), run_of(tmp_path, "ours", 0.1)
+    drawn: list[int] = []
+    fake_scoring(monkeypatch, drawn)
+    monkeypatch.setattr(ttt, "OUT", [])
+    # WHEN both are scored as main() does
+    peer_scores = ttt.score(peer, tmp_path, [], None, None, match_until=0.8)
+    ours_scores = ttt.score(ours, tmp_path, [], None, None)
+    args = argparse.Namespace(target="match", match_goal=0.8, target_slack=1.0, steps=750)
+    target, rule = ttt.target_of(args, peer_scores)
+    ours_step, ours_s = ttt.time_to(target, ours, ours_scores)
+    ttt.match_at(ours, ours_step, tmp_path, ours_scores, None, None)
+    # THEN the peer drew until step 450 (its first 0.8), which sets the target; ours reaches it at 450 in half the time
+    assert drawn == [150, 300, 450, 450]
+    assert target == LOSSES[450] and "(step 450)" in rule
+    assert ttt.time_to(target, peer, peer_scores) == (450, 90.0)
+    assert (ours_step, ours_s) == (450, 45.0)
+    assert json.loads((tmp_path / "ours-scores.json").read_text())["450"]["match"] == 0.8
+    # and a second scoring reads the records instead of drawing again
+    ttt.score(peer, tmp_path, [], None, None, match_until=0.8)
+    assert drawn == [150, 300, 450, 450]
+
+
+def test_no_target_when_the_peer_never_draws_the_prompts():
+    args = argparse.Namespace(target="match", match_goal=0.8, target_slack=1.0, steps=300)
+    target, rule = ttt.target_of(args, {150: {"val_loss": 0.1, "match": 0.2}, 300: {"val_loss": 0.09, "match": 0.7}})
+    assert target is None and rule == "the peer never matched 0.8 of the prompts in 300 steps"
