@@ -31,6 +31,11 @@
    draws the prompts. `--target final`: the peer's loss after --steps steps. Time to target = the
    first checkpoint at or under it; each run's match rate there is reported beside it.
 
+On the device tool (600 s a call, 30 min a session; the machine keeps --work only while warm, about
+30 s idle, so issue the calls back to back): (1) `--prepare-only`, then `--runs ours` (the VAE job takes
+about 200 s: copy a VAE made earlier, 16 MB, carried, into --work/vae to skip it); (2) `--runs peer`;
+(3) the same command without --runs scores and reports (records in --work make each call resume).
+
 Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours),
 `train.diffusers_time_to_target_s` and `train.time_to_target_ratio_vs_diffusers` (peer / ours;
 goal >= 2.0), and writes loss_vs_time.png into --plot-dir when matplotlib is there.
