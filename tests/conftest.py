@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.loaders
+import botocore.session
 import pytest
 from moto import mock_aws
 
@@ -47,6 +49,35 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // int(workers))))
         if "torch" in sys.modules:  # a conftest named on the command line (tests/trainer/) imported it first
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+class _SearchPaths(list):
+    """A loader's search paths. Every boto3 Session appends its own data folder to its loader's: with
+    one loader for all of them, once is enough (the list would otherwise grow with every session)."""
+
+    def append(self, path: str) -> None:
+        if path not in self:
+            super().append(path)
+
+
+@functools.cache
+def _shared_loader(search_path_string: str | None = None) -> botocore.loaders.Loader:
+    """botocore.loaders.create_loader, made once a process for each AWS_DATA_PATH."""
+    paths = [] if search_path_string is None else [
+        os.path.expanduser(os.path.expandvars(path)) for path in search_path_string.split(os.pathsep)]
+    return botocore.loaders.Loader(extra_search_paths=_SearchPaths(paths))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_botocore_loader() -> Iterator[None]:
+    """One botocore loader for every session a test process makes. moto's mock_aws clears boto3's
+    default session, so each test's clients came from a new session whose new loader read and parsed
+    every service's JSON model again: clients for ten services took 0.2-0.3 s, 0.03 s with one loader.
+    The models are read-only once loaded (botocore already shares them between the clients
+    of one session); clients are still made inside mock_aws, so moto patches them as before."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(botocore.session, "create_loader", _shared_loader)
+        yield
 
 
 @functools.cache
