@@ -18,11 +18,10 @@ import time
 from trainer.watchdog import training_watchdog
 
 def waiting_for_a_peer():
-    time.sleep(120)
+    print("waiting", flush=True); time.sleep(120)  # one line: a stack dumped once "waiting" is out shows it
 
 guard = training_watchdog(0.02, rank=3, step=40)  # 1.2 s per step, 2.4 s before the first
 guard.pet(41)
-print("stepping", flush=True)
 waiting_for_a_peer()
 """
 
@@ -69,7 +68,9 @@ def test_a_loop_that_keeps_stepping_is_left_alone_and_a_stopped_watchdog_never_f
 def test_a_rank_stopped_by_sigterm_dumps_its_stacks_on_the_way_out(tmp_path):
     # torchrun stops a host's other ranks with SIGTERM when one exits: they log their stacks too
     process = python(STUCK.replace("0.02", "10"), tmp_path)
-    assert process.stdout.readline() == "stepping\n"
+    # the signal comes once the rank is in the wait (under load it used to land while `print` still ran
+    # at module level, and the stack showed no waiting_for_a_peer)
+    assert process.stdout.readline() == "waiting\n"
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == -signal.SIGTERM
