@@ -51,6 +51,21 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked `slow` first, the longest first; the others after, in their usual order.
+    xdist hands out whole files (--dist loadfile) in this order (--no-loadscope-reorder): a long file
+    that started last would run alone on one worker while the others sat idle (the chaos storms, last
+    in the usual order, kept one core busy for three minutes after the other had finished)."""
+    seconds: dict[Path, float] = {}
+    for item in items:
+        if (mark := item.get_closest_marker("slow")) is not None:
+            if "seconds" not in mark.kwargs:
+                raise pytest.UsageError(f"{item.nodeid}: say how long its file takes, slow(seconds=...)")
+            seconds[item.path] = max(seconds.get(item.path, 0), mark.kwargs["seconds"])
+    items.sort(key=lambda item: -seconds.get(item.path, 0))  # stable: a file's tests keep their order
+
+
 class _SearchPaths(list):
     """A loader's search paths. Every boto3 Session appends its own data folder to its loader's: with
     one loader for all of them, once is enough (the list would otherwise grow with every session)."""

@@ -37,7 +37,7 @@ from contracts import pipeline_table
 from core import aws
 from core.reliability import audit, dead_letters
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=170)]
 REPO = Path(__file__).resolve().parents[2]
 RUNS = int(os.environ.get("ATELIER_CHAOS_RUNS", "3"))
 SEED = int(os.environ.get("ATELIER_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 31))))

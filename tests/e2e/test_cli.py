@@ -14,7 +14,7 @@ import pytest
 
 from atelier.catalog import make_catalog, write_catalog
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=40)]
 
 
 def atelier(*args: str, state: Path) -> subprocess.CompletedProcess[str]:

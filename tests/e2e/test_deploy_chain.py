@@ -30,7 +30,7 @@ from contracts import pipeline_table
 from core import aws
 from tests.support import quick_training
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=110)]
 REPO = Path(__file__).resolve().parents[2]
 UNET_WEIGHTS = "unet/diffusion_pytorch_model.safetensors"
 

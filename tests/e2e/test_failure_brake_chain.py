@@ -16,7 +16,7 @@ from atelier import client
 from atelier.catalog import LICENSE, make_catalog, write_catalog
 from atelier.local.stack import LocalStack, StackOptions
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=35)]
 REPO = Path(__file__).resolve().parents[2]
 # a preset the trainer does not have: every job fails at start, the same way, as a bad
 # hyperparameter would on AWS

@@ -28,7 +28,7 @@ from atelier.local.stack import LocalStack, StackOptions
 from core.partners.partner_access import PartnerProfile, read_profile
 from tests.support import ACCOUNT, REGION, REPO, denied
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=20)]
 PARTNERS = ("partner-a", "partner-b")
 
 

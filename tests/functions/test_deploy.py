@@ -39,6 +39,7 @@ from core.settings import DeploySettings
 from tests.support import load_event
 from trainer.report import write_report
 
+pytestmark = pytest.mark.slow(seconds=25)
 JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
 ENDED = 1795953900000
 MODELS = "s3://atelier-models-123456789012-us-east-1"  # the stack's models bucket

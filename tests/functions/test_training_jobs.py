@@ -30,6 +30,7 @@ from core.training.manifests import job_name_for, manifest_file
 from core.training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed
 from tests.support import ACCOUNT, REGION, load_event
 
+pytestmark = pytest.mark.slow(seconds=20)
 TWO_STAGES = json.dumps([
     {"name": "lo", "hyperparameters": {"resolution": "32", "steps": "3"}},
     {"name": "hi", "instance_type": "ml.m5.2xlarge", "instance_count": 2,

@@ -26,6 +26,7 @@ from PIL import Image
 from atelier.local.sagemaker import LocalSageMaker, Settings, start_local_sagemaker
 from atelier.local.sagemaker.training_instances import host_names
 
+pytestmark = pytest.mark.slow(seconds=55)
 FAKE_CONTAINER = Path(__file__).with_name("fake_container.py")
 FAKE_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-fake:latest"
 ROLE = "arn:aws:iam::123456789012:role/atelier-sagemaker"

@@ -12,6 +12,7 @@ import torch
 from trainer import compile_cache, fast_defaults, train
 from trainer.compile_cache import CacheKey, JobCache
 
+pytestmark = pytest.mark.slow(seconds=55)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KEY = CacheKey("2.13.0+cpu", "cpu", "abc123", "latent", 32, 2, False, 1)
 

@@ -16,6 +16,7 @@ from atelier.catalog import procedural_catalog
 from core.deploy.gate import Thresholds, decide, parse_evaluation
 from trainer import autoencoder, evaluate, train
 
+pytestmark = pytest.mark.slow(seconds=80)
 RECIPE = ["--model-config", "tiny", "--resolution", "32", "--batch-size", "16", "--learning-rate", "0.002",
           "--lr-final-fraction", "0.1",
           "--init-unet", "random", "--prediction-type", "v_prediction", "--zero-terminal-snr", "true",

@@ -27,6 +27,7 @@ from trainer.encode import encode_shards
 from trainer.health import grid_layout
 from trainer.models import compile_vae_encoder, load_models
 
+pytestmark = pytest.mark.slow(seconds=40)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 

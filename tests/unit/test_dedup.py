@@ -20,6 +20,7 @@ from core import aws
 from core.ingest import dedup, images
 from core.ingest.dedup import Near, band_keys, index_keys
 
+pytestmark = pytest.mark.slow(seconds=25)
 BASE = "0123456789abcdef"
 FIRST, SECOND, THIRD = "a" * 64, "b" * 64, "c" * 64  # sample sha256s
 GREY = "80" * 32  # the colour signature of any grey picture: every cell's Cb and Cr at 128
