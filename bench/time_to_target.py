@@ -259,6 +259,11 @@ def pipeline_with(base: Path, unet: Path, folder: Path) -> Path:
     return folder
 
 
+def scoring_pipeline(work: Path, run: Run, step: int) -> Path:
+    """The base pipeline with `run`'s UNet of `step`."""
+    return pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
+
+
 def score(run: Run, work: Path, samples: list, config, device, match_until: float | None = None) -> dict[int, dict]:
     """Each checkpoint's held-out loss and, with `match_until`, its prompt match rate, checkpoint by
     checkpoint until one reaches it (drawing the prompts is most of the scoring time). Kept in --work:
@@ -268,11 +273,13 @@ def score(run: Run, work: Path, samples: list, config, device, match_until: floa
     scores = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
     matching = match_until is not None
     for step in sorted(run.checkpoints):
-        folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
-        if step not in scores:
-            scores[step] = {"val_loss": score_model(folder, samples, config, None, device)["val_loss"]}
-        if matching and "match" not in scores[step]:
-            scores[step]["match"] = match_rate(folder, config, device)
+        draw = matching and "match" not in scores.get(step, {})
+        if step not in scores or draw:  # the pipeline is linked only for what is still to score
+            folder = scoring_pipeline(work, run, step)
+            if step not in scores:
+                scores[step] = {"val_loss": score_model(folder, samples, config, None, device)["val_loss"]}
+            if draw:
+                scores[step]["match"] = match_rate(folder, config, device)
         matching = matching and scores[step]["match"] < match_until
         record.write_text(json.dumps(scores))
         emit({"event": "checkpoint", "run": run.name, "step": step, "s": round(run.checkpoints[step], 1),
@@ -285,8 +292,7 @@ def match_at(run: Run, step: int | None, work: Path, scores: dict[int, dict], co
     if step is None:
         return None
     if "match" not in scores[step]:
-        folder = pipeline_with(work / "base", run.directories[step], work / "scoring" / f"{run.name}-{step}")
-        scores[step]["match"] = match_rate(folder, config, device)
+        scores[step]["match"] = match_rate(scoring_pipeline(work, run, step), config, device)
         (work / f"{run.name}-scores.json").write_text(json.dumps(scores))
     return scores[step]["match"]
 
@@ -447,8 +453,9 @@ def main() -> None:
     if args.runs != "ours":
         peer = timed(args.work, "peer", lambda: run_peer(args, args.work))
         progress("peer trained", s=peer.checkpoints[args.steps])
+    configurations = dict(entry.partition("=")[::2] for entry in args.ours or ["ours="])  # name -> trainer.train flags
     ours = []
-    for name, extra in (entry.partition("=")[::2] for entry in args.ours or ["ours="]):
+    for name, extra in configurations.items():
         if args.runs != "peer":
             ours.append(timed(args.work, name, lambda: run_ours(args, args.work, name, extra)))
             progress(f"{name} trained", s=ours[-1].checkpoints[args.steps])
@@ -482,7 +489,7 @@ def main() -> None:
           "baseline": "diffusers examples/text_to_image/train_text_to_image.py, unmodified", "config": setup, **common})
     for run, scores in scored[1:]:
         step, seconds = time_to(target, run, scores)
-        ours_setup = {**setup, "ours": run.name, "ours_args": dict(e.partition("=")[::2] for e in args.ours or ["ours="])[run.name]}
+        ours_setup = {**setup, "ours": run.name, "ours_args": configurations[run.name]}
         emit({"metric": "train.time_to_target_s", "value": seconds, "unit": "s", "step": step,
               "match_at_target": matched[run.name],
               "encode_s": run.phases["encoded_s"], "config": ours_setup, **common})

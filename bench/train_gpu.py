@@ -1079,7 +1079,8 @@ def lever_unavailable(config: Configuration, device, world_size: int) -> str | N
         return "CUDA graphs need a CUDA device"
     if config.step_graphs:
         from trainer.cuda_graphs import usable
-        return usable(device, world_size)
+        if reason := usable(device, world_size):
+            return reason
     if config.fp8:
         return fp8_unavailable(device)
     if config.bf16_weights and world_size > 1:

@@ -41,11 +41,14 @@ def lookup(preset: str, resolution: int) -> FastConfig | None:
 
 def compile_by_default(preset: str, resolutions: list[int], on_gpu: bool) -> bool:
     """`--compile auto`: on a GPU, when the table measured compiling faster at every stage's resolution."""
-    entries = [lookup(preset, resolution) for resolution in resolutions]
-    return on_gpu and bool(entries) and all(entry is not None and entry.compile for entry in entries)
+    return on_gpu and _measured_faster_everywhere(preset, resolutions, "compile")
 
 
 def graphs_by_default(preset: str, resolutions: list[int]) -> bool:
     """`--cuda-graphs auto` (where they can run): when the table measured them faster at every stage's resolution."""
+    return _measured_faster_everywhere(preset, resolutions, "cuda_graphs")
+
+
+def _measured_faster_everywhere(preset: str, resolutions: list[int], lever: str) -> bool:
     entries = [lookup(preset, resolution) for resolution in resolutions]
-    return bool(entries) and all(entry is not None and entry.cuda_graphs for entry in entries)
+    return bool(entries) and all(entry is not None and getattr(entry, lever) for entry in entries)
