@@ -35,6 +35,7 @@ On the device tool (600 s a call, 30 min a session; the machine keeps --work onl
 30 s idle, so issue the calls back to back): (1) `--prepare-only`, then `--runs ours` (the VAE job takes
 about 200 s: copy a VAE made earlier, 16 MB, carried, into --work/vae to skip it); (2) `--runs peer`;
 (3) the same command without --runs scores and reports (records in --work make each call resume).
+`--score-losses` after a `--runs` call scores its losses in that call, leaving the last call less to do.
 
 Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours),
 `train.diffusers_time_to_target_s` and `train.time_to_target_ratio_vs_diffusers` (peer / ours;
@@ -434,6 +435,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prepare-only", action="store_true", help="make the data, the VAE and the base, then stop")
     parser.add_argument("--runs", choices=["all", "peer", "ours"], default="all",
                         help="peer or ours: only those timed runs, then stop (a device call each); all: both, then scoring")
+    parser.add_argument("--score-losses", action="store_true",
+                        help="with --runs peer|ours: then score their checkpoints' held-out losses (no drawing)")
     return parser.parse_args()
 
 
@@ -459,12 +462,13 @@ def main() -> None:
         if args.runs != "peer":
             ours.append(timed(args.work, name, lambda: run_ours(args, args.work, name, extra)))
             progress(f"{name} trained", s=ours[-1].checkpoints[args.steps])
-    if args.runs != "all":
-        return
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = EvalConfig(timesteps=[100, 300, 500, 700, 900], seed=0, resolution=args.size, steps=25, guidance=5.0)
     samples, _ = read_eval_samples(find_eval_shards(str(args.work / "eval")), args.size, args.eval_images)
+    if args.runs != "all":  # with --score-losses, this call also scores the losses of what it trained
+        for run in ([peer] if args.runs == "peer" else ours) if args.score_losses else []:
+            score(run, args.work, samples, config, device)
+        return
     # the peer's match rate until it reaches the goal (the target); ours' losses, then its match at the target
     scored = [(peer, score(peer, args.work, samples, config, device,
                            None if args.skip_match or args.target == "final" else args.match_goal))]

@@ -17,19 +17,24 @@ A checkpoint is complete when its manifest verifies: every file it lists is ther
 sha256 (files it does not list are ignored). SageMaker syncs the checkpoint dir to S3 file by file
 while training and restores whatever reached S3 into the next job, in no promised order, so `latest`,
 a half-uploaded step directory or even a `.tmp-step-…` one can come back; the manifest is the only
-thing trusted. A checkpoint is written under `.tmp-step-…`, its manifest built by rank 0 once every
-rank has hashed its RNG file, then renamed into place. `--resume latest` takes the newest step
+thing trusted. A checkpoint is first copied off the training state (`take_snapshot`, on every rank at the same
+step: every rank's RNG bytes are gathered), then written under `.tmp-step-…` with its manifest and
+renamed into place (`write_snapshot`, no collective), either at once (`save_checkpoint`) or in a
+thread while training goes on (trainer/checkpoint_writer.py). `--resume latest` takes the newest step
 directory that verifies and logs each newer one it skips (those written before manifests existed are
 skipped as "no manifest"); pruning keeps the newest `keep` step directories, the newest verified one
 and the one just written.
 """
 
+import copy
 import hashlib
+import io
 import json
 import os
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import diffusers
@@ -178,52 +183,93 @@ def first_verified(directories: list[Path], trusted: Path | None = None) -> tupl
 # ---------------------------------------------------------------- save, prune, choose, load
 
 
-def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None,
-                    state: dict, keep: int) -> Path:
-    """Write step-N/ (every rank takes part; rank 0 writes all but its own RNG file, and the manifest).
+@dataclass
+class Snapshot:
+    """One checkpoint's contents, copied off the training state: writing it may overlap later steps."""
+    step: int
+    config: dict  # the UNet's
+    weights: dict[str, torch.Tensor]  # full, on the CPU (complete on rank 0)
+    ema_weights: dict[str, torch.Tensor] | None
+    training_state: dict  # the caller's state, the optimizer, lr scheduler and EMA counters
+    rng: list[bytes]  # every rank's RNG states as torch.save bytes, in rank order
 
-    `state` is the run's plain data, its "step" among it; rank 0's is saved (the caller gathers it)."""
-    weights = full_model_state(unet)
-    optimizer_state = full_optimizer_state(unet, optimizer)
+
+def take_snapshot(processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None, state: dict) -> Snapshot:
+    """The checkpoint of this moment, on the CPU (every rank calls it: the full state dicts and the
+    RNG gather are collectives). Nothing in it aliases what the next steps change."""
+    weights, optimizer_state = full_model_state(unet), full_optimizer_state(unet, optimizer)
     ema_weights = ema.full_weights() if ema else None
-    name = f"step-{state['step']:08d}"
+    if processes.device.type == "cpu":  # the CPU "copies" of a CPU model are its live tensors
+        weights, optimizer_state, ema_weights = owned((weights, optimizer_state, ema_weights))
+    rng = io.BytesIO()
+    torch.save(rng_states(), rng)
+    training_state = copy.deepcopy({**state, "lr_scheduler": lr_schedule.state_dict(),
+                                    "ema": ema.state_dict() if ema else None})
+    return Snapshot(state["step"], dict(unet.config), weights, ema_weights,
+                    {**training_state, "optimizer": optimizer_state}, every_rank(rng.getvalue()))
+
+
+def owned(tree):
+    """`tree` with every tensor cloned (dicts, lists and tuples rebuilt, the rest kept)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {key: owned(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(owned(value) for value in tree)
+    return tree
+
+
+def write_snapshot(checkpoint_dir: Path, processes: Processes, snapshot: Snapshot, keep: int) -> Path:
+    """step-N/ from a snapshot, with no collective: safe in a thread beside training.
+
+    Each host has its own checkpoint dir (SageMaker syncs every host's to the same S3 prefix): its
+    first process writes its host's RNG files there and publishes step-N; rank 0 also writes the
+    weights, the training state and the manifest, which vouches for every rank's RNG file (other
+    hosts' by the sha256 of the bytes they write)."""
+    name = f"step-{snapshot.step:08d}"
     tmp, final = checkpoint_dir / f".tmp-{name}", checkpoint_dir / name
-    # Each host has its own checkpoint dir (SageMaker syncs every host's to the same S3 prefix): the
-    # first process of each host makes and publishes step-N there, holding its host's RNG files.
-    if processes.local_rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    rng_name = f"rng-rank{processes.rank}.pt"
-    torch.save(rng_states(), tmp / rng_name)
+    if processes.local_rank != 0:
+        return final
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    host = range(processes.rank, processes.rank + processes.local_world_size)  # torchrun numbers a host's ranks in a row
+    for rank in host:
+        with (tmp / rng_name(rank)).open("wb") as stream:
+            stream.write(snapshot.rng[rank])
+            stream.flush()
+            os.fsync(stream.fileno())  # vouched for by rank 0's manifest, maybe on another host
     if processes.rank == 0:
-        save_unet(tmp / "unet", unet.config, weights)
-        if ema:
-            save_unet(tmp / "ema_unet", unet.config, ema_weights)
-        torch.save({
-            **state,
-            "optimizer": optimizer_state,
-            "lr_scheduler": lr_schedule.state_dict(),
-            "ema": ema.state_dict() if ema else None,
-        }, tmp / "training_state.pt")
-    # Every rank hashes its own RNG file (other hosts' are not in rank 0's directory, but reach the
-    # same S3 prefix and must be vouched for); the gather is also the barrier before the manifest.
-    rng_entries = every_rank(file_entry(tmp, rng_name))
-    if processes.rank == 0:
-        write_manifest(tmp, state["step"], rng_entries)
-    barrier()
-    if processes.local_rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        save_unet(tmp / "unet", snapshot.config, snapshot.weights)
+        if snapshot.ema_weights is not None:
+            save_unet(tmp / "ema_unet", snapshot.config, snapshot.ema_weights)
+        torch.save(snapshot.training_state, tmp / "training_state.pt")
+        elsewhere = [{"path": rng_name(rank), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                     for rank, data in enumerate(snapshot.rng) if rank not in host]
+        write_manifest(tmp, snapshot.step, elsewhere)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
     if processes.rank == 0:
         write_atomically(checkpoint_dir / "latest", name)
-    if processes.local_rank == 0:
-        prune_checkpoints(checkpoint_dir, keep, written=final)
+    prune_checkpoints(checkpoint_dir, keep, written=final)
+    return final
+
+
+def rng_name(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
+def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None,
+                    state: dict, keep: int) -> Path:
+    """Write step-N/ now (every rank takes part); `state` is the run's plain data, its "step" among it,
+    rank 0's saved (the caller gathers it). trainer/checkpoint_writer.py writes it in the background."""
+    snapshot = take_snapshot(processes, unet, optimizer, lr_schedule, ema, state)
+    final = write_snapshot(checkpoint_dir, processes, snapshot, keep)
     barrier()
     return final
 
 
-def every_rank(item: dict) -> list[dict]:
+def every_rank(item):
     """Every rank's `item`, in rank order (a collective)."""
     if not dist.is_initialized():
         return [item]
@@ -311,7 +357,7 @@ def load_checkpoint(path: Path, processes: Processes, unet, optimizer, lr_schedu
             ema.load_state_dict(ema_state, load_file(path / "ema_unet" / WEIGHTS_NAME))
         else:
             ema.load_state_dict({"decay": ema.decay, "updates": 0}, weights)
-    rng_file = path / f"rng-rank{processes.rank}.pt"
+    rng_file = path / rng_name(processes.rank)
     if rng_file.is_file():
         restore_rng_states(torch.load(rng_file, weights_only=False))
     return state

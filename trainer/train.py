@@ -63,7 +63,8 @@ from diffusers import DDPMScheduler, UNet2DConditionModel
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer import cuda_graphs, distributed, preflight
-from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from trainer.checkpoint_writer import CheckpointWriter
+from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, take_snapshot
 from trainer.compile_cache import JobCache, cache_key
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
@@ -123,6 +124,12 @@ def progress_and_eta(step: int, total: int, window_steps: int, window_s: float) 
     rate = window_steps / window_s if window_steps > 0 and window_s > 0 else 0.0
     return {"steps": total, "progress": round(step / total, 4),
             "eta_s": round((total - step) / rate, 1) if rate else None}
+
+
+def log_checkpoints(rank: int, writer: CheckpointWriter) -> None:
+    """A `checkpoint` line for each checkpoint now complete on disk."""
+    for step, path in writer.finished():
+        log(rank, event="checkpoint", step=step, dir=str(path))
 
 
 def cuda_graphs_for(args, resolutions: list[int], processes: distributed.Processes) -> bool:
@@ -234,6 +241,8 @@ def main(args: argparse.Namespace) -> dict:
     board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)),
                   rank)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
+    writer = CheckpointWriter(checkpoint_dir, processes, args.keep_checkpoints, args.async_checkpoints) \
+        if checkpoint_dir else None
     while step < plan.total_steps:
         step += 1
         if plan.stage_index(step) != stage:
@@ -272,14 +281,18 @@ def main(args: argparse.Namespace) -> dict:
                 skipped_steps=state.skipped_steps, corrupt_samples=len(state.corrupt),
                 **progress_and_eta(step, plan.total_steps, step - logged_step, time.perf_counter() - window.start))
             window, logged_step = Window(), step
-        if checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.total_steps):
+        if writer:
+            writer.check()  # a checkpoint write that failed stops the job here
+            log_checkpoints(rank, writer)
+        if writer and (step % args.checkpoint_every == 0 or step == plan.total_steps):
             with window.paused():
-                path = save_checkpoint(checkpoint_dir, processes, unet, optimizer, lr_schedule, ema,
-                                       state.gathered().to_dict(), args.keep_checkpoints)
-                log(rank, event="checkpoint", step=step, dir=str(path))
+                writer.save(take_snapshot(processes, unet, optimizer, lr_schedule, ema, state.gathered().to_dict()))
                 if compile_cache:  # the bucket shapes compiled since
                     compile_cache.save(stage)
                 check_health(args, processes, models, unet, ema, plan, step, state.loss_history, health_dir, board)
+    if writer:  # the last checkpoint is on disk before the job reports its end
+        writer.wait()
+        log_checkpoints(rank, writer)
     watchdog.stop()
     board.close()
 
@@ -389,6 +402,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     health = parser.add_argument_group("checkpoints and health")
     health.add_argument("--checkpoint-every", type=int, default=500, help="also at the last step")
     health.add_argument("--keep-checkpoints", type=int, default=2, help="the newest K step directories are kept")
+    health.add_argument("--async-checkpoints", type=boolean, default=True,
+                        help="write each checkpoint in a thread while training goes on (its state copied to the host "
+                             "first; trainer/checkpoint_writer.py), else in place")
     health.add_argument("--log-every", type=int, default=10, help="also at the last step")
     health.add_argument("--tensorboard-dir", default=None,
                         help="TensorBoard event files (default $SM_OUTPUT_DIR/tensorboard, else <health dir>/tensorboard; 'none': off)")
