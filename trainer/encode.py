@@ -43,6 +43,14 @@ The identity is the sha256 of the VAE's, text encoders' and tokenizers' configs 
 to bf16, so it is the same for the fp32 and the bf16 copy; the UNet is not part of it): another VAE or text encoder means another directory, and the trainer
 refuses latent shards whose identity or resolution is not its own (`check_latent_shards`).
 A shard is written under a temporary name and renamed when whole.
+
+Who does what, so that the GPU is never waiting on Python: the loader's worker processes read,
+decode, crop and tokenize; the main thread only hands the pixels to the VAE and queues the copy of
+its latents to pinned host memory, without waiting for it; one writer thread (`ShardWriter`) waits
+for each copy, serialises the samples and writes the tars. A thread, not a process: it reads the
+pinned copy itself, with nothing to send anywhere, and it only has to keep pace with the VAE. Its
+queue holds a few batches at most, so memory stays bounded and a slow disk slows the main thread
+instead; an error in it fails the job from the main thread.
 """
 
 import argparse
@@ -50,11 +58,13 @@ import hashlib
 import io
 import json
 import os
+import queue
 import sys
 import tarfile
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +77,7 @@ from contracts import shard_members
 from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD, member_name
 from trainer.data import (CorruptSample, ShardIndex, ShardReader, buckets_of, crop_to_bucket, decode_image, index_shards,
                           load_exclusions)
-from trainer.models import Models, caption_ids, compile_vae_encoder, load_models
+from trainer.models import Models, compile_vae_encoder, load_models, token_ids
 from trainer.objective import autocast
 
 
@@ -121,10 +131,11 @@ def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int]
 
 
 class ImageGroups(Dataset):
-    """Item i: a group of samples of one shard and one bucket, decoded and cropped as the trainer does online."""
+    """Item i: a group of samples of one shard and one bucket, decoded and cropped as the trainer does
+    online, with their captions' token ids (the tokenizers run in the loader's workers, beside the GPU)."""
 
-    def __init__(self, index: ShardIndex, groups: list[tuple[tuple[int, int], list[int]]]):
-        self.index, self.groups, self.reader = index, groups, ShardReader(index)
+    def __init__(self, index: ShardIndex, groups: list[tuple[tuple[int, int], list[int]]], tokenizers: list):
+        self.index, self.groups, self.tokenizers, self.reader = index, groups, tokenizers, ShardReader(index)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -144,7 +155,8 @@ class ImageGroups(Dataset):
                                                  f"{type(error).__name__}: {error}")))
         return {"bucket": bucket, "rows": [entry[0] for entry in loaded],
                 "pixel_values": torch.stack([entry[1] for entry in loaded]) if loaded else None,
-                "time_ids": [entry[2] for entry in loaded], "captions": [entry[3] for entry in loaded],
+                "time_ids": [entry[2] for entry in loaded],
+                "ids": token_ids(self.tokenizers, [entry[3] for entry in loaded]) if loaded else None,
                 "records": [entry[4] for entry in loaded], "corrupt": corrupt}
 
 
@@ -196,14 +208,106 @@ def canonical_safetensors(data: bytes) -> bytes:
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
     """A tar as the packer writes one (ustar, contracts.shard_members' fixed headers), under a
-    temporary name, then renamed. A name ustar cannot hold (over 100 bytes with no `/` to split it
-    at) raises ValueError: pipeline keys are sha256s, far shorter."""
+    temporary name, then renamed; a failed write leaves nothing behind. A name ustar cannot hold (over
+    100 bytes with no `/` to split it at) raises ValueError: pipeline keys are sha256s, far shorter."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".tmp-{path.name}")  # not *.tar: a reader of the directory never sees it
-    with tarfile.open(partial, "w", format=shard_members.TAR_FORMAT) as tar:
-        for name, data in members:
-            tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
-    os.replace(partial, path)
+    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.training.encode_job skips it
+    try:
+        with tarfile.open(partial, "w", format=shard_members.TAR_FORMAT) as tar:
+            for name, data in members:
+                tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+class ShardWriter:
+    """Latent shards written on a thread of their own, so that the main thread only feeds the GPU.
+
+    The main thread hands over each encoded group, then says when a shard is whole; this thread turns
+    the samples into members (safetensors, ids, record) and writes the tar. One thread, since that work
+    only has to keep up with the GPU, and a shard is written in one place, in order. At most `depth`
+    jobs wait, each holding one batch's latents on the host: memory stays that plus the shard being
+    gathered, and a slow disk slows the main thread down rather than filling memory. The first error
+    here is raised again in the main thread (by its next call, or when it leaves the `with` block),
+    and every job after it is dropped.
+    """
+
+    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, depth: int = 8):
+        self.outputs, self.identity, self.resolution = outputs, identity, resolution
+        self.pending: dict[int, dict[int, list]] = defaultdict(dict)  # shard -> row -> its members, until whole
+        self.jobs: queue.Queue[tuple[Callable, tuple] | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="latent-shard-writer")
+        self.thread.start()
+
+    def add(self, shard: int, keys: list[str], group: dict, latents: torch.Tensor,
+            copied: torch.cuda.Event | None) -> None:
+        """A group's samples (`keys`, its `rows`, `time_ids`, `ids`, `records`, `bucket`); `latents`, one
+        per sample, may be read once `copied` (if any) has completed."""
+        self._submit(self._add, shard, keys, group["rows"], latents, copied, group["time_ids"], group["ids"],
+                     group["records"], group["bucket"])
+
+    def finish(self, shard: int) -> None:
+        """The shard is whole: written with its samples in the image shard's order."""
+        self._submit(self._finish, shard)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.stopping = error is not None  # the job failed in the main thread: what is still queued is dropped
+        self.jobs.put(None)
+        self.thread.join()
+        if error is None:
+            self._raise_if_failed()
+        elif self.error is not None and self.error is not error:  # both failed: the writer's error is kept too
+            error.add_note(f"the latent shard writer failed too: {self.error!r}")
+
+    def _submit(self, job: Callable, *args) -> None:
+        self._raise_if_failed()
+        self.jobs.put((job, args))  # blocks while `depth` jobs wait
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:  # after an error, still taken off so that put never blocks
+            if self.error is None and not self.stopping:
+                try:
+                    job[0](*job[1])
+                except BaseException as error:  # noqa: BLE001 - raised again in the main thread
+                    self.error = error
+
+    def _add(self, shard: int, keys: list[str], rows: list[int], latents: torch.Tensor, copied: torch.cuda.Event | None,
+             time_ids: list, ids: torch.Tensor, records: list, bucket: tuple[int, int]) -> None:
+        if copied is not None:
+            copied.synchronize()
+        for number, (key, row) in enumerate(zip(keys, rows)):
+            self.pending[shard][row] = sample_members(key, latents[number], time_ids[number], ids[number], records[number],
+                                                      self.identity, self.resolution, bucket)
+
+    def _finish(self, shard: int) -> None:
+        members = self.pending.pop(shard, {})
+        if members:  # a shard of nothing but corrupt samples gets no latent shard
+            write_tar(self.outputs[shard], [member for row in sorted(members) for member in members[row]])
+
+
+def to_host(latents: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """The latents on the CPU, and the event after which they are there (None: they are already).
+
+    From a GPU, a copy into pinned memory queued behind the VAE's kernels, so the main thread does not
+    wait for them; the event blocks rather than spins, leaving the CPU to the loader's workers."""
+    if latents.device.type == "cpu":
+        return latents, None
+    host = torch.empty(latents.shape, dtype=latents.dtype, pin_memory=True)
+    host.copy_(latents, non_blocking=True)
+    copied = torch.cuda.Event(blocking=True)
+    copied.record()
+    return host, copied
 
 
 def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,
@@ -227,34 +331,30 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     work = [(shard, groups) for shard, groups in groups_of(index, assignment, sizes, batch_size) if not outputs[shard].is_file()]
     flat = [group for _, groups in work for group in groups]
     shard_of_group = [shard for shard, groups in work for _ in groups]
-    loader = DataLoader(ImageGroups(index, flat), batch_size=None, num_workers=num_workers,
+    loader = DataLoader(ImageGroups(index, flat, models.tokenizers), batch_size=None, num_workers=num_workers,
                         prefetch_factor=4 if num_workers else None, pin_memory=device.type == "cuda")
-    pending: dict[int, dict[int, list]] = defaultdict(dict)  # shard -> row -> its members, until the shard is whole
     groups_left = defaultdict(int)
     for shard in shard_of_group:
         groups_left[shard] += 1
     corrupt, encoded = list(index.problems), 0
-    for shard, group in zip(shard_of_group, loader):
-        corrupt += group["corrupt"]
-        if group["rows"]:
-            pixel_values = group["pixel_values"]
-            if padded and len(pixel_values) < batch_size:
-                pixel_values = pad_batch(pixel_values, batch_size)
-            elif len(pixel_values) == 1:  # never a batch of one: the CPU's conv kernels take another path for it
-                pixel_values = pixel_values.repeat(2, 1, 1, 1)
-            with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objective.py)
-                pixel_values = pixel_values.to(device, non_blocking=True)
-                parameters = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist.parameters.cpu()
-            ids = caption_ids(models, group["captions"])
-            for number, row in enumerate(group["rows"]):
-                pending[shard][row] = sample_members(str(index.key[row]), parameters[number], group["time_ids"][number],
-                                                     ids[number], group["records"][number], identity, resolution, group["bucket"])
-            encoded += len(group["rows"])
-        groups_left[shard] -= 1
-        if groups_left[shard] == 0:  # the shard is whole: its samples in the image shard's order
-            members = pending.pop(shard, {})
-            if members:  # a shard of nothing but corrupt samples gets no latent shard
-                write_tar(outputs[shard], [member for row in sorted(members) for member in members[row]])
+    with ShardWriter(outputs, identity, resolution) as writer:
+        for shard, group in zip(shard_of_group, loader):
+            corrupt += group["corrupt"]
+            if group["rows"]:
+                pixel_values = group["pixel_values"]
+                if padded and len(pixel_values) < batch_size:
+                    pixel_values = pad_batch(pixel_values, batch_size)
+                elif len(pixel_values) == 1:  # never a batch of one: the CPU's conv kernels take another path for it
+                    pixel_values = pixel_values.repeat(2, 1, 1, 1)
+                with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objective.py)
+                    pixel_values = pixel_values.to(device, non_blocking=True)
+                    parameters = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist.parameters
+                latents, copied = to_host(parameters[:len(group["rows"])])
+                writer.add(shard, [str(index.key[row]) for row in group["rows"]], group, latents, copied)
+                encoded += len(group["rows"])
+            groups_left[shard] -= 1
+            if groups_left[shard] == 0:
+                writer.finish(shard)
     return {"identity": identity, "resolution": resolution, "dir": str(target), "shards": len(index.shards),
             "shards_written": len(work), "samples_encoded": encoded, "samples_excluded": index.excluded, "corrupt": corrupt,
             "seconds": round(time.perf_counter() - started, 2), "padded": padded}

@@ -294,7 +294,12 @@ def tokenize(tokenizer, captions: list[str], device: torch.device) -> torch.Tens
 
 def caption_ids(models: Models, captions: list[str]) -> torch.Tensor:
     """The captions' token ids, [captions, text encoders, max length] (int64, CPU): what latent shards store."""
-    return torch.stack([tokenize(tokenizer, captions, torch.device("cpu")) for tokenizer in models.tokenizers], dim=1)
+    return token_ids(models.tokenizers, captions)
+
+
+def token_ids(tokenizers: list, captions: list[str]) -> torch.Tensor:
+    """caption_ids from the tokenizers alone, which a DataLoader worker can hold without the models."""
+    return torch.stack([tokenize(tokenizer, captions, CPU) for tokenizer in tokenizers], dim=1)
 
 
 @torch.no_grad()

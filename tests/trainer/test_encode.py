@@ -6,6 +6,8 @@ import os
 import shutil
 import struct
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -302,3 +304,77 @@ def test_a_latent_shard_is_a_ustar_tar_with_the_packers_fixed_headers(tmp_path):
     # THEN the first block is the member's own ustar header, as core.pack.shards writes one
     assert (header[156:157], header[257:265]) == (tarfile.REGTYPE, b"ustar\x0000")
     assert (info.name, info.size, info.mode, info.mtime, info.uid, info.gid, info.uname) == (name, 3, 0o644, 0, 0, 0, "")
+
+
+def files_under(folder) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+
+
+def test_an_error_while_writing_a_shard_fails_the_job_and_leaves_only_the_shards_written_before(tmp_path, monkeypatch,
+                                                                                               encoded, shards_dir, models):
+    # GIVEN a tar writer that fails in the middle of the second shard (three samples, three members each)
+    from contracts import shard_members
+    headers, real_tarinfo = [], shard_members.tarinfo
+
+    def failing(name, size):
+        headers.append(name)
+        if len(headers) == 11:
+            raise OSError("disk full")
+        return real_tarinfo(name, size)
+
+    monkeypatch.setattr(shard_members, "tarinfo", failing)
+    # WHEN the shards are encoded
+    with pytest.raises(OSError, match="disk full"):
+        encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=0)
+    # THEN the first shard is there, whole, and nothing of the second, not even its temporary file
+    [written] = files_under(latent_dir(tmp_path, models_identity(models), RESOLUTION)).items()
+    assert written == next(iter(files_under(encoded["dir"]).items()))
+
+
+def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_captions_are_tokenized(tmp_path, monkeypatch,
+                                                                                                   encoded, shards_dir,
+                                                                                                   models):
+    # GIVEN a writer thread slower than the VAE, and loader workers that tokenize the captions
+    from trainer import encode
+    real_sample_members = encode.sample_members
+
+    def slow(*args):
+        time.sleep(0.05)
+        return real_sample_members(*args)
+
+    monkeypatch.setattr(encode, "sample_members", slow)
+    # WHEN the shards are encoded
+    result = encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=2)
+    # THEN every file is byte for byte what the unhurried single-process encode wrote
+    assert files_under(result["dir"]) == files_under(encoded["dir"])
+    assert result["samples_encoded"] == encoded["samples_encoded"] == 6
+
+
+def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_depth_groups(tmp_path, monkeypatch):
+    # GIVEN a writer of depth 2 whose thread is busy with a first group until released
+    from trainer import encode
+    running, release = threading.Event(), threading.Event()
+    monkeypatch.setattr(encode, "sample_members", lambda *args: running.set() or release.wait(timeout=60) or [])
+    group = {"rows": [0], "time_ids": [[32, 32, 0, 0, 32, 32]], "ids": torch.zeros(1, 1, 77, dtype=torch.int64),
+             "records": [None], "bucket": (32, 32)}
+    handed = []
+
+    def hand_over(writer, count):
+        for number in range(count):
+            writer.add(0, ["k"], group, torch.zeros(1, 8, 4, 4), None)
+            handed.append(number)
+
+    with encode.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, depth=2) as writer:
+        try:
+            hand_over(writer, 1)
+            assert running.wait(timeout=60)
+            # WHEN the main thread hands over four more groups
+            feeder = threading.Thread(target=hand_over, args=(writer, 4), daemon=True)
+            feeder.start()
+            feeder.join(timeout=1)
+            # THEN two wait in the queue and the third waits for room
+            assert feeder.is_alive() and len(handed) == 3
+        finally:
+            release.set()
+        feeder.join(timeout=60)
+    assert len(handed) == 5
