@@ -333,6 +333,11 @@ def time_to(target: float | None, run: Run, scores: dict[int, dict]) -> tuple[in
     return None, None
 
 
+def drew_prompts(runs: list[tuple[Run, dict[int, dict]]]) -> bool:
+    """Whether any checkpoint has a match rate (the plot's second panel)."""
+    return any("match" in score for _, scores in runs for score in scores.values())
+
+
 def plot(runs: list[tuple[Run, dict[int, dict]]], target: float | None, folder: Path) -> str | None:
     """Held-out loss and prompt match rate against seconds from process start, one line per run."""
     try:
@@ -341,7 +346,11 @@ def plot(runs: list[tuple[Run, dict[int, dict]]], target: float | None, folder: 
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    figure, (losses, matched) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=[3, 2])
+    drew = drew_prompts(runs)
+    if drew:  # the match panel only when some checkpoint drew the prompts (not with --skip-match)
+        figure, (losses, matched) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=[3, 2])
+    else:
+        figure, losses = plt.subplots(figsize=(8, 4.5))
     for run, scores in runs:
         steps = sorted(scores)
         seconds = [run.checkpoints[step] for step in steps]
@@ -356,10 +365,11 @@ def plot(runs: list[tuple[Run, dict[int, dict]]], target: float | None, folder: 
     losses.set_yscale("log")
     losses.legend()
     losses.grid(True, which="both", alpha=0.3)
-    matched.set_ylabel("prompt match rate (12 prompts)")
-    matched.set_ylim(-0.05, 1.05)
-    matched.grid(True, alpha=0.3)
-    matched.set_xlabel("seconds from process start (ours: the encode job included)")
+    if drew:
+        matched.set_ylabel("prompt match rate (12 prompts)")
+        matched.set_ylim(-0.05, 1.05)
+        matched.grid(True, alpha=0.3)
+    (matched if drew else losses).set_xlabel("seconds from process start (ours: the encode job included)")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "loss_vs_time.png"
     figure.savefig(path, dpi=120, bbox_inches="tight")

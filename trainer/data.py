@@ -105,9 +105,11 @@ class ShardIndex:
 
 
 def find_shards(channel_dir: str | Path) -> list[str]:
-    """Every `*.tar` under the channel, at any depth, in a stable order."""
+    """Every `*.tar` under the channel, at any depth, in a stable order. Dot names are skipped, as the job's
+    S3 manifest skips them: `.tmp-<name>.tar` is a shard an encode job was still writing when it stopped."""
     root = Path(channel_dir)
-    shards = sorted(str(path) for path in root.rglob("*.tar") if path.is_file())
+    shards = sorted(str(path) for path in root.rglob("*.tar")
+                    if path.is_file() and not any(part.startswith(".") for part in path.relative_to(root).parts))
     if not shards:
         raise NoShardsError(f"no shards (*.tar) under the training channel {root}")
     return shards

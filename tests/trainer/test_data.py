@@ -36,6 +36,17 @@ def test_finds_shards_at_any_depth_in_sorted_order(shards_dir):
     assert find_shards(shards_dir) == [str(shards_dir / "nested" / "shard-b.tar"), str(shards_dir / "shard-a.tar")]
 
 
+def test_dot_names_are_not_shards_as_in_the_s3_manifest(tmp_path):
+    # GIVEN a channel holding a finished shard, a half-written one a stopped encode job left, and a hidden folder
+    for name in ("shard-a.tar", ".tmp-shard-b.tar", ".cache/shard-c.tar"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    # THEN only the finished shard is read, though the channel itself may sit under a dot folder
+    assert find_shards(tmp_path) == [str(tmp_path / "shard-a.tar")]
+    hidden_root = tmp_path / ".cache"
+    assert find_shards(hidden_root) == [str(hidden_root / "shard-c.tar")]
+
+
 def test_an_empty_channel_is_a_clear_error(tmp_path):
     (tmp_path / "not-a-shard.txt").write_text("x")
     with pytest.raises(NoShardsError, match=f"no shards \\(\\*.tar\\) under the training channel {tmp_path}"):

@@ -64,3 +64,12 @@ def test_no_target_when_the_peer_never_draws_the_prompts():
     args = argparse.Namespace(target="match", match_goal=0.8, target_slack=1.0, steps=300)
     target, rule = ttt.target_of(args, {150: {"val_loss": 0.1, "match": 0.2}, 300: {"val_loss": 0.09, "match": 0.7}})
     assert target is None and rule == "the peer never matched 0.8 of the prompts in 300 steps"
+
+
+
+def test_the_plot_has_a_match_panel_only_when_prompts_were_drawn(tmp_path):
+    run = run_of(tmp_path, "ours", 0.1)
+    losses_only = {step: {"val_loss": loss} for step, loss in LOSSES.items()}  # --skip-match or --target final
+    one_drawn = {**losses_only, 450: {"val_loss": LOSSES[450], "match": MATCHES[450]}}
+    assert not ttt.drew_prompts([(run, losses_only)])
+    assert ttt.drew_prompts([(run, losses_only), (run, one_drawn)])
