@@ -65,7 +65,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from trainer import cuda_graphs, distributed, preflight
 from trainer.checkpoint_writer import CheckpointWriter
 from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, take_snapshot
-from trainer.compile_cache import JobCache, cache_key
+from trainer.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
 from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.ema import EMA
 from trainer.encode import check_latent_shards
@@ -227,7 +227,7 @@ def main(args: argparse.Namespace) -> dict:
     compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/compile_cache.py)
     if compiling and args.compile_cache != "none":
         cache_dir = (Path(args.compile_cache) if args.compile_cache
-                     else checkpoint_dir / "compile-cache" if checkpoint_dir else None)
+                     else checkpoint_dir / LINEAGE_FOLDER if checkpoint_dir else None)
         keys = [cache_key(unet, device, "latent" if index.latent else "image", stage.resolution, stage.batch_size,
                           args.channels_last, processes.world_size) for stage in plan.stages]
         compile_cache = JobCache(cache_dir, keys, rank)

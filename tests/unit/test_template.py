@@ -427,3 +427,29 @@ def test_every_allowed_lane_count_has_a_concurrency() -> None:
     declared = yaml_parse((REPO / "template.yaml").read_text())["Parameters"]["PackLanes"]
     allowed = [str(v) for v in declared["AllowedValues"]]
     assert set(expanded.mappings["PackLaneConcurrency"]) == set(allowed) and max(map(int, allowed)) == MAX_LANES
+
+
+# --- compiled shapes shared across lineages (core/training/compile_caches.py) --------------------------
+
+def test_the_start_training_function_may_publish_compiled_shapes_and_nothing_wider(
+        resources: dict[str, dict[str, Any]]) -> None:
+    role = "StartTrainingFunctionRole"
+    # the copy: read the lineage's file (and the shared copy's metadata), write the shared one
+    assert "s3:GetObject" in role_actions_on(resources, role, "ModelsBucket.Arn/checkpoints/*/compile-cache/*")
+    assert "s3:GetObject" in role_actions_on(resources, role, "ModelsBucket.Arn/compile-cache/*")
+    assert "s3:PutObject" in role_actions_on(resources, role, "ModelsBucket.Arn/compile-cache/*")
+    assert not any("s3:PutObject" in role_actions_on(resources, role, f"ModelsBucket.Arn/{prefix}")
+                   for prefix in ("*", "checkpoints/*", "checkpoints/*/compile-cache/*"))
+    # the listings, by prefix only
+    listing = [st for policy in resources[role]["Properties"]["Policies"] if isinstance(policy, dict)
+               and "PolicyDocument" in policy for st in policy["PolicyDocument"]["Statement"]
+               if st.get("Action") == "s3:ListBucket" and st.get("Resource") == "ModelsBucket.Arn"]
+    assert [st["Condition"]["StringLike"]["s3:prefix"] for st in listing] == [
+        ["encoded/*", "compile-cache/*", "checkpoints/*/compile-cache/*"]]
+
+
+def test_shared_compiled_shapes_expire_unless_published_again(resources: dict[str, dict[str, Any]]) -> None:
+    rules = {r["Id"]: r for r in resources["ModelsBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]}
+
+    assert rules["CompileCacheExpiry"] == {"Id": "CompileCacheExpiry", "Status": "Enabled", "Prefix": "compile-cache/",
+                                           "ExpirationInDays": 30, "NoncurrentVersionExpiration": {"NoncurrentDays": 1}}

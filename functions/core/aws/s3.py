@@ -78,6 +78,17 @@ def list_objects(bucket: str, prefix: str = "") -> Iterator[dict[str, Any]]:
         yield from page.get("Contents", [])
 
 
+def has_objects(bucket: str, prefix: str) -> bool:
+    """Whether any object lies under `prefix` (one listing call)."""
+    return bool(clients.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"))
+
+
+def copy_object(bucket: str, source_key: str, key: str, metadata: dict[str, str]) -> None:
+    """A server-side copy within `bucket` (one call: up to 5 GB), with `metadata` in place of the source's."""
+    clients.client("s3").copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": source_key},
+                                     Metadata=metadata, MetadataDirective="REPLACE")
+
+
 def version_with_etag(bucket: str, key: str, etag: str) -> str:
     """The id of the version of `key` whose ETag is `etag` (a deleted object's versions remain), or ""."""
     if not etag:

@@ -132,11 +132,14 @@ def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
 
 def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                          steps_target: int, settings: TrainingSettings, exclusions_uri: str = "", *,
-                         pretrained_uri: str | None = None, vae_uri: str = "") -> dict[str, Any]:
+                         pretrained_uri: str | None = None, vae_uri: str = "",
+                         compile_cache: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins, and
-    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel."""
+    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel. `compile_cache`: the
+    shared compiled shapes' channel, where there is one (core.training.compile_caches.channels)."""
     stage = settings.stages[stage_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
+    channels += compile_cache or []
     request = _job_request(
         name, manifest_uri, {**stage_hyperparameters(stage, steps_target), **model_hyperparameters},
         (stage.instance_type, stage.instance_count), s3_layout.TRAINING,

@@ -27,6 +27,9 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   model.tar.gz as the lineage's `vae_uri` (create-only), and every encode and training job of the
   lineage reads that as the channel `vae` (`vae=vae`). A failed or stopped autoencoder job fails its
   training job as a failed encode job does; the lineage's next job trains a VAE again.
+- Compiled shapes (core.training.compile_caches): a training job's end publishes the files its
+  compile left in the lineage's checkpoints to one shared prefix, and every training job reads that
+  prefix as its `compile-cache` channel, so a shape compiles once for all lineages.
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
   (core.partners.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
@@ -52,7 +55,7 @@ from core import aws, telemetry
 from core.partners import attribution, licensing
 from core.provenance import Verdict, screen_shard
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, encode_job, failure_brake, job_records, lineage, manifests
+from core.training import autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage, manifests
 from core.training.job_records import Inputs
 from core.training.job_requests import autoencoder_job_name, encode_job_name, training_job_request
 from core.training.pretrained import PretrainedBase, describe_base
@@ -101,6 +104,9 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
         _apply_brake(name, status, reason, settings)  # once per job: before `advance` reads it
     if status == "Completed":  # every delivery (idempotent), so a crash after settling is made good
         attribution.record_model(name, settings)
+    # Whatever its end, what the job compiled is kept for every lineage (idempotent too); before
+    # `advance`, so the job it starts already reads it
+    compile_caches.publish(settings.models_bucket, settings.lineage)
     return advance(settings)
 
 
@@ -387,7 +393,8 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     train_uri = job.get("latents") or inputs.manifest_uri
     steps_target = job_records.steps_target(job, stage, settings)
     request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
-                                   inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri)
+                                   inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri,
+                                   compile_cache=compile_caches.channels(settings.models_bucket))
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
                                                    "latents": bool(job.get("latents")), "vae": inputs.vae_uri})
