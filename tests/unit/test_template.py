@@ -445,7 +445,7 @@ def test_the_start_training_function_may_publish_compiled_shapes_and_nothing_wid
                and "PolicyDocument" in policy for st in policy["PolicyDocument"]["Statement"]
                if st.get("Action") == "s3:ListBucket" and st.get("Resource") == "ModelsBucket.Arn"]
     assert [st["Condition"]["StringLike"]["s3:prefix"] for st in listing] == [
-        ["encoded/*", "compile-cache/*", "checkpoints/*/compile-cache/*"]]
+        ["encoded/*", "compile-cache/*", "checkpoints/*/compile-cache/*", "training/*"]]
 
 
 def test_shared_compiled_shapes_expire_unless_published_again(resources: dict[str, dict[str, Any]]) -> None:

@@ -67,7 +67,9 @@ def read_draws(models_bucket: str, job: str) -> dict[str, dict[str, int]] | None
     """`draws` from atelier-training.json in the job's model.tar.gz, streamed up to that member;
     None when there is no artefact or the trainer recorded no counts."""
     key = output_key(job, MODEL_ARCHIVE)
-    if aws.head_object(models_bucket, key) is None:
+    # a listing, not a HeadObject: S3 answers a HEAD of a missing key with 403 to a role whose
+    # ListBucket is limited by prefix (StartTrainingFunction's), and the event would retry forever
+    if not aws.has_objects(models_bucket, key):
         return None
     _, body = aws.open_object(models_bucket, key)
     try:
