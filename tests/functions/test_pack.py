@@ -22,7 +22,7 @@ from contracts import pipeline_table
 from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import journal, shards
-from core.pack.packer import pack_samples, seal_due
+from core.pack.packer import SEAL_TIMER_S, pack_samples, seal_due
 from core.settings import PackSettings
 from tests.functions.pack_helpers import check_shard, index_of, sealed_shards, settings_for, upload_sample
 from tests.support import load_event
@@ -467,6 +467,27 @@ def test_the_seal_timer_event_seals_an_old_shard_through_the_handler(
     assert event.digest_algorithm == shards.DIGEST_ALGORITHM
     body = boto3.client("s3").get_object(Bucket=settings.data_bucket, Key=event.key)["Body"].read()
     assert shards.digest_of_tar(io.BytesIO(body)) == (event.sha256, event.size)
+
+
+def test_the_timer_seals_a_shard_that_would_pass_its_age_before_the_next_tick(
+        stack: Provisioned, function_env: Callable, lambda_context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample waits at most ShardMaxAgeSeconds: sealing at the first tick past the age would let
+    it wait up to a tick longer (p99 upload-to-shard of the load test: age + 60 s)."""
+    function_env("PackFunction")
+    monkeypatch.setenv("SHARD_MAX_AGE_S", str(SEAL_TIMER_S - 30))  # the shard is due half-way to the next tick
+    settings = PackSettings.from_env()
+    pack_samples(batch([upload_sample(stack, 1)]), settings)
+    assert seal_due(settings) == []  # not yet old: a batch does not seal it
+    from pack.app import lambda_handler
+
+    result = lambda_handler(load_event("pack_seal_timer"), lambda_context)  # ... but the tick before its age does
+
+    [event] = announced(stack)
+    assert result == {"sealed": [event.shard_id]} and event.samples == 1
+    # and a shard with more than a tick to go is left open
+    pack_samples(batch([upload_sample(stack, 2)]), dataclasses.replace(settings, shard_max_age_s=3600))
+    monkeypatch.setenv("SHARD_MAX_AGE_S", "3600")
+    assert lambda_handler(load_event("pack_seal_timer"), lambda_context) == {"sealed": []}
 
 
 def test_the_handler_fails_exactly_the_malformed_and_the_unreadable_records(

@@ -16,8 +16,9 @@ from core.aws.clients import error_code, reset_clients, transfer_client
 from core.aws.dynamodb import (batch_get_items, get_item, put_item, put_item_if_absent, query_index, scan, scan_prefix,
                                transact_updates, update_item)
 from core.aws.events import put_event
-from core.aws.s3 import (copy_object, has_objects, head_object, list_objects, read_json_if_exists, read_object, read_prefix_if_exists,
-                         read_prefix_with_etag, read_tar_member, tag_object, version_with_etag, write_object)
+from core.aws.s3 import (copy_object, has_objects, head_object, list_objects, read_json_if_exists, read_object,
+                         read_prefix_if_exists, read_prefix_with_etag, read_tar_member, tag_object, version_with_etag,
+                         write_object)
 from core.aws.s3_transfer import (Download, UploadGone, abort_multipart, complete_multipart, create_multipart,
                                   delete_object, open_object, put_bytes, read_range, upload_part, upload_part_copy)
 from core.aws.sagemaker import (ServiceQuotaExceeded, create_training_job, describe_endpoint, describe_training_job,
@@ -33,10 +34,9 @@ def client(service: str) -> Any:
 
 __all__ = [
     "ClientError", "Download", "IncompleteReadError", "ServiceQuotaExceeded", "UploadGone", "abort_multipart",
-    "batch_get_items", "client", "clients", "complete_multipart", "copy_object", "create_multipart", "create_training_job",
-    "delete_object", "describe_endpoint", "describe_training_job", "error_code", "get_item", "has_objects",
-    "head_object",
-    "list_objects",
+    "batch_get_items", "client", "clients", "complete_multipart", "copy_object", "create_multipart",
+    "create_training_job", "delete_object", "describe_endpoint", "describe_training_job", "error_code", "get_item",
+    "has_objects", "head_object", "list_objects",
     "open_object", "put_bytes", "put_event", "put_item", "put_item_if_absent", "put_target_tracking_policy",
     "query_index", "queue_depth", "read_json_if_exists", "read_object", "read_prefix_if_exists",
     "read_prefix_with_etag", "read_range", "read_tar_member", "register_scalable_target", "reset_clients",

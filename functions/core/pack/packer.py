@@ -38,6 +38,7 @@ MIN_SAMPLE_SPAN = 4 * shards.BLOCK  # three headers and some data: below this ro
 TRANSACTION_ITEMS = 100  # DynamoDB's limit
 MAX_ROUNDS = 50  # of lost races before an invocation gives up (its messages come back later)
 SIDECAR_FIELDS = ("caption", "caption_source", "source")  # what a late sidecar may change (core.ingest.sidecars)
+SEAL_TIMER_S = 60  # template.yaml's PackFunction SealTimer, rate(1 minute): how far ahead a tick seals
 
 
 class PackContention(RuntimeError):
@@ -111,8 +112,12 @@ def _pack_lane(lane: int, messages: list[tuple[str, Sample]], settings: PackSett
     report.already_packed += len(samples) - committed - len(unavailable_keys)
 
 
-def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) -> list[ShardSealed]:
+def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None, ahead_s: float = 0) -> list[ShardSealed]:
     """Seal each lane's open shard if it is full or old, and finish every seal in progress.
+
+    `ahead_s`: also seal a shard that would pass its maximum age within that many seconds. The timer
+    gives its own period (SEAL_TIMER_S): the next tick would come too late for it, so no sample waits
+    longer than ShardMaxAgeSeconds for its shard (at most a tick less).
 
     Without `lanes_to_check` (the timer), every lane up to lanes.MAX_LANES is looked at, in one
     read: shards opened before PackLanes was lowered are sealed too.
@@ -128,7 +133,7 @@ def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None) ->
     failures: list[Exception] = []
     for head in heads:
         head = _settle(head, settings)
-        if head.open and _due(head.open, settings) and journal.begin_seal(settings.table, head, _now()):
+        if head.open and _due(head.open, settings, ahead_s) and journal.begin_seal(settings.table, head, _now()):
             head = journal.load_head(settings.table, head.lane)
         for shard_id in sorted(head.sealing):
             try:
@@ -241,12 +246,12 @@ def _room(shard: OpenShard | None, settings: PackSettings) -> tuple[int, int]:
     return min(MAX_SEGMENT_BYTES, budget), settings.shard_max_samples - used_samples
 
 
-def _due(shard: OpenShard, settings: PackSettings) -> bool:
-    """Full (no room for a sample, or at a limit), or older than the maximum age."""
+def _due(shard: OpenShard, settings: PackSettings, ahead_s: float = 0) -> bool:
+    """Full (no room for a sample, or at a limit), or at its maximum age within `ahead_s` seconds."""
     budget, slots = _room(shard, settings)
     age = datetime.now(timezone.utc) - datetime.fromisoformat(shard.opened_at)
     return budget < MIN_SAMPLE_SPAN or slots <= 0 or len(shard.segments) >= MAX_SEGMENTS \
-        or age.total_seconds() >= settings.shard_max_age_s
+        or age.total_seconds() + ahead_s >= settings.shard_max_age_s
 
 
 def _now() -> str:
