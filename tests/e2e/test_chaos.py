@@ -167,10 +167,13 @@ def _settled(outputs: dict[str, str], poison: int) -> bool:
 
 def _dead_letters(url: str, expected: int) -> list[tuple[str, dict[str, str]]]:
     """A DLQ's messages with their string attributes, each made visible again once all are received.
-    The redriver keeps running: a run that has just received the poison hides it for a moment, so
-    the read is repeated (for a while) until `expected` messages were seen; more are always reported."""
+    The redriver keeps running: a run that has just received the poison hides it for a moment, and a
+    message that reached the DLQ since its last run carries no verdict yet. So the read is repeated
+    (for a while) until `expected` messages were seen, each with a verdict; more are always reported."""
     deadline = time.monotonic() + 30
-    while len(found := _read_all(url)) < expected and time.monotonic() < deadline:
+    while (len(found := _read_all(url)) < expected or not all(dead_letters.VERDICT_ATTRIBUTE in marks
+                                                               for _, marks in found)) \
+            and time.monotonic() < deadline:
         time.sleep(1)
     return found
 

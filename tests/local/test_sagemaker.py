@@ -716,7 +716,7 @@ def test_the_trainer_on_two_instances_resumes_after_losing_one(sm: Any, s3: Any,
     assert secondary_statuses(job).count("Training") == 2
     events = trainer_events(service.settings.state_dir / "jobs/trainer-e2e/algo-1/logs.txt")
     resumed = [e for e in events if e.get("event") == "resumed"]
-    assert len(resumed) == 1 and 1 <= resumed[0]["step"] < 4
+    assert len(resumed) == 1 and 1 <= resumed[0]["step"] < 4, [e for e in events if e.get("event")]
     starts = [e for e in events if e.get("event") == "start"]
     assert [(e["step"], e["world_size"], e["backend"]) for e in starts] == [
         (0, 2, "gloo"), (resumed[0]["step"], 2, "gloo")]
