@@ -172,6 +172,18 @@ def wait_for_endpoint(sm: Any, name: str, *statuses: str) -> dict[str, Any]:
     return wait_for(reached, what=f"{name} to be {statuses}")
 
 
+def complete_checkpoint_in_s3(s3: Any, bucket: str, prefix: str) -> int | None:
+    """The step of a checkpoint whose manifest and every file it lists (at its size) are in S3, if any."""
+    sizes = {o["Key"]: o["Size"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+             for o in page.get("Contents", [])}
+    for key in sorted(k for k in sizes if k.endswith("/manifest.json") and k.removeprefix(prefix).startswith("step-")):
+        folder = key.rsplit("/", 1)[0]
+        manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        if all(sizes.get(f"{folder}/{entry['path']}") == entry["size"] for entry in manifest["files"]):
+            return int(manifest["step"])
+    return None
+
+
 def read_tar(s3: Any, uri: str) -> dict[str, bytes | None]:
     bucket, key = uri.removeprefix("s3://").split("/", 1)
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -704,9 +716,10 @@ def test_the_trainer_on_two_instances_resumes_after_losing_one(sm: Any, s3: Any,
                                   "validation-prompts": ""}
     sm.create_training_job(**request)
 
-    # WHEN the leader's instance is lost once a checkpoint has reached S3
-    wait_for(lambda: s3.list_objects_v2(Bucket="models", Prefix="checkpoints/e2e/latest").get("KeyCount"),
-             timeout=150, what="the first checkpoint in S3")
+    # WHEN the leader's instance is lost once a whole checkpoint has reached S3 (the sync uploads in no
+    # order: `latest` can be there before the step directory it names, which would not verify)
+    wait_for(lambda: complete_checkpoint_in_s3(s3, "models", "checkpoints/e2e/"), timeout=150,
+             what="the first complete checkpoint in S3")
     service.lose_training_instance("trainer-e2e", "algo-1")
     job = wait_for(lambda: (j := sm.describe_training_job(TrainingJobName="trainer-e2e"))["TrainingJobStatus"]
                    in ("Completed", "Failed", "Stopped") and j, timeout=180, what="the job to end")
