@@ -9,8 +9,9 @@ A cache file is named by what decides the compiled graphs (`CacheKey.file_name`)
 the GPU, the UNet's architecture, the data source, resolution, micro-batch, channels-last and the
 number of processes. Files are looked for in several directories (the lineage's checkpoints, which
 CheckpointConfig carries from job to job, then the `compile-cache` channel shared across lineages,
-which the pipeline fills from every lineage's checkpoints when a job ends) and written to the first. Inductor's own keys still guard every entry, so a file that matches by name
-but not in content only misses. A corrupt, truncated or foreign file falls back to compiling: the
+which the pipeline fills from every lineage's checkpoints when a job ends) and written to the first.
+Inductor's own keys still guard every entry, so a file that matches by name but not in content only
+misses. A corrupt, truncated or foreign file falls back to compiling: the
 job never fails because of its cache.
 """
 
@@ -29,7 +30,7 @@ import torch
 from contracts import s3_layout
 
 SUFFIX = s3_layout.COMPILE_CACHE_SUFFIX
-LINEAGE_FOLDER = s3_layout.COMPILE_CACHE_FOLDER.rstrip("/")  # below the checkpoint dir: CheckpointConfig syncs it
+LINEAGE_FOLDER = s3_layout.COMPILE_CACHE.rstrip("/")  # below the checkpoint dir: CheckpointConfig syncs it
 CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel: every lineage's files (core/training/compile_caches.py)
 
 

@@ -30,8 +30,9 @@ ENCODED = "encoded/"  # <job>/latents/<encoder identity>-r<res>/<shard path>: an
 LATENTS = "latents/"  # below an encode job's checkpoint prefix, locally and in S3 (trainer/encode.py)
 AUTOENCODER = "autoencoder/"  # the autoencoder jobs' S3OutputPath: <job>-ae/output/model.tar.gz
 TENSORBOARD = "tensorboard/"  # <job>/: a training job's TensorBoard event files
-COMPILE_CACHE = "compile-cache/"  # <file>: compiled shapes every lineage's training jobs read (core.training.compile_caches)
-COMPILE_CACHE_FOLDER = "compile-cache/"  # below a checkpoint prefix: the files a lineage's jobs write (trainer/compile_cache.py)
+# <file>: compiled shapes; at the bucket's root, the ones every lineage's training jobs read
+# (core.training.compile_caches), and below a checkpoint prefix, the ones a lineage's jobs write (trainer/compile_cache.py)
+COMPILE_CACHE = "compile-cache/"
 COMPILE_CACHE_SUFFIX = ".compile-cache"  # one compiled shape's file
 
 MODEL_ARCHIVE = "model.tar.gz"  # a job's model, in <S3OutputPath><job>/output/
@@ -90,7 +91,7 @@ def checkpoint_prefix(lineage: str) -> str:
 
 def lineage_compile_cache_prefix(lineage: str) -> str:
     """Where a lineage's training jobs leave their compiled shapes: `checkpoints/<lineage>/compile-cache/`."""
-    return f"{checkpoint_prefix(lineage)}{COMPILE_CACHE_FOLDER}"
+    return f"{checkpoint_prefix(lineage)}{COMPILE_CACHE}"
 
 
 def encoded_prefix(training_job: str) -> str:
