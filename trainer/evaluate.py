@@ -236,29 +236,51 @@ def draw_seed(*numbers: int) -> int:
     return int(np.random.SeedSequence(list(numbers)).generate_state(1, np.uint64)[0]) & (2**63 - 1)
 
 
+# On a GPU, UNet rows (samples x timesteps) per call at 512 px, scaled by the inverse of the area:
+# 40 rows of an SD-2-size UNet in fp32 fit a 24 GB GPU, and one sample per call leaves a GPU
+# waiting on kernel launches. A CPU is compute-bound: bench/eval_losses.py measured no gain from
+# batching there (small@256: 2 samples per call 0.96x, 32 per call 0.72x), so it takes one.
+LOSS_ROWS_AT_512 = 40
+
+
+def samples_per_call(timesteps: int, resolution: int, device: torch.device) -> int:
+    """How many eval samples one VAE, text-encoder and UNet call takes in `validation_losses`."""
+    if device.type == "cpu":
+        return 1
+    rows = int(LOSS_ROWS_AT_512 * (512 / resolution) ** 2)
+    return max(1, rows // max(timesteps, 1))
+
+
 @torch.no_grad()
-def validation_losses(models: Models, samples: list[EvalSample], config: EvalConfig, device: torch.device) -> torch.Tensor:
-    """[samples, timesteps] squared errors of the UNet's prediction of the scheduler's target."""
-    scheduler = models.noise_scheduler
-    timesteps = torch.tensor(config.timesteps, dtype=torch.long, device=device)
-    losses = torch.empty(len(samples), len(config.timesteps), dtype=torch.float64)
-    for number, sample in enumerate(samples):
-        pixels = sample.pixels.unsqueeze(0).to(device)
+def validation_losses(models: Models, samples: list[EvalSample], config: EvalConfig, device: torch.device,
+                      per_call: int | None = None) -> torch.Tensor:
+    """[samples, timesteps] squared errors of the UNet's prediction of the scheduler's target.
+    `per_call` samples go through the models at once (default `samples_per_call`); each sample's
+    noise is drawn from its own seed, so the losses do not depend on it beyond rounding."""
+    scheduler, count = models.noise_scheduler, len(config.timesteps)
+    per_call = per_call or samples_per_call(count, config.resolution, device)
+    losses = torch.empty(len(samples), count, dtype=torch.float64)
+    for start in range(0, len(samples), per_call):
+        chunk = samples[start:start + per_call]
+        pixels = torch.stack([sample.pixels for sample in chunk]).to(device)
         latents = models.vae.encode(pixels).latent_dist.mean * models.vae.config.scaling_factor
-        latents = latents.expand(len(config.timesteps), -1, -1, -1)
+        latents = latents.repeat_interleave(count, dim=0)  # rows: sample-major, then timestep
+        timesteps = torch.tensor(config.timesteps * len(chunk), dtype=torch.long, device=device)
         noise = torch.stack([
             torch.randn(latents.shape[1:], generator=torch.Generator("cpu").manual_seed(draw_seed(config.seed, number, t)))
-            for t in config.timesteps
+            for number in range(start, start + len(chunk)) for t in config.timesteps
         ]).to(device)
         noisy = scheduler.add_noise(latents, noise, timesteps)
         target = scheduler.get_velocity(latents, noise, timesteps) if scheduler.config.prediction_type == "v_prediction" else noise
-        context, pooled = encode_captions(models, [sample.caption] * len(config.timesteps), device)
+        context, pooled = encode_captions(models, [sample.caption for sample in chunk for _ in config.timesteps], device)
         added = None
         if models.sdxl:
-            time_ids = torch.tensor([sample.time_ids] * len(config.timesteps), dtype=torch.float32, device=device)
+            time_ids = torch.tensor([sample.time_ids for sample in chunk for _ in config.timesteps],
+                                    dtype=torch.float32, device=device)
             added = {"text_embeds": pooled, "time_ids": time_ids}
         prediction = models.unet(noisy, timesteps, context, added_cond_kwargs=added).sample
-        losses[number] = F.mse_loss(prediction, target, reduction="none").mean(dim=(1, 2, 3)).double().cpu()
+        errors = F.mse_loss(prediction, target, reduction="none").mean(dim=(1, 2, 3))
+        losses[start:start + len(chunk)] = errors.view(len(chunk), count).double().cpu()
     return losses
 
 

@@ -14,6 +14,7 @@ from diffusers import UNet2DConditionModel
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from trainer import container, evaluate
+from trainer.models import load_models
 from trainer.tokenizer import build_tokenizer
 
 FAST = ["--timesteps", "100,500,900", "--max-samples", "4", "--steps", "2", "--guidance", "3"]
@@ -214,3 +215,29 @@ def test_an_evaluation_job_that_cannot_run_fails_with_the_reason(tmp_path, monke
     monkeypatch.setenv("ATELIER_OPT_ML", str(root))
     assert container.main(["train"]) == 1
     assert reason in (root / "output" / "failure").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("model_config", ["tiny", "tiny-sdxl"])
+def test_batched_losses_are_the_per_sample_losses(model_config):
+    """Several samples per call give each sample the losses it gets alone: its own noise and caption."""
+    models = load_models(model_config, None, seed=0)
+    for module in (models.vae, models.unet, *models.text_encoders):
+        module.eval()
+    generator = torch.Generator().manual_seed(1)
+    samples = [evaluate.EvalSample(f"k{number}", f"a {colour} dog", torch.rand(3, 32, 32, generator=generator) * 2 - 1,
+                                   [32, 32, 0, 0, 32, 32])
+               for number, colour in enumerate(["red", "blue", "green", "red", "grey", "pink"])]
+    config = evaluate.EvalConfig([100, 500, 900], seed=0, resolution=32, steps=2, guidance=5.0)
+    alone = evaluate.validation_losses(models, samples, config, torch.device("cpu"), per_call=1)
+    batched = evaluate.validation_losses(models, samples, config, torch.device("cpu"), per_call=4)  # 4, then 2
+    assert torch.allclose(batched, alone, rtol=1e-4, atol=1e-7)
+    assert len({round(value, 6) for value in alone[:, 0].tolist()}) == len(samples)  # the rows are not one row repeated
+
+
+def test_a_gpu_call_takes_fewer_samples_the_larger_they_are_and_a_cpu_call_one():
+    gpu = torch.device("cuda")
+    assert evaluate.samples_per_call(5, 256, gpu) == 32
+    assert evaluate.samples_per_call(5, 512, gpu) == 8
+    assert evaluate.samples_per_call(5, 1024, gpu) == 2
+    assert evaluate.samples_per_call(50, 1024, gpu) == 1
+    assert evaluate.samples_per_call(5, 256, torch.device("cpu")) == 1
