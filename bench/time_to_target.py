@@ -37,7 +37,8 @@ about 200 s: copy a VAE made earlier, 16 MB, carried, into --work/vae to skip it
 (3) the same command without --runs scores and reports (records in --work make each call resume).
 `--score-losses` after a `--runs` call scores its losses in that call, leaving the last call less to do.
 
-Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours),
+Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours, with `phases`: when
+each of its jobs' log events first showed, in seconds from the run's start: where its fixed costs go),
 `train.diffusers_time_to_target_s` and `train.time_to_target_ratio_vs_diffusers` (peer / ours;
 goal >= 2.0), and writes loss_vs_time.png into --plot-dir when matplotlib is there.
 """
@@ -64,6 +65,7 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]
 from bench.catalog_shards import write_shards  # noqa: E402
 
 SAVED = re.compile(rb"Saved state to \S*checkpoint-(\d+)")
+EVENT = re.compile(rb'^\{"event": "(\w+)"', re.MULTILINE)
 
 
 @dataclass
@@ -182,6 +184,15 @@ def poll_checkpoints(folder: Path, run: Run, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
+def timeline(run: Run, job: str):
+    """An on_chunk that records when each of a job's log events (`{"event": NAME, ...}`) first shows,
+    in seconds from the run's start, as `run.phases["<job>.<NAME>_s"]`: where the fixed costs go."""
+    def seen(chunk: bytes, now: float) -> None:
+        for match in EVENT.finditer(chunk):
+            run.phases.setdefault(f"{job}.{match.group(1).decode()}_s", round(now - run.started, 1))
+    return seen
+
+
 def run_ours(args, work: Path, name: str, extra: str) -> Run:
     """Our encode job, then our training job with `extra` flags; `name` names its records in --work."""
     run, checkpoints = Run(name), work / f"{name}-checkpoints"
@@ -195,7 +206,7 @@ def run_ours(args, work: Path, name: str, extra: str) -> Run:
                   "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
                   "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers),
                   *args.encode_args.split()],
-                 work / f"{name}.log", env=path)
+                 work / f"{name}.log", on_chunk=timeline(run, "encode"), env=path)
     if code:
         raise RuntimeError(f"the encode job failed ({code}); see {work / (name + '.log')}")
     run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
@@ -213,7 +224,7 @@ def run_ours(args, work: Path, name: str, extra: str) -> Run:
                   "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
                   "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
                   *extra.split()],
-                 work / f"{name}.log", done=lambda: last in run.checkpoints, env=path)
+                 work / f"{name}.log", on_chunk=timeline(run, "train"), done=lambda: last in run.checkpoints, env=path)
     time.sleep(0.2)
     stop.set()
     if code or last not in run.checkpoints:
@@ -506,7 +517,7 @@ def main() -> None:
         ours_setup = {**setup, "ours": run.name, "ours_args": configurations[run.name]}
         emit({"metric": "train.time_to_target_s", "value": seconds, "unit": "s", "step": step,
               "match_at_target": matched[run.name],
-              "encode_s": run.phases["encoded_s"], "config": ours_setup, **common})
+              "encode_s": run.phases["encoded_s"], "phases": run.phases, "config": ours_setup, **common})
         emit({"metric": "train.time_to_target_ratio_vs_diffusers", "value": round(peer_s / seconds, 3) if seconds and peer_s else None,
               "unit": "ratio", "goal": 2.0, "config": ours_setup, **common})
     picture = plot(scored, target, args.plot_dir or args.work)

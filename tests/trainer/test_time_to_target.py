@@ -73,3 +73,11 @@ def test_the_plot_has_a_match_panel_only_when_prompts_were_drawn(tmp_path):
     one_drawn = {**losses_only, 450: {"val_loss": LOSSES[450], "match": MATCHES[450]}}
     assert not ttt.drew_prompts([(run, losses_only)])
     assert ttt.drew_prompts([(run, losses_only), (run, one_drawn)])
+
+
+def test_the_timeline_records_when_each_job_event_first_shows():
+    run = ttt.Run("ours", started=100.0)
+    seen = ttt.timeline(run, "train")
+    seen(b'Loading weights\n{"event": "data", "samples": 2}\n{"event": "compile_cache", "loaded": []}\n', 112.34)
+    seen(b'{"step": 150, "loss": 0.1}\n{"event": "compile_cache", "loaded": ["x"]}\n{"event": "start", "step": 0}\n', 130.0)
+    assert run.phases == {"train.data_s": 12.3, "train.compile_cache_s": 12.3, "train.start_s": 30.0}
