@@ -22,6 +22,7 @@ Prints one JSON line per figure:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -226,7 +227,9 @@ def phases(made: dict[str, bytes], repeat: int) -> None:
             parts |= {f"one_decode_1/{scale}": cpu_ms(lambda scale=scale: drafted(data, scale), data, n)
                       for scale in (1, 2, 8)}
         else:
-            parts["zlib_inflate_alone"] = cpu_ms(lambda: zlib.decompress(png_idat(data)), data, n)
+            stream = png_idat(data)
+            parts["zlib_inflate_alone"] = cpu_ms(lambda: zlib.decompress(stream), data, n)
+            parts |= {f"peer_{name}": cpu_ms(decode, data, n) for name, decode in png_peers(data, stream).items()}
         if decoded.reencode:
             parts["encode_jpeg"] = cpu_ms(lambda: images.encode_jpeg(decoded.rgb, policy.max_side,
                                                                      SETTINGS.jpeg_quality), data, n)
@@ -234,6 +237,23 @@ def phases(made: dict[str, bytes], repeat: int) -> None:
         parts["sha256"] = cpu_ms(lambda: hashlib.sha256(data).hexdigest(), data, n)
         line(f"ingest.{case}_phase_cpu_ms", cpu_ms(lambda: ours(data), data, n), "ms", phases=parts,
              config={"decoded_size": list(decoded.rgb.size), "bytes": len(data), "repeat": n})
+
+
+def png_peers(data: bytes, stream: bytes) -> dict:
+    """The PNG decoders and the inflate of other libraries, where installed (not in the Lambda
+    package; `pip install zlib-ng pyspng imagecodecs` beside the bench): what a decoder outside
+    Pillow would cost. Pillow's wheels inflate with zlib-ng; Python's zlib module is the system's."""
+    peers = {}
+    with contextlib.suppress(ImportError):
+        from zlib_ng import zlib_ng
+        peers["zlib_ng_inflate_alone"] = lambda: zlib_ng.decompress(stream)
+    with contextlib.suppress(ImportError):
+        import pyspng
+        peers["pyspng_decode"] = lambda: pyspng.load(data)
+    with contextlib.suppress(ImportError):
+        import imagecodecs
+        peers["imagecodecs_libpng_decode"] = lambda: imagecodecs.png_decode(data)
+    return peers
 
 
 def png_idat(data: bytes) -> bytes:
