@@ -27,7 +27,7 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 import torch  # noqa: E402
 
 from bench.train_gpu import commit, versions  # noqa: E402
-from trainer.evaluate import EvalConfig, EvalSample, samples_per_call, validation_losses  # noqa: E402
+from trainer.evaluate import EvalConfig, EvalSample, for_scoring, samples_per_call, validation_losses  # noqa: E402
 from trainer.models import load_models  # noqa: E402
 
 
@@ -50,9 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    models = load_models(args.model_config, None, seed=0)
-    for module in (models.vae, models.unet, *models.text_encoders):
-        module.requires_grad_(False).eval().to(device, torch.float32)
+    models = for_scoring(load_models(args.model_config, None, seed=0), device)
     generator = torch.Generator().manual_seed(0)
     samples = [EvalSample(f"s{number}", f"a red circle on a blue background, picture {number}",
                           torch.rand(3, args.resolution, args.resolution, generator=generator) * 2 - 1,

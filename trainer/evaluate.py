@@ -212,7 +212,11 @@ def trained_resolution(path: Path) -> int:
 
 def load_models(path: Path, device: torch.device) -> Models:
     """The pipeline's components in fp32 on `device`, in eval mode."""
-    models = from_pretrained(path)
+    return for_scoring(from_pretrained(path), device)
+
+
+def for_scoring(models: Models, device: torch.device) -> Models:
+    """`models` frozen, in eval mode, in fp32 on `device`."""
     for module in (models.vae, models.unet, *models.text_encoders):
         module.requires_grad_(False)
         module.eval()
@@ -272,12 +276,12 @@ def validation_losses(models: Models, samples: list[EvalSample], config: EvalCon
         ]).to(device)
         noisy = scheduler.add_noise(latents, noise, timesteps)
         target = scheduler.get_velocity(latents, noise, timesteps) if scheduler.config.prediction_type == "v_prediction" else noise
-        context, pooled = encode_captions(models, [sample.caption for sample in chunk for _ in config.timesteps], device)
+        context, pooled = encode_captions(models, [sample.caption for sample in chunk], device)  # once a caption
+        context = context.repeat_interleave(count, dim=0)
         added = None
         if models.sdxl:
-            time_ids = torch.tensor([sample.time_ids for sample in chunk for _ in config.timesteps],
-                                    dtype=torch.float32, device=device)
-            added = {"text_embeds": pooled, "time_ids": time_ids}
+            time_ids = torch.tensor([sample.time_ids for sample in chunk], dtype=torch.float32, device=device)
+            added = {"text_embeds": pooled.repeat_interleave(count, dim=0), "time_ids": time_ids.repeat_interleave(count, dim=0)}
         prediction = models.unet(noisy, timesteps, context, added_cond_kwargs=added).sample
         errors = F.mse_loss(prediction, target, reduction="none").mean(dim=(1, 2, 3))
         losses[start:start + len(chunk)] = errors.view(len(chunk), count).double().cpu()

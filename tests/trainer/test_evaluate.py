@@ -220,9 +220,7 @@ def test_an_evaluation_job_that_cannot_run_fails_with_the_reason(tmp_path, monke
 @pytest.mark.parametrize("model_config", ["tiny", "tiny-sdxl"])
 def test_batched_losses_are_the_per_sample_losses(model_config):
     """Several samples per call give each sample the losses it gets alone: its own noise and caption."""
-    models = load_models(model_config, None, seed=0)
-    for module in (models.vae, models.unet, *models.text_encoders):
-        module.eval()
+    models = evaluate.for_scoring(load_models(model_config, None, seed=0), torch.device("cpu"))
     generator = torch.Generator().manual_seed(1)
     samples = [evaluate.EvalSample(f"k{number}", f"a {colour} dog", torch.rand(3, 32, 32, generator=generator) * 2 - 1,
                                    [32, 32, 0, 0, 32, 32])
