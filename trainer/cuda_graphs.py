@@ -10,8 +10,9 @@ What stays outside the graph, so a step computes what the eager step computes:
 - gradient clipping, the finiteness check, AdamW, the EMA and the schedule (trainer/step.py).
 
 How (torch's "CUDA Graphs" notes): the first `warmup` calls of a shape run eagerly on a side stream,
-the next one captures the graph (autocast without its weight cache) and replays it. The capture
-checks only its own thread's calls: the loader's pin-memory thread keeps working through it. The gradients
+the next one captures the graph and replays it. Both run autocast without its weight cache, as a capture
+must (a compiled step guards on that switch: a change compiles it again). The capture checks only its
+own thread's calls: the loader's pin-memory thread keeps working through it. The gradients
 are allocated by the first eager call, then only zeroed in place by the step, and every replay adds
 into them, so graphs of several shapes (aspect buckets, progressive stages) and gradient accumulation
 share them, and the graphs share one memory pool.
@@ -105,7 +106,9 @@ class GraphedBackward:
         default = torch.cuda.current_stream()
         self.stream.wait_stream(default)
         with torch.cuda.stream(self.stream):
-            loss = prediction_loss(self.step_model, noised)
+            # autocast's weight cache off, as in the capture: a compiled step_model's guards include that
+            # switch, and a change would compile the whole step a second time at the capture
+            loss = prediction_loss(self.step_model, noised, autocast_cache=False)
             (loss * scale).backward()
             loss = loss.detach()
         default.wait_stream(self.stream)

@@ -373,9 +373,11 @@ def main(args: argparse.Namespace) -> dict:
     processes = distributed.setup()
     if processes.world_size > 1:
         raise ValueError("trainer.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
+    print(json.dumps({"event": "imported"}), flush=True)  # the job's fixed costs show in its log
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae)
     identity = models_identity(models)
     models.frozen_to(processes.device)
+    print(json.dumps({"event": "models", "identity": identity}), flush=True)
     resolution = args.resolution or models.default_resolution
     compiling = args.compile if args.compile != "auto" else processes.device.type == "cuda"
     if compiling:  # one graph per bucket shape, since every call is padded to the batch size

@@ -162,6 +162,7 @@ def main(args: argparse.Namespace) -> dict:
     # setup
     processes = distributed.setup()
     rank, device = processes.rank, processes.device
+    log(rank, event="imported")  # the job's fixed costs show in its log: imports, models, data, compile
     # before anything loads
     checks = preflight.check(processes, args.preflight_timeout, args.preflight_min_free_fraction)
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
@@ -178,6 +179,7 @@ def main(args: argparse.Namespace) -> dict:
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
                           args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction)
     models.frozen_to(device)
+    log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet)
     unet = models.unet
     if args.channels_last:
         unet.to(memory_format=torch.channels_last)

@@ -131,3 +131,25 @@ def test_auto_turns_graphs_on_where_the_fast_table_measured_them_faster(tmp_path
     assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "small"]), [256], CPU) is False
     two_processes = Processes(0, 2, 0, 1, torch.device("cuda", 0), "nccl")
     assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "small"]), [256], two_processes) is False
+
+
+@needs_cuda
+def test_a_compiled_step_compiles_once_through_its_warm_up_calls_and_its_capture(monkeypatch):
+    # GIVEN the tiny UNet compiled, as --compile true does, under CUDA graphs, and Dynamo told to fail on a
+    # second compile (a guard that differs between the warm-up calls and the capture would compile it again)
+    device = torch.device("cuda")
+    models = load_models("tiny", None, seed=0, device=device)
+    models.frozen_to(device)
+    unet = models.unet.to(device)
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    graphs = cuda_graphs.GraphedBackward(torch.compile(unet, dynamic=False, backend="eager"), list(unet.parameters()))
+    noised = Noised(torch.randn(2, 4, 8, 8, device=device), torch.tensor([10, 500], device=device),
+                    torch.randn(2, 77, unet.config.cross_attention_dim, device=device),
+                    torch.randn(2, 4, 8, 8, device=device), None, None)
+    # WHEN the shape warms up twice, is captured and replays
+    losses = [graphs.loss_and_backward(noised, 1.0).item() for _ in range(4)]
+    # THEN it was captured, with no second compile, and its replays give the eager loss
+    assert len(graphs.graphs) == 1
+    assert losses[2:] == pytest.approx([losses[0]] * 2, rel=2e-3)
+    torch._dynamo.reset()

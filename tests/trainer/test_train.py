@@ -36,6 +36,12 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+def events(lines: list[dict]) -> dict[str, dict]:
+    """The setup events before the first step, by name (each shows once)."""
+    setup = lines[:next((n for n, line in enumerate(lines) if "loss" in line), len(lines))]
+    return {line["event"]: line for line in setup if "event" in line}
+
+
 def losses(lines: list[dict]) -> dict[int, float]:
     return {line["step"]: line["loss"] for line in lines if "loss" in line}
 
@@ -143,7 +149,7 @@ def test_resume_latest_continues_at_the_next_step(trained, tmp_path, shards_dir,
     record = train.main(train_args(shards_dir, tmp_path / "model", checkpoint_dir, "--steps", "5", "--checkpoint-every", "2"))
     # THEN it resumes from step 3, trains steps 4 and 5, and checkpoints at 4 and 5
     lines = json_lines(capsys.readouterr().out)
-    assert lines[0] == {"event": "resumed", "checkpoint": str(checkpoint_dir / "step-00000003"), "step": 3, "stage": 0}
+    assert events(lines)["resumed"] == {"event": "resumed", "checkpoint": str(checkpoint_dir / "step-00000003"), "step": 3, "stage": 0}
     assert list(losses(lines)) == [4, 5]
     assert record["steps"] == 5
     assert (checkpoint_dir / "latest").read_text() == "step-00000005"
@@ -171,8 +177,8 @@ def test_a_killed_run_resumed_from_latest_repeats_the_uninterrupted_loss_curve(t
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", *steps))
     after = json_lines(capsys.readouterr().out)
     # THEN it resumed from a checkpoint and every step, before and after the kill, has the same loss
-    resumed_at = after[0]["step"]
-    assert after[0]["event"] == "resumed" and resumed_at >= 3
+    resumed_at = events(after)["resumed"]["step"]
+    assert resumed_at >= 3
     assert list(losses(after)) == list(range(resumed_at + 1, 7))
     assert losses(before_kill).items() <= straight.items() and losses(after).items() <= straight.items()
     assert set(losses(before_kill)) | set(losses(after)) == set(straight) == set(range(1, 7))
@@ -526,7 +532,7 @@ def test_two_processes_train_with_ddp_and_a_checkpoint_resumes_with_fsdp_and_wit
     # THEN they continue at step 3 with sharded weights and write a checkpoint that loads as a UNet
     assert result.returncode == 0, result.stderr[-3000:]
     lines = json_lines(result.stdout)
-    assert lines[0]["event"] == "resumed" and list(losses(lines)) == [3]
+    assert events(lines)["resumed"]["step"] == 2 and list(losses(lines)) == [3]
     UNet2DConditionModel.from_pretrained(tmp_path / "ckpt" / "step-00000003" / "unet")
     # WHEN that checkpoint is resumed by a single process
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "4"))
