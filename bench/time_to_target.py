@@ -32,10 +32,12 @@
    first checkpoint at or under it; each run's match rate there is reported beside it.
 
 On the device tool (600 s a call, 30 min a session; the machine keeps --work only while warm, about
-30 s idle, so issue the calls back to back): (1) `--prepare-only`, then `--runs ours` (the VAE job takes
-about 200 s: copy a VAE made earlier, 16 MB, carried, into --work/vae to skip it); (2) `--runs peer`;
-(3) the same command without --runs scores and reports (records in --work make each call resume).
-`--score-losses` after a `--runs` call scores its losses in that call, leaving the last call less to do.
+30 s idle, so issue the calls back to back): (1) `--prepare-only` (the VAE job takes about 200 s: copy a
+VAE made earlier, 16 MB, carried, into --work/vae to skip it), a short job that fills the compile cache,
+then `--runs ours`; (2) `--runs peer --score-losses` started with setsid in the background at the end of
+that call, and a call that waits for it (the peer runs alone on the machine, and the waiting call keeps it
+warm); (3) `--runs ours --score-losses`, then the same command without --runs, which reports (records in
+--work make each call resume). bench/time_to_target_lease.sh is such a lease.
 
 Prints one JSON line per checkpoint (`event`), then `train.time_to_target_s` (ours, with `phases`: when
 each of its jobs' log events first showed, in seconds from the run's start: where its fixed costs go),

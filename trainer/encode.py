@@ -314,7 +314,8 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
                   batch_size: int = 16, num_workers: int = 2, aspect_buckets: bool = True, identity: str | None = None,
                   exclude: Mapping[str, Collection[str]] | None = None, padded: bool = False) -> dict:
     """Encode every image shard under `train_dir`, less `exclude` (shard id -> sample keys, never
-    read), into `latent_dir(output_dir, ...)`; a summary of the work.
+    read), into `latent_dir(output_dir, ...)`; a summary of the work, with the seconds the main thread
+    waited on the loader's workers and on the writer (`loader_wait_s`, `writer_wait_s`): what bounds it.
 
     `models` are on `device` already (bf16 VAE on a GPU, models.frozen_to); shards already there are kept.
     `padded`: every VAE call takes `batch_size` images, a short group filled up with copies of its
@@ -337,8 +338,13 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     for shard in shard_of_group:
         groups_left[shard] += 1
     corrupt, encoded = list(index.problems), 0
+    waited = {"loader": 0.0, "writer": 0.0}  # the main thread blocked on the workers, on the writer: what bounds it
     with ShardWriter(outputs, identity, resolution) as writer:
-        for shard, group in zip(shard_of_group, loader):
+        groups = iter(loader)
+        for shard in shard_of_group:
+            asked = time.perf_counter()
+            group = next(groups)
+            waited["loader"] += time.perf_counter() - asked
             corrupt += group["corrupt"]
             if group["rows"]:
                 pixel_values = group["pixel_values"]
@@ -350,14 +356,17 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
                     pixel_values = pixel_values.to(device, non_blocking=True)
                     parameters = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist.parameters
                 latents, copied = to_host(parameters[:len(group["rows"])])
+                asked = time.perf_counter()
                 writer.add(shard, [str(index.key[row]) for row in group["rows"]], group, latents, copied)
+                waited["writer"] += time.perf_counter() - asked
                 encoded += len(group["rows"])
             groups_left[shard] -= 1
             if groups_left[shard] == 0:
                 writer.finish(shard)
     return {"identity": identity, "resolution": resolution, "dir": str(target), "shards": len(index.shards),
             "shards_written": len(work), "samples_encoded": encoded, "samples_excluded": index.excluded, "corrupt": corrupt,
-            "seconds": round(time.perf_counter() - started, 2), "padded": padded}
+            "seconds": round(time.perf_counter() - started, 2), "padded": padded,
+            "loader_wait_s": round(waited["loader"], 2), "writer_wait_s": round(waited["writer"], 2)}
 
 
 def pad_batch(pixel_values: torch.Tensor, size: int) -> torch.Tensor:

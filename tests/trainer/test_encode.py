@@ -378,3 +378,21 @@ def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_dep
             release.set()
         feeder.join(timeout=60)
     assert len(handed) == 5
+
+
+def test_the_summary_says_how_long_the_main_thread_waited_on_the_loader_and_on_the_writer(shards_dir, tmp_path, models,
+                                                                                            monkeypatch):
+    # GIVEN a loader whose every group takes 0.2 s to read (the workers are what bounds this encode)
+    from trainer import encode
+    read = encode.ImageGroups.__getitem__
+
+    def slowly(self, item):
+        time.sleep(0.2)
+        return read(self, item)
+
+    monkeypatch.setattr(encode.ImageGroups, "__getitem__", slowly)
+    # WHEN the shards are encoded two samples a call (three samples a shard: four groups)
+    summary = encode_shards(shards_dir, tmp_path / "out", models, RESOLUTION, CPU, batch_size=2, num_workers=0)
+    # THEN the summary puts the wait on the loader, not on the writer
+    assert summary["loader_wait_s"] >= 4 * 0.2
+    assert summary["writer_wait_s"] < 0.2 <= summary["loader_wait_s"] <= summary["seconds"]
