@@ -7,15 +7,24 @@ STAMP  := $(VENV)/.installed
 # The ML stack's versions come from constraints.txt, the pin list trainer/Dockerfile installs too.
 # torch: on machines with a local wheel cache this is the CPU build, installed without a download.
 TORCH  ?= $(shell grep -m1 '^torch==' constraints.txt)
+# uv installs what pip would, from the sources pip is configured with (tools/pip_sources.py): the three
+# environments took 93 s with pip on the 2-core machine, 57 s with uv. Like pip it compiles the bytecode
+# (40 s of the 57): where PYTHONDONTWRITEBYTECODE is set nothing else would, and every process that
+# imports torch, diffusers and moto would compile them again (7.6 s against 3.0 s).
+UV      := $(VENV)/bin/uv
+UV_PIN  := uv==0.13.8
+INSTALL  = $(UV) pip install --quiet --compile-bytecode $(shell $(PY) tools/pip_sources.py)
 
 .PHONY: demo test lint local clean checkov-env browser
 
-$(STAMP): pyproject.toml constraints.txt
+$(UV):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed"'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt "$(TORCH)"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet "$(UV_PIN)"
+
+$(STAMP): pyproject.toml constraints.txt $(UV)
+	$(INSTALL) --python $(PY) -c constraints.txt "$(TORCH)"
+	$(INSTALL) --python $(PY) -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,18 +34,18 @@ demo: $(STAMP)
 I2D       := .venv-img2dataset
 I2D_STAMP := $(I2D)/.installed
 
-$(I2D_STAMP): pyproject.toml $(STAMP)
-	$(PYTHON) -m venv $(I2D)
-	$(I2D)/bin/pip install --quiet $$($(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["img2dataset"])')
+$(I2D_STAMP): pyproject.toml $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(I2D)
+	$(INSTALL) --python $(I2D)/bin/python $$($(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["img2dataset"])')
 	touch $(I2D_STAMP)
 
 # checkov pins an old boto3, so it gets its own environment; tests/unit/test_checkov.py runs it.
 CHECKOV       := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV)/.installed
 
-$(CHECKOV_STAMP):
-	$(PYTHON) -m venv $(CHECKOV)
-	$(CHECKOV)/bin/pip install --quiet "checkov==3.3.30"
+$(CHECKOV_STAMP): $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(CHECKOV)
+	$(INSTALL) --python $(CHECKOV)/bin/python "checkov==3.3.30"
 	touch $(CHECKOV_STAMP)
 
 checkov-env: $(CHECKOV_STAMP)

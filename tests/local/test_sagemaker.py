@@ -575,6 +575,26 @@ def test_a_lost_instance_is_retried_from_the_restored_checkpoint(
     assert "--- lossy attempt 1 of 3 on algo-2 ---" in log and "--- lossy attempt 2 of 3 on algo-2 ---" in log
 
 
+def test_a_loss_on_a_condition_is_taken_also_when_the_containers_ended_first(
+        sm: Any, s3: Any, service: LocalSageMaker) -> None:
+    put_shards(s3, "shards/a.tar")
+    # GIVEN a job whose container writes its first checkpoint and ends at once
+    sm.create_training_job(**training_request(
+        "quick", CheckpointConfig={"S3Uri": "s3://models/checkpoints/quick/"}))
+
+    # WHEN its instance is to be lost once that checkpoint's marker is in S3
+    service.lose_training_instance("quick", once=lambda: s3.list_objects_v2(
+        Bucket="models", Prefix="checkpoints/quick/latest").get("KeyCount"))
+    job = wait_for_job(sm, "quick", "Completed", "Failed")
+
+    # THEN the attempt counted as lost, whenever its container ended, and the retry resumed from it
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    assert secondary_statuses(job) == ["Starting", "Downloading", "Training",
+                                       "Starting", "Downloading", "Training", "Uploading", "Completed"]
+    assert host_files(s3, job, "algo-1")["resumed_from"] == "1"
+    assert s3_text(s3, "models", "checkpoints/quick/latest") == "2"
+
+
 @pytest.mark.parametrize("retry_strategy, losses", [(None, 1), ({"MaximumRetryAttempts": 1}, 2)])
 def test_losing_an_instance_on_the_last_attempt_fails_as_an_internal_error(
         sm: Any, s3: Any, service: LocalSageMaker, retry_strategy: dict | None, losses: int) -> None:
@@ -704,25 +724,25 @@ def trainer_events(log: Path) -> list[dict[str, Any]]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("overrides", [{"checkpoint_sync_seconds": 0.2, "stop_grace_seconds": 5}])
 def test_the_trainer_on_two_instances_resumes_after_losing_one(sm: Any, s3: Any, service: LocalSageMaker) -> None:
-    # GIVEN two shards, one per instance, and a 60-step job on two instances checkpointing every step
-    # (steps to spare: with checkpoints written in a thread a tiny step takes milliseconds, and on a loaded
-    # machine a 12-step first attempt was done before the loss took effect)
+    # GIVEN two shards, one per instance, and a 4-step job on two instances checkpointing every step and
+    # keeping every checkpoint (none is pruned before the sync uploads it)
     s3.put_object(Bucket="data", Key="shards/s-0.tar", Body=tiny_shard(0, 4))
     s3.put_object(Bucket="data", Key="shards/s-1.tar", Body=tiny_shard(4, 4))
     request = two_instances(training_request(
         "trainer-e2e", CheckpointConfig={"S3Uri": "s3://models/checkpoints/e2e/"},
         StoppingCondition={"MaxRuntimeInSeconds": 600}))
     request["AlgorithmSpecification"]["TrainingImage"] = TRAINER_IMAGE
-    request["HyperParameters"] = {"steps": "60", "batch-size": "2", "resolution": "32", "checkpoint-every": "1",
-                                  "seed": "0", "model-config": "tiny", "num-workers": "0", "log-every": "1",
-                                  "validation-prompts": ""}
+    request["HyperParameters"] = {"steps": "4", "batch-size": "2", "resolution": "32", "checkpoint-every": "1",
+                                  "keep-checkpoints": "4", "seed": "0", "model-config": "tiny", "num-workers": "0",
+                                  "log-every": "1", "validation-prompts": ""}
     sm.create_training_job(**request)
 
-    # WHEN the leader's instance is lost once a whole checkpoint has reached S3 (the sync uploads in no
-    # order: `latest` can be there before the step directory it names, which would not verify)
-    wait_for(lambda: complete_checkpoint_in_s3(s3, "models", "checkpoints/e2e/"), timeout=150,
-             what="the first complete checkpoint in S3")
-    service.lose_training_instance("trainer-e2e", "algo-1")
+    # WHEN the leader's instance is lost once a whole checkpoint has reached S3 (each instance uploads its
+    # own files: `latest` can be there before the step directory it names, which would not verify). The
+    # condition is tested after each upload and nothing of the attempt reaches S3 after it holds, so the
+    # loss comes before the attempt's end however fast its steps run.
+    service.lose_training_instance("trainer-e2e", "algo-1",
+                                   once=lambda: complete_checkpoint_in_s3(s3, "models", "checkpoints/e2e/"))
     job = wait_for(lambda: (j := sm.describe_training_job(TrainingJobName="trainer-e2e"))["TrainingJobStatus"]
                    in ("Completed", "Failed", "Stopped") and j, timeout=180, what="the job to end")
 
@@ -731,13 +751,13 @@ def test_the_trainer_on_two_instances_resumes_after_losing_one(sm: Any, s3: Any,
     assert secondary_statuses(job).count("Training") == 2
     events = trainer_events(service.settings.state_dir / "jobs/trainer-e2e/algo-1/logs.txt")
     resumed = [e for e in events if e.get("event") == "resumed"]
-    assert len(resumed) == 1 and 1 <= resumed[0]["step"] < 60, [e for e in events if e.get("event")]
+    assert len(resumed) == 1 and 1 <= resumed[0]["step"] < 4, [e for e in events if e.get("event")]
     starts = [e for e in events if e.get("event") == "start"]
     assert [(e["step"], e["world_size"], e["backend"]) for e in starts] == [
         (0, 2, "gloo"), (resumed[0]["step"], 2, "gloo")]
     archive = read_tar(s3, job["ModelArtifacts"]["S3ModelArtifacts"])
     assert "model_index.json" in archive
-    assert json.loads(archive["atelier-training.json"])["steps"] == 60
+    assert json.loads(archive["atelier-training.json"])["steps"] == 4
 
 
 # --- endpoints ----------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_both_images_install_with_the_pin_list() -> None:
 def test_make_installs_with_the_pin_list() -> None:
     makefile = (REPO / "Makefile").read_text()
     assert "TORCH  ?= $(shell grep -m1 '^torch==' constraints.txt)" in makefile
-    installs = [line for line in makefile.splitlines() if "$(PY) -m pip install" in line and "--upgrade pip" not in line]
+    installs = [line for line in makefile.splitlines() if "$(INSTALL) --python $(PY)" in line]
     assert len(installs) == 2 and all("-c constraints.txt" in line for line in installs)  # torch, then the project
 
 

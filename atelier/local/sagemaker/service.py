@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -70,10 +71,13 @@ class LocalSageMaker:
         """The end of a training job's container log, for debugging a failed job."""
         return self.jobs.log_tail(job_name, lines)
 
-    def lose_training_instance(self, job_name: str, host: str = "algo-1") -> None:
+    def lose_training_instance(self, job_name: str, host: str = "algo-1",
+                               once: Callable[[], bool] | None = None) -> None:
         """Fault injection: kill one instance of a running job as a hardware failure would (the
-        attempt fails as an InternalServerError; RetryStrategy decides whether it starts over)."""
-        self.jobs.lose_instance(job_name, host)
+        attempt fails as an InternalServerError; RetryStrategy decides whether it starts over).
+        With `once`, at the first moment once() holds, tested after each checkpoint upload: from then
+        on nothing more of that attempt reaches the checkpoint S3Uri, even if its containers end first."""
+        self.jobs.lose_instance(job_name, host, once)
 
     def client_environment(self) -> dict[str, str]:
         """The variables that send boto3's sagemaker and sagemaker-runtime clients here."""

@@ -14,6 +14,7 @@ import logging
 import shutil
 import tarfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,44 @@ def has_files(directories: list[Path]) -> bool:
 
 # --- checkpoints ---------------------------------------------------------------------------------
 
+class LossTrigger:
+    """Fault injection: one instance of a job lost at the first moment a condition holds, tested after
+    each checkpoint upload (LocalSageMaker.lose_training_instance(..., once=...)).
+
+    Once it holds, no checkpoint of that attempt reaches S3 and the attempt counts as having lost the
+    instance, even where its containers ended first. So S3 holds what it held at that moment, and the
+    retry resumes from that, however fast or slow the containers ran.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one upload and its test at a time, over every instance's sync
+        self._armed: tuple[str, Callable[[], bool]] | None = None
+        self._fired: str | None = None
+
+    def arm(self, host: str, condition: Callable[[], bool]) -> None:
+        with self._lock:
+            self._armed = (host, condition)
+
+    @property
+    def fired(self) -> str | None:
+        """The host lost in this attempt, once the condition has held."""
+        return self._fired
+
+    def next_attempt(self) -> None:
+        with self._lock:
+            self._fired = None
+
+    def upload(self, send: Callable[[], None]) -> bool:
+        """send() one checkpoint file, then test the condition; False, sending nothing, once it held."""
+        with self._lock:
+            if self._fired:
+                return False
+            send()
+            if self._armed and self._armed[1]():
+                self._fired, self._armed = self._armed[0], None
+            return True
+
+
 class CheckpointSync:
     """Mirrors one instance's checkpoint dir to CheckpointConfig.S3Uri as SageMaker does: restored
     into every instance before it starts, new or changed files uploaded every few seconds and once
@@ -219,11 +258,12 @@ class CheckpointSync:
     checkpoint (the trainer's `latest`) never reaches S3 before the files it names.
     """
 
-    def __init__(self, s3: Any, local: Path, remote: S3Uri, interval: float):
+    def __init__(self, s3: Any, local: Path, remote: S3Uri, interval: float, trigger: LossTrigger | None = None):
         self._s3 = s3
         self._local = local
         self._remote = remote
         self._interval = interval
+        self._trigger = trigger
         self._uploaded: dict[str, tuple[int, int]] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -272,12 +312,20 @@ class CheckpointSync:
                 if self._uploaded.get(relative) == current:
                     continue
                 try:
-                    upload(self._s3, path, self._remote.join(relative))
+                    if not self._send(path, relative):
+                        break
                 except FileNotFoundError:  # removed since the walk (a pruned checkpoint)
                     continue
                 self._uploaded[relative] = current
                 count += 1
             return count
+
+    def _send(self, path: Path, relative: str) -> bool:
+        target = self._remote.join(relative)
+        if self._trigger is None:
+            upload(self._s3, path, target)
+            return True
+        return self._trigger.upload(lambda: upload(self._s3, path, target))
 
     def _loop(self) -> None:
         while not self._stopping.wait(self._interval):

@@ -13,6 +13,7 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ from atelier.local.sagemaker.containers import log_tail
 from atelier.local.sagemaker.documents import convert_times, epoch_millis, utc_now, write_state
 from atelier.local.sagemaker.settings import Settings
 from atelier.local.sagemaker.tags import ResourceTags, checked_tags
-from atelier.local.sagemaker.training_instances import Instance, job_instances
+from atelier.local.sagemaker.training_instances import Instance, LossTrigger, job_instances
 from atelier.local.sagemaker.training_requests import normalise_request
 from atelier.local.sagemaker.training_run import JobRun
 from atelier.local.sagemaker.validation import ApiError, check_name, page, require, validation_error
@@ -70,6 +71,7 @@ class TrainingJob:
     stop_cause: str | None = None  # "Stopped" | "MaxRuntimeExceeded"
     stop_requested: threading.Event = field(default_factory=threading.Event)
     lost_host: str | None = None  # an instance loss asked for by lose_instance(), not yet acted on
+    loss_trigger: LossTrigger = field(default_factory=LossTrigger)  # lose_instance(..., once=...)
     # Held across a change and its event so events leave in the order the changes happened.
     publish_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
@@ -183,18 +185,22 @@ class TrainingJobs:
     def stop_grace(self) -> float:
         return self._close_grace
 
-    def lose_instance(self, name: str, host: str = "algo-1") -> None:
+    def lose_instance(self, name: str, host: str = "algo-1", once: Callable[[], bool] | None = None) -> None:
         """Emulate losing one instance of a running job (a hardware fault): its container is killed
         at once, with no last checkpoint sync, the others are stopped, and the attempt fails as an
         InternalServerError that RetryStrategy retries. Acts on the attempt's running containers
-        (or on the next ones to start); ValueError when the job is not InProgress."""
+        (or on the next ones to start); ValueError when the job is not InProgress. With `once`, at
+        the first moment once() holds after a checkpoint upload instead (training_instances.LossTrigger)."""
         job = self._get(name)
         with self._lock:
             if job.status != "InProgress":
                 raise ValueError(f"training job {name} is {job.status}: it has no instance to lose")
             if host not in [instance.host for instance in job.instances]:
                 raise ValueError(f"training job {name} has no instance {host}")
-            job.lost_host = host
+            if once is None:
+                job.lost_host = host
+            else:
+                job.loss_trigger.arm(host, once)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         """The end of a job's container logs (<state>/jobs/<name>/algo-<k>/logs.txt), each headed by

@@ -93,6 +93,7 @@ class JobRun:
         job, jobs = self._job, self._jobs
         for instance in job.instances:
             write_layout(instance, job.request)
+        job.loss_trigger.next_attempt()
         first = {"start_time": utc_now()} if attempt == 1 else {}
         if not jobs.advance(job, "InProgress", "Downloading", **first):
             return self._finish_stopped()
@@ -121,7 +122,8 @@ class JobRun:
             return {}
         remote = S3Uri.parse(config["S3Uri"])
         return {i.host: CheckpointSync(self._s3, i.checkpoint_dir(self._job.request), remote,
-                                       self._jobs.settings.checkpoint_sync_seconds) for i in self._job.instances}
+                                       self._jobs.settings.checkpoint_sync_seconds, self._job.loss_trigger)
+                for i in self._job.instances}
 
     def _train(self, syncs: dict[str, CheckpointSync], attempt: str) -> Exit:
         """Run one container per instance until they end, one fails, the job is stopped or outruns
@@ -152,6 +154,8 @@ class JobRun:
             for host, sync in syncs.items():  # a last sync, also after a failure, but not from a lost instance
                 sync.stop(final_sync=not (end.lost and end.lost.host == host))
             self._upload_tensorboard()
+        if not end.lost and (lost := job.loss_trigger.fired):  # the containers ended before the sync saw it
+            end = Exit(lost=next(i for i in job.instances if i.host == lost))
         return end
 
     def _upload_tensorboard(self) -> None:
@@ -172,7 +176,7 @@ class JobRun:
         deadline = (job.start_time or job.creation_time).timestamp() + max_runtime
         running = dict(containers)
         while running:
-            if lost := self._take_lost_host():
+            if lost := self._take_lost_host() or job.loss_trigger.fired:
                 containers[lost].kill()  # the instance is gone: no grace, no last checkpoint sync
                 stop_together([c for host, c in running.items() if host != lost], self._jobs.stop_grace())
                 return Exit(lost=instances[lost])
