@@ -17,8 +17,13 @@ from trainer.checkpoints import MANIFEST_NAME, WEIGHTS_NAME, CheckpointError, ch
 STEPS = ["--steps", "4", "--checkpoint-every", "2"]
 
 
+SETUP_EVENTS = ("imported", "models")  # every job logs these first: its imports and its models are done
+
+
 def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    """The job's log lines after its setup events."""
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") not in SETUP_EVENTS]
 
 
 def losses(lines: list[dict]) -> dict[int, float]:
