@@ -258,7 +258,7 @@ class CheckpointSync:
     checkpoint (the trainer's `latest`) never reaches S3 before the files it names.
     """
 
-    def __init__(self, s3: Any, local: Path, remote: S3Uri, interval: float, trigger: LossTrigger | None = None):
+    def __init__(self, s3: Any, local: Path, remote: S3Uri, interval: float, trigger: LossTrigger):
         self._s3 = s3
         self._local = local
         self._remote = remote
@@ -312,20 +312,14 @@ class CheckpointSync:
                 if self._uploaded.get(relative) == current:
                     continue
                 try:
-                    if not self._send(path, relative):
-                        break
+                    target = self._remote.join(relative)
+                    if not self._trigger.upload(lambda: upload(self._s3, path, target)):
+                        break  # the instance is lost: nothing more of this attempt reaches S3
                 except FileNotFoundError:  # removed since the walk (a pruned checkpoint)
                     continue
                 self._uploaded[relative] = current
                 count += 1
             return count
-
-    def _send(self, path: Path, relative: str) -> bool:
-        target = self._remote.join(relative)
-        if self._trigger is None:
-            upload(self._s3, path, target)
-            return True
-        return self._trigger.upload(lambda: upload(self._s3, path, target))
 
     def _loop(self) -> None:
         while not self._stopping.wait(self._interval):
