@@ -51,6 +51,13 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker more than cores. The e2e files spend much of their time waiting on their
+    stacks (timeouts, schedules, job subprocesses), and a third worker on two cores keeps both busy
+    meanwhile: the whole suite took 536 s with three workers (docs/testing.md)."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files marked `slow` first, the longest first; the others after, in their usual order.

@@ -156,6 +156,20 @@ def test_a_completed_autoencoder_job_gives_the_lineage_its_vae_and_starts_the_en
     assert job(settings, f"{name}-ae")["status"] == "Completed"
 
 
+def test_the_stage_s_cpu_threads_reach_its_autoencoder_and_encode_jobs(configure: Callable[..., TrainingSettings],
+                                                                      sagemaker: FakeSageMaker) -> None:
+    # GIVEN a stage that runs its jobs on one CPU thread (the local demo's samconfig.toml)
+    hyperparameters = {"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny", "cpu-threads": "1"}
+    settings = configure(**ON, **ENCODE, TRAINING_HYPERPARAMETERS=json.dumps(hyperparameters))
+    # WHEN its first job starts with the autoencoder, then the encode job
+    name = seal(settings, 1, 2)[1].job_name
+    autoencoded(sagemaker, settings, name)
+    # THEN both helper jobs carry the setting, as the training job does
+    assert sagemaker.request(f"{name}-ae")["HyperParameters"]["cpu-threads"] == "1"
+    assert sagemaker.request(f"{name}-enc")["HyperParameters"] == {"task": "encode", "resolution": "32", "model-config": "tiny",
+                                                                  "cpu-threads": "1", "vae": "vae"}
+
+
 def test_the_encode_job_s_end_starts_training_with_the_same_vae(configure: Callable[..., TrainingSettings],
                                                                  sagemaker: FakeSageMaker) -> None:
     settings = configure(**ON, **ENCODE)

@@ -122,11 +122,36 @@ def test_train_writes_the_pipeline_checkpoints_and_health_output(tmp_path, shard
 def test_the_samconfig_demo_hyperparameters_train(tmp_path, shards_dir):
     # the local demo's TrainingHyperparameters (samconfig.toml), with one step
     hyperparameters = {"steps": "1", "batch-size": "4", "resolution": "64", "learning-rate": "0.001",
-                       "checkpoint-every": "20", "seed": "0", "model-config": "tiny"}
+                       "checkpoint-every": "20", "seed": "0", "model-config": "tiny", "cpu-threads": "1"}
     root = make_opt_ml(tmp_path / "opt-ml", shards_dir, hyperparameters)
     result = run_container(root, "train")
     assert result.returncode == 0, result.stderr
     assert (root / "checkpoints" / "latest").read_text() == "step-00000001"
+    assert {"event": "cpu_threads", "threads": 1} in [json.loads(line) for line in result.stdout.splitlines()
+                                                      if line.startswith("{")]
+
+
+def test_cpu_threads_caps_the_job_s_threads_and_is_the_container_s_not_the_task_s(tmp_path, monkeypatch):
+    root = make_opt_ml(tmp_path / "opt-ml", None, {**HYPERPARAMETERS, "cpu-threads": "3"})
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the exports stay inside this test
+    before = torch.get_num_threads()
+    try:
+        container.prepare_job(root)
+        assert (torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]) == (3, "3")
+    finally:
+        torch.set_num_threads(before)
+    assert "--cpu-threads" not in container.training_argv(root)
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5", ""])
+def test_a_bad_cpu_threads_fails_the_job_at_start_with_the_reason(tmp_path, shards_dir, monkeypatch, value):
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir, {**HYPERPARAMETERS, "cpu-threads": value})
+    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(container.train, "main", lambda args: pytest.fail("trained despite the bad value"))
+    assert container.main(["train"]) == 1
+    assert (root / "output" / "failure").read_text().startswith(
+        f"ValueError: the hyperparameter `cpu-threads` is a whole number of threads >= 1, not {value!r}\n")
 
 
 def test_a_reason_the_trainer_wrote_is_kept(tmp_path, shards_dir, monkeypatch):
