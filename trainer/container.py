@@ -91,9 +91,10 @@ def cpu_threads(root: Path) -> int | None:
     raw = read_json(root / "input" / "config" / "hyperparameters.json", {}).get("cpu-threads")
     if raw is None:
         return None
-    if not str(raw).strip().isdigit() or int(raw) < 1:
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError(f"the hyperparameter `cpu-threads` is a whole number of threads >= 1, not {raw!r}")
-    return int(raw)
+    return int(text)
 
 
 def hyperparameter_argv(root: Path) -> list[str]:
@@ -143,14 +144,14 @@ def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] |
 def prepare_job(root: Path) -> None:
     """The SM_* and the NCCL/EFA variables exported, the CPU threads capped, the model dir made, a
     previous run's failure reason gone."""
-    if (threads := cpu_threads(root)) is not None:
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # torchrun's workers and any other process the task starts
-        print(json.dumps({"event": "cpu_threads", "threads": threads}), flush=True)
     os.environ.update(sagemaker_environment(root))
     os.environ.update(cluster.network_environment(resource_config(root), os.environ, cluster.network_interfaces()))
     (root / "model").mkdir(parents=True, exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)  # a reason written now is this run's
+    if (threads := cpu_threads(root)) is not None:
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # torchrun's workers and any other process the task starts
+        print(json.dumps({"event": "cpu_threads", "threads": threads}), flush=True)
 
 
 def run_job(root: Path) -> None:

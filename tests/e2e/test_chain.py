@@ -47,7 +47,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)
     # The demo as `make demo` runs it. Its jobs run on the one CPU thread samconfig.toml gives them
     # (`cpu-threads`), whatever share of the cores a pytest-xdist worker got: the match rate depends on
-    # the thread count's arithmetic, and it is the same here as in the demo on any machine.
+    # the thread count's arithmetic, the same here as in the demo whatever the core count.
     with LocalStack(options) as stack:
         lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES))
         yield stack, lines, output

@@ -143,12 +143,14 @@ def test_cpu_threads_caps_the_job_s_threads_and_is_the_container_s_not_the_task_
     assert "--cpu-threads" not in container.training_argv(root)
 
 
-@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5", ""])
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5", "", "\u00b2"])
 def test_a_bad_cpu_threads_fails_the_job_at_start_with_the_reason(tmp_path, shards_dir, monkeypatch, value):
     root = make_opt_ml(tmp_path / "opt-ml", shards_dir, {**HYPERPARAMETERS, "cpu-threads": value})
     monkeypatch.setenv("ATELIER_OPT_ML", str(root))
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(container.train, "main", lambda args: pytest.fail("trained despite the bad value"))
+    (root / "output").mkdir()
+    (root / "output" / "failure").write_text("an earlier attempt's reason\n")  # a retried job's container
     assert container.main(["train"]) == 1
     assert (root / "output" / "failure").read_text().startswith(
         f"ValueError: the hyperparameter `cpu-threads` is a whole number of threads >= 1, not {value!r}\n")
