@@ -53,7 +53,7 @@ wait)
 report)
   ttt --ours "$WARM" --runs ours --score-losses 2>&1 | grep '"event"'
   ttt --ours "$WARM" --target final --skip-match 2>&1 | grep metric
-  cp $W/warm-scores.json $W/peer-scores.json $W/peer-run.json $OUT/ 2>/dev/null
+  cp $W/*-scores.json $W/*-run.json $OUT/ 2>/dev/null || true  # the runs' raw records, best effort
   ;;
 esac
 
