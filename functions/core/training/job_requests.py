@@ -26,11 +26,13 @@ PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of 
 VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
 ENCODE_SUFFIX = "-enc"
-# the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them), and
-# the container's `cpu-threads` (trainer/container.py), so a stage's helper jobs run on the threads it does
-ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets", "cpu-threads")
+# the container's own settings (trainer/container.py) a stage's helper jobs run with too
+STAGE_CONTAINER_HYPERPARAMETERS = ("cpu-threads",)
+# the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
+ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets",
+                          *STAGE_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
-AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution", "cpu-threads")
+AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution", *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
 def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
