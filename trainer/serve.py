@@ -37,6 +37,10 @@ off by default: $SERVE_SCHEDULER (default|dpmpp), $SERVE_FUSE_QKV, $SERVE_CHANNE
 $SERVE_BATCH_WINDOW_MS (0) and $SERVE_MAX_BATCH (8). With a batch window, requests that arrive
 together run as one pipeline call; each still gets its own seeds' images, equal to what it gets
 alone up to the last bits of bf16 arithmetic at another batch size.
+
+$SERVE_CPU_THREADS caps torch's CPU threads (unset: every core), as the jobs' `cpu-threads`
+hyperparameter does. Any other $SERVE_* name fails at start: a misspelt setting is not ignored.
+The deploy stage sets these from the template's ServeEnvironment (contracts/serve_environment.py).
 """
 
 import base64
@@ -56,7 +60,7 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from contracts import png_text
+from contracts import png_text, serve_environment
 from trainer.credentials import Credentials, sign_png
 from trainer.serve_levers import COMPILE_MODES, SCHEDULERS, Batcher, apply_levers, compiled, lever_plan
 
@@ -95,10 +99,16 @@ class ServeSettings:
     warmup_images: tuple[int, ...] = (1,)
     batch_window_ms: float = 0.0
     max_batch: int = 8
+    cpu_threads: int | None = None  # torch's intra-op threads; None: torch's default (every core)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServeSettings":
-        """$SERVE_<FIELD> overrides each default; a value that does not parse fails at start."""
+        """$SERVE_<FIELD> overrides each default; a value that does not parse, or a $SERVE_* name that is
+        no field, fails at start."""
+        names = {f"SERVE_{field.name.upper()}" for field in fields(cls)}
+        strangers = sorted(name for name in environ if name.startswith(serve_environment.PREFIX) and name not in names)
+        if strangers:
+            raise ValueError(f"unknown server settings {strangers}; known: {', '.join(sorted(names))}")
         values = {}
         for field in fields(cls):
             name = f"SERVE_{field.name.upper()}"
@@ -481,6 +491,8 @@ def main(model_dir: str | Path) -> None:
     """Listen, load the pipeline, then answer /ping and /invocations until stopped."""
     settings, provenance = ServeSettings.from_env(), Provenance.from_env(model_dir)
     credentials = Credentials.from_env()
+    if settings.cpu_threads is not None:
+        torch.set_num_threads(settings.cpu_threads)
     host = os.environ.get("SAGEMAKER_BIND_HOST", "0.0.0.0")
     port = int(os.environ.get("SAGEMAKER_BIND_TO_PORT", 8080))
     # this thread loads, warms up and then runs every generation (the CUDA graphs it records are its own)
@@ -495,7 +507,7 @@ def main(model_dir: str | Path) -> None:
             raise
         print(json.dumps({"event": "serving", "model_dir": str(model_dir), "host": host, "port": port,
                           "model_id": provenance.model_id, "manifest": provenance.manifest,
-                          "c2pa": credentials is not None,
+                          "c2pa": credentials is not None, "cpu_threads": torch.get_num_threads(),
                           "levers": lever_plan(settings, torch.cuda.is_available())}), flush=True)
         server.generations.serve()
 

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from contracts import serve_environment
 from core.errors import ConfigError
 from core.ingest.images import KNOWN_FORMATS, DecodePolicy
 from core.pack.lanes import MAX_LANES
@@ -382,6 +383,8 @@ class DeploySettings:
     # how long a new endpoint instance may take to answer /ping 200: the server compiles the UNet and
     # the VAE decoder before it does (trainer/serve.py; 102 s on an H200, bench/RESULTS.md)
     startup_timeout_s: int = 1200
+    # the model server's $SERVE_* settings, in every model's container (contracts/serve_environment.py)
+    serve_environment: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "DeploySettings":
@@ -412,7 +415,20 @@ class DeploySettings:
             invocations_per_instance=int(_bounded("INVOCATIONS_PER_INSTANCE", _int(env, "INVOCATIONS_PER_INSTANCE"), 1)),
             kms_key=env.get("KMS_KEY_ARN", ""),
             startup_timeout_s=int(_bounded("ENDPOINT_STARTUP_TIMEOUT_S", _int(env, "ENDPOINT_STARTUP_TIMEOUT_S"), 60, 3600)),
+            serve_environment=_serve_environment(env.get("SERVE_ENVIRONMENT") or "{}"),
         )
+
+
+def _serve_environment(raw: str) -> dict[str, str]:
+    """The server's settings as a flat JSON object of its own $SERVE_* names, each value within SageMaker's limit."""
+    values = _hyperparameters(raw, "SERVE_ENVIRONMENT")
+    if unknown := serve_environment.unknown(values):
+        raise ConfigError(f"SERVE_ENVIRONMENT: {unknown} are not the model server's settings; "
+                          f"it reads {', '.join(sorted(serve_environment.VARIABLES))}")
+    if long := sorted(name for name, value in values.items() if len(value) > serve_environment.MAX_VALUE_CHARS):
+        raise ConfigError(f"SERVE_ENVIRONMENT: {long} longer than SageMaker's "
+                          f"{serve_environment.MAX_VALUE_CHARS} characters")
+    return values
 
 
 def _hyperparameters(raw: str, name: str = "TRAINING_HYPERPARAMETERS") -> dict[str, str]:

@@ -178,6 +178,17 @@ def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> No
     assert Image.open(io.BytesIO(again)).size == image.size
 
 
+def test_the_server_settings_of_the_template_reach_the_endpoints_container(chain: Any) -> None:
+    stack, lines, _ = chain
+    model = next(j["name"] for j in lines[0]["config"]["jobs"] if j["role"] == "train")
+    # samconfig.toml [local]: ServeEnvironment={"SERVE_CPU_THREADS": "1"}, through DeployFunction's CreateModel
+    environment = boto3.client("sagemaker").describe_model(ModelName=model)["PrimaryContainer"]["Environment"]
+    assert environment["SERVE_CPU_THREADS"] == "1"
+    logs = stack.options.state_dir / "sagemaker" / "endpoints" / stack.outputs["EndpointName"] / model / "logs.txt"
+    serving = [json.loads(line) for line in logs.read_text().splitlines() if line.startswith('{"event": "serving"')]
+    assert [event["cpu_threads"] for event in serving] == [1]
+
+
 def test_the_benchmark_lines_have_the_fixed_metric_names(chain: Any) -> None:
     _, lines, _ = chain
     assert [line["metric"] for line in lines] == ["demo.upload_to_image_s", "demo.prompt_match_rate"]

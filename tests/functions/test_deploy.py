@@ -605,6 +605,18 @@ def test_model_request_names_the_job_and_manifest() -> None:
     assert request["EnableNetworkIsolation"] is True
 
 
+def test_the_models_container_has_the_operators_server_settings_beside_its_provenance() -> None:
+    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+                              endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
+                              serve_environment={"SERVE_COMPILE": "off", "SERVE_WARMUP_IMAGES": "1,4"})
+
+    environment = model_request(completed(), settings)["PrimaryContainer"]["Environment"]
+
+    assert environment == {"SERVE_COMPILE": "off", "SERVE_WARMUP_IMAGES": "1,4", "ATELIER_MODEL_ID": JOB,
+                           "ATELIER_MANIFEST_DIGEST": "ab" * 32,
+                           "ATELIER_ATTRIBUTION_URI": f"s3://models/training/{JOB}/output/attribution.json"}
+
+
 # AWS: CreateEndpointConfig "fails" when KmsKeyId is given for an instance type with local storage,
 # as CreateTrainingJob does for VolumeKmsKeyId (docs/aws-differences.md).
 KEY = "arn:aws:kms:us-east-1:123456789012:key/k"

@@ -6,10 +6,13 @@ import io
 import json
 import socket
 import threading
+from dataclasses import fields
 
 import pytest
+import torch
 from PIL import Image
 
+from contracts import serve_environment
 from trainer.serve import (
     BadRequest,
     Generation,
@@ -86,6 +89,19 @@ def test_a_pipeline_that_cannot_load_ends_the_server(tmp_path, monkeypatch):
     monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "0")
     with pytest.raises(FileNotFoundError, match="no diffusers pipeline"):
         serve_main(tmp_path / "no-model")
+
+
+def test_the_cpu_threads_setting_applies_before_the_pipeline_loads(tmp_path, monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setenv("SAGEMAKER_BIND_HOST", "127.0.0.1")
+    monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "0")
+    monkeypatch.setenv("SERVE_CPU_THREADS", str(before + 1))  # a count torch does not have already
+    try:
+        with pytest.raises(FileNotFoundError, match="no diffusers pipeline"):
+            serve_main(tmp_path / "no-model")
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------- images
@@ -256,6 +272,18 @@ def test_settings_come_from_the_environment_once():
     for bad in ("0", "-3", "many", "1.5"):
         with pytest.raises(ValueError, match=r"^\$SERVE_MAX_STEPS must be a positive int, got"):
             ServeSettings.from_env({"SERVE_MAX_STEPS": bad})
+
+
+def test_an_unknown_server_setting_fails_at_start_not_ignored():
+    with pytest.raises(ValueError, match=r"unknown server settings \['SERVE_COMPLE'\]; known: .*SERVE_COMPILE"):
+        ServeSettings.from_env({"SERVE_COMPLE": "off"})
+    assert ServeSettings.from_env({"SERVE_CPU_THREADS": "1", "OTHER": "x"}) == ServeSettings(cpu_threads=1)
+    with pytest.raises(ValueError, match=r"^\$SERVE_CPU_THREADS must be a positive int, got '0'"):
+        ServeSettings.from_env({"SERVE_CPU_THREADS": "0"})
+
+
+def test_the_deploy_stage_checks_the_names_the_server_reads():
+    assert serve_environment.VARIABLES == {f"SERVE_{field.name.upper()}" for field in fields(ServeSettings)}
 
 
 def test_provenance_comes_from_the_container_environment(tmp_path):

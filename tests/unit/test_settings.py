@@ -80,9 +80,9 @@ DEPLOY_ENV = {"PIPELINE_TABLE": "t", "SAGEMAKER_ROLE_ARN": "arn:aws:iam::1234567
               "GATE_MIN_CLIP_DELTA": "0.25", "ROLLBACK_ALARMS": "a-5xx, a-latency", "TRAFFIC_ROUTING": "LINEAR",
               "CANARY_PERCENT": "20", "WAIT_INTERVAL_S": "60", "BAKE_S": "120", "MAX_ROLLOUT_S": "1800",
               "MIN_INSTANCES": "2", "MAX_INSTANCES": "6", "INVOCATIONS_PER_INSTANCE": "30", "KMS_KEY_ARN": "",
-              "ENDPOINT_STARTUP_TIMEOUT_S": "900"}
+              "ENDPOINT_STARTUP_TIMEOUT_S": "900", "SERVE_ENVIRONMENT": '{"SERVE_COMPILE": "off"}'}
 # may be empty: no CLIP scorer, no extra evaluation hyperparameters, no alarms, no KMS key
-DEPLOY_OPTIONAL = {"CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN"}
+DEPLOY_OPTIONAL = {"CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN", "SERVE_ENVIRONMENT"}
 DEPLOY_REQUIRED = {k: v for k, v in DEPLOY_ENV.items() if k not in DEPLOY_OPTIONAL}
 ALL = [(TrainingSettings, TRAINING_REQUIRED), (IngestSettings, INGEST_ENV), (PackSettings, PACK_ENV),
        (DeploySettings, DEPLOY_REQUIRED)]
@@ -120,7 +120,7 @@ def test_deploy_settings_from_a_full_environment() -> None:
         models_bucket="m", max_eval_runtime_s=600, gate_max_loss=0.9, gate_max_loss_ratio=1.02,
         gate_min_clip_delta=0.25, rollback_alarms=("a-5xx", "a-latency"), traffic_routing="LINEAR",
         canary_percent=20, wait_interval_s=60, bake_s=120, max_rollout_s=1800, min_instances=2, max_instances=6,
-        invocations_per_instance=30, kms_key="", startup_timeout_s=900)
+        invocations_per_instance=30, kms_key="", startup_timeout_s=900, serve_environment={"SERVE_COMPILE": "off"})
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
@@ -130,6 +130,10 @@ def test_deploy_settings_from_a_full_environment() -> None:
     ("EVAL_HYPERPARAMETERS", '{"a": [1]}', "must be flat"),
     ("ENDPOINT_STARTUP_TIMEOUT_S", "30", "outside 60..3600"),  # AWS's range for the variant's field
     ("ENDPOINT_STARTUP_TIMEOUT_S", "3601", "outside 60..3600"),
+    ("SERVE_ENVIRONMENT", '{"SERVE_COMPLE": "off"}', r"\['SERVE_COMPLE'\] are not the model server's settings; it reads"),
+    ("SERVE_ENVIRONMENT", '{"ATELIER_MODEL_ID": "x"}', r"\['ATELIER_MODEL_ID'\] are not the model server's settings"),
+    ("SERVE_ENVIRONMENT", '{"SERVE_WARMUP_IMAGES": "' + "1," * 512 + '1"}', "longer than SageMaker's 1024 characters"),
+    ("SERVE_ENVIRONMENT", '["SERVE_COMPILE"]', "must be a JSON object"),
 ])
 def test_deploy_settings_reject_bad_values(name: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
