@@ -22,8 +22,11 @@ from atelier.local.sagemaker.settings import Settings
 from atelier.local.sagemaker.tags import ResourceTags, checked_tags
 from atelier.local.sagemaker.telemetry import Telemetry
 from atelier.local.sagemaker.validation import (
+    MAX_MODEL_ENVIRONMENT_BYTES,
+    MODEL_ENVIRONMENT,
     MODEL_NAME_PATTERN,
     ApiError,
+    check_environment,
     check_name,
     check_volume_key,
     page,
@@ -73,6 +76,9 @@ class Hosting:
         require(request, "PrimaryContainer.Image")
         if request["PrimaryContainer"].get("ModelDataUrl"):
             S3Uri.parse(request["PrimaryContainer"]["ModelDataUrl"], "ModelDataUrl")
+        if request["PrimaryContainer"].get("Environment") is not None:
+            check_environment(request["PrimaryContainer"]["Environment"], "primaryContainer.environment",
+                              MODEL_ENVIRONMENT, MAX_MODEL_ENVIRONMENT_BYTES)
         tags = checked_tags(request.get("Tags"))
         model = Model(name, self._settings.arn("model", name), request)
         with self._lock:

@@ -7,7 +7,13 @@ from typing import Any
 
 from atelier.local.sagemaker.s3_transfers import S3Uri
 from atelier.local.sagemaker.training_instances import CONTAINER_CHECKPOINTS, CONTAINER_TENSORBOARD
-from atelier.local.sagemaker.validation import check_volume_key, require, validation_error
+from atelier.local.sagemaker.validation import (
+    TRAINING_ENVIRONMENT,
+    check_environment,
+    check_volume_key,
+    require,
+    validation_error,
+)
 
 DEFAULT_MAX_RUNTIME = 86400  # SageMaker's default: one day
 
@@ -18,6 +24,8 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
                    "ResourceConfig", "StoppingCondition"):
         require(request, member)
     S3Uri.parse(request["OutputDataConfig"]["S3OutputPath"], "S3OutputPath")
+    if request.get("Environment") is not None:
+        check_environment(request["Environment"], "environment", TRAINING_ENVIRONMENT)
     check_volume_key(require(request, "ResourceConfig.InstanceType"), request["ResourceConfig"].get("VolumeKmsKeyId"),
                      "VolumeKmsKeyId")
     if request.get("CheckpointConfig"):

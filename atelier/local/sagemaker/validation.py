@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import botocore.session
 
 from core.training.instance_types import has_instance_store
 
@@ -16,6 +19,29 @@ from core.training.instance_types import has_instance_store
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
 MODEL_NAME_PATTERN = r"^[a-zA-Z0-9]([\-a-zA-Z0-9]*[a-zA-Z0-9])?$"
 MAX_NAME_LENGTH = 63
+
+
+@dataclass(frozen=True)
+class MapLimits:
+    """What SageMaker accepts in a string-to-string map: entries, key length and pattern, value length."""
+
+    max_entries: int
+    max_key_length: int
+    key_pattern: str
+    max_value_length: int
+
+
+def map_limits(map_shape: str) -> MapLimits:
+    """The limits botocore's model of SageMaker gives a map shape (botocore checks neither max nor pattern)."""
+    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for(map_shape)
+    return MapLimits(shape.metadata["max"], shape.key.metadata["max"], shape.key.metadata["pattern"],
+                     shape.value.metadata["max"])
+
+
+MODEL_ENVIRONMENT = map_limits("EnvironmentMap")  # CreateModel's PrimaryContainer.Environment
+TRAINING_ENVIRONMENT = map_limits("TrainingEnvironmentMap")  # CreateTrainingJob's Environment
+# Not in the service model; API_ContainerDefinition: "all keys and values in the map, combined, is 32 KB".
+MAX_MODEL_ENVIRONMENT_BYTES = 32 * 1024
 
 
 class ApiError(Exception):
@@ -53,6 +79,37 @@ def require(request: Mapping[str, Any], path: str) -> Any:
                 f"1 validation error detected: Value null at '{member}' failed to satisfy constraint: "
                 "Member must not be null")
     return value
+
+
+def check_environment(environment: Any, member: str, limits: MapLimits, max_total_bytes: int | None = None) -> None:
+    """The ValidationException SageMaker gives an Environment map that breaks its limits. Like Lambda's
+    for its environment, the message names the member but not the value: values may hold secrets."""
+    def refuse(constraint: str) -> ApiError:
+        return validation_error(f"1 validation error detected: Value at '{member}' failed to satisfy constraint: "
+                                f"{constraint}")
+
+    if not isinstance(environment, Mapping) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in environment.items()):
+        raise refuse("Member must be a map of strings to strings")
+    if len(environment) > limits.max_entries:
+        raise refuse(f"Member must have length less than or equal to {limits.max_entries}")
+    for key, value in environment.items():
+        broken: list[str] = []
+        if len(key) > limits.max_key_length:
+            broken.append(f"Member must have length less than or equal to {limits.max_key_length}")
+        if not re.fullmatch(limits.key_pattern, key):
+            broken.append(f"Member must satisfy regular expression pattern: {limits.key_pattern}")
+        if broken:
+            raise refuse(f"Map keys must satisfy constraint: [{', '.join(broken)}]")
+        if len(value) > limits.max_value_length:
+            raise refuse("Map value must satisfy constraint: "
+                         f"[Member must have length less than or equal to {limits.max_value_length}]")
+    if max_total_bytes is None:
+        return
+    total = sum(len(key.encode()) + len(value.encode()) for key, value in environment.items())
+    if total > max_total_bytes:
+        raise refuse(f"The maximum length of all keys and values in the map, combined, is {max_total_bytes} bytes; "
+                     f"this map has {total}")
 
 
 def page(items: list[dict[str, Any]], request: Mapping[str, Any], default_size: int = 10) -> tuple[list, str | None]:
