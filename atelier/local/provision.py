@@ -21,6 +21,7 @@ from atelier.local.template import LOCAL_CODE_BUCKET, Expanded, Resolver, Templa
 
 log = logging.getLogger("atelier.local")
 ASYNC_RETRIES_DEFAULT = 2  # Lambda retries a failed asynchronous invocation twice by default
+LAMBDA_ENVIRONMENT_BYTES = 4096  # Lambda quotas: "Environment variables, 4 KB", all of a function's together
 
 
 @dataclass
@@ -264,7 +265,7 @@ class Provisioner:
         self.result.functions[logical] = FunctionSpec(
             logical_id=logical, name=name, handler=props["Handler"],
             code_dir=self.expanded.code_dirs[code["S3Key"]],
-            environment={k: str(v) for k, v in props.get("Environment", {}).get("Variables", {}).items()},
+            environment=lambda_environment(logical, props.get("Environment", {}).get("Variables", {})),
             timeout_s=int(props.get("Timeout", 3)), memory_mb=int(props.get("MemorySize", 128)),
             dead_letter_arn=props.get("DeadLetterConfig", {}).get("TargetArn"),
             reserved_concurrency=int(props["ReservedConcurrentExecutions"]) if "ReservedConcurrentExecutions" in props
@@ -333,6 +334,17 @@ class Provisioner:
         self.result.sources.append(EventSource(function=spec.logical_id, kind="eventbridge", queue_url=url, queue_arn=arn,
                                                schedule_s=schedule_s, rule_arn=self._arn("events", f"rule/{rule}")))
         return {"Id": target["Id"], "Arn": arn}
+
+
+def lambda_environment(logical: str, variables: dict[str, Any]) -> dict[str, str]:
+    """A function's variables as strings, refused as Lambda refuses a set over its 4 KB quota (not adjustable),
+    which it measures as the variables' compact JSON: a deploy that AWS would fail fails here too."""
+    environment = {k: str(v) for k, v in variables.items()}
+    measured = len(json.dumps(environment, separators=(",", ":")).encode())
+    if measured > LAMBDA_ENVIRONMENT_BYTES:
+        raise TemplateError(f"{logical}: Lambda was unable to configure your environment variables because the "
+                            f"environment variables you have provided exceeded the 4KB limit ({measured} bytes)")
+    return environment
 
 
 def _rate_seconds(expression: str) -> int:

@@ -208,6 +208,25 @@ def test_cron_schedules_are_refused_with_a_reason() -> None:
         _rate_seconds("cron(0 12 * * ? *)")
 
 
+def test_a_function_environment_over_lambdas_4_kb_is_refused_as_aws_refuses_the_deploy() -> None:
+    from atelier.local.provision import lambda_environment
+    from atelier.local.template import TemplateError
+
+    # Lambda measures the variables' compact JSON: {"A":"<4088 x>"} is 4096 bytes, one more is over
+    assert lambda_environment("F", {"A": "x" * 4088}) == {"A": "x" * 4088}
+    with pytest.raises(TemplateError, match=r"^F: Lambda was unable .* exceeded the 4KB limit \(4097 bytes\)"):
+        lambda_environment("F", {"A": "x" * 4089})
+    assert lambda_environment("F", {"N": 3, "B": True}) == {"N": "3", "B": "True"}
+
+
+def test_every_function_of_the_template_is_within_lambdas_environment_quota(stack: Any) -> None:
+    from atelier.local.provision import LAMBDA_ENVIRONMENT_BYTES
+
+    sizes = {name: len(json.dumps(spec.environment, separators=(",", ":"))) for name, spec in stack.functions.items()}
+    # the template's defaults leave every function room for long parameter values (ServeEnvironment, hyperparameters)
+    assert max(sizes.values()) <= LAMBDA_ENVIRONMENT_BYTES // 2, sizes
+
+
 def test_workers_per_function_follow_lambda_concurrency_limits(stack: Any) -> None:
     """As many worker processes as Lambda would run at once, capped locally: an SQS mapping's
     MaximumConcurrency and a function's reserved concurrency bound it; rule-only functions get one."""
