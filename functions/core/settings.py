@@ -421,7 +421,7 @@ class DeploySettings:
 
 def _serve_environment(raw: str) -> dict[str, str]:
     """The server's settings as a flat JSON object of its own $SERVE_* names, each value within SageMaker's limit."""
-    values = _hyperparameters(raw, "SERVE_ENVIRONMENT")
+    values = _flat_strings(raw, "SERVE_ENVIRONMENT")
     if unknown := serve_environment.unknown(values):
         raise ConfigError(f"SERVE_ENVIRONMENT: {unknown} are not the model server's settings; "
                           f"it reads {', '.join(sorted(serve_environment.VARIABLES))}")
@@ -431,8 +431,29 @@ def _serve_environment(raw: str) -> dict[str, str]:
     return values
 
 
+# CreateTrainingJob's HyperParameters (botocore's model): 100 entries, keys of 256 and values of 2,500
+# characters, each matching `.*`, which (in Java, as in Python) takes no line break
+MAX_HYPERPARAMETERS, MAX_HYPERPARAMETER_KEY, MAX_HYPERPARAMETER_VALUE = 100, 256, 2500
+LINE_BREAKS = ("\n", "\r", "\u0085", "\u2028", "\u2029")
+
+
 def _hyperparameters(raw: str, name: str = "TRAINING_HYPERPARAMETERS") -> dict[str, str]:
-    """SageMaker hyperparameters are a flat map of strings; reject anything else early."""
+    """SageMaker hyperparameters: a flat map of strings within CreateTrainingJob's limits, checked when the
+    function starts rather than when a job is refused."""
+    values = _flat_strings(raw, name)
+    if len(values) > MAX_HYPERPARAMETERS:
+        raise ConfigError(f"{name} has {len(values)} entries; SageMaker takes at most {MAX_HYPERPARAMETERS}")
+    for key, value in values.items():
+        if len(key) > MAX_HYPERPARAMETER_KEY or len(value) > MAX_HYPERPARAMETER_VALUE:
+            raise ConfigError(f"{name}: {key[:40]!r} is over SageMaker's {MAX_HYPERPARAMETER_KEY} characters a name "
+                              f"or {MAX_HYPERPARAMETER_VALUE} a value")
+        if any(mark in key + value for mark in LINE_BREAKS):
+            raise ConfigError(f"{name}: {key[:40]!r} holds a line break, which SageMaker refuses in a hyperparameter")
+    return values
+
+
+def _flat_strings(raw: str, name: str) -> dict[str, str]:
+    """A flat JSON object, its values as strings; anything else refused early."""
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:

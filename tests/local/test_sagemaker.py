@@ -424,7 +424,8 @@ def test_tensorboard_files_reach_the_s3_output_path_of_finished_and_failed_jobs(
 
 
 def test_tensorboard_output_path_must_be_an_s3_uri(sm: Any) -> None:
-    with pytest.raises(ClientError, match="TensorBoardOutputConfig.S3OutputPath"):
+    refused = r"'tensorBoardOutputConfig\.s3OutputPath' failed to satisfy constraint: Member must satisfy regular expression"
+    with pytest.raises(ClientError, match=refused):
         sm.create_training_job(**training_request("bad-board", TensorBoardOutputConfig={"S3OutputPath": "/tmp/x"}))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,30 @@ def test_hyperparameters_that_are_not_flat_are_a_config_error(raw: str) -> None:
     # nested value would reach the trainer as a Python repr such as "{'depth': 2}".
     with pytest.raises(ConfigError, match="TRAINING_HYPERPARAMETERS"):
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": raw})
+
+
+@pytest.mark.parametrize(("hyperparameters", "message"), [
+    pytest.param({f"h{i}": "1" for i in range(101)}, "has 101 entries; SageMaker takes at most 100", id="101-entries"),
+    pytest.param({"prompts": "p" * 2501}, "'prompts' is over SageMaker's 256 characters a name or 2500 a value",
+                 id="long-value"),
+    pytest.param({"k" * 257: "1"}, "over SageMaker's 256 characters a name", id="long-name"),
+    pytest.param({"validation-prompts": "a red circle\na blue square"}, "'validation-prompts' holds a line break",
+                 id="line-break"),
+])
+def test_hyperparameters_aws_would_refuse_fail_the_function_at_start(hyperparameters: dict, message: str) -> None:
+    # CreateTrainingJob's HyperParameters (botocore's model): 100 entries, 256 / 2,500 characters, pattern `.*`
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": json.dumps(hyperparameters)})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        DeploySettings.from_env({**DEPLOY_ENV, "EVAL_HYPERPARAMETERS": json.dumps(hyperparameters)})
+
+
+def test_hyperparameters_at_the_limits_are_taken() -> None:
+    hyperparameters = {f"h{i}": "v" * 2500 for i in range(99)} | {"k" * 256: "1"}
+
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": json.dumps(hyperparameters)})
+
+    assert settings.stages[0].hyperparameters == hyperparameters
 
 
 # --- training: the new variables ------------------------------------------------------------------

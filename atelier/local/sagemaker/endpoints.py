@@ -34,22 +34,6 @@ from atelier.local.sagemaker.validation import (
     validation_error,
 )
 
-STARTUP_TIMEOUT_RANGE = (60, 3600)  # API_ProductionVariant: ContainerStartupHealthCheckTimeoutInSeconds
-
-
-def check_startup_timeout(value: Any, number: int) -> None:
-    """AWS's range for a variant's startup health-check timeout, refused as AWS refuses it."""
-    if value is None:
-        return
-    low, high = STARTUP_TIMEOUT_RANGE
-    field_name = f"productionVariants.{number}.member.containerStartupHealthCheckTimeoutInSeconds"
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        too_low = isinstance(value, int) and value < low
-        bound = f"greater than or equal to {low}" if too_low else f"less than or equal to {high}"
-        raise validation_error(f"1 validation error detected: Value '{value}' at '{field_name}' failed to satisfy "
-                               f"constraint: Member must have value {bound}")
-
-
 class Hosting:
     """The hosting half of the SageMaker API and the SageMaker Runtime's InvokeEndpoint."""
 
@@ -124,10 +108,9 @@ class Hosting:
         if not variants:
             raise validation_error("1 validation error detected: Value '[]' at 'productionVariants' failed to satisfy "
                                    "constraint: Member must have length greater than or equal to 1")
-        for number, variant in enumerate(variants, 1):
+        for variant in variants:  # its ranges (startup health-check timeout): shape_checks, before this
             require(variant, "VariantName")
             self._model(require(variant, "ModelName"))
-            check_startup_timeout(variant.get("ContainerStartupHealthCheckTimeoutInSeconds"), number)
             if variant.get("InstanceType"):  # serverless variants have none
                 check_volume_key(variant["InstanceType"], request.get("KmsKeyId"), "KmsKeyId")
         tags = checked_tags(request.get("Tags"))

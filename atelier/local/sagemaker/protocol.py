@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
+import botocore.session
 from werkzeug.wrappers import Request, Response
 
 from atelier.local.sagemaker.documents import convert_times, epoch_seconds
 from atelier.local.sagemaker.endpoints import Hosting
+from atelier.local.sagemaker.shape_checks import check_shape
 from atelier.local.sagemaker.tags import ResourceTags
 from atelier.local.sagemaker.training_jobs import TrainingJobs
 from atelier.local.sagemaker.validation import ApiError
@@ -48,6 +50,9 @@ class SageMakerApp:
             "ListEndpoints": hosting.list_endpoints,
             "AddTags": tags.add_tags, "ListTags": tags.list_tags, "DeleteTags": tags.delete_tags,
         }
+        model = botocore.session.get_session().get_service_model("sagemaker")
+        # what botocore does not check before sending (max, pattern, enum), AWS checks before the operation
+        self.input_shapes = {name: model.operation_model(name).input_shape for name in self._operations}
         self._hosting = hosting
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
@@ -73,6 +78,7 @@ class SageMakerApp:
         except ValueError:
             return json_error(ApiError("SerializationException", "The request body is not JSON"))
         try:
+            check_shape(self.input_shapes[operation], body)
             result = handler(body)
         except ApiError as error:
             return json_error(error)

@@ -37,8 +37,7 @@ def normalise_request(request: dict[str, Any]) -> dict[str, Any]:
     normalised["ResourceConfig"].setdefault("InstanceCount", 1)
     check_range(normalised["ResourceConfig"]["InstanceCount"], "resourceConfig.instanceCount", 1)
     if normalised.get("RetryStrategy") is not None:
-        check_range(require(normalised, "RetryStrategy.MaximumRetryAttempts"),
-                    "retryStrategy.maximumRetryAttempts", 1, 30)
+        require(normalised, "RetryStrategy.MaximumRetryAttempts")  # its 1..30: shape_checks, before this
     normalised["StoppingCondition"].setdefault("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
     if normalised.get("CheckpointConfig"):
         normalised["CheckpointConfig"].setdefault("LocalPath", CONTAINER_CHECKPOINTS)
