@@ -52,6 +52,11 @@ def read_json(path: Path, default):
     return json.loads(path.read_text()) if path.is_file() else default
 
 
+def hyperparameters(root: Path) -> dict[str, str]:
+    """hyperparameters.json: the job's HyperParameters, all strings ({} without it)."""
+    return read_json(root / "input" / "config" / "hyperparameters.json", {})
+
+
 def resource_config(root: Path) -> dict:
     """resourceconfig.json: this host, every host, the network interface, the instance type (one host without it)."""
     return read_json(root / "input" / "config" / "resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
@@ -60,7 +65,6 @@ def resource_config(root: Path) -> dict:
 def sagemaker_environment(root: Path) -> dict[str, str]:
     """The SM_* variables for the job configured under `root`, as the training toolkit sets them."""
     config = root / "input" / "config"
-    hyperparameters = read_json(config / "hyperparameters.json", {})
     channels = sorted(read_json(config / "inputdataconfig.json", {}))
     resources = resource_config(root)
     environment = {
@@ -68,7 +72,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
         "SM_OUTPUT_DIR": str(root / "output"),
         "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
         "SM_CHANNELS": json.dumps(channels),
-        "SM_HPS": json.dumps(hyperparameters),
+        "SM_HPS": json.dumps(hyperparameters(root)),
         "SM_HOSTS": json.dumps(resources["hosts"]),
         "SM_CURRENT_HOST": resources["current_host"],
         "SM_NUM_GPUS": str(torch.cuda.device_count()),
@@ -80,7 +84,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
 
 def job_task(root: Path) -> str:
     """The `task` hyperparameter: `train` (also when absent), `evaluate`, `encode` or `autoencoder`."""
-    task = read_json(root / "input" / "config" / "hyperparameters.json", {}).get("task", "train")
+    task = hyperparameters(root).get("task", "train")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: the hyperparameter `task` is one of {', '.join(TASKS)}")
     return task
@@ -88,7 +92,7 @@ def job_task(root: Path) -> str:
 
 def cpu_threads(root: Path) -> int | None:
     """The `cpu-threads` hyperparameter: a whole number >= 1, or None when absent."""
-    raw = read_json(root / "input" / "config" / "hyperparameters.json", {}).get("cpu-threads")
+    raw = hyperparameters(root).get("cpu-threads")
     if raw is None:
         return None
     text = str(raw).strip()
@@ -99,9 +103,8 @@ def cpu_threads(root: Path) -> int | None:
 
 def hyperparameter_argv(root: Path) -> list[str]:
     """The hyperparameters (all strings) as `--name value`, without the container's and the SageMaker SDK's own."""
-    hyperparameters = read_json(root / "input" / "config" / "hyperparameters.json", {})
     argv = []
-    for name, value in hyperparameters.items():
+    for name, value in hyperparameters(root).items():
         if name not in CONTAINER_HYPERPARAMETERS and not name.startswith("sagemaker_"):  # the SDK's own settings
             argv += [f"--{name}", str(value)]
     return argv

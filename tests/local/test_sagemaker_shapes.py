@@ -7,13 +7,12 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import botocore.session
 import pytest
 from botocore.model import Shape
 
 from atelier.local.sagemaker import LocalSageMaker
 from atelier.local.sagemaker.shape_checks import SKIPPED_PATTERNS, check_shape
-from atelier.local.sagemaker.validation import ApiError
+from atelier.local.sagemaker.validation import ApiError, sagemaker_model
 from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
     FAKE_IMAGE,
     ROLE,
@@ -26,7 +25,7 @@ from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
     training_request,
 )
 
-MODEL = botocore.session.get_session().get_service_model("sagemaker")
+MODEL = sagemaker_model()
 
 
 def refusal(operation: str, request: dict[str, Any]) -> str | None:

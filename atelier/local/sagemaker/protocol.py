@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
-import botocore.session
 from werkzeug.wrappers import Request, Response
 
 from atelier.local.sagemaker.documents import convert_times, epoch_seconds
@@ -23,7 +22,7 @@ from atelier.local.sagemaker.endpoints import Hosting
 from atelier.local.sagemaker.shape_checks import check_shape
 from atelier.local.sagemaker.tags import ResourceTags
 from atelier.local.sagemaker.training_jobs import TrainingJobs
-from atelier.local.sagemaker.validation import ApiError
+from atelier.local.sagemaker.validation import ApiError, sagemaker_model
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +49,8 @@ class SageMakerApp:
             "ListEndpoints": hosting.list_endpoints,
             "AddTags": tags.add_tags, "ListTags": tags.list_tags, "DeleteTags": tags.delete_tags,
         }
-        model = botocore.session.get_session().get_service_model("sagemaker")
         # what botocore does not check before sending (max, pattern, enum), AWS checks before the operation
-        self.input_shapes = {name: model.operation_model(name).input_shape for name in self._operations}
+        self.input_shapes = {name: sagemaker_model().operation_model(name).input_shape for name in self._operations}
         self._hosting = hosting
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:

@@ -6,12 +6,14 @@ ClientError with the same code and message), so pipeline code meets here what it
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import botocore.session
+from botocore.model import ServiceModel
 
 from core.training.instance_types import has_instance_store
 
@@ -31,9 +33,15 @@ class MapLimits:
     max_value_length: int
 
 
+@functools.cache
+def sagemaker_model() -> ServiceModel:
+    """botocore's model of the SageMaker API, loaded once a process (about 40 ms)."""
+    return botocore.session.get_session().get_service_model("sagemaker")
+
+
 def map_limits(map_shape: str) -> MapLimits:
     """The limits botocore's model of SageMaker gives a map shape (botocore checks neither max nor pattern)."""
-    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for(map_shape)
+    shape = sagemaker_model().shape_for(map_shape)
     return MapLimits(shape.metadata["max"], shape.key.metadata["max"], shape.key.metadata["pattern"],
                      shape.value.metadata["max"])
 
