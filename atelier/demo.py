@@ -178,7 +178,7 @@ def _show_training(bar: Progress, stack: LocalStack, status: client.Status, task
 
 
 def training_figures(log: str) -> dict | None:
-    """The last training line (trainer/train.py: step, steps, progress, img_per_s, eta_s) in a log."""
+    """The last training line (trainer/jobs/train.py: step, steps, progress, img_per_s, eta_s) in a log."""
     for line in reversed(log.splitlines()):
         start = line.find("{")
         if start < 0 or '"eta_s"' not in line:

@@ -13,7 +13,7 @@ from contextlib import suppress
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-import trainer.report_html as report_html
+import trainer.report.render as report_html
 from atelier import client
 from atelier.client import PipelineError
 from contracts import pipeline_table, s3_layout
@@ -127,7 +127,7 @@ def _models_holding(outputs: dict[str, str], samples: dict[str, str], models: li
 
 
 def job_report(outputs: dict[str, str], job: str) -> bytes:
-    """The job's complete report.html, rendered here with the trainer's renderer (trainer/report_html.py):
+    """The job's complete report.html, rendered here with the trainer's renderer (trainer/report/render.py):
     the run's figures and grids from its output data (an older trainer's record in model.tar.gz), with
     the gate's `evaluation.json` and `lineage.json` beside the artefact; with neither figures nor a
     decision, the page the trainer wrote."""

@@ -28,7 +28,7 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 import torch  # noqa: E402
 
 from bench.train_gpu import commit, versions  # noqa: E402
-from trainer.models import load_models  # noqa: E402
+from trainer.models.loading import load_models  # noqa: E402
 
 
 def step_function(model_config: str, resolution: int, batch: int):

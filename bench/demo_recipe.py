@@ -60,7 +60,8 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     torch.set_num_threads(threads)
     from atelier.prompt_match import DEMO_PROMPTS, STEPS
     from atelier.prompt_match import matches
-    from trainer import encode, serve, train
+    from trainer.jobs import encode, train
+    from trainer.serve import server as serve
 
     base, work = Path(root), Path(root) / f"{variant}-{seed}"
     hyper = {**recipe("TrainingHyperparameters"), "seed": str(seed), "validation-prompts": "", **overrides}
@@ -111,7 +112,7 @@ def main() -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from atelier.catalog import DEMO_IMAGES, EVAL_IMAGES, procedural_catalog, training_combinations
     from atelier.prompt_match import GUIDANCE
-    from trainer import autoencoder
+    from trainer.jobs import autoencoder
 
     seeds = [int(seed) for seed in args.seeds.split(",")]
     variants = args.variant or [("shipped", {})]

@@ -44,7 +44,7 @@ def build_pipeline_dir(preset_name: str, directory: Path, seed: int) -> None:
     from diffusers import AutoencoderKL, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from trainer.models import read_preset
+    from trainer.models.loading import read_preset
     preset = read_preset(preset_name)
     torch.manual_seed(seed)
     tokenizer = clip_tokenizer(directory / "_vocab")

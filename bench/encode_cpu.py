@@ -1,7 +1,7 @@
 """The encode job's throughput on this machine's CPU, against the VAE encoder alone.
 
 Procedural catalogue pictures (atelier.catalog) in shards of the packer's layout, encoded by
-`trainer.encode.encode_shards` with the tiny preset. Prints one JSON line:
+`trainer.jobs.encode.encode_shards` with the tiny preset. Prints one JSON line:
 - encode.cpu_img_per_s: samples a second through encode_shards (reading, decoding, tokenizing,
   encoding, serialising and writing the shards), the median of --repeats runs after a warm-up;
 - its `ratio_vs_vae`: that over the VAE encoder alone on as many images in batches of the same size,
@@ -32,8 +32,8 @@ import torch  # noqa: E402
 
 from atelier.catalog import procedural_catalog, training_combinations  # noqa: E402
 from bench.catalog_shards import write_shards  # noqa: E402
-from trainer.encode import encode_shards, models_identity  # noqa: E402
-from trainer.models import load_models  # noqa: E402
+from trainer.jobs.encode import encode_shards, models_identity  # noqa: E402
+from trainer.models.loading import load_models  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -1,6 +1,6 @@
 """The evaluation's held-out losses: several samples per model call against one at a time.
 
-trainer/evaluate.py's `validation_losses` on random pictures with the preset's models (random
+trainer/jobs/evaluate.py's `validation_losses` on random pictures with the preset's models (random
 weights, fp32, as the evaluation runs them), timed with `per_call=1` (one sample a call, as before)
 and with its default (`samples_per_call`, or --per-call), alternately in one process (A B A B ..., after a warm-up
 of each). Prints one JSON line per figure:
@@ -27,8 +27,8 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 import torch  # noqa: E402
 
 from bench.train_gpu import commit, versions  # noqa: E402
-from trainer.evaluate import EvalConfig, EvalSample, for_scoring, samples_per_call, validation_losses  # noqa: E402
-from trainer.models import load_models  # noqa: E402
+from trainer.jobs.evaluate import EvalConfig, EvalSample, for_scoring, samples_per_call, validation_losses  # noqa: E402
+from trainer.models.loading import load_models  # noqa: E402
 
 
 def timed(models, samples, config, device, per_call: int | None) -> tuple[float, torch.Tensor]:

@@ -1,12 +1,12 @@
-"""Benchmark the endpoint's model server (trainer/serve.py) on the SD-2-size pipeline: one JSON line per figure.
+"""Benchmark the endpoint's model server (trainer/serve/server.py) on the SD-2-size pipeline: one JSON line per figure.
 
     PYTHONUNBUFFERED=1 python bench/serve_gpu.py --out $OUT/serve.jsonl        # one H200, under 600 s
     .venv/bin/python bench/serve_gpu.py --model-config tiny --size 64 --steps 2  # CPU smoke run
 
 Everything served is the server's own code path: the preset built with random weights by the
-trainer's code (trainer.models.load_models + build_pipeline, saved with save_pretrained, as a
-training job saves its model), loaded by trainer.serve.load_pipeline with a ServeSettings, and run
-by trainer.serve.generate on a Generation from trainer.serve.parse_request. The baseline is plain
+trainer's code (trainer.models.loading.load_models + build_pipeline, saved with save_pretrained, as a
+training job saves its model), loaded by trainer.serve.server.load_pipeline with a ServeSettings, and run
+by trainer.serve.server.generate on a Generation from trainer.serve.server.parse_request. The baseline is plain
 diffusers on the same directory: StableDiffusionPipeline.from_pretrained(dir, torch_dtype=bf16) on
 the GPU, its saved scheduler, no compile, the same prompt, steps, guidance, size and seeds (fp32 on
 a CPU, as the server runs there).
@@ -18,7 +18,7 @@ Lines (`<size>` is --size):
 - `serve.ratio_vs_diffusers`: diffusers' p50 / the server's p50 (goal >= 2.0).
 - `serve.http_p50_latency_s_<size>`: the same server behind its InferenceServer, one client posting
   one request at a time (HTTP, parsing and PNG encoding included), generations on the thread that
-  warmed the pipeline up, as trainer.serve.main runs them.
+  warmed the pipeline up, as trainer.serve.server.main runs them.
 - `serve.img_per_s_<size>`: the server's images/s at the batch (images a request, --batches) that
   maximises it; the sweep stops once a batch gains under 3%.
 - `serve.cold_start_s`: `python -m trainer.container serve` (the image's entrypoint) started on a
@@ -63,8 +63,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.train_gpu import commit, versions  # noqa: E402
-from trainer import serve  # noqa: E402
-from trainer.serve_levers import compiled, lever_plan  # noqa: E402
+from trainer.serve import server as serve  # noqa: E402
+from trainer.serve.levers import compiled, lever_plan  # noqa: E402
 
 PROMPT = "a photo of a red fox sitting in a snowy forest at sunrise"
 LEVERS = {  # each lever alone, as ServeSettings fields on top of the plain server; compiled ones last
@@ -111,7 +111,7 @@ def build_model(args) -> Path:
     if (directory / "model_index.json").is_file():
         note(event="pipeline_reused", dir=str(directory))
         return directory
-    from trainer.models import build_pipeline, load_models
+    from trainer.models.loading import build_pipeline, load_models
     started = time.time()
     # initialised on the GPU where there is one: the same architecture, minutes less of CPU init
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -233,7 +233,7 @@ def headline(args, directory: Path, emit, common: dict):
     config = {"steps": args.steps, "size": args.size, "images_per_request": 1, "guidance": generation.guidance_scale,
               "levers": plan, "settings": lever_fields(settings), "load_s": round(load_s, 1),
               "first_call_s": round(first["server"], 2), "warmup": args.warmup, "order": "A B A B (diffusers, server)",
-              "path": "trainer.serve.load_pipeline + generate (no HTTP, no PNG)"}
+              "path": "trainer.serve.server.load_pipeline + generate (no HTTP, no PNG)"}
     emit({"metric": f"serve.p50_latency_s_{args.size}", "value": ours_s["p50_s"], "unit": "s", **ours_s,
           "config": config, **common})
     emit({"metric": f"serve.p99_latency_s_{args.size}", "value": ours_s["p99_s"], "unit": "s",
@@ -247,7 +247,7 @@ def headline(args, directory: Path, emit, common: dict):
           "diffusers_p50_s": theirs_s["p50_s"], "config": config, **common})
     http_s = over_http(ours, settings, lambda address: sequential_requests(args, address))
     emit({"metric": f"serve.http_p50_latency_s_{args.size}", "value": summary(http_s)["p50_s"], "unit": "s",
-          **summary(http_s), "config": {**config, "path": "POST /invocations to trainer.serve.InferenceServer, one "
+          **summary(http_s), "config": {**config, "path": "POST /invocations to trainer.serve.server.InferenceServer, one "
                                         "client, one request at a time: HTTP, JSON parsing and PNG encoding included"},
           **common})
     if args.sweep:
@@ -333,7 +333,7 @@ def lever(args, name: str, directory: Path, plain, plain_images: list, emit, com
 
 def over_http(pipeline, settings: serve.ServeSettings, client):
     """`client(address)`'s result against an InferenceServer whose generations run on this thread, as
-    trainer.serve.main runs them (the thread that warmed the pipeline up)."""
+    trainer.serve.server.main runs them (the thread that warmed the pipeline up)."""
     outcome = {}
     with serve.InferenceServer("127.0.0.1", 0, settings, serve.Provenance("bench", "bench", "bench"), pipeline,
                                generation_thread=False) as server:
@@ -393,7 +393,7 @@ def batching(args, plain, emit, common: dict) -> None:
           "request_p50_s_unbatched": latency[0.0],
           "config": {"clients": args.clients, "requests_per_client": args.client_requests, "window_ms": args.window_ms,
                      "max_batch": args.clients, "steps": args.steps, "size": args.size, "order": "A B A B",
-                     "path": "trainer.serve.InferenceServer over HTTP (PNG encoding included), plain levers"}})
+                     "path": "trainer.serve.server.InferenceServer over HTTP (PNG encoding included), plain levers"}})
 
 
 def concurrent_requests(args, address) -> dict:

@@ -7,9 +7,9 @@
    the attributes) at --size px, --images pictures, written twice: as shards in the packer's layout
    (ours) and as an imagefolder with metadata.jsonl (the peer's `--train_data_dir`). A held-out set
    from another seed, with none of the training bytes, is the eval shards.
-2. A base pipeline both runs start from: the autoencoder job (trainer/autoencoder.py) trains the VAE on
+2. A base pipeline both runs start from: the autoencoder job (trainer/jobs/autoencoder.py) trains the VAE on
    the training shards; the text encoder (random, frozen), tokenizer (CLIP BPE), scheduler and a UNet
-   of --model-config with seed 0 come from trainer.models. The scheduler is the demo's recipe
+   of --model-config with seed 0 come from trainer.models.loading. The scheduler is the demo's recipe
    (--prediction-type v_prediction with a zero-terminal-SNR schedule: with epsilon and SD's schedule
    no model of the catalogue draws its prompts' colours, docs/trainer.md), and both runs read it from
    the base. Same weights, same images, same objective for both runs.
@@ -21,7 +21,7 @@
    bf16 autocast, no EMA, no caption dropout, no flips, centred crops; checkpoints every
    --checkpoint-every steps. A checkpoint's time is when it is complete on disk (ours: the atomic
    rename of step-N/; peer: its "Saved state to" log line). Both stop after their last checkpoint.
-4. Off the clock: every checkpoint's UNet (in the base pipeline) is scored by trainer/evaluate.py on the
+4. Off the clock: every checkpoint's UNet (in the base pipeline) is scored by trainer/jobs/evaluate.py on the
    same held-out shards, timesteps and seeds (`val_loss`). The peer's checkpoints also draw the demo's
    twelve prompts, six of them combinations no training picture shows (atelier/prompt_match.py:
    `match`, the share whose picture has the prompt's colours), in step order until one reaches
@@ -126,7 +126,7 @@ def prepare(args, work: Path) -> None:
 
 
 def train_vae(args, work: Path) -> None:
-    from trainer import autoencoder
+    from trainer.jobs import autoencoder
     started = time.monotonic()
     vae = autoencoder.main(autoencoder.parse_args([
         "--train-dir", str(work / "shards"), "--validation-dir", str(work / "eval"), "--model-dir", str(work / "vae"),
@@ -141,8 +141,8 @@ def train_vae(args, work: Path) -> None:
 def build_base(args, work: Path) -> None:
     """The base pipeline: the VAE in --work, the preset's other parts at seed 0, the scheduler of the recipe."""
     import torch
-    from trainer.models import build_pipeline, load_models
-    from trainer.train import zero_terminal_snr
+    from trainer.models.loading import build_pipeline, load_models
+    from trainer.jobs.train import zero_terminal_snr
     models = load_models(args.model_config, None, 0, vae=str(work / "vae"))
     models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
     if args.zero_terminal_snr:
@@ -204,7 +204,7 @@ def run_ours(args, work: Path, name: str, extra: str) -> Run:
     # the image puts the one package of functions/ the trainer shares (contracts) on its path
     path = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
     run.started = time.monotonic()
-    code = watch([*python, "trainer.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
+    code = watch([*python, "trainer.jobs.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
                   "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
                   "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers),
                   *args.encode_args.split()],
@@ -217,7 +217,7 @@ def run_ours(args, work: Path, name: str, extra: str) -> Run:
     poller = threading.Thread(target=poll_checkpoints, args=(checkpoints, run, stop), daemon=True)
     poller.start()
     last = args.steps
-    code = watch([*python, "trainer.train", "--train-dir", str(work / "latents"), "--model-dir", str(work / "ours-model"),
+    code = watch([*python, "trainer.jobs.train", "--train-dir", str(work / "latents"), "--model-dir", str(work / "ours-model"),
                   "--checkpoint-dir", str(checkpoints), "--resume", "none", "--pretrained", str(work / "base"),
                   "--init-unet", "pretrained", "--model-config", args.model_config, "--steps", str(args.steps),
                   "--batch-size", str(args.batch), "--resolution", str(args.size), "--learning-rate", str(args.learning_rate),
@@ -282,7 +282,7 @@ def score(run: Run, work: Path, samples: list, config, device, match_until: floa
     """Each checkpoint's held-out loss and, with `match_until`, its prompt match rate, checkpoint by
     checkpoint until one reaches it (drawing the prompts is most of the scoring time). Kept in --work:
     a checkpoint is scored once."""
-    from trainer.evaluate import score_model
+    from trainer.jobs.evaluate import score_model
     record = work / f"{run.name}-scores.json"
     scores = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
     matching = match_until is not None
@@ -315,7 +315,7 @@ def match_rate(pipeline: Path, config, device) -> float:
     """The share of the demo's prompts whose picture shows the prompt's colours (atelier/prompt_match.py)."""
     import io
     from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, STEPS, matches
-    from trainer.evaluate import EvalConfig, load_models, sample_images
+    from trainer.jobs.evaluate import EvalConfig, load_models, sample_images
     models = load_models(pipeline, device)
     drawn = sample_images(models, list(DEMO_PROMPTS), EvalConfig(config.timesteps, 0, config.resolution, STEPS, GUIDANCE))
     hits = []
@@ -374,7 +374,7 @@ def plot(runs: list[tuple[Run, dict[int, dict]]], target: float | None, folder: 
                          label=run.name)
     if target is not None:
         losses.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
-    losses.set_ylabel("held-out val_loss (trainer/evaluate.py)")
+    losses.set_ylabel("held-out val_loss (trainer/jobs/evaluate.py)")
     losses.set_yscale("log")
     losses.legend()
     losses.grid(True, which="both", alpha=0.3)
@@ -447,11 +447,11 @@ def parse_args() -> argparse.Namespace:
                         help="the base scheduler's (both runs read it)")
     parser.add_argument("--zero-terminal-snr", type=int, default=1, help="1: the base scheduler reaches pure noise")
     parser.add_argument("--vae-learning-rate", type=float, default=1e-3)
-    parser.add_argument("--encode-args", default="", help="extra trainer.encode flags, e.g. '--compile false'")
+    parser.add_argument("--encode-args", default="", help="extra trainer.jobs.encode flags, e.g. '--compile false'")
     parser.add_argument("--peer-args", default="", help="extra script flags, e.g. '--report_to all' without tensorboard")
     parser.add_argument("--peer-path", default="", help="prepended to PYTHONPATH for the peer's process only")
     parser.add_argument("--ours", action="append", default=None, metavar="NAME=FLAGS",
-                        help="a configuration of ours: its name (its records in --work) and extra trainer.train flags, "
+                        help="a configuration of ours: its name (its records in --work) and extra trainer.jobs.train flags, "
                              "e.g. 'graphs=--cuda-graphs true'; repeat for several (default: 'ours=')")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16), help="data processes")
     parser.add_argument("--skip-match", action="store_true", help="do not draw the demo prompts")
@@ -467,7 +467,7 @@ def main() -> None:
     args = parse_args()
     import torch
     from bench.train_gpu import commit, versions
-    from trainer.evaluate import EvalConfig, find_eval_shards, read_eval_samples
+    from trainer.jobs.evaluate import EvalConfig, find_eval_shards, read_eval_samples
 
     args.work.mkdir(parents=True, exist_ok=True)
     if args.out:
@@ -479,7 +479,7 @@ def main() -> None:
     if args.runs != "ours":
         peer = timed(args.work, "peer", lambda: run_peer(args, args.work))
         progress("peer trained", s=peer.checkpoints[args.steps])
-    configurations = dict(entry.partition("=")[::2] for entry in args.ours or ["ours="])  # name -> trainer.train flags
+    configurations = dict(entry.partition("=")[::2] for entry in args.ours or ["ours="])  # name -> trainer.jobs.train flags
     ours = []
     for name, extra in configurations.items():
         if args.runs != "peer":

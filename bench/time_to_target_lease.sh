@@ -27,10 +27,10 @@ ours)
   [ -n "${VAE:-}" ] && mkdir -p $W/vae && cp $VAE/* $W/vae/
   ttt --prepare-only 2>&1 | grep progress; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
   mkdir -p $W/warm-shards && for f in $(ls $W/shards | grep '\.tar$' | head -2); do cp $W/shards/$f $W/warm-shards/; done
-  python3 -m trainer.encode --train-dir $W/warm-shards --output-dir $W/latents-warmup --pretrained $W/base \
+  python3 -m trainer.jobs.encode --train-dir $W/warm-shards --output-dir $W/latents-warmup --pretrained $W/base \
     --model-config small --resolution 256 --aspect-buckets false --batch-size 128 --num-workers 8 --compile false \
     > $OUT/warmup-encode.log 2>&1 || exit 1
-  TORCHINDUCTOR_CACHE_DIR=/tmp/ind-a TRITON_CACHE_DIR=/tmp/tri-a python3 -m trainer.train \
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ind-a TRITON_CACHE_DIR=/tmp/tri-a python3 -m trainer.jobs.train \
     --train-dir $W/latents-warmup --model-dir /tmp/warmup-model --checkpoint-dir /tmp/warmup-ck --resume none \
     --pretrained $W/base --init-unet pretrained --model-config small --steps 12 --batch-size 128 --resolution 256 \
     --learning-rate 2e-4 --max-grad-norm 1 --ema-decay 0 --final-weights trained --caption-dropout 0 \

@@ -3,16 +3,16 @@
     PYTHONUNBUFFERED=1 python bench/train_gpu.py --shards /tmp/shards --make-shards 2048 --out $OUT/train.jsonl
 
 Run it through the device tool (bench/gpu_wheels.sh fetches the wheels the GPU machine lacks).
-Everything is the trainer's own code: models from `trainer.models.load_models` (a preset, random
-init), the step `trainer.train.main` runs, `trainer.step.train_step` (trainer.objective.diffusion_loss
+Everything is the trainer's own code: models from `trainer.models.loading.load_models` (a preset, random
+init), the step `trainer.jobs.train.main` runs, `trainer.jobs.step.train_step` (trainer.objectives.diffusion.diffusion_loss
 with the trainer's default noise offset and min-SNR settings, backward, gradient clipping, the
 all-ranks finiteness check, AdamW, the EMA, the LR schedule) and, for image shards,
 the trainer's loader (`index_shards`, `BatchPlan`, `StepBatches`, `make_loader`) with its own
-data-wait timing (`trainer.health.Window`).
+data-wait timing (`trainer.runtime.health.Window`).
 
 Configurations (`--configs`, comma-separated, run in order in this one process):
 - `image512`, `image256`: image shards, VAE and text encoder online.
-- `latent512`, `latent256`: latent shards written by trainer/encode.py (`--encode 512,256` first
+- `latent512`, `latent256`: latent shards written by trainer/jobs/encode.py (`--encode 512,256` first
   encodes the image shards with the same models and reports `train.encode_img_per_s_<res>`), read
   through the trainer's loader; the UNet and the text encoder (on the stored token ids) run.
 - `resident512`, `resident256`: "unet-only, latents resident": random latents already on the GPU
@@ -21,28 +21,28 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   shards, `--encode 1024`, `--batch-1024`).
 - levers on a base config, measured one at a time: `<base>+cl` (channels_last UNet),
   `<base>+fused` (fused AdamW), `<base>+b<N>` (batch N), `<base>+compile` (torch.compile of the UNet,
-  as `trainer.train --compile`), `<base>+cudnn` (cudnn.benchmark), `<base>+graphs` (CUDA graphs:
+  as `trainer.jobs.train --compile`), `<base>+cudnn` (cudnn.benchmark), `<base>+graphs` (CUDA graphs:
   torch.compile mode "reduce-overhead", implies compile; GPU only, a skipped line on a CPU),
   `<base>+nopin` (the loader without pinned memory), `<base>+accum<N>` (N micro-batches per optimizer
-  step, as `trainer.train --gradient-accumulation N`: the loader plans N per step, the loss is
+  step, as `trainer.jobs.train --gradient-accumulation N`: the loader plans N per step, the loss is
   scaled by 1/N, the all-reduce runs on the last; img/s counts N x batch per step),
   `<base>+accum<N>+sync` (the all-reduce on every micro-batch: meaningful under torchrun only),
   `<base>+fp32` (bf16 autocast off: the UNet and text encoder in fp32, to measure what bf16 gives),
   `<base>+mathattn` (diffusers' classic AttnProcessor instead of SDPA, to measure what SDPA gives),
-  `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.compile_vae_encoder),
+  `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.loading.compile_vae_encoder),
   `<base>+vaecl` (the same with channels-last encoder weights),
   `<base>+lopt` (inductor's layout optimisation forced on: channels-last through the compiled graphs),
   `<base>+default` (what trainer/configs/defaults/fast.json gives a job with default parameters for `--model-config`
   at that resolution: compile, fused AdamW, batch, accumulation; also gives `train.img_per_s_<res>_default`),
   `<base>+bf16w` (the UNet's weights in bf16, their fp32 masters stepped by the optimizer, clipped and averaged
-  by the EMA: trainer.master_weights; single process only, a skipped line under torchrun),
+  by the EMA: trainer.speed.master_weights; single process only, a skipped line under torchrun),
   `<base>+fp8` (torchao float8 training, `convert_to_float8_training`, tensorwise dynamic scaling, on the
   linear layers of the UNet's Transformer2DModel blocks whose dims are multiples of 16, less the cross-attention
   key/value projections of the 77 text tokens; torchao imported in the lever: without it, or without a CUDA
   device of compute capability >= 8.9, a skipped line),
-  `<base>+stepgraph` (trainer/cuda_graphs.py, as `trainer.train --cuda-graphs true`: the UNet's forward, loss and
+  `<base>+stepgraph` (trainer/speed/cuda_graphs.py, as `trainer.jobs.train --cuda-graphs true`: the UNet's forward, loss and
   backward captured once per shape and replayed, eager or compiled, the draws and the optimizer outside),
-  `<base>+gnsilu` (each ResnetBlock2D's GroupNorm -> SiLU pairs as one op, trainer.fused_norm: Triton kernels on
+  `<base>+gnsilu` (each ResnetBlock2D's GroupNorm -> SiLU pairs as one op, trainer.speed.fused_norm: Triton kernels on
   a GPU, its PyTorch formulas on a CPU),
   combinations joined with `+`. Each lever line carries `ratio_vs_plain` against `<base>` and
   `ratio_vs_without` against its name less the last lever (`latent512+compile+graphs` against
@@ -61,19 +61,19 @@ torch.utils.flop_counter.FlopCounterMode, once per resolution on a batch of one,
 steps: `unet_tflop_per_image_counted`, and MFU from it where no fixed figure applies (`flops_basis`
 says which); for sd2 it is a cross-check beside the fixed figure.
 
-`--decode-bench N` (after the configurations): the image loader's CPU work per JPEG (trainer.data's
+`--decode-bench N` (after the configurations): the image loader's CPU work per JPEG (trainer.data.shards's
 decode_image + crop_to_bucket, one process, one thread as in a loader worker) against
 torchvision.io.decode_jpeg on the GPU (batched, then scaled and cropped with interpolate) on N
 JPEGs of the shards; a `train.lever.gpu_jpeg_decode` line with both, the loader's capacity
 (num_workers / CPU s per image), the fastest image configuration's img/s and a verdict.
 
-`--compile-cache DIR`: a compiled first configuration loads its shape's trainer.compile_cache file before
+`--compile-cache DIR`: a compiled first configuration loads its shape's trainer.speed.compile_cache file before
 its first step and saves it after, and its first step is also reported as
 `train.first_step_s_compiled_warm` (a file was loaded) or `_cold`. Run it twice, each process with its
 own empty TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, so only the file carries the compile.
 
 The first configuration also gives `train.first_step_s`: process start to the first optimizer step,
-with the same setup order as trainer.train.main (models built, the UNet on the GPU already, the frozen
+with the same setup order as trainer.jobs.train.main (models built, the UNet on the GPU already, the frozen
 parts moved there, optimizer, EMA, shards indexed, loader started).
 
 Under torchrun every rank prints its own lines (`rank`, `world_size`); make the shards in a single
@@ -104,11 +104,11 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Callable  # noqa: E402
 
 if TYPE_CHECKING:  # the trainer and torch are imported late: their import time counts in train.first_step_s
-    from trainer.compile_cache import CacheKey, JobCache
-    from trainer.data import ShardIndex, StepBatches
-    from trainer.distributed import Processes
-    from trainer.master_weights import MasterWeights
-    from trainer.models import Models
+    from trainer.speed.compile_cache import CacheKey, JobCache
+    from trainer.data.shards import ShardIndex, StepBatches
+    from trainer.runtime.distributed import Processes
+    from trainer.speed.master_weights import MasterWeights
+    from trainer.models.loading import Models
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "functions")]  # the trainer and what it shares with the Lambdas, as for pytest
@@ -267,7 +267,7 @@ def parse_config(name: str) -> Configuration:
 def apply_fast_default(config: Configuration, preset: str) -> Configuration:
     """`<base>+default`: what a job with default parameters runs (trainer/configs/defaults/fast.json) for the preset
     at the base's resolution: its compile, fused AdamW, batch and accumulation."""
-    from trainer.fast_defaults import lookup
+    from trainer.speed.fast_defaults import lookup
     if not config.fast_default:
         return config
     fast = lookup(preset, config.resolution)
@@ -288,12 +288,12 @@ class Bench:
     profile: set[str]  # the configurations to profile (--profile)
     batch_default: dict[int, int]  # resolution -> batch when the configuration names none
     latent_dirs: dict[int, str] = field(default_factory=dict)  # resolution -> the latent shards --encode wrote
-    identity: str | None = None  # trainer.encode.models_identity, hashed once
+    identity: str | None = None  # trainer.jobs.encode.models_identity, hashed once
     image_index: ShardIndex | None = None  # the image shards, indexed once
     latent_indexes: dict[int, ShardIndex] = field(default_factory=dict)  # resolution -> its latent shards, indexed
     # (part, resolution) -> (TFLOP per image, by kind), counted once with --count-flops
     counted: dict[tuple[str, int], tuple[float, dict]] = field(default_factory=dict)
-    trainer_autocast: Callable | None = None  # trainer.objective.autocast while the fp32 lever replaces it
+    trainer_autocast: Callable | None = None  # trainer.objectives.diffusion.autocast while the fp32 lever replaces it
     master_weights: MasterWeights | None = None  # the bf16w lever's, until release() restores fp32 weights
     float8_originals: dict[str, object] = field(default_factory=dict)  # the fp8 lever: fqn -> the nn.Linear it swapped
 
@@ -307,7 +307,7 @@ class Bench:
 
 @dataclass
 class FirstCache:
-    """The compile cache of the first configuration's shape, as trainer.train keys and loads it."""
+    """The compile cache of the first configuration's shape, as trainer.jobs.train keys and loads it."""
     key: CacheKey
     job: JobCache
     outcome: dict  # JobCache.load's account of what it loaded
@@ -406,13 +406,13 @@ def resident_latents(models, batch: int, resolution: int, device, pool: int = 4)
 
 def latent_batches(bench: Bench, resolution: int, plan, accumulation: int) -> StepBatches:
     """The trainer's own latent-shard dataset over the shards `--encode` wrote at this resolution."""
-    from trainer.data import BatchPlan, StepBatches, index_shards
-    from trainer.encode import check_latent_shards
-    from trainer.models import caption_ids
+    from trainer.data.shards import BatchPlan, StepBatches, index_shards
+    from trainer.jobs.encode import check_latent_shards
+    from trainer.models.loading import caption_ids
     models, processes = bench.models, bench.processes
     if resolution not in bench.latent_indexes:
         index = index_shards(bench.latent_dirs[resolution], processes.local_rank, processes.local_world_size)
-        check_latent_shards(index, models, {resolution})  # as trainer.train does (hashes the VAE and text encoder)
+        check_latent_shards(index, models, {resolution})  # as trainer.jobs.train does (hashes the VAE and text encoder)
         bench.latent_indexes[resolution] = index
     index = bench.latent_indexes[resolution]
     batch_plan = BatchPlan(index.aspect, plan, bench.args.seed, processes.rank, accumulation, models.size_multiple,
@@ -421,7 +421,7 @@ def latent_batches(bench: Bench, resolution: int, plan, accumulation: int) -> St
 
 
 def step_module(model, config: Configuration):
-    """What the step calls: the model itself, compiled as `trainer.train --compile`, or compiled with CUDA graphs."""
+    """What the step calls: the model itself, compiled as `trainer.jobs.train --compile`, or compiled with CUDA graphs."""
     import torch
     if config.graphs:  # one graph per bucket shape, replayed; the step's inputs are copied into its static buffers
         return torch.compile(model, dynamic=False, mode="reduce-overhead")
@@ -430,8 +430,8 @@ def step_module(model, config: Configuration):
 
 def start_batches(bench: Bench, config: Configuration, plan, batch: int) -> tuple:
     """(the micro-batches in step order, whether the loader pins them): the trainer's loader over image or
-    latent shards, planned for `accumulation` micro-batches per step as trainer.train plans them; or resident latents."""
-    from trainer.data import BatchPlan, StepBatches, index_shards, make_loader
+    latent shards, planned for `accumulation` micro-batches per step as trainer.jobs.train plans them; or resident latents."""
+    from trainer.data.shards import BatchPlan, StepBatches, index_shards, make_loader
     args, models, processes = bench.args, bench.models, bench.processes
     if config.source == "resident":
         return resident_latents(models, batch, config.resolution, bench.device), None
@@ -458,17 +458,17 @@ def first_marked(batches, marks: dict[str, float]):
 
 
 def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, first: bool) -> dict:
-    """`warmup` steps, `steps` timed ones and, with --profile, 3 profiled ones of trainer.step.train_step."""
+    """`warmup` steps, `steps` timed ones and, with --profile, 3 profiled ones of trainer.jobs.step.train_step."""
     import torch
     from torch.optim.lr_scheduler import LambdaLR
 
-    from trainer import distributed
-    from trainer.ema import EMA
-    from trainer.health import Window
-    from trainer.models import compile_vae_encoder
-    from trainer.stages import plan_from_args
-    from trainer.cuda_graphs import GraphedBackward
-    from trainer.step import StepSettings, Trainee, train_step
+    from trainer.runtime import distributed
+    from trainer.runtime.ema import EMA
+    from trainer.runtime.health import Window
+    from trainer.models.loading import compile_vae_encoder
+    from trainer.data.stages import plan_from_args
+    from trainer.speed.cuda_graphs import GraphedBackward
+    from trainer.jobs.step import StepSettings, Trainee, train_step
 
     args, models, processes, device = bench.args, bench.models, bench.processes, bench.device
     unet = models.unet
@@ -493,7 +493,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1.0, fused=True if config.fused_adamw else None)
     if bench.master_weights:
         bench.master_weights.track(optimizer)  # each step copies the masters into the bf16 weights
-    # `model` keeps DDP's gradient-sync switch and the step calls step_module(model), as in trainer.train
+    # `model` keeps DDP's gradient-sync switch and the step calls step_module(model), as in trainer.jobs.train
     step_model = step_module(model, config)
     trainee = Trainee(trained, model, step_model, optimizer,
                       LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1)),
@@ -560,7 +560,7 @@ def switch_precision_and_attention(bench: Bench, config: Configuration, on: bool
     import torch
     from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
-    import trainer.objective as objective
+    import trainer.objectives.diffusion as objective
     models = bench.models
     if config.fp32:
         if bench.trainer_autocast is None:
@@ -609,7 +609,7 @@ def apply_model_levers(bench: Bench, config: Configuration) -> dict:
     """The levers that change the UNet itself (release() undoes them): gnsilu, fp8, bf16w; what each did."""
     unet, detail = bench.models.unet, {}
     if config.fused_groupnorm_silu:
-        from trainer.fused_norm import fuse_groupnorm_silu, runs_triton
+        from trainer.speed.fused_norm import fuse_groupnorm_silu, runs_triton
         detail["groupnorm_silu_blocks"] = fuse_groupnorm_silu(unet)
         probe = next(unet.parameters()).new_empty(1, 1, 1, 1)
         detail["groupnorm_silu_path"] = "triton" if runs_triton(probe) else "pytorch (no CUDA/Triton)"
@@ -620,7 +620,7 @@ def apply_model_levers(bench: Bench, config: Configuration) -> dict:
                                    config=Float8LinearConfig())
         detail["float8_linears"] = len(bench.float8_originals)
     if config.bf16_weights:
-        from trainer.master_weights import MasterWeights
+        from trainer.speed.master_weights import MasterWeights
         bench.master_weights = MasterWeights(unet)
     return detail
 
@@ -636,7 +636,7 @@ def release_model_levers(bench: Bench, config: Configuration) -> None:
         setattr(unet.get_submodule(parent), name, original)
     bench.float8_originals = {}
     if config.fused_groupnorm_silu:
-        from trainer.fused_norm import unfuse_groupnorm_silu
+        from trainer.speed.fused_norm import unfuse_groupnorm_silu
         unfuse_groupnorm_silu(unet)
 
 
@@ -645,7 +645,7 @@ def release(bench: Bench, config: Configuration) -> None:
     contiguous, no gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
     import torch
 
-    from trainer.models import vae_encoder_eager
+    from trainer.models.loading import vae_encoder_eager
     unet = bench.models.unet
     unet.zero_grad(set_to_none=True)
     release_model_levers(bench, config)
@@ -694,8 +694,8 @@ def count_unet(models, resolution: int, device) -> tuple[float, dict]:
     """The UNet's forward + backward on one image at `resolution`, as diffusion_loss calls it (bf16 autocast on a GPU)."""
     import torch
 
-    from trainer.models import encode_captions
-    from trainer.objective import autocast
+    from trainer.models.loading import encode_captions
+    from trainer.objectives.diffusion import autocast
     side = resolution // models.vae_scale_factor
     latents = torch.randn(1, models.unet.config.in_channels, side, side, device=device)
     context, pooled = encode_captions(models, CAPTIONS[:1], device)  # outside the count: the text encoder is not the UNet's
@@ -719,7 +719,7 @@ def count_vae_encoder(models, resolution: int, device) -> tuple[float, dict]:
     """The VAE encoder's forward on one image at `resolution`, as the image path calls it."""
     import torch
 
-    from trainer.objective import autocast
+    from trainer.objectives.diffusion import autocast
     pixels = torch.rand(1, 3, resolution, resolution, device=device) * 2 - 1
 
     def encode() -> None:
@@ -791,7 +791,7 @@ def flops_fields(bench: Bench, source: str, resolution: int, img_per_s: float) -
 
 def shard_jpegs(shards: str, count: int, resolution: int, size_multiple: int) -> tuple[list[bytes], list[tuple[int, int]]]:
     """(the first `count` JPEG members of the image shards, the bucket the loader crops each to at `resolution`)."""
-    from trainer.data import ShardReader, buckets_of, index_shards
+    from trainer.data.shards import ShardReader, buckets_of, index_shards
     index = index_shards(shards)
     sizes, assignment = buckets_of(index.aspect, resolution, size_multiple, True)
     reader, jpegs, buckets = ShardReader(index), [], []
@@ -808,10 +808,10 @@ def shard_jpegs(shards: str, count: int, resolution: int, size_multiple: int) ->
 
 def cpu_decode_s(jpegs: list[bytes], buckets: list[tuple[int, int]]) -> float:
     """Seconds per image of the image loader's work, one process on one thread (as a DataLoader worker
-    runs): trainer.data's decode_image + crop_to_bucket (scale to cover, crop, to a [-1, 1] tensor)."""
+    runs): trainer.data.shards's decode_image + crop_to_bucket (scale to cover, crop, to a [-1, 1] tensor)."""
     import torch
 
-    from trainer.data import crop_to_bucket, decode_image
+    from trainer.data.shards import crop_to_bucket, decode_image
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # DataLoader workers run torch on one thread each
     try:
@@ -829,7 +829,7 @@ def gpu_crop_to_bucket(image, bucket: tuple[int, int]):
     clamped as Pillow's 8-bit result is), centre-cropped, in [-1, 1]."""
     import torch.nn.functional as F
 
-    from trainer.buckets import cover_and_crop
+    from trainer.data.buckets import cover_and_crop
     (width, height), (left, top) = cover_and_crop(image.shape[2], image.shape[1], bucket, (0.5, 0.5))
     resized = F.interpolate(image[None].float(), size=(height, width), mode="bicubic", antialias=True).clamp_(0, 255)
     return resized[0, :, top:top + bucket[1], left:left + bucket[0]] / 127.5 - 1.0
@@ -904,7 +904,7 @@ def decode_bench(bench: Bench, lines: list[dict], count: int) -> dict:
     line["config"] = {"images": len(jpegs), "resolution": resolution, "buckets": sorted({f"{w}x{h}" for w, h in buckets}),
                       "jpeg_kib_mean": round(sum(map(len, jpegs)) / len(jpegs) / 1024, 1), "num_workers": args.num_workers,
                       "nproc": os.cpu_count(),
-                      "cpu": "trainer.data.decode_image + crop_to_bucket (Pillow bicubic), 1 process, 1 torch thread",
+                      "cpu": "trainer.data.shards.decode_image + crop_to_bucket (Pillow bicubic), 1 process, 1 torch thread",
                       "gpu": "torchvision.io.decode_jpeg(list, device='cuda') per batch + interpolate (bicubic, antialias) "
                              "+ crop; wall time with the GPU otherwise idle",
                       "capacity": "num_workers / CPU s per image (reading the tar members and collating left out)"}
@@ -956,15 +956,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, default=1e9, help="seconds after process start; later configs are skipped")
     parser.add_argument("--compile-needs", type=float, default=150, help="seconds a compile config needs before the deadline")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
-    parser.add_argument("--encode", default="", help="resolutions to encode the image shards at first (trainer/encode.py)")
+    parser.add_argument("--encode", default="", help="resolutions to encode the image shards at first (trainer/jobs/encode.py)")
     parser.add_argument("--latent-dir", default="/tmp/bench-latents")
     parser.add_argument("--compile-cache", default=None,
-                        help="trainer.compile_cache's directory: the first configuration (compiled) loads its shape's "
+                        help="trainer.speed.compile_cache's directory: the first configuration (compiled) loads its shape's "
                              "file before its first step and saves it after; gives train.first_step_s_compiled_warm/cold")
     parser.add_argument("--encode-batch", type=int, default=32)
     parser.add_argument("--encode-compile", action="store_true",
                         help="after each --encode resolution, encode again with the VAE encoder compiled and every call "
-                             "padded (trainer.encode --compile), twice: train.encode_img_per_s_<res>_compiled (cold, "
+                             "padded (trainer.jobs.encode --compile), twice: train.encode_img_per_s_<res>_compiled (cold, "
                              "compile included) and _compiled_warm, each with its ratio to the eager encode")
     parser.add_argument("--parity-steps", type=int, default=0, metavar="N",
                         help="after the configurations, --parity-base and --parity-base+fp8 N steps each from the same "
@@ -984,8 +984,8 @@ def parse_args() -> argparse.Namespace:
 
 def encode_line(bench: Bench, resolution: int, common: dict) -> dict | None:
     """Encode the image shards at `resolution` (rank 0; the other ranks wait and read them): the encode line, on rank 0."""
-    from trainer import distributed
-    from trainer.encode import encode_shards, latent_dir, models_identity
+    from trainer.runtime import distributed
+    from trainer.jobs.encode import encode_shards, latent_dir, models_identity
     args, models, processes = bench.args, bench.models, bench.processes
     started = time.time()
     identity = bench.identity or models_identity(models)
@@ -1008,7 +1008,7 @@ def encode_line(bench: Bench, resolution: int, common: dict) -> dict | None:
             "config": {"samples": summary["samples_encoded"], "shards": summary["shards_written"],
                        "seconds": summary["seconds"], "identity_hash_s": round(hashed, 1), "batch": args.encode_batch,
                        "num_workers": args.num_workers, "corrupt": len(summary["corrupt"]), "vae": "bf16, eager",
-                       "note": "trainer.encode.encode_shards: decode + bucket crop (loader workers), VAE encoder, "
+                       "note": "trainer.jobs.encode.encode_shards: decode + bucket crop (loader workers), VAE encoder, "
                                "tokenizer, safetensors + tar writing"}, **common}
     vae_tflop, basis = vae_figure(bench, resolution)
     if vae_tflop:
@@ -1019,8 +1019,8 @@ def encode_line(bench: Bench, resolution: int, common: dict) -> dict | None:
 def compiled_encode_lines(bench: Bench, resolution: int, common: dict, eager: dict | None) -> list[dict]:
     """The same encode with the VAE encoder compiled and padded calls, twice in this process: the first
     pays the compile (one graph per bucket shape), the second is the steady rate."""
-    from trainer.encode import encode_shards
-    from trainer.models import compile_vae_encoder, vae_encoder_eager
+    from trainer.jobs.encode import encode_shards
+    from trainer.models.loading import compile_vae_encoder, vae_encoder_eager
     args, models = bench.args, bench.models
     compile_vae_encoder(models)
     lines = []
@@ -1031,7 +1031,7 @@ def compiled_encode_lines(bench: Bench, resolution: int, common: dict, eager: di
         lines.append({"metric": f"train.encode_img_per_s_{resolution}_{run}", "value": round(rate, 1), "unit": "img/s",
                       "ratio_vs_eager": round(rate / eager["value"], 3) if eager else None,
                       "config": {"samples": summary["samples_encoded"], "seconds": summary["seconds"], "batch": args.encode_batch,
-                                 "vae": "bf16, encoder compiled (trainer.models.compile_vae_encoder), calls padded",
+                                 "vae": "bf16, encoder compiled (trainer.models.loading.compile_vae_encoder), calls padded",
                                  "note": "compile included" if run == "compiled" else "graphs compiled by the run before"},
                       **common})
     vae_encoder_eager(models)
@@ -1039,7 +1039,7 @@ def compiled_encode_lines(bench: Bench, resolution: int, common: dict, eager: di
 
 
 SOURCE_LABELS = {"image": "image shards, VAE + text encoder online",
-                 "latent": "latent shards (trainer/encode.py) through the trainer's loader; text encoder online on stored ids",
+                 "latent": "latent shards (trainer/jobs/encode.py) through the trainer's loader; text encoder online on stored ids",
                  "resident": "unet-only, latents resident (random latents on the GPU; NOT latent shards)"}
 
 
@@ -1060,7 +1060,7 @@ def config_line(bench: Bench, config: Configuration, result: dict, measured: dic
                       "cudnn_benchmark": config.cudnn_benchmark, "vae_compile": config.vae_compile,
                       "vae_channels_last": config.vae_channels_last, "force_layout_opt": config.force_layout_opt,
                       "gradient_sync": "every micro-batch" if config.sync_every_micro_batch else "last micro-batch",
-                      "weights": ("bf16 + fp32 master (trainer.master_weights)" if config.bf16_weights
+                      "weights": ("bf16 + fp32 master (trainer.speed.master_weights)" if config.bf16_weights
                                   else "fp32" if config.fp32 else "fp32 under bf16 autocast"),
                       "fp8": (f"torchao float8, tensorwise dynamic scaling, {result.get('float8_linears')} "
                               "transformer-block linears" if config.fp8 else None),
@@ -1078,7 +1078,7 @@ def lever_unavailable(config: Configuration, device, world_size: int) -> str | N
     if config.graphs and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
     if config.step_graphs:
-        from trainer.cuda_graphs import usable
+        from trainer.speed.cuda_graphs import usable
         if reason := usable(device, world_size):
             return reason
     if config.fp8:
@@ -1130,8 +1130,8 @@ def fp8_parity_line(bench: Bench, base: str, steps: int) -> dict:
 
 
 def first_config_cache(bench: Bench, config: Configuration) -> FirstCache:
-    """The compile cache of the first configuration's shape, as trainer.train keys and loads it."""
-    from trainer.compile_cache import JobCache, cache_key
+    """The compile cache of the first configuration's shape, as trainer.jobs.train keys and loads it."""
+    from trainer.speed.compile_cache import JobCache, cache_key
     key = cache_key(bench.models.unet, bench.device, "image" if config.source == "image" else "latent",
                     config.resolution, bench.batch_of(config), config.channels_last, bench.processes.world_size)
     job = JobCache(Path(bench.args.compile_cache), [key], bench.processes.rank, environ={})
@@ -1151,8 +1151,8 @@ def main() -> None:
 
     import torch
 
-    from trainer import distributed
-    from trainer.models import load_models
+    from trainer.runtime import distributed
+    from trainer.models.loading import load_models
     marks = {"imports": time.time() - PROCESS_START}
     processes = distributed.setup()
     device = processes.device
@@ -1233,14 +1233,14 @@ def main() -> None:
         if number == 0:
             emit({"metric": "train.first_step_s", "value": round(marks["first_step"], 1), "unit": "s", "goal": 45,
                   "config": {"name": name, "phases_s": {k: round(v, 1) for k, v in marks.items()},
-                             "note": "process start -> first optimizer step, trainer.train.main's setup order"}, **common})
+                             "note": "process start -> first optimizer step, trainer.jobs.train.main's setup order"}, **common})
             if cache is not None:  # a compiled first configuration with --compile-cache: warm or cold
                 warm = bool(cache.outcome["loaded"])
                 emit({"metric": f"train.first_step_s_compiled_{'warm' if warm else 'cold'}", "value": round(marks["first_step"], 1),
                       "unit": "s", "goal": 45 if warm else None,
                       "config": {"name": name, "cache_file": cache.key.file_name, "loaded": warm,
                                  "saved": cache.job.save(0), "phases_s": {k: round(v, 1) for k, v in marks.items()},
-                                 "note": "process start -> first optimizer step; warm: trainer.compile_cache's file from "
+                                 "note": "process start -> first optimizer step; warm: trainer.speed.compile_cache's file from "
                                          "an earlier process, its own Inductor and Triton directories empty"}, **common})
             emit({"metric": "train.data_wait_share", "value": result["data_wait_share"], "unit": "share of step time",
                   "goal": 0.005, "config": {"name": name, "num_workers": args.num_workers, "batch": result["batch"],

@@ -2,16 +2,16 @@
 
 `train` reads the job's configuration from <root>/input/config/, exports the SM_* variables the
 SageMaker training toolkit would (a custom image has no toolkit) and the NCCL/EFA ones it would set
-for torchrun (trainer/cluster.py; a variable the job's Environment set is kept), and runs
-trainer.train: in this process on one host with a CPU or one GPU, otherwise under torchrun with one
+for torchrun (trainer/runtime/cluster.py; a variable the job's Environment set is kept), and runs
+trainer.jobs.train: in this process on one host with a CPU or one GPU, otherwise under torchrun with one
 process per GPU (and, with several hosts, the first host leading the rendezvous). A failure's reason goes to
 <root>/output/failure (SageMaker's FailureReason is its first 1,024 characters; a reason the
 trainer wrote there itself is kept) and the exit status is 1. With the hyperparameter `task=evaluate`
-(absent or `train`: training), `train` runs trainer.evaluate instead, in this process, with the other
+(absent or `train`: training), `train` runs trainer.jobs.evaluate instead, in this process, with the other
 hyperparameters as its arguments: a SageMaker training job that scores a candidate model and writes
-<root>/model/evaluation.json. With `task=encode`, trainer.encode turns the `train` channel's image
+<root>/model/evaluation.json. With `task=encode`, trainer.jobs.encode turns the `train` channel's image
 shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig uploads them to S3). With
-`task=autoencoder`, trainer.autoencoder trains the lineage's VAE from scratch into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
+`task=autoencoder`, trainer.jobs.autoencoder trains the lineage's VAE from scratch into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 The hyperparameter `cpu-threads=N`, for any task, caps the job's CPU threads (torch's and OpenMP's) at N;
 absent, torch takes every core. A small model on a CPU gains little from a second thread (the demo's
@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 
 from contracts import s3_layout
-from trainer import autoencoder, cluster, encode, evaluate, serve, train
+from trainer.jobs import autoencoder, encode, evaluate, train
+from trainer.runtime import cluster
+from trainer.serve import server as serve
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
@@ -141,7 +143,7 @@ def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] |
         command += ["--nnodes", str(len(hosts)), "--node_rank", str(hosts.index(resources["current_host"])),
                     "--master_addr", os.environ.get("ATELIER_MASTER_ADDR", hosts[0]),
                     "--master_port", os.environ.get("ATELIER_MASTER_PORT", str(MASTER_PORT))]
-    return command + ["-m", "trainer.train", *argv]
+    return command + ["-m", "trainer.jobs.train", *argv]
 
 
 def prepare_job(root: Path) -> None:
@@ -163,7 +165,7 @@ def run_job(root: Path) -> None:
     task = job_task(root)
     if task == "evaluate":
         evaluate.main(parse_quietly(evaluate.parse_args, hyperparameter_argv(root)))
-    elif task == "encode":  # latent shards go where CheckpointConfig uploads them (trainer/encode.py)
+    elif task == "encode":  # latent shards go where CheckpointConfig uploads them (trainer/jobs/encode.py)
         argv = ["--output-dir", str(root / "checkpoints" / s3_layout.LATENTS.rstrip("/")), *hyperparameter_argv(root)]
         encode.main(parse_quietly(encode.parse_args, argv))
     elif task == "autoencoder":
@@ -173,7 +175,7 @@ def run_job(root: Path) -> None:
 
 
 def run_training(root: Path) -> None:
-    """trainer.train with the job's hyperparameters: in this process, or under torchrun."""
+    """trainer.jobs.train with the job's hyperparameters: in this process, or under torchrun."""
     argv = training_argv(root)
     parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
     resources = resource_config(root)

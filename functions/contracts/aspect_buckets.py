@@ -1,5 +1,5 @@
 """A sample's `aspect_bucket`: the named aspect ratio nearest its width / height ("16:9"), which
-ingest records and the trainer reads back as that ratio (trainer/data.py)."""
+ingest records and the trainer reads back as that ratio (trainer/data/shards.py)."""
 
 from __future__ import annotations
 

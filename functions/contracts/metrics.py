@@ -1,10 +1,10 @@
 """The metrics SageMaker parses from the trainer's JSON log lines (docs/trainer.md): the training
-job's request carries these definitions, and trainer/health.py logs the fields they match."""
+job's request carries these definitions, and trainer/runtime/health.py logs the fields they match."""
 
 from __future__ import annotations
 
 TRAINING_FIELDS = ("loss", "lr", "grad_norm", "img_per_s", "data_wait_share", "skipped_steps", "corrupt_samples")
-AUTOENCODER_FIELDS = ("loss", "psnr_db")  # trainer/autoencoder.py: its loss, and the held-out PSNR at each
+AUTOENCODER_FIELDS = ("loss", "psnr_db")  # trainer/jobs/autoencoder.py: its loss, and the held-out PSNR at each
 
 
 def definitions(namespace: str, fields: tuple[str, ...]) -> list[dict[str, str]]:

@@ -27,11 +27,11 @@ TRAINING = "training/"  # the training jobs' S3OutputPath: <job>/output/model.ta
 EVALUATIONS = "evaluations/"  # the evaluation jobs' S3OutputPath (core.deploy.requests)
 CHECKPOINTS = "checkpoints/"  # <lineage>/: one checkpoint prefix per lineage (<lineage>-ae/: its autoencoder's)
 ENCODED = "encoded/"  # <job>/latents/<encoder identity>-r<res>/<shard path>: an encode job's latent shards
-LATENTS = "latents/"  # below an encode job's checkpoint prefix, locally and in S3 (trainer/encode.py)
+LATENTS = "latents/"  # below an encode job's checkpoint prefix, locally and in S3 (trainer/jobs/encode.py)
 AUTOENCODER = "autoencoder/"  # the autoencoder jobs' S3OutputPath: <job>-ae/output/model.tar.gz
 TENSORBOARD = "tensorboard/"  # <job>/: a training job's TensorBoard event files
 # <file>: compiled shapes; at the bucket's root, the ones every lineage's training jobs read
-# (core.training.compile_caches), and below a checkpoint prefix, the ones a lineage's jobs write (trainer/compile_cache.py)
+# (core.training.compile_caches), and below a checkpoint prefix, the ones a lineage's jobs write (trainer/speed/compile_cache.py)
 COMPILE_CACHE = "compile-cache/"
 COMPILE_CACHE_SUFFIX = ".compile-cache"  # one compiled shape's file
 
@@ -40,7 +40,7 @@ LINEAGE_FILE = "lineage.json"  # beside a training job's model: what it learned 
 ATTRIBUTION_FILE = "attribution.json"  # beside it too: its draws per partner (core.partners.attribution)
 ATTRIBUTION_CHART = "attribution.png"  # and those draws as a bar chart
 EVALUATION_FILE = "evaluation.json"  # the gate's scores: in an evaluation job's model, and beside the candidate
-REPORT_FILE = "report.html"  # a training job's report, in its model and its output data (trainer/report.py)
+REPORT_FILE = "report.html"  # a training job's report, in its model and its output data (trainer/report/write.py)
 
 
 def uri(bucket: str, key: str) -> str:

@@ -1,4 +1,4 @@
-"""The members of a shard's samples: what the packer and the importer write, what trainer/encode.py
+"""The members of a shard's samples: what the packer and the importer write, what trainer/jobs/encode.py
 writes into a latent shard, and what the trainer reads (docs/pack.md).
 
 A sample is the consecutive members of a tar sharing a key (webdataset's rule: the name up to the

@@ -215,7 +215,7 @@ class TrainingSettings:
     kms_key: str
     stages: tuple[Stage, ...]  # one job per stage, chained; a plain run is one stage
     use: str = "commercial"  # what the models are for; partner terms may allow only some uses (core.partners.licensing)
-    # An encode job (trainer/encode.py) on this instance type turns each stage's image shards into
+    # An encode job (trainer/jobs/encode.py) on this instance type turns each stage's image shards into
     # latent shards before the stage trains; empty: the stage trains on the image shards (VAE online).
     encode_instance_type: str = ""
     # Pretrained parts (core.training.pretrained): the `pretrained` channel of every encode and training job;
@@ -318,7 +318,7 @@ def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ..
 
 
 def check_encodable(stage: Stage) -> None:
-    """Latent shards hold one centred crop per sample at the stage's resolution (trainer/encode.py):
+    """Latent shards hold one centred crop per sample at the stage's resolution (trainer/jobs/encode.py):
     a stage they cannot serve is refused here, when the function starts, before any encode job is paid for."""
     if stage.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
         raise ConfigError(f"stage {stage.name!r} asks for random-crop, which needs image shards: "
@@ -336,7 +336,7 @@ def check_encodable(stage: Stage) -> None:
 def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:
     """ShardedByS3Key gives each instance quota/instances shards; each of its GPUs reads whole
     shards, so it needs at least one, and the same number as its neighbours. The loader's workers
-    share a GPU's batches, not its shards (trainer/data.py), so they need no shards of their own."""
+    share a GPU's batches, not its shards (trainer/data/shards.py), so they need no shards of their own."""
     gpus = gpus_override or GPUS_PER_INSTANCE.get(stage.instance_type, 1)
     if quota % stage.instance_count:
         raise ConfigError(f"stage {stage.name}: a quota of {quota} shards does not split evenly over "
@@ -381,7 +381,7 @@ class DeploySettings:
     invocations_per_instance: int = 60
     kms_key: str = ""
     # how long a new endpoint instance may take to answer /ping 200: the server compiles the UNet and
-    # the VAE decoder before it does (trainer/serve.py; 102 s on an H200, bench/RESULTS.md)
+    # the VAE decoder before it does (trainer/serve/server.py; 102 s on an H200, bench/RESULTS.md)
     startup_timeout_s: int = 1200
     # the model server's $SERVE_* settings, in every model's container (contracts/serve_environment.py)
     serve_environment: dict[str, str] = field(default_factory=dict)

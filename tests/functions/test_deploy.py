@@ -37,7 +37,7 @@ from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.settings import DeploySettings
 from tests.support import load_event
-from trainer.report import write_report
+from trainer.report.write import write_report
 
 pytestmark = pytest.mark.slow(seconds=25)
 JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
@@ -93,7 +93,7 @@ def completed(name: str = JOB, ended: int = ENDED, **tags: str) -> JobState:
 def evaluation_finished(settings: DeploySettings, model: str, val_loss: float | None,
                         baseline_loss: float | None = None, status: str = "Completed",
                         digest: str = "e" * 64, clip: float | None = None, baseline_clip: float | None = None) -> JobState:
-    """The evaluation job's end, with the evaluation.json trainer/evaluate.py writes in its artefact."""
+    """The evaluation job's end, with the evaluation.json trainer/jobs/evaluate.py writes in its artefact."""
     item = aws.get_item(settings.table, pipeline_table.model_pk(model)) or {}
     name = item.get("eval_job") or evaluation_job_name(model)
     key = f"evaluations/{name}/output/model.tar.gz"
@@ -327,7 +327,7 @@ def test_a_loss_above_the_limit_is_held_back_and_kept(settings: DeploySettings) 
 
 
 def trainer_output(tmp_path: Path) -> bytes:
-    """output.tar.gz as SageMaker uploads the trainer's output data dir (trainer/report.py writes it)."""
+    """output.tar.gz as SageMaker uploads the trainer's output data dir (trainer/report/write.py writes it)."""
     model_dir, data_dir = tmp_path / "model", tmp_path / "data"
     model_dir.mkdir()
     history = [{"step": s, "loss": 1.0 / s, "img_per_s": 50.0 + s, "data_wait_share": 0.02} for s in (2, 4)]
@@ -635,7 +635,7 @@ def test_the_endpoint_config_names_the_key_only_where_aws_accepts_it(instance_ty
 
 
 def test_the_endpoint_config_gives_the_compiling_server_its_startup_time() -> None:
-    """trainer/serve.py compiles before /ping answers 200 (102 s on an H200): the variant says how long
+    """trainer/serve/server.py compiles before /ping answers 200 (102 s on an H200): the variant says how long
     SageMaker waits for that (ContainerStartupHealthCheckTimeoutInSeconds), the template's parameter."""
     settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",

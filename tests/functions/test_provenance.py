@@ -29,9 +29,9 @@ from core.provenance import Affected, affected_by, lineage_of
 from core.settings import TrainingSettings
 from core.training.starter import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
-from trainer import encode
-from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
-from trainer.stages import RunPlan
+from trainer.jobs import encode
+from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
+from trainer.data.stages import RunPlan
 
 TAKEDOWN_AT = "2026-12-01T10:00:00+00:00"
 
@@ -240,7 +240,7 @@ def test_with_encoding_on_a_revoked_sample_is_never_encoded_nor_drawn(
     job = seal(stack, settings, *shards)
     request = requests[f"{job}-enc"]
 
-    # WHEN trainer.encode runs on the encode job's channels as SageMaker lays them out, and its
+    # WHEN trainer.jobs.encode runs on the encode job's channels as SageMaker lays them out, and its
     # latent shards reach S3 as CheckpointConfig uploads them
     channels = channel_as_sagemaker_lays_it_out(settings, request, tmp_path / "encode")
     hyperparameters = [arg for name, value in request["HyperParameters"].items() if name != "task"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from trainer import train
+from trainer.jobs import train
 
 # (format, Pillow format, size): odd sizes and aspect ratios exercise the resize and crop.
 IMAGE_KINDS = [("jpg", "JPEG", (80, 48)), ("png", "PNG", (40, 72)), ("webp", "WEBP", (64, 64))]

@@ -14,8 +14,8 @@ from diffusers import AutoencoderKL
 from safetensors.torch import load_file
 
 from tests.support import REPO
-from trainer import train
-from trainer.models import BaseModelError, load_models, read_preset
+from trainer.jobs import train
+from trainer.models.loading import BaseModelError, load_models, read_preset
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
@@ -116,7 +116,7 @@ def test_an_unpacked_archive_is_removed_when_the_process_ends(tmp_path: Path) ->
         archive.add(tmp_path / "model" / "config.json", arcname="config.json")
 
     # WHEN a process unpacks it and ends
-    run = subprocess.run([sys.executable, "-c", "import sys; from trainer.models import channel_path; "
+    run = subprocess.run([sys.executable, "-c", "import sys; from trainer.models.loading import channel_path; "
                           "path = channel_path(sys.argv[1]); print(path, (path / 'config.json').is_file())",
                           str(channel)], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'functions'}"})

@@ -1,4 +1,4 @@
-"""bench/train_gpu.py on the CPU with the tiny model: it times trainer.step.train_step and prints its JSON lines."""
+"""bench/train_gpu.py on the CPU with the tiny model: it times trainer.jobs.step.train_step and prints its JSON lines."""
 
 import json
 import sys
@@ -7,25 +7,25 @@ import time
 import pytest
 import torch
 
-import trainer.step
+import trainer.jobs.step
 from bench import train_gpu
-from trainer.distributed import Processes
-from trainer.models import load_models
-from trainer.step import StepSettings
+from trainer.runtime.distributed import Processes
+from trainer.models.loading import load_models
+from trainer.jobs.step import StepSettings
 
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 
 
 @pytest.fixture
 def steps_run(monkeypatch):
-    """(step number, settings) of every trainer.step.train_step call."""
-    calls, real_step = [], trainer.step.train_step
+    """(step number, settings) of every trainer.jobs.step.train_step call."""
+    calls, real_step = [], trainer.jobs.step.train_step
 
     def recording_step(trainee, models, batches, window, settings, step, processes):
         calls.append((step, settings))
         return real_step(trainee, models, batches, window, settings, step, processes)
 
-    monkeypatch.setattr(trainer.step, "train_step", recording_step)
+    monkeypatch.setattr(trainer.jobs.step, "train_step", recording_step)
     return calls
 
 

@@ -1,4 +1,4 @@
-"""trainer.credentials: C2PA manifests signed into served PNGs, read back with the C2PA SDK's Reader.
+"""trainer.serve.credentials: C2PA manifests signed into served PNGs, read back with the C2PA SDK's Reader.
 
 The certificates are made here, at test time: a root CA and an end-entity signing certificate with
 what the SDK requires of one: issued by a CA, not self-signed; key usage digitalSignature, critical;
@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from PIL import Image
 
-from trainer.credentials import TRAINED_ALGORITHMIC_MEDIA, Credentials, CredentialsError
-from trainer.serve import Generation, InferenceServer, Provenance, ServeSettings, load_pipeline, png_bytes
+from trainer.serve.credentials import TRAINED_ALGORITHMIC_MEDIA, Credentials, CredentialsError
+from trainer.serve.server import Generation, InferenceServer, Provenance, ServeSettings, load_pipeline, png_bytes
 
 PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16,
                         attribution="s3://models/training/job-1/output/attribution.json")

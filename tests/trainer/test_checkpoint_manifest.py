@@ -1,4 +1,4 @@
-"""trainer.checkpoints: a checkpoint counts only when its manifest verifies (SageMaker uploads file by file)."""
+"""trainer.runtime.checkpoints: a checkpoint counts only when its manifest verifies (SageMaker uploads file by file)."""
 
 import contextlib
 import hashlib
@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer import train
-from trainer.checkpoints import MANIFEST_NAME, WEIGHTS_NAME, CheckpointError, checkpoint_to_resume, prune_checkpoints
+from trainer.jobs import train
+from trainer.runtime.checkpoints import MANIFEST_NAME, WEIGHTS_NAME, CheckpointError, checkpoint_to_resume, prune_checkpoints
 
 STEPS = ["--steps", "4", "--checkpoint-every", "2"]
 

@@ -1,4 +1,4 @@
-"""trainer.checkpoint_writer: a checkpoint written while training goes on holds its own step's state."""
+"""trainer.runtime.checkpoint_writer: a checkpoint written while training goes on holds its own step's state."""
 
 import json
 import threading
@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer import checkpoint_writer, checkpoints, train
-from trainer.checkpoints import WEIGHTS_NAME, CheckpointError, checkpoint_to_resume
+from trainer.jobs import train
+from trainer.runtime import checkpoint_writer, checkpoints
+from trainer.runtime.checkpoints import WEIGHTS_NAME, CheckpointError, checkpoint_to_resume
 
 STEPS = ["--steps", "6", "--checkpoint-every", "2", "--keep-checkpoints", "10"]
 

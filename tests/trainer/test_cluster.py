@@ -1,10 +1,11 @@
-"""trainer.cluster: the NCCL and EFA variables a host of a SageMaker job gets from resourceconfig.json."""
+"""trainer.runtime.cluster: the NCCL and EFA variables a host of a SageMaker job gets from resourceconfig.json."""
 
 import json
 import os
 from unittest import mock
 
-from trainer import cluster, container
+from trainer import container
+from trainer.runtime import cluster
 
 NETWORK_VARIABLES = ("NCCL_SOCKET_IFNAME", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "RDMAV_FORK_SAFE")
 

@@ -1,4 +1,4 @@
-"""trainer.compile_cache and --compile auto: compile once per shape, fall back on a bad cache, default from configs/defaults/fast.json."""
+"""trainer.speed.compile_cache and --compile auto: compile once per shape, fall back on a bad cache, default from configs/defaults/fast.json."""
 
 import json
 import os
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import compile_cache, fast_defaults, train
-from trainer.compile_cache import CacheKey, JobCache
+from trainer.jobs import train
+from trainer.speed import compile_cache, fast_defaults
+from trainer.speed.compile_cache import CacheKey, JobCache
 
 pytestmark = pytest.mark.slow(seconds=55)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ JOB = """
 import json, sys, torch
 from pathlib import Path
 from torch._dynamo.utils import counters
-from trainer.compile_cache import CacheKey, JobCache
+from trainer.speed.compile_cache import CacheKey, JobCache
 cache = JobCache(Path(sys.argv[1]), [CacheKey(*json.loads(sys.argv[2]))], rank=0, environ={})
 loaded = cache.load()
 model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)), dynamic=False)

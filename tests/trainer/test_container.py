@@ -85,7 +85,7 @@ def test_one_host_with_several_gpus_runs_torchrun_standalone():
     resources = {"current_host": "algo-1", "hosts": ["algo-1"]}
     assert container.torchrun_command(["--steps", "5"], 1, resources) is None
     assert container.torchrun_command(["--steps", "5"], 8, resources) == [
-        "torchrun", "--nproc_per_node", "8", "--standalone", "-m", "trainer.train", "--steps", "5",
+        "torchrun", "--nproc_per_node", "8", "--standalone", "-m", "trainer.jobs.train", "--steps", "5",
     ]
 
 
@@ -93,7 +93,7 @@ def test_several_hosts_run_torchrun_with_the_first_host_leading():
     resources = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2", "algo-3"]}
     assert container.torchrun_command([], 8, resources) == [
         "torchrun", "--nproc_per_node", "8", "--nnodes", "3", "--node_rank", "1",
-        "--master_addr", "algo-1", "--master_port", "29500", "-m", "trainer.train",
+        "--master_addr", "algo-1", "--master_port", "29500", "-m", "trainer.jobs.train",
     ]
 
 
@@ -104,7 +104,7 @@ def test_the_local_runner_can_point_the_rendezvous_at_loopback(monkeypatch):
     resources = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}
     assert container.torchrun_command([], 0, resources) == [
         "torchrun", "--nproc_per_node", "1", "--nnodes", "2", "--node_rank", "1",
-        "--master_addr", "127.0.0.1", "--master_port", "41234", "-m", "trainer.train",
+        "--master_addr", "127.0.0.1", "--master_port", "41234", "-m", "trainer.jobs.train",
     ]
 
 

@@ -1,4 +1,4 @@
-"""trainer/cuda_graphs.py: where CUDA graphs may run, the trainer's switch, and (on a GPU) graphed steps that
+"""trainer/speed/cuda_graphs.py: where CUDA graphs may run, the trainer's switch, and (on a GPU) graphed steps that
 train exactly as eager ones do."""
 
 import copy
@@ -8,13 +8,14 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer import cuda_graphs, train
-from trainer.distributed import Processes
-from trainer.ema import EMA
-from trainer.health import Window
-from trainer.models import load_models
-from trainer.objective import Noised
-from trainer.step import StepSettings, Trainee, train_step
+from trainer.jobs import train
+from trainer.speed import cuda_graphs
+from trainer.runtime.distributed import Processes
+from trainer.runtime.ema import EMA
+from trainer.runtime.health import Window
+from trainer.models.loading import load_models
+from trainer.objectives.diffusion import Noised
+from trainer.jobs.step import StepSettings, Trainee, train_step
 
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

@@ -1,4 +1,4 @@
-"""trainer.data, trainer.buckets, trainer.stages: shards in, deterministic bucketed batches out."""
+"""trainer.data.shards, trainer.data.buckets, trainer.data.stages: shards in, deterministic bucketed batches out."""
 
 import itertools
 import json
@@ -10,9 +10,9 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from trainer.buckets import assign_buckets, bucket_sizes, cover_and_crop
-from trainer.data import BatchPlan, NoShardsError, StepBatches, find_shards, index_shards, make_loader, to_tensor
-from trainer.stages import RunPlan, plan_from_args
+from trainer.data.buckets import assign_buckets, bucket_sizes, cover_and_crop
+from trainer.data.shards import BatchPlan, NoShardsError, StepBatches, find_shards, index_shards, make_loader, to_tensor
+from trainer.data.stages import RunPlan, plan_from_args
 
 BUCKETS_32 = [(24, 40), (32, 32), (40, 24)]  # at 32 px with a size multiple of 8
 

@@ -1,4 +1,4 @@
-"""trainer.encode: latent shards hold exactly what the online path computes, and train to the same loss."""
+"""trainer.jobs.encode: latent shards hold exactly what the online path computes, and train to the same loss."""
 
 import io
 import json
@@ -17,12 +17,13 @@ from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
-from trainer import container, train
-from trainer.data import BatchPlan, ShardReader, StepBatches, index_shards, make_loader
-from trainer.encode import LatentShardsError, encode_shards, latent_dir, models_identity
-from trainer.models import caption_ids, load_models
-from trainer.objective import diffusion_loss, step_generator
-from trainer.stages import RunPlan
+from trainer import container
+from trainer.jobs import train
+from trainer.data.shards import BatchPlan, ShardReader, StepBatches, index_shards, make_loader
+from trainer.jobs.encode import LatentShardsError, encode_shards, latent_dir, models_identity
+from trainer.models.loading import caption_ids, load_models
+from trainer.objectives.diffusion import diffusion_loss, step_generator
+from trainer.data.stages import RunPlan
 
 CPU = torch.device("cpu")
 RESOLUTION = 32
@@ -234,7 +235,7 @@ def test_the_identity_is_the_same_in_another_process():
     # `_use_default_values`) changes with PYTHONHASHSEED and must not reach the identity
     import subprocess
     import sys
-    code = ("from trainer.models import load_models; from trainer.encode import models_identity; "
+    code = ("from trainer.models.loading import load_models; from trainer.jobs.encode import models_identity; "
             "print(models_identity(load_models('tiny', None, 0)))")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     identities = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo,
@@ -248,7 +249,7 @@ def test_one_sample_is_always_written_as_the_same_bytes():
     from safetensors.torch import load
 
     from contracts.shard_members import LATENTS
-    from trainer.encode import sample_members
+    from trainer.jobs.encode import sample_members
     latent_dist = torch.arange(8 * 4 * 4, dtype=torch.float32).reshape(8, 4, 4)
     written = {dict(sample_members("k", latent_dist, [64, 64, 0, 0, 64, 64], torch.tensor([1, 2, 3]), b"{}",
                                    "identity", 64, (64, 64)))[f"k.{LATENTS}"] for _ in range(20)}
@@ -261,7 +262,7 @@ def test_one_sample_is_always_written_as_the_same_bytes():
 
 
 def test_padded_calls_take_the_whole_batch_and_give_the_same_latents(tmp_path, shards_dir, models, monkeypatch):
-    """A compiled encode (trainer.encode --compile) pads short groups to the batch size, so each bucket
+    """A compiled encode (trainer.jobs.encode --compile) pads short groups to the batch size, so each bucket
     shape compiles once; the padding's latents are dropped and the others are the unpadded ones."""
     from safetensors.torch import load as load_safetensors
     shapes, real_encode = [], models.vae.encode
@@ -289,13 +290,13 @@ def test_padded_calls_take_the_whole_batch_and_give_the_same_latents(tmp_path, s
 
 
 def test_encode_compiles_by_default_on_a_gpu_only():
-    from trainer.encode import parse_args
+    from trainer.jobs.encode import parse_args
     assert parse_args(["--train-dir", "x", "--output-dir", "y"]).compile == "auto"
     assert parse_args(["--train-dir", "x", "--output-dir", "y", "--compile", "false"]).compile is False
 
 
 def test_a_latent_shard_is_a_ustar_tar_with_the_packers_fixed_headers(tmp_path):
-    from trainer.encode import write_tar
+    from trainer.jobs.encode import write_tar
     # GIVEN a member name outside ASCII (a PAX tar would give it an extended header of its own)
     name = "clé.ids.npy"
     write_tar(tmp_path / "s.tar", [(name, b"123")])
@@ -335,7 +336,7 @@ def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_capt
                                                                                                    encoded, shards_dir,
                                                                                                    models):
     # GIVEN a writer thread slower than the VAE, and loader workers that tokenize the captions
-    from trainer import encode
+    from trainer.jobs import encode
     real_sample_members = encode.sample_members
 
     def slow(*args):
@@ -352,7 +353,7 @@ def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_capt
 
 def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_depth_groups(tmp_path, monkeypatch):
     # GIVEN a writer of depth 2 whose thread is busy with a first group until released
-    from trainer import encode
+    from trainer.jobs import encode
     running, release = threading.Event(), threading.Event()
     monkeypatch.setattr(encode, "sample_members", lambda *args: running.set() or release.wait(timeout=60) or [])
     group = {"rows": [0], "time_ids": [[32, 32, 0, 0, 32, 32]], "ids": torch.zeros(1, 1, 77, dtype=torch.int64),
@@ -383,7 +384,7 @@ def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_dep
 def test_the_summary_says_how_long_the_main_thread_waited_on_the_loader_and_on_the_writer(shards_dir, tmp_path, models,
                                                                                             monkeypatch):
     # GIVEN a loader whose every group takes 0.2 s to read (the workers are what bounds this encode)
-    from trainer import encode
+    from trainer.jobs import encode
     read = encode.ImageGroups.__getitem__
 
     def slowly(self, item):

@@ -1,4 +1,4 @@
-"""trainer.evaluate: validation loss and CLIP score of a candidate (and baseline) on held-out shards."""
+"""trainer.jobs.evaluate: validation loss and CLIP score of a candidate (and baseline) on held-out shards."""
 
 import hashlib
 import json
@@ -13,9 +13,10 @@ import torch
 from diffusers import UNet2DConditionModel
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
-from trainer import container, evaluate
-from trainer.models import load_models
-from trainer.tokenizer import build_tokenizer
+from trainer import container
+from trainer.jobs import evaluate
+from trainer.models.loading import load_models
+from trainer.models.tokenizer import build_tokenizer
 
 FAST = ["--timesteps", "100,500,900", "--max-samples", "4", "--steps", "2", "--guidance", "3"]
 
@@ -41,7 +42,7 @@ def damaged_model(tmp_path_factory, trained) -> Path:
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory) -> Path:
-    """A tiny random CLIPModel with trainer/tokenizer.py's tokenizer and a 32 px image processor, saved."""
+    """A tiny random CLIPModel with trainer/models/tokenizer.py's tokenizer and a 32 px image processor, saved."""
     root = tmp_path_factory.mktemp("channel-clip")
     tokenizer = build_tokenizer()
     layers = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 2}

@@ -1,11 +1,11 @@
-"""trainer.data's exclusion list and draw sources, and the draw counts train.py records."""
+"""trainer.data.shards's exclusion list and draw sources, and the draw counts train.py records."""
 
 import json
 
 import torch
 
-from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader, sample_source
-from trainer.stages import RunPlan
+from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader, sample_source
+from trainer.data.stages import RunPlan
 
 
 def test_exclusions_come_from_the_manifest_file_or_its_channel_dir(tmp_path):

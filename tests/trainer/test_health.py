@@ -1,12 +1,12 @@
-"""trainer/health.py's pictures: validation grids labelled with their prompts and seeds, a loss curve with ticks."""
+"""trainer/runtime/health.py's pictures: validation grids labelled with their prompts and seeds, a loss curve with ticks."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
 from PIL import Image
 
-from trainer.health import draw_loss_curve, grid_layout, validation_grid
-from trainer.report_html import log_ticks, nice_ticks
+from trainer.runtime.health import draw_loss_curve, grid_layout, validation_grid
+from trainer.report.render import log_ticks, nice_ticks
 
 PROMPTS, SEEDS = ["a red dog", "a blue cat on a long wall"], [0, 7, 42]
 

@@ -1,5 +1,5 @@
 """The trainer learns: on the procedural catalogue, from scratch on a CPU, the autoencoder job's VAE
-reconstructs held-out pictures, the held-out validation loss that trainer/evaluate.py measures (fixed
+reconstructs held-out pictures, the held-out validation loss that trainer/jobs/evaluate.py measures (fixed
 timesteps and seeds) falls as the UNet trains, and the deploy gate, on those real scores, lets a
 longer-trained candidate replace a shorter-trained production model and holds the reverse back.
 
@@ -14,7 +14,7 @@ import pytest
 
 from atelier.catalog import procedural_catalog
 from core.deploy.gate import Thresholds, decide, parse_evaluation
-from trainer import autoencoder, evaluate, train
+from trainer.jobs import autoencoder, evaluate, train
 
 pytestmark = pytest.mark.slow(seconds=80)
 RECIPE = ["--model-config", "tiny", "--resolution", "32", "--batch-size", "16", "--learning-rate", "0.002",

@@ -1,10 +1,10 @@
-"""trainer.master_weights: bf16 weights that follow fp32 masters held by the optimizer."""
+"""trainer.speed.master_weights: bf16 weights that follow fp32 masters held by the optimizer."""
 
 import copy
 
 import torch
 
-from trainer.master_weights import MasterWeights
+from trainer.speed.master_weights import MasterWeights
 
 
 def constant_gradient_steps(weight_module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:

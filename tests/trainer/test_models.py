@@ -3,7 +3,7 @@ and a UNet drawn on the device that trains it, the same model as the CPU's."""
 
 import torch
 
-from trainer.models import from_preset, load_models
+from trainer.models.loading import from_preset, load_models
 
 META = torch.device("meta")  # a device without data: stands for the GPU, which tests do not have
 

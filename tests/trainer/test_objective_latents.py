@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.models import load_models
-from trainer.objective import diffusion_loss
+from trainer.models.loading import load_models
+from trainer.objectives.diffusion import diffusion_loss
 
 CPU = torch.device("cpu")
 

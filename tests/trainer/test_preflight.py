@@ -1,4 +1,4 @@
-"""trainer.preflight: two gloo processes, each its own host, check each other before anything loads."""
+"""trainer.runtime.preflight: two gloo processes, each its own host, check each other before anything loads."""
 
 import json
 import multiprocessing
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import distributed, preflight
-from trainer.distributed import Processes
+from trainer.runtime import distributed, preflight
+from trainer.runtime.distributed import Processes
 
 TIMEOUT_S = 2.0
 
@@ -45,7 +45,7 @@ def run_ranks(root: Path, faulty_rank: int | None = None, absent_rank: int | Non
         (root / host).mkdir()
     # forkserver: one clean process imports torch once, and every rank of every test forks from it
     context, port = multiprocessing.get_context("forkserver"), free_port()
-    context.set_forkserver_preload(["trainer.distributed", "trainer.preflight"])
+    context.set_forkserver_preload(["trainer.runtime.distributed", "trainer.runtime.preflight"])
     ranks = [context.Process(target=preflight_rank, args=(rank, port, str(root), faulty_rank, absent_rank))
              for rank in (0, 1)]
     for process in ranks:

@@ -1,4 +1,4 @@
-"""trainer/report.py: one self-contained page per training job, checked in a real headless browser."""
+"""trainer/report/write.py: one self-contained page per training job, checked in a real headless browser."""
 
 import ast
 import html
@@ -21,9 +21,9 @@ from contracts.messages import LeftOut
 from contracts.s3_layout import REPORT_FILE as REPORT
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from tests.support import REPO
-from trainer import report_html
-from trainer.health import label_grid
-from trainer.report import build, write_report
+from trainer.report import render as report_html
+from trainer.runtime.health import label_grid
+from trainer.report.write import build, write_report
 
 # Debian's build of Chrome's headless shell: `apt-get install chromium-headless-shell` (docs/runbook.md).
 BROWSERS = ("chromium-headless-shell", "chrome-headless-shell", "chromium", "google-chrome")
@@ -308,10 +308,10 @@ def test_the_one_renderer_is_the_trainer_s_the_cli_s_too_and_needs_only_the_stan
     renderer = REPO / "trainer" / "report_html.py"
 
     names = "contracts.s3_layout"  # the file names: standard library alone (tests/unit/test_contracts.py)
-    assert imported_modules(REPO / "trainer" / "report.py") - set(sys.stdlib_module_names) == {"trainer.report_html",
+    assert imported_modules(REPO / "trainer" / "report.py") - set(sys.stdlib_module_names) == {"trainer.report.render",
                                                                                              names}
     assert {name.split(".")[0] for name in imported_modules(renderer) - {names}} <= set(sys.stdlib_module_names)
-    assert "trainer.report_html" in imported_modules(REPO / "atelier" / "reports.py")  # `atelier report --job`
+    assert "trainer.report.render" in imported_modules(REPO / "atelier" / "reports.py")  # `atelier report --job`
 
 
 def browser() -> str | None:

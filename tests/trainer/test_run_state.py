@@ -1,8 +1,8 @@
-"""trainer.run_state.RunState: the state a checkpoint saves and the record a run ends with."""
+"""trainer.runtime.run_state.RunState: the state a checkpoint saves and the record a run ends with."""
 
 from collections import Counter
 
-from trainer.run_state import RunState
+from trainer.runtime.run_state import RunState
 
 
 def a_state() -> RunState:

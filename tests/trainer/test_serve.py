@@ -1,4 +1,4 @@
-"""trainer.serve: the endpoint contract (/ping, /invocations -> PNG or JSON) over real HTTP."""
+"""trainer.serve.server: the endpoint contract (/ping, /invocations -> PNG or JSON) over real HTTP."""
 
 import base64
 import http.client
@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from contracts import serve_environment
-from trainer.serve import (
+from trainer.serve.server import (
     BadRequest,
     Generation,
     InferenceServer,
@@ -22,7 +22,7 @@ from trainer.serve import (
     load_pipeline,
     parse_request,
 )
-from trainer.serve import main as serve_main
+from trainer.serve.server import main as serve_main
 
 PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16,
                         attribution="s3://models/attribution/atelier-0123456789abcdef0123.json")

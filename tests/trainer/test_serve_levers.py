@@ -1,4 +1,4 @@
-"""trainer.serve's speed levers: parsed from $SERVE_*, applied by load_pipeline, and the generation thread."""
+"""trainer.serve.server's speed levers: parsed from $SERVE_*, applied by load_pipeline, and the generation thread."""
 
 import http.client
 import io
@@ -13,9 +13,9 @@ from diffusers import DPMSolverMultistepScheduler
 from diffusers.models.attention_processor import FusedAttnProcessor2_0
 from PIL import Image
 
-from trainer.models import build_pipeline, load_models
-from trainer.serve import Generation, InferenceServer, Provenance, ServeSettings, generate, load_pipeline
-from trainer.serve_levers import NO_CUDA, Batcher, inductor_mode, lever_plan
+from trainer.models.loading import build_pipeline, load_models
+from trainer.serve.server import Generation, InferenceServer, Provenance, ServeSettings, generate, load_pipeline
+from trainer.serve.levers import NO_CUDA, Batcher, inductor_mode, lever_plan
 
 PROVENANCE = Provenance("m", "d", "a")
 

@@ -1,4 +1,4 @@
-"""trainer.step.train_step: one optimizer step of the tiny UNet on the CPU, the objective's options passed through."""
+"""trainer.jobs.step.train_step: one optimizer step of the tiny UNet on the CPU, the objective's options passed through."""
 
 import copy
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer import train
-from trainer.distributed import Processes
-from trainer.ema import EMA
-from trainer.health import Window
-from trainer.models import load_models
-from trainer.objective import diffusion_loss, step_generator
-from trainer.step import StepSettings, Trainee, train_step
+from trainer.jobs import train
+from trainer.runtime.distributed import Processes
+from trainer.runtime.ema import EMA
+from trainer.runtime.health import Window
+from trainer.models.loading import load_models
+from trainer.objectives.diffusion import diffusion_loss, step_generator
+from trainer.jobs.step import StepSettings, Trainee, train_step
 
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 
@@ -58,7 +58,7 @@ def test_a_step_is_the_mean_of_its_micro_batch_losses_with_the_objective_s_optio
 def test_a_non_finite_step_leaves_the_weights_and_the_ema_as_they_were(monkeypatch):
     models = load_models("tiny", None, seed=0)
     before = copy.deepcopy(models.unet.state_dict())
-    monkeypatch.setattr("trainer.step.diffusion_loss", lambda *args, **kw: diffusion_loss(*args, **kw) * torch.nan)
+    monkeypatch.setattr("trainer.jobs.step.diffusion_loss", lambda *args, **kw: diffusion_loss(*args, **kw) * torch.nan)
     trainee, window = trainee_of(models), Window()
 
     outcome = train_step(trainee, models, iter([micro_batch(0)]), window, StepSettings(), 1, CPU)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from bench import time_to_target as ttt
-from trainer import evaluate
+from trainer.jobs import evaluate
 
 LOSSES = {150: 0.14, 300: 0.09, 450: 0.07, 600: 0.06, 750: 0.05}
 MATCHES = {150: 0.1, 300: 0.3, 450: 0.8, 600: 0.9, 750: 1.0}

@@ -1,4 +1,4 @@
-"""trainer.tokenizer: the offline CLIP BPE caption tokenizer and its round trip through a pipeline directory."""
+"""trainer.models.tokenizer: the offline CLIP BPE caption tokenizer and its round trip through a pipeline directory."""
 
 import json
 import subprocess
@@ -11,8 +11,8 @@ from diffusers import StableDiffusionPipeline
 from transformers import AutoTokenizer, CLIPTokenizer
 
 import trainer
-from trainer import models as trainer_models
-from trainer.tokenizer import CAPTION_WORDS, build_tokenizer
+from trainer.models import loading as trainer_models
+from trainer.models.tokenizer import CAPTION_WORDS, build_tokenizer
 
 # Known words, words the corpus lacks, case and spacing, punctuation, digits, accents and other
 # scripts, an emoji, a literal special token, the empty caption of caption dropout, and captions past 77 tokens.
@@ -63,7 +63,7 @@ def test_two_builds_give_the_same_vocabulary_and_merges():
 
 
 def test_another_process_builds_the_same_vocabulary_and_merges():
-    script = "from trainer.tokenizer import build_tokenizer; print(build_tokenizer().backend_tokenizer.to_str())"
+    script = "from trainer.models.tokenizer import build_tokenizer; print(build_tokenizer().backend_tokenizer.to_str())"
     repo_root = Path(trainer.__file__).resolve().parent.parent
     output = subprocess.run([sys.executable, "-c", script], cwd=repo_root, capture_output=True, text=True, check=True)
     model = json.loads(output.stdout)["model"]

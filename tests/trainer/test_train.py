@@ -1,4 +1,4 @@
-"""trainer.train: tiny runs on the CPU; checkpoints, exact resume, stages, SDXL, DDP/FSDP, health."""
+"""trainer.jobs.train: tiny runs on the CPU; checkpoints, exact resume, stages, SDXL, DDP/FSDP, health."""
 
 import io
 import json
@@ -18,14 +18,15 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from contracts.metrics import METRIC_DEFINITIONS
-from trainer import objective, step, train
-from trainer.checkpoints import CheckpointError, checkpoint_to_resume, load_checkpoint
-from trainer.distributed import Processes
-from trainer.ema import EMA
-from trainer.health import NonFiniteLossError
-from trainer.encode import encode_shards
-from trainer.health import grid_layout
-from trainer.models import compile_vae_encoder, load_models
+from trainer.jobs import step, train
+from trainer.objectives import diffusion as objective
+from trainer.runtime.checkpoints import CheckpointError, checkpoint_to_resume, load_checkpoint
+from trainer.runtime.distributed import Processes
+from trainer.runtime.ema import EMA
+from trainer.runtime.health import NonFiniteLossError
+from trainer.jobs.encode import encode_shards
+from trainer.runtime.health import grid_layout
+from trainer.models.loading import compile_vae_encoder, load_models
 
 pytestmark = pytest.mark.slow(seconds=40)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,7 @@ def test_a_killed_run_resumed_from_latest_repeats_the_uninterrupted_loss_curve(t
     train.main(train_args(shards_dir, tmp_path / "straight", tmp_path / "straight-ckpt", *steps))
     straight = losses(json_lines(capsys.readouterr().out))
     # WHEN the same run, in its own process, is killed (SIGKILL) once it has checkpointed step 3
-    command = [sys.executable, "-m", "trainer.train", *cli(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", *steps))]
+    command = [sys.executable, "-m", "trainer.jobs.train", *cli(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", *steps))]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                start_new_session=True)
     before_kill = []
@@ -500,7 +501,7 @@ def test_hyperparameters_in_sm_hps_become_defaults(monkeypatch, tmp_path):
 def torchrun(tmp_path: Path, shards_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "-m", "trainer.train",
+        "-m", "trainer.jobs.train",
         "--train-dir", str(shards_dir), "--model-dir", str(tmp_path / "model"),
         "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
         "--batch-size", "2", "--resolution", "32", "--num-workers", "0", "--log-every", "1",

@@ -1,4 +1,4 @@
-"""trainer.watchdog: a process whose loop stops stepping ends with its stacks, a reason and status 1."""
+"""trainer.runtime.watchdog: a process whose loop stops stepping ends with its stacks, a reason and status 1."""
 
 import os
 import signal
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer import container, step, train, watchdog
+from trainer import container
+from trainer.jobs import step, train
+from trainer.runtime import watchdog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 STUCK = """
 import time
-from trainer.watchdog import training_watchdog
+from trainer.runtime.watchdog import training_watchdog
 
 def waiting_for_a_peer():
     print("waiting", flush=True); time.sleep(120)  # one line: a stack dumped once "waiting" is out shows it
@@ -27,7 +29,7 @@ waiting_for_a_peer()
 
 PETTED = """
 import time
-from trainer.watchdog import Watchdog
+from trainer.runtime.watchdog import Watchdog
 
 guard = Watchdog(0.5, lambda step: f"fired after step {step}")
 for step in range(1, 16):  # 1.5 s of steps 0.1 s apart

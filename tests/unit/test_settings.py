@@ -575,7 +575,7 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
 def test_the_default_run_plan_runs_each_stage_the_fastest_measured_way(expanded: Expanded) -> None:
     """trainer/configs/defaults/fast.json measured the fastest batch and accumulation per preset and resolution:
     the template's default stages use exactly those, so the default job is the measured one."""
-    from trainer.fast_defaults import table
+    from trainer.speed.fast_defaults import table
 
     stages = TrainingSettings.from_env(function_environment(expanded, "StartTrainingFunction")).stages
     measured = {(stage.hyperparameters["model-config"], int(stage.hyperparameters["resolution"])): stage for stage in stages}

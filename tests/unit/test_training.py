@@ -417,7 +417,7 @@ def test_every_option_on_is_a_valid_create_training_job_request() -> None:
 # --- metric definitions against the trainer's log lines -------------------------------------------
 
 def trainer_line(**figures: object) -> str:
-    """A training log line as trainer/train.py prints it (health.log: json.dumps of the fields)."""
+    """A training log line as trainer/jobs/train.py prints it (health.log: json.dumps of the fields)."""
     fields = {"step": 10, "stage": 0, "lr": 0.0001, "loss": 0.123, "grad_norm": 1.5, "img_per_s": 12.5,
               "data_wait_share": 0.01, "skipped_steps": 0, "corrupt_samples": 0}
     return json.dumps({**fields, **figures})

@@ -1,6 +1,6 @@
 """The evaluation gate: may a candidate model replace the one in production?
 
-Pure: it reads the evaluation job's `evaluation.json` (trainer/evaluate.py writes it) and decides
+Pure: it reads the evaluation job's `evaluation.json` (trainer/jobs/evaluate.py writes it) and decides
 from the candidate's scores, production's scores on the same evaluation set, and the thresholds
 (template parameters GateMaxLoss, GateMaxLossRatio, GateMinClipDelta; docs/deploy.md).
 """

@@ -26,7 +26,7 @@ def model_request(job: JobState, settings: DeploySettings) -> dict[str, Any]:
         "ExecutionRoleArn": settings.role_arn,
         "PrimaryContainer": {
             "Image": settings.image_uri, "ModelDataUrl": job.model_data_url,
-            # the operator's server settings, then what every generated PNG carries (trainer/serve.py)
+            # the operator's server settings, then what every generated PNG carries (trainer/serve/server.py)
             "Environment": {**settings.serve_environment,
                             "ATELIER_MODEL_ID": model_name_for(job), "ATELIER_MANIFEST_DIGEST": manifest,
                             "ATELIER_ATTRIBUTION_URI": attribution_uri(job, settings)},
@@ -80,7 +80,7 @@ def evaluation_job_name(model: str, attempt: int = 0) -> str:
 
 def evaluation_job_request(name: str, candidate: dict[str, Any], production: dict[str, Any] | None,
                            settings: DeploySettings) -> dict[str, Any]:
-    """The training image with task=evaluate on the held-out set (trainer/evaluate.py)."""
+    """The training image with task=evaluate on the held-out set (trainer/jobs/evaluate.py)."""
     channels = [_channel("candidate", candidate["model_data"]), _channel("eval", settings.eval_data_uri)]
     if production:
         channels.append(_channel("baseline", production["model_data"]))

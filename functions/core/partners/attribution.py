@@ -23,7 +23,7 @@ from core import aws
 from core.provenance import Lineage, Places, lineage_of
 
 ATTRIBUTION_SCHEMA = 1
-TRAINING_RECORD = "atelier-training.json"  # written by trainer/train.py at the model dir's root
+TRAINING_RECORD = "atelier-training.json"  # written by trainer/jobs/train.py at the model dir's root
 UNKNOWN = "unknown"  # a sample whose record names no partner or license
 
 

@@ -2,7 +2,7 @@
 
 Decided once per lineage, at its first claim (`needs_autoencoder`): when the base (PretrainedModelUri)
 brings no VAE, the lineage's first job waits for an autoencoder job `<job>-ae` (the training image
-with task=autoencoder, trainer/autoencoder.py) on that job's image shards. Its model.tar.gz becomes
+with task=autoencoder, trainer/jobs/autoencoder.py) on that job's image shards. Its model.tar.gz becomes
 the lineage's `vae_uri` (create-only: a lineage's VAE never changes, or the UNet's latent space would
 move), and every encode and training job of the lineage reads it as the channel `vae`. core.training.starter
 sequences these steps; this module holds what they do to the table and to SageMaker.

@@ -1,5 +1,5 @@
 """Compile once per model shape across lineages: the compiled-shape files a lineage's training jobs
-write (trainer/compile_cache.py, into their checkpoints) are published to one shared prefix when a
+write (trainer/speed/compile_cache.py, into their checkpoints) are published to one shared prefix when a
 job ends, and every training job reads that prefix as its `compile-cache` channel.
 
 A lineage's own checkpoints carry its files from job to job. Without the shared prefix, a new
@@ -26,7 +26,7 @@ from core import aws
 
 logger = Logger(child=True)
 
-CHANNEL = "compile-cache"  # the trainer reads it as $SM_CHANNEL_COMPILE_CACHE (trainer/compile_cache.py)
+CHANNEL = "compile-cache"  # the trainer reads it as $SM_CHANNEL_COMPILE_CACHE (trainer/speed/compile_cache.py)
 SOURCE_ETAG = "source-etag"  # a published copy's metadata: the ETag of the lineage's file it copies
 
 

@@ -1,7 +1,7 @@
 """A stage's encode job: its latent shards, and the ManifestFile that lists them for the training job.
 
 With EncodeInstanceType set, each stage's training job waits for `<job>-enc` (the training image with
-task=encode, trainer/encode.py), which writes the manifest's shards as latent shards under
+task=encode, trainer/jobs/encode.py), which writes the manifest's shards as latent shards under
 `s3://<models>/encoded/<job>/latents/<encoder identity>-r<res>/` through its CheckpointConfig. On its
 Completed event `write_latent_manifest` checks that every shard has its twin and lists them; core.training.starter
 sequences these steps.

@@ -19,7 +19,7 @@ from typing import Any
 # provision requested ML compute capacity"), and CreateTrainingJob's quota error.
 CAPACITY_MARKERS = ("CapacityError", "ResourceLimitExceeded", "InsufficientCapacity",
                     "Unable to provision requested ML compute capacity")
-# trainer/preflight.py's reason when an instance fails its checks at job start: the host, not the model
+# trainer/runtime/preflight.py's reason when an instance fails its checks at job start: the host, not the model
 HOST_MARKERS = ("PreflightError",)
 KEPT_FAILURES = 50  # the newest failures on the lineage record (a DynamoDB item holds 400 KB)
 

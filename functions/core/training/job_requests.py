@@ -28,10 +28,10 @@ VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoenc
 ENCODE_SUFFIX = "-enc"
 # the container's own settings (trainer/container.py) a stage's helper jobs run with too
 STAGE_CONTAINER_HYPERPARAMETERS = ("cpu-threads",)
-# the stage hyperparameters trainer/encode.py shares with trainer/train.py (its latents depend on them)
+# the stage hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them)
 ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets",
                           *STAGE_CONTAINER_HYPERPARAMETERS)
-# ... and those trainer/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
+# ... and those trainer/jobs/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
 AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution", *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
@@ -66,7 +66,7 @@ def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], ins
                  exclusions_uri: str = "", channels: list[dict[str, Any]] | None = None,
                  metrics: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """What every job's request shares: the `train` channel, then the `manifest` channel (with
-    `exclusions_uri`, the manifest JSON: trainer.train, encode and autoencoder --manifest), then
+    `exclusions_uri`, the manifest JSON: trainer.jobs.train, encode and autoencoder --manifest), then
     `channels`; checkpoints, retries, isolation, VPC and KMS."""
     request: dict[str, Any] = {
         "TrainingJobName": name,
@@ -149,7 +149,7 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(settings.lineage)),
         _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS)
-    # The trainer writes its event files to LocalPath (trainer/tensorboard_log.py); SageMaker's
+    # The trainer writes its event files to LocalPath (trainer/runtime/tensorboard_log.py); SageMaker's
     # TensorBoard app and `atelier tensorboard JOB` read them from the job's own prefix.
     request["TensorBoardOutputConfig"] = {"S3OutputPath": tensorboard_uri(settings.models_bucket, name),
                                           "LocalPath": TENSORBOARD_LOCAL_PATH}
@@ -168,7 +168,7 @@ def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: st
                        settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
                        vae_uri: str = "") -> dict[str, Any]:
     """The training image with task=encode on one encode instance, for the stage's resolution and
-    models; its latent shards reach S3 through CheckpointConfig (trainer/encode.py). It reads the
+    models; its latent shards reach S3 through CheckpointConfig (trainer/jobs/encode.py). It reads the
     training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
     stage = settings.stages[stage_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
@@ -188,7 +188,7 @@ def autoencoder_job_name(training_job: str) -> str:
 def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                             settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
                             validation_uri: str = "") -> dict[str, Any]:
-    """The training image with task=autoencoder on one instance (trainer/autoencoder.py): a VAE trained
+    """The training image with task=autoencoder on one instance (trainer/jobs/autoencoder.py): a VAE trained
     on the training job's image shards, less its exclusions, its PSNR measured on `validation_uri`
     (the held-out evaluation shards). One checkpoint prefix per lineage, so a retried job resumes."""
     stage = settings.stages[stage_index]

@@ -5,9 +5,9 @@ kernels of a few microseconds each, and Python launches them one at a time; a gr
 with one launch (bench/RESULTS.md, "CUDA graphs on the small preset").
 
 What stays outside the graph, so a step computes what the eager step computes:
-- every random draw (trainer/objective.py `noised_inputs`, from the step's seeded generator) and the
+- every random draw (trainer/objectives/diffusion.py `noised_inputs`, from the step's seeded generator) and the
   text encoders: they run eagerly and are copied into the graph's static inputs;
-- gradient clipping, the finiteness check, AdamW, the EMA and the schedule (trainer/step.py).
+- gradient clipping, the finiteness check, AdamW, the EMA and the schedule (trainer/jobs/step.py).
 
 How (torch's "CUDA Graphs" notes): the first `warmup` calls of a shape run eagerly on a side stream,
 the next one captures the graph and replays it. Both run autocast without its weight cache, as a capture
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.objective import Noised, prediction_loss
+from trainer.objectives.diffusion import Noised, prediction_loss
 
 
 def usable(device: torch.device, world_size: int) -> str | None:

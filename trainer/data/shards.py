@@ -30,13 +30,13 @@ How batches are drawn (BRIA's strategy, with nothing to save for resuming):
   seeded generator, so still deterministic), reported in the batch's `corrupt` list and never
   stops the job.
 
-Latent shards (trainer/encode.py writes them): the same samples with `<key>.latents.safetensors`
+Latent shards (trainer/jobs/encode.py writes them): the same samples with `<key>.latents.safetensors`
 (the VAE's posterior parameters for the sample's bucket and centred crop at one resolution, its
 SDXL time ids, and in the header the encoder identity, resolution and bucket), `<key>.ids.npy` (the
 caption's token ids, one row per text encoder) and `<key>.json` instead of the image and caption. A
 shard's kind follows from its members' extensions; a latent sample's bucket is the one it was encoded
 for, and a latent batch carries `latent_dist` and `input_ids` where an image batch carries
-`pixel_values` and `caption` (trainer/objective.py takes either).
+`pixel_values` and `caption` (trainer/objectives/diffusion.py takes either).
 
 Exclusions and draws (docs/provenance.md): the job's manifest (`--manifest`, the `manifest` channel)
 may list per shard the samples to leave out (revoked, or no longer licensed for this use). They are
@@ -64,8 +64,8 @@ from wids.wids_mmtar import MMIndexedTar
 
 from contracts.aspect_buckets import bucket_ratio
 from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD
-from trainer.buckets import assign_buckets, bucket_sizes, cover_and_crop
-from trainer.stages import RunPlan
+from trainer.data.buckets import assign_buckets, bucket_sizes, cover_and_crop
+from trainer.data.stages import RunPlan
 
 MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
 UNKNOWN = "unknown"  # the partner or license of a sample whose record names none (img2dataset's)
@@ -100,7 +100,7 @@ class ShardIndex:
 
     @property
     def latent(self) -> bool:
-        """Whether these are latent shards (trainer/encode.py) rather than image shards."""
+        """Whether these are latent shards (trainer/jobs/encode.py) rather than image shards."""
         return bool(self.encodings)
 
 

@@ -33,9 +33,9 @@ from diffusers import (
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 from contracts.s3_layout import MODEL_ARCHIVE
-from trainer.tokenizer import build_tokenizer
+from trainer.models.tokenizer import build_tokenizer
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 CPU = torch.device("cpu")
 
 
@@ -199,7 +199,7 @@ def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.
     bench/train_gpu.py); a GPU draws them in parallel, and nothing is copied after. The draws come from
     that device's generator, so a CUDA-built UNet is not the CPU-built one of the same seed. Every rank
     of a job has the same kind of GPU, so the ranks still agree. The frozen parts are always drawn on
-    the CPU: latent shards name the VAE and text encoders by their weights (trainer/encode.py), and
+    the CPU: latent shards name the VAE and text encoders by their weights (trainer/jobs/encode.py), and
     the encode job that wrote them may have run on another device."""
     preset = read_preset(name)
     torch.manual_seed(seed)

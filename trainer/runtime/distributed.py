@@ -1,6 +1,6 @@
 """One process or many: torchrun's environment in, the process group and the wrapped UNet out.
 
-- Backend: NCCL on GPUs (over EFA where the instance has it: trainer/cluster.py), gloo on CPUs.
+- Backend: NCCL on GPUs (over EFA where the instance has it: trainer/runtime/cluster.py), gloo on CPUs.
   Not SMDDP: its last release (2.5.0) is built for PyTorch 2.4.1 and supports P4d/P4de only, while
   this image runs PyTorch 2.7 on any GPU type (docs/trainer.md, "Multi-node on SageMaker").
 - `ddp` (default): DistributedDataParallel, every rank holds the whole UNet and optimizer.

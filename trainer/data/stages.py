@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-RUNS_DIR = Path(__file__).resolve().parent / "configs" / "runs"
+RUNS_DIR = Path(__file__).resolve().parents[1] / "configs" / "runs"
 STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps", "final_lr_fraction"}
 
 

@@ -1,9 +1,9 @@
 """RunState: where a training run stands, saved in every checkpoint and, at the end, its record.
 
-trainer/train.py keeps one RunState through the loop. At a checkpoint `gathered()` merges every
+trainer/jobs/train.py keeps one RunState through the loop. At a checkpoint `gathered()` merges every
 rank's counts and `to_dict()` is what training_state.pt holds beside the optimizer
-(trainer/checkpoints.py); after the last step `record()` is atelier-training.json's layout, which
-the run's report (trainer/report.py), the evaluation job and the attribution report
+(trainer/runtime/checkpoints.py); after the last step `record()` is atelier-training.json's layout, which
+the run's report (trainer/report/write.py), the evaluation job and the attribution report
 (core/partners/attribution.py) read: {"args", "steps", "components", "final_loss", "history",
 "stages", "weights", "skipped_steps", "corrupt_samples", "shards_seen", "draws"}.
 """
@@ -20,7 +20,7 @@ class RunState:
     step: int = 0  # optimizer steps done
     stage: int | None = None  # the stage of the last step
     loss_history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss) per log line
-    history: list[dict] = field(default_factory=list)  # the logged figures per log line, for trainer/report.py
+    history: list[dict] = field(default_factory=list)  # the logged figures per log line, for trainer/report/write.py
     skipped_steps: int = 0  # non-finite steps passed over
     corrupt: set[str] = field(default_factory=set)  # samples that could not be read (this rank's until gathered)
     shards_seen: set[str] = field(default_factory=set)  # (this rank's until gathered)

@@ -5,7 +5,7 @@ Runbook
 -------
 One process (CPU, or one GPU when there is one):
 
-    python -m trainer.autoencoder --train-dir shards/ --validation-dir eval/ --model-dir out/vae \\
+    python -m trainer.jobs.autoencoder --train-dir shards/ --validation-dir eval/ --model-dir out/vae \\
         --model-config tiny --resolution 64 --steps 400 --batch-size 16
 
 SageMaker: a training job with the training image and the hyperparameter `task=autoencoder`
@@ -38,15 +38,15 @@ from diffusers import AutoencoderKL
 from PIL import Image
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer import distributed
-from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
-from trainer.evaluate import find_eval_shards, read_eval_samples
-from trainer.health import log
-from trainer.models import read_preset
-from trainer.objective import autocast
-from trainer.report import write_report
-from trainer.stages import plan_from_args
+from trainer.runtime import distributed
+from trainer.runtime.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
+from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
+from trainer.jobs.evaluate import find_eval_shards, read_eval_samples
+from trainer.runtime.health import log
+from trainer.models.loading import read_preset
+from trainer.objectives.diffusion import autocast
+from trainer.report.write import write_report
+from trainer.data.stages import plan_from_args
 
 RECORD = "autoencoder.json"
 RECONSTRUCTIONS = "reconstructions.png"
@@ -113,7 +113,7 @@ def main(args: argparse.Namespace) -> dict:
     # setup
     processes = distributed.setup()
     if processes.world_size > 1:
-        raise ValueError("trainer.autoencoder runs as one process (one GPU is plenty for a VAE of this size)")
+        raise ValueError("trainer.jobs.autoencoder runs as one process (one GPU is plenty for a VAE of this size)")
     device = processes.device
     model_dir, checkpoint_dir = Path(args.model_dir), Path(args.checkpoint_dir) if args.checkpoint_dir else None
     health_dir = Path(args.output_data_dir) if args.output_data_dir else model_dir / "health"
@@ -216,7 +216,7 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trainer.train import boolean  # one parser of hyperparameter booleans
+    from trainer.jobs.train import boolean  # one parser of hyperparameter booleans
     env = os.environ
     parser = argparse.ArgumentParser(description="Train an AutoencoderKL from scratch on image shards.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,

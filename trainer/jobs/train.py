@@ -4,13 +4,13 @@ Runbook
 -------
 One process (CPU, or one GPU when there is one):
 
-    python -m trainer.train --train-dir shards/ --model-dir out/model \\
+    python -m trainer.jobs.train --train-dir shards/ --model-dir out/model \\
         --checkpoint-dir out/checkpoints --steps 200 --model-config tiny
 
 One host, N GPUs (DDP; rank 0 alone logs and writes; add `--strategy fsdp` to shard an SDXL-size
 UNet, its gradients and optimizer state):
 
-    torchrun --standalone --nproc_per_node N -m trainer.train <the same arguments>
+    torchrun --standalone --nproc_per_node N -m trainer.jobs.train <the same arguments>
 
 Several hosts: `torchrun --nnodes H --node_rank R --master_addr <host 0> --nproc_per_node N ...`
 on each (trainer/container.py does this from SageMaker's resourceconfig.json).
@@ -22,7 +22,7 @@ by CheckpointConfig) and uses torchrun when there are several GPUs or hosts. `--
 $SM_OUTPUT_DATA_DIR; $SM_HPS, when set, supplies the other defaults.
 
 Progressive resolution: `--run-config sd2-progressive` (configs/runs/) lists stages of resolution,
-batch size, learning rate and steps; the run moves through them by itself (trainer/stages.py).
+batch size, learning rate and steps; the run moves through them by itself (trainer/data/stages.py).
 
 Resuming: `--resume latest` (the default) continues from the newest checkpoint in `<checkpoint-dir>`
 whose manifest verifies, if there is one, and logs each newer one it skips (`checkpoint_skipped`,
@@ -30,8 +30,8 @@ with the reason). Every batch and every noise draw is a pure function of (seed, 
 so the resumed job trains on exactly what the uninterrupted one would have and its loss curve is
 the same; on another number of GPUs it continues with its own draws. `--resume none` starts over;
 `--resume <checkpoint dir>` picks one, and the job stops at once if it does not verify.
-Checkpoints: trainer/checkpoints.py; what each saves of the run, and the run's record at the end,
-is one RunState (trainer/run_state.py). The step itself, shared with bench/train_gpu.py: trainer/step.py.
+Checkpoints: trainer/runtime/checkpoints.py; what each saves of the run, and the run's record at the end,
+is one RunState (trainer/runtime/run_state.py). The step itself, shared with bench/train_gpu.py: trainer/jobs/step.py.
 
 Provenance: `--manifest` (default $SM_CHANNEL_MANIFEST, the job's manifest JSON) lists samples to
 leave out, which the loader never reads; `draws` in atelier-training.json counts the samples drawn
@@ -41,13 +41,13 @@ per partner and license, over all ranks and every job that resumed the same chec
 Output: `<model-dir>` holds the pipeline (`DiffusionPipeline.from_pretrained(model_dir)`; the EMA
 weights unless `--final-weights trained`) and `atelier-training.json`; `<output-data-dir>` holds
 `loss.png` and `validation/step-N.png` (a grid of fixed prompts x seeds at each checkpoint); both
-hold `report.html`, the run's self-contained report (trainer/report.py).
-Logs: JSON lines on stdout (trainer/health.py); each training line also carries `steps` (the total),
+hold `report.html`, the run's self-contained report (trainer/report/write.py).
+Logs: JSON lines on stdout (trainer/runtime/health.py); each training line also carries `steps` (the total),
 `progress` (steps done / total) and `eta_s` (seconds left at the step rate since the line before).
 Too many non-finite steps in a row end the job with the reason in `$SM_OUTPUT_DIR/failure`.
 Before the models load, every rank's device, free memory and an all-reduce over all ranks are checked
-(trainer/preflight.py); no optimizer step for `--watchdog-minutes` dumps the stacks and ends the job
-(trainer/watchdog.py). Both name the host and rank in that failure reason.
+(trainer/runtime/preflight.py); no optimizer step for `--watchdog-minutes` dumps the stacks and ends the job
+(trainer/runtime/watchdog.py). Both name the host and rank in that failure reason.
 """
 
 import argparse
@@ -62,23 +62,24 @@ import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer import cuda_graphs, distributed, preflight
-from trainer.checkpoint_writer import CheckpointWriter
-from trainer.checkpoints import checkpoint_to_resume, load_checkpoint, take_snapshot
-from trainer.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
-from trainer.data import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
-from trainer.ema import EMA
-from trainer.encode import check_latent_shards
-from trainer.fast_defaults import compile_by_default, graphs_by_default
-from trainer.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
-from trainer.tensorboard_log import Board, default_dir
-from trainer.models import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
-from trainer.report import write_report
-from trainer.objective import autocast
-from trainer.run_state import RunState
-from trainer.stages import RunPlan, plan_from_args
-from trainer.step import StepSettings, Trainee, train_step
-from trainer.watchdog import stops_watchdogs, training_watchdog
+from trainer.runtime import distributed, preflight
+from trainer.speed import cuda_graphs
+from trainer.runtime.checkpoint_writer import CheckpointWriter
+from trainer.runtime.checkpoints import checkpoint_to_resume, load_checkpoint, take_snapshot
+from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
+from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
+from trainer.runtime.ema import EMA
+from trainer.jobs.encode import check_latent_shards
+from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
+from trainer.runtime.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
+from trainer.runtime.tensorboard_log import Board, default_dir
+from trainer.models.loading import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
+from trainer.report.write import write_report
+from trainer.objectives.diffusion import autocast
+from trainer.runtime.run_state import RunState
+from trainer.data.stages import RunPlan, plan_from_args
+from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.runtime.watchdog import stops_watchdogs, training_watchdog
 
 DEFAULT_VALIDATION_PROMPTS = ("a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table"
                               "|a mountain lake at sunrise")
@@ -168,7 +169,7 @@ def main(args: argparse.Namespace) -> dict:
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else None
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
-    # models: the same initial weights on every rank; the UNet built on the device (trainer/models.py)
+    # models: the same initial weights on every rank; the UNet built on the device (trainer/models/loading.py)
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device)
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
@@ -199,7 +200,7 @@ def main(args: argparse.Namespace) -> dict:
     graphs = cuda_graphs.GraphedBackward(step_model, list(unet.parameters())) if graphing else None
     trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema, graphs)
     settings = StepSettings.from_args(args)
-    state = RunState(args=vars(args))  # what each checkpoint saves and the record ends with (trainer/run_state.py)
+    state = RunState(args=vars(args))  # what each checkpoint saves and the record ends with (trainer/runtime/run_state.py)
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
     if resume_from is not None:
         state = RunState.from_dict(load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema), rank)
@@ -211,7 +212,7 @@ def main(args: argparse.Namespace) -> dict:
     index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
                          load_exclusions(args.manifest))
     empty_ids = None
-    if index.latent:  # latent shards (trainer/encode.py): the VAE never runs
+    if index.latent:  # latent shards (trainer/jobs/encode.py): the VAE never runs
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
         empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
     if compiling and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
@@ -226,7 +227,7 @@ def main(args: argparse.Namespace) -> dict:
         corrupt=len(index.problems),
         first_corrupt=index.problems[:5], excluded=index.excluded)
 
-    compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/compile_cache.py)
+    compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/speed/compile_cache.py)
     if compiling and args.compile_cache != "none":
         cache_dir = (Path(args.compile_cache) if args.compile_cache
                      else checkpoint_dir / LINEAGE_FOLDER if checkpoint_dir else None)
@@ -396,7 +397,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "step (default <checkpoint-dir>/compile-cache; also read: $SM_CHANNEL_COMPILE_CACHE; "
                              "'none': off)")
     system.add_argument("--cuda-graphs", type=auto_or_boolean, default="auto",
-                        help="replay the UNet's forward and backward from a CUDA graph per shape (trainer/cuda_graphs.py; "
+                        help="replay the UNet's forward and backward from a CUDA graph per shape (trainer/speed/cuda_graphs.py; "
                              "one process on a GPU): true, false, or auto (where configs/defaults/fast.json measured it "
                              "faster for the preset and resolution)")
     system.add_argument("--fused-adamw", type=boolean, default=True, help="fused AdamW kernels on a GPU (DDP or one process)")
@@ -411,7 +412,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     health.add_argument("--keep-checkpoints", type=int, default=2, help="the newest K step directories are kept")
     health.add_argument("--async-checkpoints", type=boolean, default=True,
                         help="write each checkpoint in a thread while training goes on (its state copied to the host "
-                             "first; trainer/checkpoint_writer.py), else in place")
+                             "first; trainer/runtime/checkpoint_writer.py), else in place")
     health.add_argument("--log-every", type=int, default=10, help="also at the last step")
     health.add_argument("--tensorboard-dir", default=None,
                         help="TensorBoard event files (default $SM_OUTPUT_DIR/tensorboard, else <health dir>/tensorboard; 'none': off)")

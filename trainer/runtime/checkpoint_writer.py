@@ -17,8 +17,8 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from trainer.checkpoints import CheckpointError, Snapshot, write_snapshot
-from trainer.distributed import Processes
+from trainer.runtime.checkpoints import CheckpointError, Snapshot, write_snapshot
+from trainer.runtime.distributed import Processes
 
 
 class CheckpointWriter:

@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from trainer import cluster
-from trainer.health import write_failure
+from trainer.runtime import cluster
+from trainer.runtime.health import write_failure
 
 EXIT_STATUS = 1
 _running: set["Watchdog"] = set()

@@ -1,6 +1,6 @@
-"""One optimizer step of the UNet, the step trainer/train.py runs and bench/train_gpu.py times.
+"""One optimizer step of the UNet, the step trainer/jobs/train.py runs and bench/train_gpu.py times.
 
-A step: for each micro-batch the diffusion loss (trainer/objective.py: noise, timesteps, target,
+A step: for each micro-batch the diffusion loss (trainer/objectives/diffusion.py: noise, timesteps, target,
 noise offset, min-SNR weighting) from that micro-batch's own seeded generator, its backward scaled
 by 1 / micro-batches (the gradient all-reduce on the last alone; the UNet's part replayed from a
 CUDA graph with `Trainee.graphs`, the draws still made eagerly); then gradient clipping, one
@@ -14,12 +14,12 @@ from typing import Callable, Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainer import distributed
-from trainer.cuda_graphs import GraphedBackward
-from trainer.ema import EMA
-from trainer.health import Window
-from trainer.models import Models
-from trainer.objective import diffusion_loss, noised_inputs, step_generator
+from trainer.runtime import distributed
+from trainer.speed.cuda_graphs import GraphedBackward
+from trainer.runtime.ema import EMA
+from trainer.runtime.health import Window
+from trainer.models.loading import Models
+from trainer.objectives.diffusion import diffusion_loss, noised_inputs, step_generator
 
 
 @dataclass
@@ -31,12 +31,12 @@ class Trainee:
     optimizer: torch.optim.Optimizer
     lr_schedule: torch.optim.lr_scheduler.LRScheduler
     ema: EMA | None
-    graphs: GraphedBackward | None = None  # the UNet's forward and backward from CUDA graphs (trainer/cuda_graphs.py)
+    graphs: GraphedBackward | None = None  # the UNet's forward and backward from CUDA graphs (trainer/speed/cuda_graphs.py)
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """The step's hyperparameters; the defaults are trainer.train's."""
+    """The step's hyperparameters; the defaults are trainer.jobs.train's."""
     seed: int = 0
     gradient_accumulation: int = 1
     max_grad_norm: float = 1.0

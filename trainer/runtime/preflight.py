@@ -4,7 +4,7 @@ that it reaches every other rank; a host that does not ends the job at once, wit
 Without it a bad GPU, memory held by a process left on the instance or a host cut off from its peers
 shows up only after the models and the data loaded: as an out-of-memory error, NaNs, or a hang in
 DDP's first all-reduce that lasts until NCCL's 10-minute timeout. The checks, run right after the
-process group is made (trainer.distributed.setup):
+process group is made (trainer.runtime.distributed.setup):
 
 - compute: a matrix product of known result on this rank's device;
 - memory (CUDA only): at least `min_free_fraction` of the device's memory is free;
@@ -15,7 +15,7 @@ process group is made (trainer.distributed.setup):
 
 A failed check writes `PreflightError: <host> rank <r>: <what failed>` to the failure file and
 raises PreflightError. An all-reduce that never returns is ended at `timeout_s` by a watchdog
-(trainer/watchdog.py: the stacks to the log, the same kind of reason, exit status 1).
+(trainer/runtime/watchdog.py: the stacks to the log, the same kind of reason, exit status 1).
 """
 
 import time
@@ -23,10 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainer import cluster
-from trainer.distributed import Processes
-from trainer.health import write_failure
-from trainer.watchdog import Watchdog
+from trainer.runtime import cluster
+from trainer.runtime.distributed import Processes
+from trainer.runtime.health import write_failure
+from trainer.runtime.watchdog import Watchdog
 
 MATRIX_SIDE = 256  # ones @ ones gives exactly MATRIX_SIDE everywhere, in fp32 and TF32 alike
 ALL_REDUCE_VALUES = 1 << 20  # 4 MiB of float32: several chunks on every link, still milliseconds

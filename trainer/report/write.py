@@ -1,15 +1,15 @@
-"""A training job's report at the end of its run (the page itself: trainer/report_html.py, the one
+"""A training job's report at the end of its run (the page itself: trainer/report/render.py, the one
 renderer, which `atelier report --job` uses too).
 
 Rank 0 writes `<model-dir>/report.html` and `<output-data-dir>/report.html`; the page carries the
-run's figures. An autoencoder job (trainer/autoencoder.py) calls the same `write_report`: its
+run's figures. An autoencoder job (trainer/jobs/autoencoder.py) calls the same `write_report`: its
 `autoencoder.json` and `reconstructions.png` make the page's Autoencoder section. SageMaker uploads
 the output data dir, validation grids and all, as `output/output.tar.gz`, from which
 `atelier report --job` renders the complete page, with the gate's decision (`evaluation.json`) and
 the lineage (`lineage.json`) the pipeline writes beside the model artefact. Rebuild it locally,
 e.g. with an `evaluation.json` and a `lineage.json` put into the model dir:
 
-    python -m trainer.report --model-dir out/model [--output-data-dir out/data] [-o report.html]
+    python -m trainer.report.write --model-dir out/model [--output-data-dir out/data] [-o report.html]
 """
 
 import argparse
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from contracts.s3_layout import EVALUATION_FILE, LINEAGE_FILE, REPORT_FILE
-from trainer.report_html import AUTOENCODER, RECONSTRUCTIONS, RECORD, png_data_uri, render, run_data
+from trainer.report.render import AUTOENCODER, RECONSTRUCTIONS, RECORD, png_data_uri, render, run_data
 
 
 def _read_json(path: Path) -> dict | None:

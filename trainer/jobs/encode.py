@@ -4,10 +4,10 @@ Runbook
 -------
 One process (CPU, or one GPU when there is one):
 
-    python -m trainer.encode --train-dir shards/ --output-dir latents/ --resolution 512 --model-config sd2
+    python -m trainer.jobs.encode --train-dir shards/ --output-dir latents/ --resolution 512 --model-config sd2
 
 writes `latents/<identity>-r512/<the same relative shard paths>`; train on that directory with
-`python -m trainer.train --train-dir latents/<identity>-r512 --resolution 512 ...` and the same
+`python -m trainer.jobs.train --train-dir latents/<identity>-r512 --resolution 512 ...` and the same
 `--model-config`/`--pretrained` and `--seed` (random init) as the encode job.
 
 SageMaker: a training job with the training image and the hyperparameter `task=encode` (channel
@@ -19,15 +19,15 @@ is the next training job's `train` channel. A retried job gets its finished shar
 same CheckpointConfig and skips them.
 
 Exclusions (docs/provenance.md): samples the manifest's `exclude` lists (`--manifest`, default
-$SM_CHANNEL_MANIFEST) are dropped while indexing, exactly as trainer/data.py does for training:
+$SM_CHANNEL_MANIFEST) are dropped while indexing, exactly as trainer/data/shards.py does for training:
 never read or decoded, and absent from the latent shard, which then holds fewer samples than its
 image shard. The trainer applies the same list to the latent shards again (same keys, same shard ids).
 
 What a latent shard holds, per sample of the image shard (same key, same order, same relative path):
 - `<key>.latents.safetensors`: `latent_dist`, the VAE's posterior parameters (mean and log-variance,
   [2 x latent channels, h, w], in the dtype the VAE ran in: bf16 on a GPU, fp32 on a CPU) for the
-  sample's aspect bucket and centred crop at the resolution, exactly as trainer/data.py +
-  trainer/buckets.py prepare the image online; `time_ids` (SDXL's size and crop numbers); header
+  sample's aspect bucket and centred crop at the resolution, exactly as trainer/data/shards.py +
+  trainer/data/buckets.py prepare the image online; `time_ids` (SDXL's size and crop numbers); header
   metadata `encoder` (the identity), `resolution`, `bucket` ("WxH").
 - `<key>.ids.npy`: the caption's token ids, int64 [text encoders, max length], what the online
   path's tokenizer gives.
@@ -72,13 +72,13 @@ import torch
 from safetensors.torch import save as save_safetensors
 from torch.utils.data import DataLoader, Dataset
 
-from trainer import distributed
+from trainer.runtime import distributed
 from contracts import shard_members
 from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD, member_name
-from trainer.data import (CorruptSample, ShardIndex, ShardReader, buckets_of, crop_to_bucket, decode_image, index_shards,
+from trainer.data.shards import (CorruptSample, ShardIndex, ShardReader, buckets_of, crop_to_bucket, decode_image, index_shards,
                           load_exclusions)
-from trainer.models import Models, compile_vae_encoder, load_models, token_ids
-from trainer.objective import autocast
+from trainer.models.loading import Models, compile_vae_encoder, load_models, token_ids
+from trainer.objectives.diffusion import autocast
 
 
 class LatentShardsError(ValueError):
@@ -122,7 +122,7 @@ def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int]
     for encoder, resolution in sorted(index.encodings):
         if encoder != identity:
             raise LatentShardsError(f"latent shards encoded by models {encoder[:16]}, not by this run's {identity[:16]}: "
-                                    "encode the image shards again with these models (python -m trainer.encode)")
+                                    "encode the image shards again with these models (python -m trainer.jobs.encode)")
         if {resolution} != resolutions:
             raise LatentShardsError(f"latent shards at {resolution} px, but the run's stages are at {sorted(resolutions)} px")
 
@@ -352,7 +352,7 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
                     pixel_values = pad_batch(pixel_values, batch_size)
                 elif len(pixel_values) == 1:  # never a batch of one: the CPU's conv kernels take another path for it
                     pixel_values = pixel_values.repeat(2, 1, 1, 1)
-                with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objective.py)
+                with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objectives/diffusion.py)
                     pixel_values = pixel_values.to(device, non_blocking=True)
                     parameters = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist.parameters
                 latents, copied = to_host(parameters[:len(group["rows"])])
@@ -381,7 +381,7 @@ def pad_batch(pixel_values: torch.Tensor, size: int) -> torch.Tensor:
 def main(args: argparse.Namespace) -> dict:
     processes = distributed.setup()
     if processes.world_size > 1:
-        raise ValueError("trainer.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
+        raise ValueError("trainer.jobs.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
     print(json.dumps({"event": "imported"}), flush=True)  # the job's fixed costs show in its log
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae)
     identity = models_identity(models)
@@ -402,7 +402,7 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trainer.train import auto_or_boolean, boolean  # one parser of hyperparameter booleans
+    from trainer.jobs.train import auto_or_boolean, boolean  # one parser of hyperparameter booleans
     env = os.environ
     parser = argparse.ArgumentParser(description="Encode image shards into latent shards for one resolution.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,

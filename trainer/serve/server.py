@@ -20,7 +20,7 @@ sets in the model's container environment; the manifest falls back to `manifest_
 model's atelier-training.json, then each to "unknown"), atelier:prompt, atelier:negative-prompt,
 atelier:seed, atelier:steps, atelier:guidance. With $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY set,
 every PNG also carries a signed C2PA manifest with the model id, manifest and attribution
-(trainer/credentials.py); credentials that cannot sign fail at start.
+(trainer/serve/credentials.py); credentials that cannot sign fail at start.
 
 Bounds (ServeSettings, from the environment once at start): $SERVE_MAX_STEPS (200),
 $SERVE_MAX_SIDE (2048), $SERVE_MAX_IMAGES (4), $SERVE_MAX_BODY_BYTES (65536),
@@ -29,7 +29,7 @@ $SERVE_MAX_PROMPT_CHARS (1000), $SERVE_MAX_GUIDANCE (50). The port is $SAGEMAKER
 the local stack binds 127.0.0.1). One generation runs at a time; the same request gives the same
 images.
 
-Speed levers (ServeSettings too; trainer/serve_levers.py says what each does, bench/serve_gpu.py
+Speed levers (ServeSettings too; trainer/serve/levers.py says what each does, bench/serve_gpu.py
 measures them): $SERVE_COMPILE (default; off|default|max-autotune) and $SERVE_CUDA_GRAPHS (1),
 which on a GPU compile the UNet and VAE decoder and replay them as CUDA graphs, for the request
 sizes in $SERVE_WARMUP_IMAGES (1; e.g. "1,2,4") before /ping answers 200 (other sizes run eagerly);
@@ -61,8 +61,8 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from contracts import png_text, serve_environment
-from trainer.credentials import Credentials, sign_png
-from trainer.serve_levers import COMPILE_MODES, SCHEDULERS, Batcher, apply_levers, compiled, lever_plan
+from trainer.serve.credentials import Credentials, sign_png
+from trainer.serve.levers import COMPILE_MODES, SCHEDULERS, Batcher, apply_levers, compiled, lever_plan
 
 PNG, JSON = "image/png", "application/json"
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range; image i's seed wraps around inside it
@@ -94,7 +94,7 @@ class ServeSettings:
     scheduler: str = "default"  # the saved pipeline's own
     fuse_qkv: bool = False
     channels_last: bool = False
-    compile: str = "default"  # on a GPU only (trainer/serve_levers.py); bench/RESULTS.md has what each lever gave
+    compile: str = "default"  # on a GPU only (trainer/serve/levers.py); bench/RESULTS.md has what each lever gave
     cuda_graphs: bool = True
     warmup_images: tuple[int, ...] = (1,)
     batch_window_ms: float = 0.0

@@ -1,6 +1,6 @@
 """The fastest measured configuration per (model preset, resolution): configs/defaults/fast.json.
 
-`trainer.train --compile auto` (the default) compiles where the table says compiling pays, and
+`trainer.jobs.train --compile auto` (the default) compiles where the table says compiling pays, and
 `--cuda-graphs auto` replays the step from CUDA graphs where the table says that pays, on a GPU
 only: Inductor on a CPU costs minutes and gains nothing the tests or a CPU smoke run need. The
 table's batch and accumulation are what template.yaml's default run plan uses (a test holds them
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parent / "configs" / "defaults" / "fast.json"
+TABLE = Path(__file__).resolve().parents[1] / "configs" / "defaults" / "fast.json"
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class FastConfig:
     batch_size: int
     gradient_accumulation: int
     measured: dict
-    cuda_graphs: bool = False  # trainer/cuda_graphs.py: on where it was measured faster
+    cuda_graphs: bool = False  # trainer/speed/cuda_graphs.py: on where it was measured faster
 
 
 @cache

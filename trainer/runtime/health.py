@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from trainer.report_html import log_ticks, nice_ticks, tick_label  # the report's round axis ticks
+from trainer.report.render import log_ticks, nice_ticks, tick_label  # the report's round axis ticks
 
 
 class NonFiniteLossError(RuntimeError):

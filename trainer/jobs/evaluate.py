@@ -3,14 +3,14 @@
 Runbook
 -------
 SageMaker: a *training job* with the training image and the hyperparameter `task=evaluate`;
-trainer/container.py then runs this module instead of trainer.train (one process, one GPU or the CPU).
+trainer/container.py then runs this module instead of trainer.jobs.train (one process, one GPU or the CPU).
 Channels (`$SM_CHANNEL_<NAME>`):
 
     candidate  the model to judge: a saved diffusers pipeline directory, or the `model.tar.gz` a
                training job wrote (an S3 object input lands in the channel as that one file)
     baseline   optional: the production model, in either form; scored on exactly the same draws
     eval       held-out shards (`*.tar` at any depth, the packer's layout: `<key>.jpg|png|webp`,
-               `<key>.txt` caption, `<key>.json`), read with trainer/data.py's reader
+               `<key>.txt` caption, `<key>.json`), read with trainer/data/shards.py's reader
     clip       optional: a transformers CLIPModel with its tokenizer and image processor
                (`save_pretrained`; or a model.tar.gz of them): the CLIP scorer; without it, no CLIP score
 
@@ -20,7 +20,7 @@ else the size its UNet was built for), `steps` (20: sampling steps for CLIP imag
 
 By hand:
 
-    python -m trainer.evaluate --candidate-dir out/model --eval-dir heldout/ --model-dir out/eval \\
+    python -m trainer.jobs.evaluate --candidate-dir out/model --eval-dir heldout/ --model-dir out/eval \\
         [--baseline-dir prod/model] [--clip-dir clip/]
 
 What is measured
@@ -74,10 +74,10 @@ from wids.wids import IndexedTarSamples
 
 from contracts import s3_layout
 from contracts.shard_members import IMAGE_FORMATS
-from trainer.buckets import cover_and_crop
-from trainer.data import decode_image, scan_shard, to_tensor
-from trainer.health import log
-from trainer.models import Models, build_pipeline, encode_captions, from_pretrained
+from trainer.data.buckets import cover_and_crop
+from trainer.data.shards import decode_image, scan_shard, to_tensor
+from trainer.runtime.health import log
+from trainer.models.loading import Models, build_pipeline, encode_captions, from_pretrained
 
 SCHEMA = 1
 DEFAULT_TIMESTEPS = "100,300,500,700,900"

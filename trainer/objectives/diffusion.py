@@ -11,7 +11,7 @@ Options:
   (Hang et al., "Efficient Diffusion Training via Min-SNR Weighting Strategy", 2023).
 
 A batch brings `pixel_values` (image shards: the VAE encodes them), `latent_dist` (latent shards: the
-posterior trainer/encode.py stored) or `latents` (already sampled and scaled), and `caption` or
+posterior trainer/jobs/encode.py stored) or `latents` (already sampled and scaled), and `caption` or
 `input_ids` (token ids, latent shards).
 
 Every random draw of a micro-batch (VAE posterior sample, noise, timesteps) comes from a generator
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
-from trainer.models import Models, encode_captions, encode_token_ids
+from trainer.models.loading import Models, encode_captions, encode_token_ids
 
 
 def autocast(device: torch.device, cache: bool = True):
@@ -69,7 +69,7 @@ def noised_inputs(models: Models, batch: dict, device: torch.device, generator: 
         if "latents" in batch:  # precomputed (already sampled and scaled): the VAE is skipped
             latents = batch["latents"].to(device, non_blocking=True).float()
         else:
-            if "latent_dist" in batch:  # latent shards hold the posterior (trainer/encode.py): the VAE is skipped
+            if "latent_dist" in batch:  # latent shards hold the posterior (trainer/jobs/encode.py): the VAE is skipped
                 posterior = DiagonalGaussianDistribution(batch["latent_dist"].to(device, models.vae.dtype, non_blocking=True))
             else:
                 pixel_values = batch["pixel_values"].to(device, non_blocking=True)

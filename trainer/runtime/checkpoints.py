@@ -5,7 +5,7 @@
         unet/                   config.json + diffusion_pytorch_model.safetensors (full weights,
                                 loadable with UNet2DConditionModel.from_pretrained)
         ema_unet/               the EMA weights, the same way (when EMA is on)
-        training_state.pt       the caller's state (trainer.train: RunState.to_dict(), trainer/run_state.py:
+        training_state.pt       the caller's state (trainer.jobs.train: RunState.to_dict(), trainer/runtime/run_state.py:
                                 step, stage, args, loss history, corrupt samples, shards seen, draws), the
                                 optimizer (keyed by parameter name), lr scheduler, EMA counters
         rng-rank<r>.pt          rank r's torch / CUDA / Python / NumPy RNG states
@@ -20,7 +20,7 @@ a half-uploaded step directory or even a `.tmp-step-…` one can come back; the 
 thing trusted. A checkpoint is first copied off the training state (`take_snapshot`, on every rank at the same
 step: every rank's RNG bytes are gathered), then written under `.tmp-step-…` with its manifest and
 renamed into place (`write_snapshot`, no collective), either at once (`save_checkpoint`) or in a
-thread while training goes on (trainer/checkpoint_writer.py). `--resume latest` takes the newest step
+thread while training goes on (trainer/runtime/checkpoint_writer.py). `--resume latest` takes the newest step
 directory that verifies and logs each newer one it skips (those written before manifests existed are
 skipped as "no manifest"); pruning keeps the newest `keep` step directories, the newest verified one
 and the one just written.
@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trainer.distributed import Processes, barrier, full_model_state, full_optimizer_state, load_full_state
-from trainer.ema import EMA
-from trainer.health import log
+from trainer.runtime.distributed import Processes, barrier, full_model_state, full_optimizer_state, load_full_state
+from trainer.runtime.ema import EMA
+from trainer.runtime.health import log
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 MANIFEST_NAME = "manifest.json"
@@ -262,7 +262,7 @@ def rng_name(rank: int) -> str:
 def save_checkpoint(checkpoint_dir: Path, processes: Processes, unet, optimizer, lr_schedule, ema: EMA | None,
                     state: dict, keep: int) -> Path:
     """Write step-N/ now (every rank takes part); `state` is the run's plain data, its "step" among it,
-    rank 0's saved (the caller gathers it). trainer/checkpoint_writer.py writes it in the background."""
+    rank 0's saved (the caller gathers it). trainer/runtime/checkpoint_writer.py writes it in the background."""
     snapshot = take_snapshot(processes, unet, optimizer, lr_schedule, ema, state)
     final = write_snapshot(checkpoint_dir, processes, snapshot, keep)
     barrier()

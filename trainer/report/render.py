@@ -1,13 +1,13 @@
 """A training job's report: one static, self-contained HTML page (inline SVG curves, PNGs as data URIs).
 
 It shows the loss and throughput curves (round ticks on both axes), the data-wait share, the
-validation grid of every checkpoint (trainer/health.py labels each with its prompts and seeds), an
+validation grid of every checkpoint (trainer/runtime/health.py labels each with its prompts and seeds), an
 autoencoder job's figures and reconstructions, the evaluation gate's decision and the lineage
 summary; every table cell reads as text (figures rounded, yes/no, an em dash for what is missing).
 This module is its one renderer, standard library only (the CLI imports it without the ML stack),
 for the two places that write it:
 
-- the trainer, at the end of a run (trainer/report.py): `report.html` in the model and output data
+- the trainer, at the end of a run (trainer/report/write.py): `report.html` in the model and output data
   dirs, before any gate. The page carries the run's figures as a JSON data block, so that from the
   output data (`output/output.tar.gz`) alone the page can be rendered again;
 - `atelier report --job` (atelier/reports.py), on demand: the complete page from output.tar.gz,
@@ -28,8 +28,8 @@ from typing import IO, Any
 
 from contracts.s3_layout import REPORT_FILE
 
-RECORD = "atelier-training.json"  # the run's record at the model dir's root (trainer/train.py)
-AUTOENCODER = "autoencoder.json"  # an autoencoder job's record at the model dir's root (trainer/autoencoder.py)
+RECORD = "atelier-training.json"  # the run's record at the model dir's root (trainer/jobs/train.py)
+AUTOENCODER = "autoencoder.json"  # an autoencoder job's record at the model dir's root (trainer/jobs/autoencoder.py)
 RECONSTRUCTIONS = "reconstructions.png"  # its originals (top row) over their reconstructions, in the output data
 RUN_DATA = '<script type="application/json" id="atelier-run">'  # the run's figures, in the page itself
 MISSING = "\u2014"  # an em dash: what a table shows for a value that is not there

@@ -1,0 +1,1 @@
+"""Shards in, batches out: the shard layout, aspect buckets, the run's resolution stages, the loader."""

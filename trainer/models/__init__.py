@@ -1,0 +1,1 @@
+"""The models a run trains and freezes: presets, loading, text encoding, pipelines, the tokenizer."""

@@ -1,0 +1,1 @@
+"""A training job's self-contained report.html: the renderer and the trainer's writer."""

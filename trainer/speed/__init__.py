@@ -1,0 +1,1 @@
+"""Speed levers of the training step."""
