@@ -195,7 +195,7 @@ def models_of(jobs: set[str]) -> dict[str, list[str]]:
 # --- generate -----------------------------------------------------------------------------------
 
 def generate(endpoint: str, prompt: str, seed: int, steps: int, guidance: float | None = None) -> bytes:
-    """A PNG from the endpoint; `guidance` None leaves the server's default (trainer/serve/server.py)."""
+    """A PNG from the endpoint; `guidance` None leaves the server's default (trainer/serve/protocol.py)."""
     request = {"prompt": prompt, "seed": seed, "num_inference_steps": steps}
     if guidance is not None:
         request["guidance_scale"] = guidance

@@ -61,7 +61,9 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     from atelier.prompt_match import DEMO_PROMPTS, STEPS
     from atelier.prompt_match import matches
     from trainer.jobs import encode, train
-    from trainer.serve import server as serve
+    from trainer.serve.generation import generate, load_pipeline
+    from trainer.serve.protocol import parse_request
+    from trainer.serve.settings import ServeSettings
 
     base, work = Path(root), Path(root) / f"{variant}-{seed}"
     hyper = {**recipe("TrainingHyperparameters"), "seed": str(seed), "validation-prompts": "", **overrides}
@@ -73,15 +75,15 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     summary = train.main(train.parse_args(["--train-dir", str(work / "latents"), "--model-dir", str(work / "model"),
                                            "--vae", str(base / "vae"), *argv({**hyper, "num-workers": "0"})]))
     trained_s = time.monotonic() - started
-    pipeline = serve.load_pipeline(work / "model")
+    pipeline = load_pipeline(work / "model")
     scores = {}
     for guidance in guidances:
         matched = []
         for prompt in DEMO_PROMPTS:
-            generation = serve.parse_request(json.dumps({"prompt": prompt, "seed": 0, "num_inference_steps": STEPS,
-                                                         "guidance_scale": guidance}).encode(), serve.ServeSettings())
+            generation = parse_request(json.dumps({"prompt": prompt, "seed": 0, "num_inference_steps": STEPS,
+                                                   "guidance_scale": guidance}).encode(), ServeSettings())
             png = io.BytesIO()
-            serve.generate(pipeline, generation)[0].save(png, format="PNG")
+            generate(pipeline, generation)[0].save(png, format="PNG")
             matched.append(matches(prompt, png.getvalue()))
         scores[f"{guidance:g}"] = {"rate": round(sum(matched) / len(matched), 3),
                                    "missed": [prompt for prompt, hit in zip(DEMO_PROMPTS, matched) if not hit]}

@@ -32,7 +32,8 @@ import torch  # noqa: E402
 
 from atelier.catalog import procedural_catalog, training_combinations  # noqa: E402
 from bench.catalog_shards import write_shards  # noqa: E402
-from trainer.jobs.encode import encode_shards, models_identity  # noqa: E402
+from trainer.data.latents import models_identity  # noqa: E402
+from trainer.jobs.encode import encode_shards
 from trainer.models.loading import load_models  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -7,7 +7,7 @@
 #   export PYTHONPATH=/tmp/site
 # tensorboardX, protobuf: trainer.jobs.train writes TensorBoard event files.
 # pydantic: bench/catalog_shards.py writes shards with the packer's own records (core.models.Sample).
-# c2pa-python and cryptography: trainer/serve/server.py signs what it serves (bench/demo_recipe.py draws through it).
+# c2pa-python and cryptography: trainer/serve/credentials.py signs what the server serves (bench/demo_recipe.py draws through it).
 # torchao: the bench's +fp8 lever (torchao.float8); 0.18.0 is built against torch 2.11 (its C++ extensions load
 #   only from 2.11 on; float8 training is Python over torch._scaled_mm). A cp310-abi3 wheel: it installs on 3.12.
 # diffusers' and datasets' other needs are already in the device image (KINDS.md's package list).

@@ -4,9 +4,10 @@
     .venv/bin/python bench/serve_gpu.py --model-config tiny --size 64 --steps 2  # CPU smoke run
 
 Everything served is the server's own code path: the preset built with random weights by the
-trainer's code (trainer.models.loading.load_models + build_pipeline, saved with save_pretrained, as a
-training job saves its model), loaded by trainer.serve.server.load_pipeline with a ServeSettings, and run
-by trainer.serve.server.generate on a Generation from trainer.serve.server.parse_request. The baseline is plain
+trainer's code (trainer.models.loading.load_models + trainer.models.pipelines.build_pipeline, saved
+with save_pretrained, as a training job saves its model), loaded by
+trainer.serve.generation.load_pipeline with a ServeSettings, and run by
+trainer.serve.generation.generate on a Generation from trainer.serve.protocol.parse_request. The baseline is plain
 diffusers on the same directory: StableDiffusionPipeline.from_pretrained(dir, torch_dtype=bf16) on
 the GPU, its saved scheduler, no compile, the same prompt, steps, guidance, size and seeds (fp32 on
 a CPU, as the server runs there).
@@ -63,8 +64,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.train_gpu import commit, versions  # noqa: E402
-from trainer.serve import server as serve  # noqa: E402
+from trainer.serve.generation import generate, load_pipeline, warm_up  # noqa: E402
 from trainer.serve.levers import compiled, lever_plan  # noqa: E402
+from trainer.serve.protocol import Generation, parse_request  # noqa: E402
+from trainer.serve.server import InferenceServer  # noqa: E402
+from trainer.serve.settings import Provenance, ServeSettings  # noqa: E402
 
 PROMPT = "a photo of a red fox sitting in a snowy forest at sunrise"
 LEVERS = {  # each lever alone, as ServeSettings fields on top of the plain server; compiled ones last
@@ -111,7 +115,8 @@ def build_model(args) -> Path:
     if (directory / "model_index.json").is_file():
         note(event="pipeline_reused", dir=str(directory))
         return directory
-    from trainer.models.loading import build_pipeline, load_models
+    from trainer.models.loading import load_models
+    from trainer.models.pipelines import build_pipeline
     started = time.time()
     # initialised on the GPU where there is one: the same architecture, minutes less of CPU init
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -124,24 +129,24 @@ def build_model(args) -> Path:
     return directory
 
 
-def request(args, steps: int | None = None, images: int = 1, seed: int = 0) -> serve.Generation:
+def request(args, steps: int | None = None, images: int = 1, seed: int = 0) -> Generation:
     """A request as a client sends it, parsed by the server's own parser."""
     body = {"prompt": PROMPT, "num_inference_steps": steps or args.steps, "seed": seed, "num_images": images,
             "height": args.size, "width": args.size}
-    return serve.parse_request(json.dumps(body).encode(), settings_for(args, {}))
+    return parse_request(json.dumps(body).encode(), settings_for(args, {}))
 
 
-def settings_for(args, levers: dict) -> serve.ServeSettings:
+def settings_for(args, levers: dict) -> ServeSettings:
     """The plain server with `levers`, its bounds raised to what the bench asks."""
-    return replace(serve.ServeSettings(), **{**PLAIN, **levers}, max_images=max(args.batches), max_steps=max(args.steps, 1000))
+    return replace(ServeSettings(), **{**PLAIN, **levers}, max_images=max(args.batches), max_steps=max(args.steps, 1000))
 
 
-def server_settings(args) -> serve.ServeSettings:
+def server_settings(args) -> ServeSettings:
     """The server as $SERVE_* configures it, its bounds raised to what the bench asks."""
-    return replace(serve.ServeSettings.from_env(), max_images=max(args.batches), max_steps=max(args.steps, 1000))
+    return replace(ServeSettings.from_env(), max_images=max(args.batches), max_steps=max(args.steps, 1000))
 
 
-def lever_fields(settings: serve.ServeSettings) -> dict:
+def lever_fields(settings: ServeSettings) -> dict:
     return {name: getattr(settings, name) for name in PLAIN}
 
 
@@ -153,7 +158,7 @@ def load_diffusers(directory: Path):
     return pipeline.to("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def diffusers_call(pipeline, generation: serve.Generation):
+def diffusers_call(pipeline, generation: Generation):
     """What a diffusers user writes for the same request."""
     return pipeline(generation.prompt, num_inference_steps=generation.num_inference_steps,
                     guidance_scale=generation.guidance_scale, height=generation.height, width=generation.width,
@@ -222,10 +227,10 @@ def headline(args, directory: Path, emit, common: dict):
         return None
     generation = request(args)
     started = time.time()
-    ours = serve.load_pipeline(directory, settings)
+    ours = load_pipeline(directory, settings)
     load_s = time.time() - started
     baseline = load_diffusers(directory)
-    calls = {"diffusers": lambda: diffusers_call(baseline, generation), "server": lambda: serve.generate(ours, generation)}
+    calls = {"diffusers": lambda: diffusers_call(baseline, generation), "server": lambda: generate(ours, generation)}
     first = {name: warm(call, args.warmup)[0] for name, call in calls.items()}
     seconds = alternate(calls, args.timed)
     note(event="headline", **{name: summary(values) for name, values in seconds.items()})
@@ -233,7 +238,7 @@ def headline(args, directory: Path, emit, common: dict):
     config = {"steps": args.steps, "size": args.size, "images_per_request": 1, "guidance": generation.guidance_scale,
               "levers": plan, "settings": lever_fields(settings), "load_s": round(load_s, 1),
               "first_call_s": round(first["server"], 2), "warmup": args.warmup, "order": "A B A B (diffusers, server)",
-              "path": "trainer.serve.server.load_pipeline + generate (no HTTP, no PNG)"}
+              "path": "trainer.serve.generation.load_pipeline + generate (no HTTP, no PNG)"}
     emit({"metric": f"serve.p50_latency_s_{args.size}", "value": ours_s["p50_s"], "unit": "s", **ours_s,
           "config": config, **common})
     emit({"metric": f"serve.p99_latency_s_{args.size}", "value": ours_s["p99_s"], "unit": "s",
@@ -255,7 +260,7 @@ def headline(args, directory: Path, emit, common: dict):
     return ours
 
 
-def sweep(args, ours, baseline, settings: serve.ServeSettings, emit, common: dict) -> None:
+def sweep(args, ours, baseline, settings: ServeSettings, emit, common: dict) -> None:
     """Images/s at each batch of --batches until one gains under 3% (or fails); the best one's line."""
     plan = lever_plan(settings, torch.cuda.is_available())
     rates, best = {}, None
@@ -266,9 +271,9 @@ def sweep(args, ours, baseline, settings: serve.ServeSettings, emit, common: dic
         generation = request(args, images=images)
         try:
             if compiled(plan) and images not in settings.warmup_images:
-                serve.warm_up(ours, (images,))  # as $SERVE_WARMUP_IMAGES would have at start
-            warm(lambda: serve.generate(ours, generation), 1)
-            seconds = [timed(lambda: serve.generate(ours, generation))[0] for _ in range(args.sweep_timed)]
+                warm_up(ours, (images,))  # as $SERVE_WARMUP_IMAGES would have at start
+            warm(lambda: generate(ours, generation), 1)
+            seconds = [timed(lambda: generate(ours, generation))[0] for _ in range(args.sweep_timed)]
         except torch.OutOfMemoryError:
             rates[images] = "out of memory"
             break
@@ -305,11 +310,11 @@ def lever(args, name: str, directory: Path, plain, plain_images: list, emit, com
     generation, reference = request(args, steps=steps), request(args)
     started = time.time()
     try:
-        pipeline = serve.load_pipeline(directory, settings)  # compiles and records the graphs, where it does
+        pipeline = load_pipeline(directory, settings)  # compiles and records the graphs, where it does
         load_s = time.time() - started
-        first_s, images = warm(lambda: serve.generate(pipeline, generation), args.warmup)
-        seconds = alternate({"lever": lambda: serve.generate(pipeline, generation),
-                             "plain": lambda: serve.generate(plain, reference)}, args.timed)
+        first_s, images = warm(lambda: generate(pipeline, generation), args.warmup)
+        seconds = alternate({"lever": lambda: generate(pipeline, generation),
+                             "plain": lambda: generate(plain, reference)}, args.timed)
     except (RuntimeError, torch.OutOfMemoryError) as error:  # a lever that fails leaves the others their run
         emit({**base, "value": None, "error": f"{type(error).__name__}: {str(error)[:300]}"})
         release()
@@ -320,7 +325,7 @@ def lever(args, name: str, directory: Path, plain, plain_images: list, emit, com
             "first_call_s": round(first_s, 2), "steps": steps, "plain_steps": args.steps}
     if name == "dpmpp":  # the same seeds: DPM-Solver++ at N steps and the saved scheduler at N, each against it at --steps
         line["quality_vs_plain_at_steps"] = difference(images, plain_images)
-        line["plain_at_fast_steps_vs_plain_at_steps"] = difference(serve.generate(plain, generation), plain_images)
+        line["plain_at_fast_steps_vs_plain_at_steps"] = difference(generate(plain, generation), plain_images)
         line["note"] = (f"both against the saved scheduler's {args.steps}-step image, seed 0; {RANDOM_WEIGHTS}: "
                         "DPM-Solver++ should land nearer it than the saved scheduler at the same few steps")
     else:
@@ -331,11 +336,11 @@ def lever(args, name: str, directory: Path, plain, plain_images: list, emit, com
     release()
 
 
-def over_http(pipeline, settings: serve.ServeSettings, client):
+def over_http(pipeline, settings: ServeSettings, client):
     """`client(address)`'s result against an InferenceServer whose generations run on this thread, as
     trainer.serve.server.main runs them (the thread that warmed the pipeline up)."""
     outcome = {}
-    with serve.InferenceServer("127.0.0.1", 0, settings, serve.Provenance("bench", "bench", "bench"), pipeline,
+    with InferenceServer("127.0.0.1", 0, settings, Provenance("bench", "bench", "bench"), pipeline,
                                generation_thread=False) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
@@ -539,10 +544,10 @@ def main(argv: list[str] | None = None) -> None:
     if plain is None or lever_fields(server_settings(args)) != lever_fields(settings_for(args, {})):
         plain = None
         release()
-        plain = serve.load_pipeline(directory, settings_for(args, {}))
+        plain = load_pipeline(directory, settings_for(args, {}))
     if args.cold_start:
         cold_start(args, directory, emit, common)
-    plain_images = warm(lambda: serve.generate(plain, request(args)), 1)[1]
+    plain_images = warm(lambda: generate(plain, request(args)), 1)[1]
     for name in args.levers:
         note(event="lever", name=name)
         if name == "batching":

@@ -141,8 +141,9 @@ def train_vae(args, work: Path) -> None:
 def build_base(args, work: Path) -> None:
     """The base pipeline: the VAE in --work, the preset's other parts at seed 0, the scheduler of the recipe."""
     import torch
-    from trainer.models.loading import build_pipeline, load_models
-    from trainer.jobs.train import zero_terminal_snr
+    from trainer.models.loading import load_models
+    from trainer.models.pipelines import build_pipeline
+    from trainer.objectives.diffusion import zero_terminal_snr
     models = load_models(args.model_config, None, 0, vae=str(work / "vae"))
     models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
     if args.zero_terminal_snr:
@@ -282,7 +283,7 @@ def score(run: Run, work: Path, samples: list, config, device, match_until: floa
     """Each checkpoint's held-out loss and, with `match_until`, its prompt match rate, checkpoint by
     checkpoint until one reaches it (drawing the prompts is most of the scoring time). Kept in --work:
     a checkpoint is scored once."""
-    from trainer.jobs.evaluate import score_model
+    from trainer.jobs.scoring import score_model
     record = work / f"{run.name}-scores.json"
     scores = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
     matching = match_until is not None
@@ -315,7 +316,7 @@ def match_rate(pipeline: Path, config, device) -> float:
     """The share of the demo's prompts whose picture shows the prompt's colours (atelier/prompt_match.py)."""
     import io
     from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, STEPS, matches
-    from trainer.jobs.evaluate import EvalConfig, load_models, sample_images
+    from trainer.jobs.scoring import EvalConfig, load_models, sample_images
     models = load_models(pipeline, device)
     drawn = sample_images(models, list(DEMO_PROMPTS), EvalConfig(config.timesteps, 0, config.resolution, STEPS, GUIDANCE))
     hits = []
@@ -467,7 +468,8 @@ def main() -> None:
     args = parse_args()
     import torch
     from bench.train_gpu import commit, versions
-    from trainer.jobs.evaluate import EvalConfig, find_eval_shards, read_eval_samples
+    from trainer.data.eval_set import find_eval_shards, read_eval_samples
+    from trainer.jobs.scoring import EvalConfig
 
     args.work.mkdir(parents=True, exist_ok=True)
     if args.out:

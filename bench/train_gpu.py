@@ -29,7 +29,7 @@ Configurations (`--configs`, comma-separated, run in order in this one process):
   `<base>+accum<N>+sync` (the all-reduce on every micro-batch: meaningful under torchrun only),
   `<base>+fp32` (bf16 autocast off: the UNet and text encoder in fp32, to measure what bf16 gives),
   `<base>+mathattn` (diffusers' classic AttnProcessor instead of SDPA, to measure what SDPA gives),
-  `<base>+vaec` (image shards: the VAE encoder compiled, trainer.models.loading.compile_vae_encoder),
+  `<base>+vaec` (image shards: the VAE encoder compiled, trainer.speed.vae_compile.compile_vae_encoder),
   `<base>+vaecl` (the same with channels-last encoder weights),
   `<base>+lopt` (inductor's layout optimisation forced on: channels-last through the compiled graphs),
   `<base>+default` (what trainer/configs/defaults/fast.json gives a job with default parameters for `--model-config`
@@ -61,7 +61,7 @@ torch.utils.flop_counter.FlopCounterMode, once per resolution on a batch of one,
 steps: `unet_tflop_per_image_counted`, and MFU from it where no fixed figure applies (`flops_basis`
 says which); for sd2 it is a cross-check beside the fixed figure.
 
-`--decode-bench N` (after the configurations): the image loader's CPU work per JPEG (trainer.data.shards's
+`--decode-bench N` (after the configurations): the image loader's CPU work per JPEG (trainer.data.images'
 decode_image + crop_to_bucket, one process, one thread as in a loader worker) against
 torchvision.io.decode_jpeg on the GPU (batched, then scaled and cropped with interpolate) on N
 JPEGs of the shards; a `train.lever.gpu_jpeg_decode` line with both, the loader's capacity
@@ -104,11 +104,12 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Callable  # noqa: E402
 
 if TYPE_CHECKING:  # the trainer and torch are imported late: their import time counts in train.first_step_s
-    from trainer.speed.compile_cache import CacheKey, JobCache
-    from trainer.data.shards import ShardIndex, StepBatches
+    from trainer.data.loader import StepBatches
+    from trainer.data.shards import ShardIndex
+    from trainer.models.bundle import Models
     from trainer.runtime.distributed import Processes
+    from trainer.speed.compile_cache import CacheKey, JobCache
     from trainer.speed.master_weights import MasterWeights
-    from trainer.models.loading import Models
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "functions")]  # the trainer and what it shares with the Lambdas, as for pytest
@@ -288,12 +289,12 @@ class Bench:
     profile: set[str]  # the configurations to profile (--profile)
     batch_default: dict[int, int]  # resolution -> batch when the configuration names none
     latent_dirs: dict[int, str] = field(default_factory=dict)  # resolution -> the latent shards --encode wrote
-    identity: str | None = None  # trainer.jobs.encode.models_identity, hashed once
+    identity: str | None = None  # trainer.data.latents.models_identity, hashed once
     image_index: ShardIndex | None = None  # the image shards, indexed once
     latent_indexes: dict[int, ShardIndex] = field(default_factory=dict)  # resolution -> its latent shards, indexed
     # (part, resolution) -> (TFLOP per image, by kind), counted once with --count-flops
     counted: dict[tuple[str, int], tuple[float, dict]] = field(default_factory=dict)
-    trainer_autocast: Callable | None = None  # trainer.objectives.diffusion.autocast while the fp32 lever replaces it
+    trainer_autocast: Callable | None = None  # trainer.objectives.numerics.autocast while the fp32 lever replaces it
     master_weights: MasterWeights | None = None  # the bf16w lever's, until release() restores fp32 weights
     float8_originals: dict[str, object] = field(default_factory=dict)  # the fp8 lever: fqn -> the nn.Linear it swapped
 
@@ -406,9 +407,11 @@ def resident_latents(models, batch: int, resolution: int, device, pool: int = 4)
 
 def latent_batches(bench: Bench, resolution: int, plan, accumulation: int) -> StepBatches:
     """The trainer's own latent-shard dataset over the shards `--encode` wrote at this resolution."""
-    from trainer.data.shards import BatchPlan, StepBatches, index_shards
-    from trainer.jobs.encode import check_latent_shards
-    from trainer.models.loading import caption_ids
+    from trainer.data.latents import check_latent_shards
+    from trainer.data.loader import StepBatches
+    from trainer.data.plan import BatchPlan
+    from trainer.data.shards import index_shards
+    from trainer.models.text import caption_ids
     models, processes = bench.models, bench.processes
     if resolution not in bench.latent_indexes:
         index = index_shards(bench.latent_dirs[resolution], processes.local_rank, processes.local_world_size)
@@ -431,7 +434,9 @@ def step_module(model, config: Configuration):
 def start_batches(bench: Bench, config: Configuration, plan, batch: int) -> tuple:
     """(the micro-batches in step order, whether the loader pins them): the trainer's loader over image or
     latent shards, planned for `accumulation` micro-batches per step as trainer.jobs.train plans them; or resident latents."""
-    from trainer.data.shards import BatchPlan, StepBatches, index_shards, make_loader
+    from trainer.data.loader import StepBatches, make_loader
+    from trainer.data.plan import BatchPlan
+    from trainer.data.shards import index_shards
     args, models, processes = bench.args, bench.models, bench.processes
     if config.source == "resident":
         return resident_latents(models, batch, config.resolution, bench.device), None
@@ -462,13 +467,13 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     import torch
     from torch.optim.lr_scheduler import LambdaLR
 
+    from trainer.data.stages import plan_from_args
+    from trainer.jobs.step import StepSettings, Trainee, train_step
     from trainer.runtime import distributed
     from trainer.runtime.ema import EMA
     from trainer.runtime.health import Window
-    from trainer.models.loading import compile_vae_encoder
-    from trainer.data.stages import plan_from_args
     from trainer.speed.cuda_graphs import GraphedBackward
-    from trainer.jobs.step import StepSettings, Trainee, train_step
+    from trainer.speed.vae_compile import compile_vae_encoder
 
     args, models, processes, device = bench.args, bench.models, bench.processes, bench.device
     unet = models.unet
@@ -645,7 +650,7 @@ def release(bench: Bench, config: Configuration) -> None:
     contiguous, no gradients, no compiled graphs or CUDA graph pools, the cached GPU memory returned."""
     import torch
 
-    from trainer.models.loading import vae_encoder_eager
+    from trainer.speed.vae_compile import vae_encoder_eager
     unet = bench.models.unet
     unet.zero_grad(set_to_none=True)
     release_model_levers(bench, config)
@@ -694,8 +699,8 @@ def count_unet(models, resolution: int, device) -> tuple[float, dict]:
     """The UNet's forward + backward on one image at `resolution`, as diffusion_loss calls it (bf16 autocast on a GPU)."""
     import torch
 
-    from trainer.models.loading import encode_captions
-    from trainer.objectives.diffusion import autocast
+    from trainer.models.text import encode_captions
+    from trainer.objectives.numerics import autocast
     side = resolution // models.vae_scale_factor
     latents = torch.randn(1, models.unet.config.in_channels, side, side, device=device)
     context, pooled = encode_captions(models, CAPTIONS[:1], device)  # outside the count: the text encoder is not the UNet's
@@ -719,7 +724,7 @@ def count_vae_encoder(models, resolution: int, device) -> tuple[float, dict]:
     """The VAE encoder's forward on one image at `resolution`, as the image path calls it."""
     import torch
 
-    from trainer.objectives.diffusion import autocast
+    from trainer.objectives.numerics import autocast
     pixels = torch.rand(1, 3, resolution, resolution, device=device) * 2 - 1
 
     def encode() -> None:
@@ -791,7 +796,8 @@ def flops_fields(bench: Bench, source: str, resolution: int, img_per_s: float) -
 
 def shard_jpegs(shards: str, count: int, resolution: int, size_multiple: int) -> tuple[list[bytes], list[tuple[int, int]]]:
     """(the first `count` JPEG members of the image shards, the bucket the loader crops each to at `resolution`)."""
-    from trainer.data.shards import ShardReader, buckets_of, index_shards
+    from trainer.data.plan import buckets_of
+    from trainer.data.shards import ShardReader, index_shards
     index = index_shards(shards)
     sizes, assignment = buckets_of(index.aspect, resolution, size_multiple, True)
     reader, jpegs, buckets = ShardReader(index), [], []
@@ -808,10 +814,10 @@ def shard_jpegs(shards: str, count: int, resolution: int, size_multiple: int) ->
 
 def cpu_decode_s(jpegs: list[bytes], buckets: list[tuple[int, int]]) -> float:
     """Seconds per image of the image loader's work, one process on one thread (as a DataLoader worker
-    runs): trainer.data.shards's decode_image + crop_to_bucket (scale to cover, crop, to a [-1, 1] tensor)."""
+    runs): trainer.data.images' decode_image + crop_to_bucket (scale to cover, crop, to a [-1, 1] tensor)."""
     import torch
 
-    from trainer.data.shards import crop_to_bucket, decode_image
+    from trainer.data.images import crop_to_bucket, decode_image
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # DataLoader workers run torch on one thread each
     try:
@@ -904,7 +910,7 @@ def decode_bench(bench: Bench, lines: list[dict], count: int) -> dict:
     line["config"] = {"images": len(jpegs), "resolution": resolution, "buckets": sorted({f"{w}x{h}" for w, h in buckets}),
                       "jpeg_kib_mean": round(sum(map(len, jpegs)) / len(jpegs) / 1024, 1), "num_workers": args.num_workers,
                       "nproc": os.cpu_count(),
-                      "cpu": "trainer.data.shards.decode_image + crop_to_bucket (Pillow bicubic), 1 process, 1 torch thread",
+                      "cpu": "trainer.data.images.decode_image + crop_to_bucket (Pillow bicubic), 1 process, 1 torch thread",
                       "gpu": "torchvision.io.decode_jpeg(list, device='cuda') per batch + interpolate (bicubic, antialias) "
                              "+ crop; wall time with the GPU otherwise idle",
                       "capacity": "num_workers / CPU s per image (reading the tar members and collating left out)"}
@@ -984,8 +990,9 @@ def parse_args() -> argparse.Namespace:
 
 def encode_line(bench: Bench, resolution: int, common: dict) -> dict | None:
     """Encode the image shards at `resolution` (rank 0; the other ranks wait and read them): the encode line, on rank 0."""
+    from trainer.data.latents import latent_dir, models_identity
+    from trainer.jobs.encode import encode_shards
     from trainer.runtime import distributed
-    from trainer.jobs.encode import encode_shards, latent_dir, models_identity
     args, models, processes = bench.args, bench.models, bench.processes
     started = time.time()
     identity = bench.identity or models_identity(models)
@@ -1020,7 +1027,7 @@ def compiled_encode_lines(bench: Bench, resolution: int, common: dict, eager: di
     """The same encode with the VAE encoder compiled and padded calls, twice in this process: the first
     pays the compile (one graph per bucket shape), the second is the steady rate."""
     from trainer.jobs.encode import encode_shards
-    from trainer.models.loading import compile_vae_encoder, vae_encoder_eager
+    from trainer.speed.vae_compile import compile_vae_encoder, vae_encoder_eager
     args, models = bench.args, bench.models
     compile_vae_encoder(models)
     lines = []
@@ -1031,7 +1038,7 @@ def compiled_encode_lines(bench: Bench, resolution: int, common: dict, eager: di
         lines.append({"metric": f"train.encode_img_per_s_{resolution}_{run}", "value": round(rate, 1), "unit": "img/s",
                       "ratio_vs_eager": round(rate / eager["value"], 3) if eager else None,
                       "config": {"samples": summary["samples_encoded"], "seconds": summary["seconds"], "batch": args.encode_batch,
-                                 "vae": "bf16, encoder compiled (trainer.models.loading.compile_vae_encoder), calls padded",
+                                 "vae": "bf16, encoder compiled (trainer.speed.vae_compile.compile_vae_encoder), calls padded",
                                  "note": "compile included" if run == "compiled" else "graphs compiled by the run before"},
                       **common})
     vae_encoder_eager(models)
@@ -1151,8 +1158,8 @@ def main() -> None:
 
     import torch
 
-    from trainer.runtime import distributed
     from trainer.models.loading import load_models
+    from trainer.runtime import distributed
     marks = {"imports": time.time() - PROCESS_START}
     processes = distributed.setup()
     device = processes.device

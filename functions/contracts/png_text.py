@@ -1,4 +1,4 @@
-"""The text chunks of a PNG the endpoint serves (trainer/serve/server.py): its provenance and the settings
+"""The text chunks of a PNG the endpoint serves (trainer/serve/protocol.py): its provenance and the settings
 that made it, read back by whoever holds the image (`atelier generate`, the C2PA checks)."""
 
 from __future__ import annotations

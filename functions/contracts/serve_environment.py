@@ -1,6 +1,6 @@
 """The model server's own environment variables, which the ServeEnvironment parameter may set.
 
-trainer/serve/server.py reads them (ServeSettings, one variable a field) and refuses any other $SERVE_*
+trainer/serve/settings.py reads them (ServeSettings, one variable a field) and refuses any other $SERVE_*
 name at start; the deploy stage checks a ServeEnvironment against the same list before it creates
 a model, so a misspelt name fails there, at once, not in a deployment that rolls back minutes later.
 tests/trainer/test_serve.py holds the two lists equal.

@@ -336,7 +336,7 @@ def check_encodable(stage: Stage) -> None:
 def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:
     """ShardedByS3Key gives each instance quota/instances shards; each of its GPUs reads whole
     shards, so it needs at least one, and the same number as its neighbours. The loader's workers
-    share a GPU's batches, not its shards (trainer/data/shards.py), so they need no shards of their own."""
+    share a GPU's batches, not its shards (trainer/data/shards.py, loader.py), so they need no shards of their own."""
     gpus = gpus_override or GPUS_PER_INSTANCE.get(stage.instance_type, 1)
     if quota % stage.instance_count:
         raise ConfigError(f"stage {stage.name}: a quota of {quota} shards does not split evenly over "
@@ -381,7 +381,7 @@ class DeploySettings:
     invocations_per_instance: int = 60
     kms_key: str = ""
     # how long a new endpoint instance may take to answer /ping 200: the server compiles the UNet and
-    # the VAE decoder before it does (trainer/serve/server.py; 102 s on an H200, bench/RESULTS.md)
+    # the VAE decoder before it does (trainer/serve/generation.py; 102 s on an H200, bench/RESULTS.md)
     startup_timeout_s: int = 1200
     # the model server's $SERVE_* settings, in every model's container (contracts/serve_environment.py)
     serve_environment: dict[str, str] = field(default_factory=dict)

@@ -635,7 +635,7 @@ def test_the_endpoint_config_names_the_key_only_where_aws_accepts_it(instance_ty
 
 
 def test_the_endpoint_config_gives_the_compiling_server_its_startup_time() -> None:
-    """trainer/serve/server.py compiles before /ping answers 200 (102 s on an H200): the variant says how long
+    """trainer/serve/generation.py compiles before /ping answers 200 (102 s on an H200): the variant says how long
     SageMaker waits for that (ContainerStartupHealthCheckTimeoutInSeconds), the template's parameter."""
     settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",

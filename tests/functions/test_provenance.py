@@ -29,9 +29,11 @@ from core.provenance import Affected, affected_by, lineage_of
 from core.settings import TrainingSettings
 from core.training.starter import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
-from trainer.jobs import encode
-from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
+from trainer.data.loader import StepBatches, make_loader
+from trainer.data.plan import BatchPlan
+from trainer.data.shards import index_shards, load_exclusions
 from trainer.data.stages import RunPlan
+from trainer.jobs import encode
 
 TAKEDOWN_AT = "2026-12-01T10:00:00+00:00"
 

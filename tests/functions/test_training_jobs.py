@@ -942,7 +942,7 @@ def test_a_job_s_end_changes_only_its_status_settled_and_failure_reason(status: 
 
 # --- latent shards: an encode job before each stage ---------------------------------------------------
 
-ENCODING = "0123456789abcdef-r32"  # <encoder identity>-r<resolution>, as trainer/jobs/encode.py names it
+ENCODING = "0123456789abcdef-r32"  # <encoder identity>-r<resolution>, as trainer/data/latents.py names it
 
 
 @pytest.fixture

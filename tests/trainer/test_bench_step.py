@@ -9,9 +9,9 @@ import torch
 
 import trainer.jobs.step
 from bench import train_gpu
-from trainer.runtime.distributed import Processes
-from trainer.models.loading import load_models
 from trainer.jobs.step import StepSettings
+from trainer.models.loading import load_models
+from trainer.runtime.distributed import Processes
 
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 

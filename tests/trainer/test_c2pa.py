@@ -24,7 +24,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from PIL import Image
 
 from trainer.serve.credentials import TRAINED_ALGORITHMIC_MEDIA, Credentials, CredentialsError
-from trainer.serve.server import Generation, InferenceServer, Provenance, ServeSettings, load_pipeline, png_bytes
+from trainer.serve.generation import load_pipeline
+from trainer.serve.protocol import Generation, png_bytes
+from trainer.serve.server import InferenceServer
+from trainer.serve.settings import Provenance, ServeSettings
 
 PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16,
                         attribution="s3://models/training/job-1/output/attribution.json")

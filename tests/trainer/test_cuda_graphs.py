@@ -9,13 +9,13 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer.jobs import train
-from trainer.speed import cuda_graphs
+from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.models.loading import load_models
+from trainer.objectives.diffusion import Noised
 from trainer.runtime.distributed import Processes
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import Window
-from trainer.models.loading import load_models
-from trainer.objectives.diffusion import Noised
-from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.speed import cuda_graphs
 
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

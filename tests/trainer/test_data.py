@@ -1,4 +1,4 @@
-"""trainer.data.shards, trainer.data.buckets, trainer.data.stages: shards in, deterministic bucketed batches out."""
+"""trainer.data (shards, plan, loader, images, buckets, stages): shards in, deterministic bucketed batches out."""
 
 import itertools
 import json
@@ -11,7 +11,10 @@ import webdataset as wds
 from PIL import Image
 
 from trainer.data.buckets import assign_buckets, bucket_sizes, cover_and_crop
-from trainer.data.shards import BatchPlan, NoShardsError, StepBatches, find_shards, index_shards, make_loader, to_tensor
+from trainer.data.images import to_tensor
+from trainer.data.loader import StepBatches, make_loader
+from trainer.data.plan import BatchPlan
+from trainer.data.shards import NoShardsError, find_shards, index_shards
 from trainer.data.stages import RunPlan, plan_from_args
 
 BUCKETS_32 = [(24, 40), (32, 32), (40, 24)]  # at 32 px with a size multiple of 8

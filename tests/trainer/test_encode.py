@@ -18,12 +18,17 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
 from trainer import container
-from trainer.jobs import train
-from trainer.data.shards import BatchPlan, ShardReader, StepBatches, index_shards, make_loader
-from trainer.jobs.encode import LatentShardsError, encode_shards, latent_dir, models_identity
-from trainer.models.loading import caption_ids, load_models
-from trainer.objectives.diffusion import diffusion_loss, step_generator
+from trainer.data.latents import LatentShardsError, latent_dir, models_identity
+from trainer.data.loader import StepBatches, make_loader
+from trainer.data.plan import BatchPlan
+from trainer.data.shards import ShardReader, index_shards
 from trainer.data.stages import RunPlan
+from trainer.jobs import train
+from trainer.jobs.encode import encode_shards
+from trainer.models.loading import load_models
+from trainer.models.text import caption_ids
+from trainer.objectives.diffusion import diffusion_loss
+from trainer.objectives.numerics import step_generator
 
 CPU = torch.device("cpu")
 RESOLUTION = 32
@@ -235,7 +240,7 @@ def test_the_identity_is_the_same_in_another_process():
     # `_use_default_values`) changes with PYTHONHASHSEED and must not reach the identity
     import subprocess
     import sys
-    code = ("from trainer.models.loading import load_models; from trainer.jobs.encode import models_identity; "
+    code = ("from trainer.models.loading import load_models; from trainer.data.latents import models_identity; "
             "print(models_identity(load_models('tiny', None, 0)))")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     identities = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo,
@@ -249,7 +254,7 @@ def test_one_sample_is_always_written_as_the_same_bytes():
     from safetensors.torch import load
 
     from contracts.shard_members import LATENTS
-    from trainer.jobs.encode import sample_members
+    from trainer.data.latents import sample_members
     latent_dist = torch.arange(8 * 4 * 4, dtype=torch.float32).reshape(8, 4, 4)
     written = {dict(sample_members("k", latent_dist, [64, 64, 0, 0, 64, 64], torch.tensor([1, 2, 3]), b"{}",
                                    "identity", 64, (64, 64)))[f"k.{LATENTS}"] for _ in range(20)}
@@ -296,7 +301,7 @@ def test_encode_compiles_by_default_on_a_gpu_only():
 
 
 def test_a_latent_shard_is_a_ustar_tar_with_the_packers_fixed_headers(tmp_path):
-    from trainer.jobs.encode import write_tar
+    from trainer.jobs.latent_writer import write_tar
     # GIVEN a member name outside ASCII (a PAX tar would give it an extended header of its own)
     name = "clé.ids.npy"
     write_tar(tmp_path / "s.tar", [(name, b"123")])
@@ -336,14 +341,14 @@ def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_capt
                                                                                                    encoded, shards_dir,
                                                                                                    models):
     # GIVEN a writer thread slower than the VAE, and loader workers that tokenize the captions
-    from trainer.jobs import encode
-    real_sample_members = encode.sample_members
+    from trainer.jobs import latent_writer
+    real_sample_members = latent_writer.sample_members
 
     def slow(*args):
         time.sleep(0.05)
         return real_sample_members(*args)
 
-    monkeypatch.setattr(encode, "sample_members", slow)
+    monkeypatch.setattr(latent_writer, "sample_members", slow)
     # WHEN the shards are encoded
     result = encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=2)
     # THEN every file is byte for byte what the unhurried single-process encode wrote
@@ -353,9 +358,9 @@ def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_capt
 
 def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_depth_groups(tmp_path, monkeypatch):
     # GIVEN a writer of depth 2 whose thread is busy with a first group until released
-    from trainer.jobs import encode
+    from trainer.jobs import latent_writer
     running, release = threading.Event(), threading.Event()
-    monkeypatch.setattr(encode, "sample_members", lambda *args: running.set() or release.wait(timeout=60) or [])
+    monkeypatch.setattr(latent_writer, "sample_members", lambda *args: running.set() or release.wait(timeout=60) or [])
     group = {"rows": [0], "time_ids": [[32, 32, 0, 0, 32, 32]], "ids": torch.zeros(1, 1, 77, dtype=torch.int64),
              "records": [None], "bucket": (32, 32)}
     handed = []
@@ -365,7 +370,7 @@ def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_dep
             writer.add(0, ["k"], group, torch.zeros(1, 8, 4, 4), None)
             handed.append(number)
 
-    with encode.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, depth=2) as writer:
+    with latent_writer.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, depth=2) as writer:
         try:
             hand_over(writer, 1)
             assert running.wait(timeout=60)

@@ -14,7 +14,8 @@ from diffusers import UNet2DConditionModel
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from trainer import container
-from trainer.jobs import evaluate
+from trainer.data import eval_set
+from trainer.jobs import evaluate, scoring
 from trainer.models.loading import load_models
 from trainer.models.tokenizer import build_tokenizer
 
@@ -141,9 +142,9 @@ def test_the_clip_score_comes_from_the_clip_channel(full):
 
 
 def test_a_non_finite_loss_is_null_with_a_note():
-    config = evaluate.EvalConfig([100, 500], seed=0, resolution=32, steps=2, guidance=5.0)
+    config = scoring.EvalConfig([100, 500], seed=0, resolution=32, steps=2, guidance=5.0)
     losses = torch.tensor([[0.5, float("nan")], [0.25, 1.0]], dtype=torch.float64)
-    assert evaluate.loss_summary(losses, config, "epsilon") == {
+    assert scoring.loss_summary(losses, config, "epsilon") == {
         "val_loss": None,
         "val_loss_by_timestep": {"100": 0.375, "500": None},
         "val_loss_note": "non-finite loss at timesteps 500; written as null",
@@ -221,22 +222,22 @@ def test_an_evaluation_job_that_cannot_run_fails_with_the_reason(tmp_path, monke
 @pytest.mark.parametrize("model_config", ["tiny", "tiny-sdxl"])
 def test_batched_losses_are_the_per_sample_losses(model_config):
     """Several samples per call give each sample the losses it gets alone: its own noise and caption."""
-    models = evaluate.for_scoring(load_models(model_config, None, seed=0), torch.device("cpu"))
+    models = scoring.for_scoring(load_models(model_config, None, seed=0), torch.device("cpu"))
     generator = torch.Generator().manual_seed(1)
-    samples = [evaluate.EvalSample(f"k{number}", f"a {colour} dog", torch.rand(3, 32, 32, generator=generator) * 2 - 1,
+    samples = [eval_set.EvalSample(f"k{number}", f"a {colour} dog", torch.rand(3, 32, 32, generator=generator) * 2 - 1,
                                    [32, 32, 0, 0, 32, 32])
                for number, colour in enumerate(["red", "blue", "green", "red", "grey", "pink"])]
-    config = evaluate.EvalConfig([100, 500, 900], seed=0, resolution=32, steps=2, guidance=5.0)
-    alone = evaluate.validation_losses(models, samples, config, torch.device("cpu"), per_call=1)
-    batched = evaluate.validation_losses(models, samples, config, torch.device("cpu"), per_call=4)  # 4, then 2
+    config = scoring.EvalConfig([100, 500, 900], seed=0, resolution=32, steps=2, guidance=5.0)
+    alone = scoring.validation_losses(models, samples, config, torch.device("cpu"), per_call=1)
+    batched = scoring.validation_losses(models, samples, config, torch.device("cpu"), per_call=4)  # 4, then 2
     assert torch.allclose(batched, alone, rtol=1e-4, atol=1e-7)
     assert len({round(value, 6) for value in alone[:, 0].tolist()}) == len(samples)  # the rows are not one row repeated
 
 
 def test_a_gpu_call_takes_fewer_samples_the_larger_they_are_and_a_cpu_call_one():
     gpu = torch.device("cuda")
-    assert evaluate.samples_per_call(5, 256, gpu) == 32
-    assert evaluate.samples_per_call(5, 512, gpu) == 8
-    assert evaluate.samples_per_call(5, 1024, gpu) == 2
-    assert evaluate.samples_per_call(50, 1024, gpu) == 1
-    assert evaluate.samples_per_call(5, 256, torch.device("cpu")) == 1
+    assert scoring.samples_per_call(5, 256, gpu) == 32
+    assert scoring.samples_per_call(5, 512, gpu) == 8
+    assert scoring.samples_per_call(5, 1024, gpu) == 2
+    assert scoring.samples_per_call(50, 1024, gpu) == 1
+    assert scoring.samples_per_call(5, 256, torch.device("cpu")) == 1

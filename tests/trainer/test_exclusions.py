@@ -1,10 +1,12 @@
-"""trainer.data.shards's exclusion list and draw sources, and the draw counts train.py records."""
+"""trainer.data's exclusion list and draw sources, and the draw counts jobs/train.py records."""
 
 import json
 
 import torch
 
-from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader, sample_source
+from trainer.data.loader import StepBatches, make_loader
+from trainer.data.plan import BatchPlan
+from trainer.data.shards import index_shards, load_exclusions, sample_source
 from trainer.data.stages import RunPlan
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from trainer.models.loading import load_models
 from trainer.speed import fused_norm
 from trainer.speed.fused_norm import GroupNormSiLU, TimeEmbeddingSiLU, fuse_groupnorm_silu, unfuse_groupnorm_silu
-from trainer.models.loading import load_models
 
 # (channels, groups, height, width): SD-2's 320 channels in 32 groups, and odd group sizes and spatial sides
 SHAPES = [(320, 32, 16, 16), (30, 3, 7, 5), (15, 5, 9, 1), (96, 32, 3, 3)]

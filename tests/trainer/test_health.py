@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 from PIL import Image
 
-from trainer.runtime.health import draw_loss_curve, grid_layout, validation_grid
 from trainer.report.render import log_ticks, nice_ticks
+from trainer.runtime.health import draw_loss_curve, grid_layout, validation_grid
 
 PROMPTS, SEEDS = ["a red dog", "a blue cat on a long wall"], [0, 7, 42]
 

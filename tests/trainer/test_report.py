@@ -22,8 +22,8 @@ from contracts.s3_layout import REPORT_FILE as REPORT
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from tests.support import REPO
 from trainer.report import render as report_html
-from trainer.runtime.health import label_grid
 from trainer.report.write import build, write_report
+from trainer.runtime.health import label_grid
 
 # Debian's build of Chrome's headless shell: `apt-get install chromium-headless-shell` (docs/runbook.md).
 BROWSERS = ("chromium-headless-shell", "chrome-headless-shell", "chromium", "google-chrome")
@@ -305,11 +305,11 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_one_renderer_is_the_trainer_s_the_cli_s_too_and_needs_only_the_standard_library() -> None:
-    renderer = REPO / "trainer" / "report_html.py"
+    renderer = REPO / "trainer" / "report" / "render.py"
 
     names = "contracts.s3_layout"  # the file names: standard library alone (tests/unit/test_contracts.py)
-    assert imported_modules(REPO / "trainer" / "report.py") - set(sys.stdlib_module_names) == {"trainer.report.render",
-                                                                                             names}
+    assert imported_modules(REPO / "trainer" / "report" / "write.py") - set(sys.stdlib_module_names) == {
+        "trainer.report.render", names}
     assert {name.split(".")[0] for name in imported_modules(renderer) - {names}} <= set(sys.stdlib_module_names)
     assert "trainer.report.render" in imported_modules(REPO / "atelier" / "reports.py")  # `atelier report --job`
 

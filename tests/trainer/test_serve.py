@@ -13,16 +13,11 @@ import torch
 from PIL import Image
 
 from contracts import serve_environment
-from trainer.serve.server import (
-    BadRequest,
-    Generation,
-    InferenceServer,
-    Provenance,
-    ServeSettings,
-    load_pipeline,
-    parse_request,
-)
+from trainer.serve.generation import load_pipeline
+from trainer.serve.protocol import BadRequest, Generation, parse_request
+from trainer.serve.server import InferenceServer
 from trainer.serve.server import main as serve_main
+from trainer.serve.settings import Provenance, ServeSettings
 
 PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16,
                         attribution="s3://models/attribution/atelier-0123456789abcdef0123.json")

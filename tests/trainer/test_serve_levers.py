@@ -1,4 +1,4 @@
-"""trainer.serve.server's speed levers: parsed from $SERVE_*, applied by load_pipeline, and the generation thread."""
+"""The model server's speed levers (trainer.serve.levers, settings): parsed from $SERVE_*, applied by load_pipeline, and the generation thread."""
 
 import http.client
 import io
@@ -13,9 +13,13 @@ from diffusers import DPMSolverMultistepScheduler
 from diffusers.models.attention_processor import FusedAttnProcessor2_0
 from PIL import Image
 
-from trainer.models.loading import build_pipeline, load_models
-from trainer.serve.server import Generation, InferenceServer, Provenance, ServeSettings, generate, load_pipeline
+from trainer.models.loading import load_models
+from trainer.models.pipelines import build_pipeline
+from trainer.serve.generation import generate, load_pipeline
 from trainer.serve.levers import NO_CUDA, Batcher, inductor_mode, lever_plan
+from trainer.serve.protocol import Generation
+from trainer.serve.server import InferenceServer
+from trainer.serve.settings import Provenance, ServeSettings
 
 PROVENANCE = Provenance("m", "d", "a")
 

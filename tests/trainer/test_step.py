@@ -7,12 +7,13 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer.jobs import train
+from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.models.loading import load_models
+from trainer.objectives.diffusion import diffusion_loss
+from trainer.objectives.numerics import step_generator
 from trainer.runtime.distributed import Processes
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import Window
-from trainer.models.loading import load_models
-from trainer.objectives.diffusion import diffusion_loss, step_generator
-from trainer.jobs.step import StepSettings, Trainee, train_step
 
 CPU = Processes(0, 1, 0, 1, torch.device("cpu"), None)
 

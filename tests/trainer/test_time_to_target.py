@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from bench import time_to_target as ttt
-from trainer.jobs import evaluate
+from trainer.jobs import scoring
 
 LOSSES = {150: 0.14, 300: 0.09, 450: 0.07, 600: 0.06, 750: 0.05}
 MATCHES = {150: 0.1, 300: 0.3, 450: 0.8, 600: 0.9, 750: 1.0}
@@ -26,7 +26,7 @@ def fake_scoring(monkeypatch, drawn: list) -> None:
     def step_of(folder: Path) -> int:
         return int((folder / "unet" / "step").read_text())
 
-    monkeypatch.setattr(evaluate, "score_model", lambda folder, *rest: {"val_loss": LOSSES[step_of(folder)]})
+    monkeypatch.setattr(scoring, "score_model", lambda folder, *rest: {"val_loss": LOSSES[step_of(folder)]})
 
     def match_rate(folder, config, device):
         drawn.append(step_of(folder))

@@ -10,9 +10,11 @@ import torch
 from diffusers import StableDiffusionPipeline
 from transformers import AutoTokenizer, CLIPTokenizer
 
-import trainer
-from trainer.models import loading as trainer_models
+from trainer.models.loading import from_preset
+from trainer.models.pipelines import build_pipeline
+from trainer.models.text import tokenize
 from trainer.models.tokenizer import CAPTION_WORDS, build_tokenizer
+import trainer
 
 # Known words, words the corpus lacks, case and spacing, punctuation, digits, accents and other
 # scripts, an emoji, a literal special token, the empty caption of caption dropout, and captions past 77 tokens.
@@ -120,7 +122,7 @@ def test_saved_into_a_pipelines_tokenizer_folder_it_loads_with_the_same_ids(tmp_
 
 
 def test_the_text_encoder_pools_at_the_eos_token():
-    models = trainer_models.from_preset("tiny", 0)
+    models = from_preset("tiny", 0)
     encoder, tokenizer = models.text_encoders[0], models.tokenizers[0]
     assert encoder.config.eos_token_id == tokenizer.eos_token_id != 2  # 2 would pick argmax(ids), CLIP's legacy rule
     input_ids = torch.tensor([ids(tokenizer, "a red circle"), ids(tokenizer, "")])
@@ -132,15 +134,15 @@ def test_the_text_encoder_pools_at_the_eos_token():
 
 def test_a_saved_pipeline_reloads_with_the_same_ids_and_text_embeddings(tmp_path):
     # GIVEN the tiny preset's models as a pipeline, saved
-    models = trainer_models.from_preset("tiny", 0)
-    trainer_models.build_pipeline(models, models.unet).save_pretrained(tmp_path)
+    models = from_preset("tiny", 0)
+    build_pipeline(models, models.unet).save_pretrained(tmp_path)
     # WHEN diffusers loads it back
     loaded = StableDiffusionPipeline.from_pretrained(tmp_path)
     # THEN its tokenizer is a CLIPTokenizer giving the same ids, and its text encoder the same embeddings
     assert json.loads((tmp_path / "model_index.json").read_text())["tokenizer"] == ["transformers", "CLIPTokenizer"]
     assert type(loaded.tokenizer) is CLIPTokenizer
     caption = "A red circle, top-left, on a blue background: café 42!"
-    expected = trainer_models.tokenize(models.tokenizers[0], [caption], torch.device("cpu"))
-    assert torch.equal(trainer_models.tokenize(loaded.tokenizer, [caption], torch.device("cpu")), expected)
+    expected = tokenize(models.tokenizers[0], [caption], torch.device("cpu"))
+    assert torch.equal(tokenize(loaded.tokenizer, [caption], torch.device("cpu")), expected)
     with torch.no_grad():
         assert torch.equal(loaded.text_encoder(expected)[0], models.text_encoders[0](expected)[0])

@@ -19,14 +19,15 @@ from safetensors.torch import load_file
 
 from contracts.metrics import METRIC_DEFINITIONS
 from trainer.jobs import step, train
+from trainer.jobs.encode import encode_shards
+from trainer.models.loading import load_models
 from trainer.objectives import diffusion as objective
 from trainer.runtime.checkpoints import CheckpointError, checkpoint_to_resume, load_checkpoint
 from trainer.runtime.distributed import Processes
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import NonFiniteLossError
-from trainer.jobs.encode import encode_shards
 from trainer.runtime.health import grid_layout
-from trainer.models.loading import compile_vae_encoder, load_models
+from trainer.speed.vae_compile import compile_vae_encoder
 
 pytestmark = pytest.mark.slow(seconds=40)
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,9 +1,10 @@
-"""trainer.models.loading.compile_vae_encoder: the online path's VAE encoder compiled in place, same weights, same latents."""
+"""trainer.speed.vae_compile.compile_vae_encoder: the online path's VAE encoder compiled in place, same weights, same latents."""
 
 import torch
 import torch._dynamo
 
-from trainer.models.loading import compile_vae_encoder, load_models, vae_encoder_eager
+from trainer.models.loading import load_models
+from trainer.speed.vae_compile import compile_vae_encoder, vae_encoder_eager
 
 
 def posterior_parameters(models, pixels: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""docs/architecture.md's flow diagram names real modules: a rename that forgets the picture fails here."""
+"""docs/architecture.md's flow diagram and code map name real modules, and the code map every package of the
+trainer: a rename or a new package that forgets the page fails here."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ DOC = REPO / "docs" / "architecture.md"
 def diagram() -> str:
     text = DOC.read_text()
     return text[text.index("```mermaid"):text.index("```", text.index("```mermaid") + 3)]
+
+
+def code_map() -> str:
+    text = DOC.read_text()
+    start = text.index("## Code map")
+    return text[start:text.index("\n## ", start + 1)]
 
 
 def named_modules(text: str) -> set[str]:
@@ -49,3 +56,18 @@ def test_a_module_that_is_not_there_is_caught() -> None:
     assert names == {"core.pack.packer", "core.pack.nowhere", "trainer/gone.py", "contracts.messages.Nothing"}
     assert [n for n in sorted(names) if not exists(n)] == ["contracts.messages.Nothing", "core.pack.nowhere",
                                                            "trainer/gone.py"]
+
+
+def test_every_module_the_code_map_names_exists() -> None:
+    names = named_modules(code_map())
+
+    assert {"trainer/jobs/evaluate.py", "trainer/report/render.py"} <= names
+    assert sorted(n for n in names if not exists(n)) == []
+
+
+def test_the_code_map_names_every_package_of_the_trainer() -> None:
+    row = next(line for line in code_map().splitlines() if line.startswith("| `trainer/` |"))
+    packages = sorted(path.parent.name for path in (REPO / "trainer").glob("*/__init__.py"))
+
+    assert len(packages) >= 8
+    assert [name for name in packages if f"`{name}/`" not in row] == []

@@ -1,4 +1,5 @@
-"""Import boundaries of functions/: boto3 is imported by core.aws alone (STYLE.md, "The shape of the house")."""
+"""Import boundaries: in functions/, boto3 is imported by core.aws alone (STYLE.md, "The shape of the house");
+in trainer/, no module imports itself back through others, lazily inside a function or not."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS_DIR = REPO / "functions"
+TRAINER_DIR = REPO / "trainer"
 AWS_PACKAGE = FUNCTIONS_DIR / "core" / "aws"
 # Callers outside core.aws may catch botocore's exceptions (ClientError and the like), nothing more.
 ALLOWED_ELSEWHERE = {"botocore.exceptions"}
@@ -41,3 +43,66 @@ def test_the_walk_sees_core_aws_s_own_boto3_imports() -> None:
               if (REPO / path).is_relative_to(AWS_PACKAGE)}
 
     assert "boto3" in inside["functions/core/aws/clients.py"]
+
+
+def trainer_module(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+def trainer_imports(path: Path, modules: set[str]) -> set[str]:
+    """The trainer modules one file imports, at any depth of the file (a lazy import inside a function counts);
+    `from trainer.pkg import name` counts the module `trainer.pkg.name` where there is one."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found & modules
+
+
+def trainer_import_graph() -> dict[str, set[str]]:
+    paths = {trainer_module(path): path for path in sorted(TRAINER_DIR.rglob("*.py"))}
+    return {module: trainer_imports(path, set(paths)) - {module} for module, path in paths.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while (member := stack.pop()) != module:
+                component.append(member)
+            if component:
+                cycles.append(sorted([module, *component]))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_no_trainer_module_imports_itself_back() -> None:
+    assert import_cycles(trainer_import_graph()) == []
+
+
+def test_the_walk_sees_the_trainer_s_imports_and_a_cycle_through_them() -> None:
+    graph = trainer_import_graph()
+
+    assert {"trainer.jobs.step", "trainer.jobs.hyperparameters", "trainer.runtime.distributed"} <= graph["trainer.jobs.train"]
+    assert import_cycles({**graph, "trainer.jobs.step": graph["trainer.jobs.step"] | {"trainer.jobs.train"}}) == [
+        ["trainer.jobs.step", "trainer.jobs.train"]]

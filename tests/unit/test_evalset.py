@@ -110,7 +110,7 @@ def test_webdataset_reads_every_sample_back(folder: Path, tmp_path: Path) -> Non
 
 
 def test_the_evaluator_reads_every_sample_with_its_caption(folder: Path, tmp_path: Path) -> None:
-    from trainer.jobs.evaluate import read_eval_samples
+    from trainer.data.eval_set import read_eval_samples
     shard = tmp_path / "eval" / "heldout.tar"
     shard.parent.mkdir()
     shard.write_bytes(evalset.build_tar(evalset.samples_from_folder(folder, "partner-a", (LICENSE,))))

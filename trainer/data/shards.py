@@ -1,4 +1,4 @@
-"""Training batches from the shards in a channel directory: the only code that knows the shard layout.
+"""The shards of a channel directory, indexed and read: the only code that knows the shard layout.
 
 A shard is a POSIX tar of samples; a sample is the consecutive members sharing a key (webdataset's
 rule: the name up to the first dot of its basename). Atelier's packer writes `<sha256>.<jpg|png|webp>`
@@ -13,30 +13,18 @@ shard, walks its tar headers into an index and groups the members into samples. 
 (`/tmp/_wids_cache`) or, told to read shards in place, writes `<shard>.lock` beside them, which a
 FastFile channel (read-only) refuses; nor are its decoders (they unpickle `.pkl` and `.pth` members).
 
-How batches are drawn (BRIA's strategy, with nothing to save for resuming):
-- Index. Each process indexes its shards once with wids and reads the JSON record of every sample
-  (not the image): the aspect ratio from the record (or, without one, the image header).
-  SageMaker's ShardedByS3Key has already given each host its own shards; the processes of a host
-  split them by local rank (or, with fewer shards than processes, split the samples).
-- Plan. Per stage and epoch, a process shuffles its samples with a generator seeded by
-  (seed, rank, stage, epoch), groups them by aspect bucket, cuts each bucket into batches (the
-  last one filled up from the start of its bucket) and shuffles the batches. Optimizer step s and
-  micro-batch m map to a position in that sequence, so a batch is a pure function of
-  (seed, step, rank): a resumed job reads exactly what the uninterrupted job would have, with no
-  loader state, and a job resumed on another number of GPUs simply draws its own sequence.
-- Load. DataLoader workers build whole batches for different steps in parallel (each opens the
-  shards it touches with wids and reads samples by their number in the shard), in step order.
-  A sample that cannot be decoded is replaced by another sample of the same bucket (chosen by a
-  seeded generator, so still deterministic), reported in the batch's `corrupt` list and never
-  stops the job.
+Index: each process indexes its shards once with wids and reads the JSON record of every sample
+(not the image): the aspect ratio from the record (or, without one, the image header).
+SageMaker's ShardedByS3Key has already given each host its own shards; the processes of a host
+split them by local rank (or, with fewer shards than processes, split the samples). Which samples
+make each batch: trainer/data/plan.py; loading them: trainer/data/loader.py.
 
-Latent shards (trainer/jobs/encode.py writes them): the same samples with `<key>.latents.safetensors`
-(the VAE's posterior parameters for the sample's bucket and centred crop at one resolution, its
-SDXL time ids, and in the header the encoder identity, resolution and bucket), `<key>.ids.npy` (the
-caption's token ids, one row per text encoder) and `<key>.json` instead of the image and caption. A
-shard's kind follows from its members' extensions; a latent sample's bucket is the one it was encoded
-for, and a latent batch carries `latent_dist` and `input_ids` where an image batch carries
-`pixel_values` and `caption` (trainer/objectives/diffusion.py takes either).
+Latent shards (trainer/jobs/encode.py writes them, trainer/data/latents.py says what they hold): the
+same samples with `<key>.latents.safetensors` (the VAE's posterior parameters for the sample's
+bucket and centred crop at one resolution, its SDXL time ids, and in the header the encoder
+identity, resolution and bucket), `<key>.ids.npy` (the caption's token ids, one row per text
+encoder) and `<key>.json` instead of the image and caption. A shard's kind follows from its
+members' extensions; a latent sample's bucket is the one it was encoded for.
 
 Exclusions and draws (docs/provenance.md): the job's manifest (`--manifest`, the `manifest` channel)
 may list per shard the samples to leave out (revoked, or no longer licensed for this use). They are
@@ -51,23 +39,16 @@ import struct
 import tarfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import torch
-from PIL import Image, ImageOps
-from safetensors.torch import load as load_safetensors
-from torch.utils.data import DataLoader, Dataset
+from PIL import Image
 from wids.wids import IndexedTarSamples, splitname
 from wids.wids_mmtar import MMIndexedTar
 
 from contracts.aspect_buckets import bucket_ratio
 from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD
-from trainer.data.buckets import assign_buckets, bucket_sizes, cover_and_crop
-from trainer.data.stages import RunPlan
 
-MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
 UNKNOWN = "unknown"  # the partner or license of a sample whose record names none (img2dataset's)
 
 
@@ -275,158 +256,7 @@ def aspect_from_header(data: bytes, extension: str) -> float | None:
     return width / height if width and height else None
 
 
-# ---------------------------------------------------------------- plan
-
-
-def buckets_of(aspects: np.ndarray, resolution: int, size_multiple: int, aspect_buckets: bool) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """(bucket sizes at `resolution`, each sample's bucket); one centred square without aspect buckets."""
-    if not aspect_buckets:
-        if resolution % size_multiple:
-            raise ValueError(f"resolution {resolution} is not a multiple of {size_multiple}, the model's size multiple")
-        return [(resolution, resolution)], np.zeros(len(aspects), dtype=np.int64)
-    sizes = bucket_sizes(resolution, size_multiple)
-    return sizes, assign_buckets(aspects, sizes)
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one micro-batch sits in its process's stream."""
-
-    stage: int
-    epoch: int
-    index: int  # the batch's position within the epoch
-    bucket: tuple[int, int]  # (width, height)
-    samples: np.ndarray  # row numbers in the ShardIndex
-    bucket_members: np.ndarray  # every row of this bucket (replacements come from here)
-
-
-class BatchPlan:
-    """Which samples make each micro-batch: a pure function of (seed, rank, step, micro-batch)."""
-
-    def __init__(self, aspects: np.ndarray, plan: RunPlan, seed: int, rank: int, accumulation: int,
-                 size_multiple: int, aspect_buckets: bool):
-        self.aspects, self.plan, self.seed, self.rank = aspects, plan, seed, rank
-        self.accumulation, self.size_multiple, self.aspect_buckets = accumulation, size_multiple, aspect_buckets
-
-    @lru_cache(maxsize=8)
-    def stage_buckets(self, stage: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        """The stage's bucket sizes and each sample's bucket."""
-        return buckets_of(self.aspects, self.plan.stages[stage].resolution, self.size_multiple, self.aspect_buckets)
-
-    @lru_cache(maxsize=4)
-    def epoch_batches(self, stage: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(samples [batches, batch size], bucket of each batch) for one pass over this process's samples."""
-        _, assignment = self.stage_buckets(stage)
-        batch_size = self.plan.stages[stage].batch_size
-        rng = np.random.default_rng([self.seed, self.rank, stage, epoch, 0])
-        order = rng.permutation(len(self.aspects))
-        batches, buckets = [], []
-        for bucket in np.unique(assignment):
-            members = order[assignment[order] == bucket]
-            filled = np.resize(members, -(-len(members) // batch_size) * batch_size)  # repeats from the start
-            batches.append(filled.reshape(-1, batch_size))
-            buckets += [bucket] * (len(filled) // batch_size)
-        batches, buckets = np.concatenate(batches), np.array(buckets)
-        shuffle = rng.permutation(len(batches))
-        return batches[shuffle], buckets[shuffle]
-
-    @lru_cache(maxsize=8)
-    def batches_per_epoch(self, stage: int) -> int:
-        _, assignment = self.stage_buckets(stage)
-        batch_size = self.plan.stages[stage].batch_size
-        return int(sum(-(-count // batch_size) for count in np.bincount(assignment) if count))
-
-    def slot(self, step: int, micro: int) -> Slot:
-        stage = self.plan.stage_index(step)
-        position = (step - self.plan.stages[stage].first_step) * self.accumulation + micro
-        epoch, index = divmod(position, self.batches_per_epoch(stage))
-        batches, buckets = self.epoch_batches(stage, epoch)
-        sizes, assignment = self.stage_buckets(stage)
-        bucket = int(buckets[index])
-        return Slot(stage, epoch, index, sizes[bucket], batches[index], np.flatnonzero(assignment == bucket))
-
-
-# ---------------------------------------------------------------- load
-
-
-class StepBatches(Dataset):
-    """Item i is micro-batch i of the steps from `first_step` to `last_step`: a dict of tensors and lists."""
-
-    def __init__(self, index: ShardIndex, plan: BatchPlan, first_step: int, last_step: int, caption_dropout: float,
-                 random_crop: bool, empty_ids: np.ndarray | None = None):
-        if index.latent and random_crop:
-            raise ValueError("--random-crop needs image shards: a latent shard holds one (centred) crop per sample")
-        if index.latent and not plan.aspect_buckets and not np.all(index.aspect == 1.0):
-            raise ValueError("latent shards encoded with aspect buckets need --aspect-buckets true")
-        if index.latent and caption_dropout and empty_ids is None:
-            raise ValueError("caption dropout on latent shards needs the token ids of the empty caption")
-        self.index, self.plan = index, plan
-        self.first_step, self.last_step = first_step, last_step
-        self.caption_dropout, self.random_crop, self.empty_ids = caption_dropout, random_crop, empty_ids
-        self.reader = ShardReader(index)
-
-    def __len__(self) -> int:
-        return max(0, self.last_step - self.first_step + 1) * self.plan.accumulation
-
-    def __getitem__(self, item: int) -> dict:
-        step, micro = divmod(item, self.plan.accumulation)
-        return self.batch(self.first_step + step, micro)
-
-    def batch(self, step: int, micro: int) -> dict:
-        slot = self.plan.slot(step, micro)
-        rng = np.random.default_rng([self.plan.seed, self.plan.rank, slot.stage, slot.epoch, 1, slot.index])
-        samples, corrupt = [], []
-        for row in slot.samples:
-            for _ in range(MAX_REPLACEMENTS):
-                try:
-                    samples.append(self.load(int(row), slot.bucket, rng))
-                    break
-                except CorruptSample as error:
-                    corrupt.append(str(error))
-                    row = rng.choice(slot.bucket_members)
-            else:
-                raise CorruptSample(f"{MAX_REPLACEMENTS} unreadable samples in a row in bucket {slot.bucket}: {corrupt[-3:]}")
-        inputs = ("latent_dist", "input_ids") if self.index.latent else ("pixel_values",)
-        return {
-            **{name: torch.stack([sample[name] for sample in samples]) for name in inputs},
-            "time_ids": torch.tensor([sample["time_ids"] for sample in samples], dtype=torch.float32),
-            **({} if self.index.latent else {"caption": [sample["caption"] for sample in samples]}),
-            "key": [sample["key"] for sample in samples],
-            "shard": [sample["shard"] for sample in samples],
-            "source": [sample["source"] for sample in samples],  # (partner, license): the trainer counts draws
-            "corrupt": corrupt,
-            "step": step,
-            "stage": slot.stage,
-            "epoch": slot.epoch,
-        }
-
-    def load(self, row: int, bucket: tuple[int, int], rng: np.random.Generator) -> dict:
-        """One sample: decoded, scaled to cover the bucket and cropped, with its SDXL size/crop ids
-        (image shards), or its stored posterior, time ids and token ids (latent shards)."""
-        index = self.index
-        shard, key = index.shards[index.shard[row]], str(index.key[row])
-        offset = (rng.random(), rng.random()) if self.random_crop else (0.5, 0.5)
-        drop_caption = rng.random() < self.caption_dropout  # the same draws for either kind of shard
-        try:
-            members = self.read(row)
-            source = sample_source(members.get(RECORD))
-            if index.latent:
-                tensors = load_safetensors(members[LATENTS])
-                ids = self.empty_ids if drop_caption else np.load(io.BytesIO(members[IDS]))
-                loaded = {"latent_dist": tensors["latent_dist"], "time_ids": tensors["time_ids"].tolist(),
-                          "input_ids": torch.from_numpy(np.array(ids, dtype=np.int64))}
-            else:
-                extension = next(extension for extension in IMAGE_FORMATS if extension in members)
-                pixel_values, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_FORMATS[extension]), bucket, offset)
-                loaded = {"pixel_values": pixel_values, "time_ids": time_ids,
-                          "caption": "" if drop_caption else members[CAPTION].decode("utf-8")}
-        except Exception as error:  # noqa: BLE001 - a bad member of any kind is skipped, never fatal
-            raise CorruptSample(f"{Path(shard).name}/{key}: {type(error).__name__}: {error}") from None
-        return {**loaded, "key": key, "shard": Path(shard).name, "source": source}
-
-    def read(self, row: int) -> dict[str, bytes]:
-        """The members of a row's sample, read by wids: lower-case extension -> bytes."""
-        return self.reader.read(row)
+# ---------------------------------------------------------------- read
 
 
 class ShardReader:
@@ -456,43 +286,3 @@ def sample_source(record: bytes | None) -> tuple[str, str]:
         fields = {}
     fields = fields if isinstance(fields, dict) else {}
     return (str(fields.get("partner") or UNKNOWN), str(fields.get("license") or UNKNOWN))
-
-
-def make_loader(batches: StepBatches, num_workers: int, pin_memory: bool | None = None) -> DataLoader:
-    """The micro-batches in step order, built by `num_workers` processes (each takes whole batches);
-    in pinned memory when there is a GPU to copy them to, unless `pin_memory` says otherwise."""
-    return DataLoader(
-        batches,
-        batch_size=None,  # items are whole batches
-        shuffle=False,
-        num_workers=num_workers,
-        prefetch_factor=4 if num_workers else None,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        generator=torch.Generator(),  # never draws from the training process's global RNG
-    )
-
-
-def crop_to_bucket(image: Image.Image, bucket: tuple[int, int], offset: tuple[float, float]) -> tuple[torch.Tensor, list[int]]:
-    """(pixels [3, H, W] in [-1, 1], SDXL time ids): the image scaled to cover the bucket and cropped."""
-    width, height = image.size
-    resized, (left, top) = cover_and_crop(width, height, bucket, offset)
-    image = image.resize(resized, Image.Resampling.BICUBIC).crop((left, top, left + bucket[0], top + bucket[1]))
-    return to_tensor(image), [height, width, top, left, bucket[1], bucket[0]]  # original, crop top-left, target (h, w)
-
-
-def decode_image(data: bytes, pil_format: str) -> Image.Image:
-    """The member's bytes as an upright RGB image; Pillow's decompression-bomb guard stays on."""
-    with Image.open(io.BytesIO(data), formats=[pil_format]) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-            image = image.convert("RGBA")
-            background = Image.new("RGBA", image.size, "white")  # transparent areas become white, not black
-            return Image.alpha_composite(background, image).convert("RGB")
-        return image.convert("RGB")
-
-
-def to_tensor(image: Image.Image) -> torch.Tensor:
-    """An RGB image as a float tensor [3, H, W] scaled to [-1, 1], the VAE's input range."""
-    pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-    pixels = pixels.view(image.height, image.width, 3).permute(2, 0, 1)
-    return pixels.float() / 127.5 - 1.0

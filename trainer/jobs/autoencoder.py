@@ -38,15 +38,18 @@ from diffusers import AutoencoderKL
 from PIL import Image
 from torch.optim.lr_scheduler import LambdaLR
 
+from trainer.data.eval_set import find_eval_shards, read_eval_samples
+from trainer.data.loader import StepBatches, make_loader
+from trainer.data.plan import BatchPlan
+from trainer.data.shards import index_shards, load_exclusions
+from trainer.data.stages import plan_from_args
+from trainer.jobs.hyperparameters import boolean
+from trainer.models.loading import read_preset
+from trainer.objectives.numerics import autocast
+from trainer.report.write import write_report
 from trainer.runtime import distributed
 from trainer.runtime.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
-from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
-from trainer.jobs.evaluate import find_eval_shards, read_eval_samples
 from trainer.runtime.health import log
-from trainer.models.loading import read_preset
-from trainer.objectives.diffusion import autocast
-from trainer.report.write import write_report
-from trainer.data.stages import plan_from_args
 
 RECORD = "autoencoder.json"
 RECONSTRUCTIONS = "reconstructions.png"
@@ -216,7 +219,6 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trainer.jobs.train import boolean  # one parser of hyperparameter booleans
     env = os.environ
     parser = argparse.ArgumentParser(description="Train an AutoencoderKL from scratch on image shards.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,

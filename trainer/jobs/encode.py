@@ -23,26 +23,7 @@ $SM_CHANNEL_MANIFEST) are dropped while indexing, exactly as trainer/data/shards
 never read or decoded, and absent from the latent shard, which then holds fewer samples than its
 image shard. The trainer applies the same list to the latent shards again (same keys, same shard ids).
 
-What a latent shard holds, per sample of the image shard (same key, same order, same relative path):
-- `<key>.latents.safetensors`: `latent_dist`, the VAE's posterior parameters (mean and log-variance,
-  [2 x latent channels, h, w], in the dtype the VAE ran in: bf16 on a GPU, fp32 on a CPU) for the
-  sample's aspect bucket and centred crop at the resolution, exactly as trainer/data/shards.py +
-  trainer/data/buckets.py prepare the image online; `time_ids` (SDXL's size and crop numbers); header
-  metadata `encoder` (the identity), `resolution`, `bucket` ("WxH").
-- `<key>.ids.npy`: the caption's token ids, int64 [text encoders, max length], what the online
-  path's tokenizer gives.
-- `<key>.json`: the sample's metadata record, unchanged (partner and license for the draw counts).
-Storing the posterior rather than one sample of it keeps training identical to the online path:
-the trainer draws the latents from it with each step's generator, so the same seed gives the same
-latents, noise and loss from either kind of shard (tests/trainer/test_encode.py). Bit for bit where
-the VAE gives a sample the same result in any batch: on the CPU for batches of two or more (a group
-of one is encoded twice over for that reason); on a GPU cuDNN may pick other kernels for another
-batch size, so there the posterior agrees to rounding, not bit for bit.
-
-The identity is the sha256 of the VAE's, text encoders' and tokenizers' configs and weights (rounded
-to bf16, so it is the same for the fp32 and the bf16 copy; the UNet is not part of it): another VAE or text encoder means another directory, and the trainer
-refuses latent shards whose identity or resolution is not its own (`check_latent_shards`).
-A shard is written under a temporary name and renamed when whole.
+What a latent shard holds, and the identity of the models that wrote it: trainer/data/latents.py.
 
 Who does what, so that the GPU is never waiting on Python: the loader's worker processes read,
 decode, crop and tokenize; the main thread only hands the pixels to the VAE and queues the copy of
@@ -54,77 +35,31 @@ instead; an error in it fails the job from the main thread.
 """
 
 import argparse
-import hashlib
-import io
 import json
 import os
-import queue
 import sys
-import tarfile
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save as save_safetensors
 from torch.utils.data import DataLoader, Dataset
 
+from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
+from trainer.data.images import crop_to_bucket, decode_image
+from trainer.data.latents import latent_dir, models_identity
+from trainer.data.plan import buckets_of
+from trainer.data.shards import CorruptSample, ShardIndex, ShardReader, index_shards, load_exclusions
+from trainer.jobs.hyperparameters import auto_or_boolean, boolean
+from trainer.jobs.latent_writer import ShardWriter
+from trainer.models.bundle import Models
+from trainer.models.loading import load_models
+from trainer.models.text import token_ids
+from trainer.objectives.numerics import autocast
 from trainer.runtime import distributed
-from contracts import shard_members
-from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD, member_name
-from trainer.data.shards import (CorruptSample, ShardIndex, ShardReader, buckets_of, crop_to_bucket, decode_image, index_shards,
-                          load_exclusions)
-from trainer.models.loading import Models, compile_vae_encoder, load_models, token_ids
-from trainer.objectives.diffusion import autocast
-
-
-class LatentShardsError(ValueError):
-    """Latent shards that do not belong to this run's models or resolution."""
-
-
-def models_identity(models: Models) -> str:
-    """sha256 of the VAE's, text encoders' and tokenizers' configs and weights: what latent shards depend on."""
-    digest = hashlib.sha256()
-    for name, model in [("vae", models.vae), *((f"text_encoder_{n}", m) for n, m in enumerate(models.text_encoders))]:
-        digest.update(f"{name}\n{model_config_json(model)}\n".encode())
-        for key, tensor in sorted(model.state_dict().items()):
-            # rounded to bf16: the same digest whether the frozen model is held in fp32 (CPU) or bf16 (GPU)
-            tensor = tensor.detach().to("cpu", torch.bfloat16 if tensor.is_floating_point() else tensor.dtype).contiguous()
-            digest.update(f"{key} {tuple(tensor.shape)}\n".encode())
-            digest.update(tensor.view(torch.uint8).numpy())
-    for number, tokenizer in enumerate(models.tokenizers):
-        vocabulary = json.dumps(sorted(tokenizer.get_vocab().items()))
-        digest.update(f"tokenizer_{number} {tokenizer.model_max_length}\n{vocabulary}\n".encode())
-    return digest.hexdigest()
-
-
-def model_config_json(model: torch.nn.Module) -> str:
-    """The model's architecture as canonical JSON: sorted keys, without the library's bookkeeping
-    (diffusers' `_use_default_values` is a list made from a set, so its order changes from one
-    process to the next, and the encode and the training job are two processes)."""
-    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
-    return json.dumps({k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"},
-                      sort_keys=True, default=str)
-
-
-def latent_dir(output_dir: str | Path, identity: str, resolution: int) -> Path:
-    """Where the latent shards of these models at this resolution go."""
-    return Path(output_dir) / f"{identity[:16]}-r{resolution}"
-
-
-def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int], identity: str | None = None) -> None:
-    """Latent shards must come from these models (`identity`, if already known), at the resolution of
-    every stage that reads them."""
-    identity = identity or models_identity(models)
-    for encoder, resolution in sorted(index.encodings):
-        if encoder != identity:
-            raise LatentShardsError(f"latent shards encoded by models {encoder[:16]}, not by this run's {identity[:16]}: "
-                                    "encode the image shards again with these models (python -m trainer.jobs.encode)")
-        if {resolution} != resolutions:
-            raise LatentShardsError(f"latent shards at {resolution} px, but the run's stages are at {sorted(resolutions)} px")
+from trainer.speed.vae_compile import compile_vae_encoder
 
 
 # ---------------------------------------------------------------- reading images
@@ -173,127 +108,7 @@ def groups_of(index: ShardIndex, assignment: np.ndarray, sizes: list, batch_size
     return by_shard
 
 
-# ---------------------------------------------------------------- writing
-
-
-def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids: torch.Tensor, record: bytes | None,
-                   identity: str, resolution: int, bucket: tuple[int, int]) -> list[tuple[str, bytes]]:
-    """One latent sample's members, in the order they are written."""
-    latents = canonical_safetensors(save_safetensors(
-        {"latent_dist": latent_dist.contiguous(), "time_ids": torch.tensor(time_ids, dtype=torch.int64)},
-        metadata={"encoder": identity, "resolution": str(resolution), "bucket": f"{bucket[0]}x{bucket[1]}"}))
-    ids_bytes = io.BytesIO()
-    np.save(ids_bytes, ids.numpy().astype(np.int64), allow_pickle=False)
-    members = [(member_name(key, IDS), ids_bytes.getvalue())]
-    if record is not None:
-        members.append((member_name(key, RECORD), record))
-    return members + [(member_name(key, LATENTS), latents)]
-
-
-def canonical_safetensors(data: bytes) -> bytes:
-    """The same file with its `__metadata__` keys sorted, so one encode always gives the same bytes.
-
-    safetensors writes the metadata map in a hash order that changes from call to call; the tensors
-    are bit-identical. Sorting keeps the header's length (the same JSON, reordered), so the data
-    offsets and the padding to 8 bytes hold as they are."""
-    length = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + length])
-    if "__metadata__" in header:
-        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    if len(text) > length:  # cannot happen for a reordering; never write a header that does not fit
-        raise ValueError("the canonical safetensors header is longer than the original")
-    return data[:8] + text.ljust(length, b" ") + data[8 + length:]
-
-
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
-    """A tar as the packer writes one (ustar, contracts.shard_members' fixed headers), under a
-    temporary name, then renamed; a failed write leaves nothing behind. A name ustar cannot hold (over
-    100 bytes with no `/` to split it at) raises ValueError: pipeline keys are sha256s, far shorter."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.training.encode_job skips it
-    try:
-        with tarfile.open(partial, "w", format=shard_members.TAR_FORMAT) as tar:
-            for name, data in members:
-                tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
-class ShardWriter:
-    """Latent shards written on a thread of their own, so that the main thread only feeds the GPU.
-
-    The main thread hands over each encoded group, then says when a shard is whole; this thread turns
-    the samples into members (safetensors, ids, record) and writes the tar. One thread, since that work
-    only has to keep up with the GPU, and a shard is written in one place, in order. At most `depth`
-    jobs wait, each holding one batch's latents on the host: memory stays that plus the shard being
-    gathered, and a slow disk slows the main thread down rather than filling memory. The first error
-    here is raised again in the main thread (by its next call, or when it leaves the `with` block),
-    and every job after it is dropped.
-    """
-
-    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, depth: int = 8):
-        self.outputs, self.identity, self.resolution = outputs, identity, resolution
-        self.pending: dict[int, dict[int, list]] = defaultdict(dict)  # shard -> row -> its members, until whole
-        self.jobs: queue.Queue[tuple[Callable, tuple] | None] = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="latent-shard-writer")
-        self.thread.start()
-
-    def add(self, shard: int, keys: list[str], group: dict, latents: torch.Tensor,
-            copied: torch.cuda.Event | None) -> None:
-        """A group's samples (`keys`, its `rows`, `time_ids`, `ids`, `records`, `bucket`); `latents`, one
-        per sample, may be read once `copied` (if any) has completed."""
-        self._submit(self._add, shard, keys, group["rows"], latents, copied, group["time_ids"], group["ids"],
-                     group["records"], group["bucket"])
-
-    def finish(self, shard: int) -> None:
-        """The shard is whole: written with its samples in the image shard's order."""
-        self._submit(self._finish, shard)
-
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, kind, error, traceback) -> None:
-        self.stopping = error is not None  # the job failed in the main thread: what is still queued is dropped
-        self.jobs.put(None)
-        self.thread.join()
-        if error is None:
-            self._raise_if_failed()
-        elif self.error is not None and self.error is not error:  # both failed: the writer's error is kept too
-            error.add_note(f"the latent shard writer failed too: {self.error!r}")
-
-    def _submit(self, job: Callable, *args) -> None:
-        self._raise_if_failed()
-        self.jobs.put((job, args))  # blocks while `depth` jobs wait
-
-    def _raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:  # after an error, still taken off so that put never blocks
-            if self.error is None and not self.stopping:
-                try:
-                    job[0](*job[1])
-                except BaseException as error:  # noqa: BLE001 - raised again in the main thread
-                    self.error = error
-
-    def _add(self, shard: int, keys: list[str], rows: list[int], latents: torch.Tensor, copied: torch.cuda.Event | None,
-             time_ids: list, ids: torch.Tensor, records: list, bucket: tuple[int, int]) -> None:
-        if copied is not None:
-            copied.synchronize()
-        for number, (key, row) in enumerate(zip(keys, rows)):
-            self.pending[shard][row] = sample_members(key, latents[number], time_ids[number], ids[number], records[number],
-                                                      self.identity, self.resolution, bucket)
-
-    def _finish(self, shard: int) -> None:
-        members = self.pending.pop(shard, {})
-        if members:  # a shard of nothing but corrupt samples gets no latent shard
-            write_tar(self.outputs[shard], [member for row in sorted(members) for member in members[row]])
+# ---------------------------------------------------------------- encoding
 
 
 def to_host(latents: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -402,7 +217,6 @@ def main(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trainer.jobs.train import auto_or_boolean, boolean  # one parser of hyperparameter booleans
     env = os.environ
     parser = argparse.ArgumentParser(description="Encode image shards into latent shards for one resolution.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,

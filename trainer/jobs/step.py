@@ -14,12 +14,13 @@ from typing import Callable, Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
+from trainer.models.bundle import Models
+from trainer.objectives.diffusion import diffusion_loss, noised_inputs
+from trainer.objectives.numerics import step_generator
 from trainer.runtime import distributed
-from trainer.speed.cuda_graphs import GraphedBackward
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import Window
-from trainer.models.loading import Models
-from trainer.objectives.diffusion import diffusion_loss, noised_inputs, step_generator
+from trainer.speed.cuda_graphs import GraphedBackward
 
 
 @dataclass

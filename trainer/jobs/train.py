@@ -59,65 +59,39 @@ import time
 from pathlib import Path
 
 import torch
-from diffusers import DDPMScheduler, UNet2DConditionModel
 from torch.optim.lr_scheduler import LambdaLR
 
+from trainer.data.latents import check_latent_shards
+from trainer.data.loader import StepBatches, make_loader
+from trainer.data.plan import BatchPlan
+from trainer.data.shards import index_shards, load_exclusions
+from trainer.data.stages import plan_from_args
+from trainer.jobs.hyperparameters import auto_or_boolean, boolean
+from trainer.jobs.sampling import check_health, sampling_unet, weights_to_sample
+from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.models.loading import load_models
+from trainer.models.pipelines import build_pipeline
+from trainer.models.text import caption_ids
+from trainer.objectives.diffusion import zero_terminal_snr
+from trainer.report.write import write_report
 from trainer.runtime import distributed, preflight
-from trainer.speed import cuda_graphs
 from trainer.runtime.checkpoint_writer import CheckpointWriter
 from trainer.runtime.checkpoints import checkpoint_to_resume, load_checkpoint, take_snapshot
-from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
-from trainer.data.shards import BatchPlan, StepBatches, index_shards, load_exclusions, make_loader
 from trainer.runtime.ema import EMA
-from trainer.jobs.encode import check_latent_shards
-from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
-from trainer.runtime.health import NonFiniteLossError, Window, draw_loss_curve, log, validation_grid, write_failure
-from trainer.runtime.tensorboard_log import Board, default_dir
-from trainer.models.loading import Models, build_pipeline, caption_ids, compile_vae_encoder, load_models
-from trainer.report.write import write_report
-from trainer.objectives.diffusion import autocast
+from trainer.runtime.health import NonFiniteLossError, Window, draw_loss_curve, log, write_failure
 from trainer.runtime.run_state import RunState
-from trainer.data.stages import RunPlan, plan_from_args
-from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.runtime.tensorboard_log import Board, default_dir
 from trainer.runtime.watchdog import stops_watchdogs, training_watchdog
+from trainer.speed import cuda_graphs
+from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
+from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
+from trainer.speed.vae_compile import compile_vae_encoder
 
 DEFAULT_VALIDATION_PROMPTS = ("a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table"
                               "|a mountain lake at sunrise")
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> UNet2DConditionModel:
-    """A plain UNet holding the given full weights, for sampling and saving (whatever wraps the trained one)."""
-    with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config(models.unet.config)
-    unet.load_state_dict(weights, assign=True)
-    return unet.to(device).eval()
-
-
-def weights_to_sample(unet, ema: EMA | None, use_ema: bool) -> dict[str, torch.Tensor]:
-    """The EMA weights or the trained ones, whole (a collective under FSDP)."""
-    return ema.full_weights() if ema is not None and use_ema else distributed.full_model_state(unet)
-
-
-def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
-                 loss_history: list, health_dir: Path, board: Board) -> None:
-    """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes)."""
-    prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
-    weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
-    if processes.rank == 0:
-        draw_loss_curve(loss_history, health_dir / "loss.png")
-        if prompts:
-            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device))
-            seeds = [int(seed) for seed in args.validation_seeds.split(",")]
-            steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
-            with autocast(processes.device):
-                grid = validation_grid(pipeline, prompts, seeds, plan.stage(step).resolution, steps)
-            (health_dir / "validation").mkdir(parents=True, exist_ok=True)
-            grid.save(health_dir / "validation" / f"step-{step:08d}.png")
-            board.validation(step, grid)
-    distributed.barrier()
 
 
 def progress_and_eta(step: int, total: int, window_steps: int, window_s: float) -> dict:
@@ -142,16 +116,6 @@ def cuda_graphs_for(args, resolutions: list[int], processes: distributed.Process
     if args.cuda_graphs and reason:
         raise ValueError(f"--cuda-graphs true: {reason}; run with --cuda-graphs false or auto")
     return args.cuda_graphs
-
-
-def zero_terminal_snr(scheduler: DDPMScheduler) -> DDPMScheduler:
-    """The schedule rescaled so its last timestep is pure noise, sampled from the last timestep
-    (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps are Flawed"): otherwise
-    training always leaks the picture's mean colour at t = T and sampling, which starts from pure
-    noise, cannot choose it from the prompt. Needs v-prediction (epsilon is undefined at SNR 0)."""
-    if scheduler.config.prediction_type != "v_prediction":
-        raise ValueError("--zero-terminal-snr needs --prediction-type v_prediction (epsilon is undefined at SNR 0)")
-    return DDPMScheduler.from_config(scheduler.config, rescale_betas_zero_snr=True, timestep_spacing="trailing")
 
 
 # ---------------------------------------------------------------- main
@@ -322,19 +286,6 @@ def main(args: argparse.Namespace) -> dict:
     distributed.barrier()
     distributed.teardown()
     return record
-
-
-def boolean(text: str) -> bool:
-    """A hyperparameter string as a bool (SageMaker passes every value as a string)."""
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def auto_or_boolean(text: str) -> bool | str:
-    return "auto" if text.lower() == "auto" else boolean(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,13 +1,5 @@
-"""The models a latent-diffusion run needs: from a preset in `configs/` or a local diffusers pipeline.
-
-Two families, told apart by the UNet's config:
-- SD-1.x/2.x style: one text encoder, its last hidden state is the UNet's context.
-- SDXL style (`addition_embed_type: "text_time"`): two text encoders whose penultimate hidden states
-  are concatenated into the context, the second one's pooled projection plus six size/crop numbers
-  (`time_ids`: original size, crop top-left, target size) as added conditioning.
-
-Only the UNet trains. The VAE and text encoders are frozen: they map images to latents and captions
-to embeddings, and training them too would move the target under the UNet.
+"""Where a run's models come from: a preset in `configs/` (fresh weights from a seed) or a local
+diffusers pipeline (a base, or some of its parts, and a separate VAE), checked to fit together.
 """
 
 import atexit
@@ -17,81 +9,17 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from diffusers import (
-    AutoencoderKL,
-    DDIMScheduler,
-    DDPMScheduler,
-    DiffusionPipeline,
-    StableDiffusionPipeline,
-    StableDiffusionXLPipeline,
-    UNet2DConditionModel,
-)
+from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 from contracts.s3_layout import MODEL_ARCHIVE
+from trainer.models.bundle import CPU, Models
 from trainer.models.tokenizer import build_tokenizer
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
-CPU = torch.device("cpu")
-
-
-@dataclass
-class Models:
-    vae: AutoencoderKL
-    text_encoders: list  # [CLIPTextModel] or, for SDXL, [CLIPTextModel, CLIPTextModelWithProjection]
-    tokenizers: list
-    unet: UNet2DConditionModel
-    noise_scheduler: DDPMScheduler
-    sources: dict[str, str] = field(default_factory=dict)  # component -> where it came from (the run's record)
-
-    @property
-    def sdxl(self) -> bool:
-        """Whether the UNet takes SDXL's pooled text embedding and size/crop time ids."""
-        return self.unet.config.addition_embed_type == "text_time"
-
-    @property
-    def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
-
-    @property
-    def size_multiple(self) -> int:
-        """Image sides must be multiples of this: the VAE's and the UNet's downsampling together."""
-        return self.vae_scale_factor * 2 ** (len(self.unet.config.block_out_channels) - 1)
-
-    @property
-    def default_resolution(self) -> int:
-        """The image size the model was built for: latent sample size times the VAE's downsampling."""
-        return self.unet.config.sample_size * self.vae_scale_factor
-
-    def frozen_to(self, device: torch.device) -> None:
-        """VAE and text encoders on the device; in bf16 on a GPU, where they only run forward."""
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        for frozen in (self.vae, *self.text_encoders):
-            frozen.to(device, dtype)
-
-
-def compile_vae_encoder(models: Models, channels_last: bool = False, backend: str = "inductor") -> None:
-    """Compile the frozen VAE's encoder in place (`nn.Module.compile`: the same module and weights, so
-    checkpoints and the saved pipeline do not change), optionally with channels-last weights.
-
-    For training on image shards on a GPU, where the encoder runs on every step: eager, it took more
-    GPU time than the UNet's forward and backward at 512 (bench/RESULTS.md). One graph per bucket
-    shape, as the UNet's. Channels-last weights must be made contiguous again before a save
-    (`vae_encoder_eager`).
-    """
-    if channels_last:
-        models.vae.encoder.to(memory_format=torch.channels_last)
-    models.vae.encoder.compile(dynamic=False, backend=backend)
-
-
-def vae_encoder_eager(models: Models) -> None:
-    """Undo compile_vae_encoder: the encoder eager again, its weights contiguous."""
-    models.vae.encoder.to(memory_format=torch.contiguous_format)
-    models.vae.encoder._compiled_call_impl = None  # what nn.Module.compile set; None is nn.Module's own default
 
 
 class BaseModelError(ValueError):
@@ -199,7 +127,7 @@ def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.
     bench/train_gpu.py); a GPU draws them in parallel, and nothing is copied after. The draws come from
     that device's generator, so a CUDA-built UNet is not the CPU-built one of the same seed. Every rank
     of a job has the same kind of GPU, so the ranks still agree. The frozen parts are always drawn on
-    the CPU: latent shards name the VAE and text encoders by their weights (trainer/jobs/encode.py), and
+    the CPU: latent shards name the VAE and text encoders by their weights (trainer/data/latents.py), and
     the encode job that wrote them may have run on another device."""
     preset = read_preset(name)
     torch.manual_seed(seed)
@@ -283,67 +211,4 @@ def from_pretrained(path: Path) -> Models:
         tokenizers=tokenizers,
         unet=UNet2DConditionModel.from_pretrained(path, subfolder="unet"),
         noise_scheduler=DDPMScheduler.from_pretrained(path, subfolder="scheduler"),
-    )
-
-
-def tokenize(tokenizer, captions: list[str], device: torch.device) -> torch.Tensor:
-    return tokenizer(
-        captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt",
-    ).input_ids.to(device)
-
-
-def caption_ids(models: Models, captions: list[str]) -> torch.Tensor:
-    """The captions' token ids, [captions, text encoders, max length] (int64, CPU): what latent shards store."""
-    return token_ids(models.tokenizers, captions)
-
-
-def token_ids(tokenizers: list, captions: list[str]) -> torch.Tensor:
-    """caption_ids from the tokenizers alone, which a DataLoader worker can hold without the models."""
-    return torch.stack([tokenize(tokenizer, captions, CPU) for tokenizer in tokenizers], dim=1)
-
-
-@torch.no_grad()
-def encode_captions(models: Models, captions: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(the UNet's context, SDXL's pooled text embedding or None), as the diffusers pipelines compute them."""
-    return encode_token_ids(models, caption_ids(models, captions), device)
-
-
-@torch.no_grad()
-def encode_token_ids(models: Models, input_ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """encode_captions from token ids [captions, text encoders, max length] (a latent batch's `input_ids`)."""
-    input_ids = input_ids.to(device, non_blocking=True)
-    if not models.sdxl:
-        return models.text_encoders[0](input_ids[:, 0])[0], None
-    hidden_states, pooled = [], None
-    for number, encoder in enumerate(models.text_encoders):
-        output = encoder(input_ids[:, number], output_hidden_states=True)
-        hidden_states.append(output.hidden_states[-2])  # SDXL conditions on the penultimate layer
-        pooled = output[0]  # the last encoder's projected text embedding
-    return torch.cat(hidden_states, dim=-1), pooled
-
-
-def build_pipeline(models: Models, unet: UNet2DConditionModel) -> DiffusionPipeline:
-    """The given UNet with the frozen parts as the family's pipeline, ready to save or sample."""
-    # DDIM samples well in few steps and reads the training noise schedule as it is.
-    scheduler = DDIMScheduler.from_config(models.noise_scheduler.config)
-    if models.sdxl:
-        return StableDiffusionXLPipeline(
-            vae=models.vae,
-            text_encoder=models.text_encoders[0],
-            text_encoder_2=models.text_encoders[1],
-            tokenizer=models.tokenizers[0],
-            tokenizer_2=models.tokenizers[1],
-            unet=unet,
-            scheduler=scheduler,
-            add_watermarker=False,
-        )
-    return StableDiffusionPipeline(
-        vae=models.vae,
-        text_encoder=models.text_encoders[0],
-        tokenizer=models.tokenizers[0],
-        unet=unet,
-        scheduler=scheduler,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
     )

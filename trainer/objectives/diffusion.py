@@ -9,6 +9,8 @@ Options:
 - min-SNR weighting: each sample's loss weighted by `min(SNR_t, gamma) / SNR_t` (epsilon) or
   `/ (SNR_t + 1)` (v-prediction), so the many easy low-noise timesteps do not dominate
   (Hang et al., "Efficient Diffusion Training via Min-SNR Weighting Strategy", 2023).
+- zero terminal SNR (`zero_terminal_snr`): the noise schedule rescaled so its last timestep is pure
+  noise (v-prediction only).
 
 A batch brings `pixel_values` (image shards: the VAE encodes them), `latent_dist` (latent shards: the
 posterior trainer/jobs/encode.py stored) or `latents` (already sampled and scaled), and `caption` or
@@ -16,31 +18,19 @@ posterior trainer/jobs/encode.py stored) or `latents` (already sampled and scale
 
 Every random draw of a micro-batch (VAE posterior sample, noise, timesteps) comes from a generator
 seeded by (seed, step, rank, micro-batch): a step computes the same loss whether or not the job
-was resumed before it.
+was resumed before it (trainer/objectives/numerics.py: the generator, and bf16 autocast).
 """
 
-import contextlib
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+from diffusers import DDPMScheduler
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
-from trainer.models.loading import Models, encode_captions, encode_token_ids
-
-
-def autocast(device: torch.device, cache: bool = True):
-    """bf16 autocast on GPUs (trained weights stay fp32); full precision on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
-    return contextlib.nullcontext()
-
-
-def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
-    """The generator for one micro-batch's random draws."""
-    state = np.random.SeedSequence([seed, step, rank, micro]).generate_state(1, np.uint64)[0]
-    return torch.Generator(device).manual_seed(int(state) & (2**63 - 1))
+from trainer.models.bundle import Models
+from trainer.models.text import encode_captions, encode_token_ids
+from trainer.objectives.numerics import autocast
 
 
 @dataclass
@@ -113,3 +103,13 @@ def min_snr_weights(scheduler, timesteps: torch.Tensor, gamma: float, v_predicti
     snr = alphas_cumprod / (1 - alphas_cumprod)
     clipped = torch.clamp(snr, max=gamma)
     return clipped / (snr + 1) if v_prediction else clipped / snr
+
+
+def zero_terminal_snr(scheduler: DDPMScheduler) -> DDPMScheduler:
+    """The schedule rescaled so its last timestep is pure noise, sampled from the last timestep
+    (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps are Flawed"): otherwise
+    training always leaks the picture's mean colour at t = T and sampling, which starts from pure
+    noise, cannot choose it from the prompt. Needs v-prediction (epsilon is undefined at SNR 0)."""
+    if scheduler.config.prediction_type != "v_prediction":
+        raise ValueError("--zero-terminal-snr needs --prediction-type v_prediction (epsilon is undefined at SNR 0)")
+    return DDPMScheduler.from_config(scheduler.config, rescale_betas_zero_snr=True, timestep_spacing="trailing")

@@ -1,4 +1,4 @@
-"""The model server's speed levers (trainer/serve/server.py's ServeSettings) and its generation thread.
+"""The model server's speed levers (trainer/serve/settings.py's ServeSettings) and its generation thread.
 
 bench/serve_gpu.py measures each lever alone against the plain server (every lever off) and the
 server as configured against diffusers' own pipeline (bench/RESULTS.md). On by default, on a GPU:

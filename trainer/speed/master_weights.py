@@ -17,7 +17,7 @@ finiteness check and the EMA, as trainer.jobs.step's `Trainee.unet`:
 - `track(optimizer)` adds a post-step hook that copies the stepped masters into the bf16 weights:
   an update too small for bf16 to represent accumulates in the master until it shows.
 - Floating-point inputs to the module are cast to bf16 (FSDP's `cast_forward_inputs`), so it also
-  runs without autocast (on a CPU, where trainer.objectives.diffusion's autocast is off).
+  runs without autocast (on a CPU, where trainer.objectives.numerics' autocast is off).
 - `restore()` puts fp32 weights holding the masters' values back and removes the hooks.
 
 Single process only: DDP reduces into `.grad` from hooks of its own, and FSDP2 has its own mixed

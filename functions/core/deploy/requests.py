@@ -26,7 +26,7 @@ def model_request(job: JobState, settings: DeploySettings) -> dict[str, Any]:
         "ExecutionRoleArn": settings.role_arn,
         "PrimaryContainer": {
             "Image": settings.image_uri, "ModelDataUrl": job.model_data_url,
-            # the operator's server settings, then what every generated PNG carries (trainer/serve/server.py)
+            # the operator's server settings, then what every generated PNG carries (trainer/serve/settings.py)
             "Environment": {**settings.serve_environment,
                             "ATELIER_MODEL_ID": model_name_for(job), "ATELIER_MANIFEST_DIGEST": manifest,
                             "ATELIER_ATTRIBUTION_URI": attribution_uri(job, settings)},

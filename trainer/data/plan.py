@@ -1,0 +1,86 @@
+"""Which samples make each micro-batch: a pure function of (seed, rank, step, micro-batch) (BRIA's strategy,
+with nothing to save for resuming).
+
+Per stage and epoch, a process shuffles its samples with a generator seeded by (seed, rank, stage,
+epoch), groups them by aspect bucket (trainer/data/buckets.py), cuts each bucket into batches (the
+last one filled up from the start of its bucket) and shuffles the batches. Optimizer step s and
+micro-batch m map to a position in that sequence, so a batch is a pure function of (seed, step,
+rank): a resumed job reads exactly what the uninterrupted job would have, with no loader state, and
+a job resumed on another number of GPUs simply draws its own sequence.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from trainer.data.buckets import assign_buckets, bucket_sizes
+from trainer.data.stages import RunPlan
+
+
+def buckets_of(aspects: np.ndarray, resolution: int, size_multiple: int, aspect_buckets: bool) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """(bucket sizes at `resolution`, each sample's bucket); one centred square without aspect buckets."""
+    if not aspect_buckets:
+        if resolution % size_multiple:
+            raise ValueError(f"resolution {resolution} is not a multiple of {size_multiple}, the model's size multiple")
+        return [(resolution, resolution)], np.zeros(len(aspects), dtype=np.int64)
+    sizes = bucket_sizes(resolution, size_multiple)
+    return sizes, assign_buckets(aspects, sizes)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one micro-batch sits in its process's stream."""
+
+    stage: int
+    epoch: int
+    index: int  # the batch's position within the epoch
+    bucket: tuple[int, int]  # (width, height)
+    samples: np.ndarray  # row numbers in the ShardIndex
+    bucket_members: np.ndarray  # every row of this bucket (replacements come from here)
+
+
+class BatchPlan:
+    """Which samples make each micro-batch: a pure function of (seed, rank, step, micro-batch)."""
+
+    def __init__(self, aspects: np.ndarray, plan: RunPlan, seed: int, rank: int, accumulation: int,
+                 size_multiple: int, aspect_buckets: bool):
+        self.aspects, self.plan, self.seed, self.rank = aspects, plan, seed, rank
+        self.accumulation, self.size_multiple, self.aspect_buckets = accumulation, size_multiple, aspect_buckets
+
+    @lru_cache(maxsize=8)
+    def stage_buckets(self, stage: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The stage's bucket sizes and each sample's bucket."""
+        return buckets_of(self.aspects, self.plan.stages[stage].resolution, self.size_multiple, self.aspect_buckets)
+
+    @lru_cache(maxsize=4)
+    def epoch_batches(self, stage: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(samples [batches, batch size], bucket of each batch) for one pass over this process's samples."""
+        _, assignment = self.stage_buckets(stage)
+        batch_size = self.plan.stages[stage].batch_size
+        rng = np.random.default_rng([self.seed, self.rank, stage, epoch, 0])
+        order = rng.permutation(len(self.aspects))
+        batches, buckets = [], []
+        for bucket in np.unique(assignment):
+            members = order[assignment[order] == bucket]
+            filled = np.resize(members, -(-len(members) // batch_size) * batch_size)  # repeats from the start
+            batches.append(filled.reshape(-1, batch_size))
+            buckets += [bucket] * (len(filled) // batch_size)
+        batches, buckets = np.concatenate(batches), np.array(buckets)
+        shuffle = rng.permutation(len(batches))
+        return batches[shuffle], buckets[shuffle]
+
+    @lru_cache(maxsize=8)
+    def batches_per_epoch(self, stage: int) -> int:
+        _, assignment = self.stage_buckets(stage)
+        batch_size = self.plan.stages[stage].batch_size
+        return int(sum(-(-count // batch_size) for count in np.bincount(assignment) if count))
+
+    def slot(self, step: int, micro: int) -> Slot:
+        stage = self.plan.stage_index(step)
+        position = (step - self.plan.stages[stage].first_step) * self.accumulation + micro
+        epoch, index = divmod(position, self.batches_per_epoch(stage))
+        batches, buckets = self.epoch_batches(stage, epoch)
+        sizes, assignment = self.stage_buckets(stage)
+        bucket = int(buckets[index])
+        return Slot(stage, epoch, index, sizes[bucket], batches[index], np.flatnonzero(assignment == bucket))

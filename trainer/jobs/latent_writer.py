@@ -1,0 +1,107 @@
+"""Latent shards written by a thread of the encode job's own (trainer/jobs/encode.py), each under a
+temporary name and renamed when whole.
+"""
+
+import io
+import os
+import queue
+import tarfile
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from contracts import shard_members
+from trainer.data.latents import sample_members
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """A tar as the packer writes one (ustar, contracts.shard_members' fixed headers), under a
+    temporary name, then renamed; a failed write leaves nothing behind. A name ustar cannot hold (over
+    100 bytes with no `/` to split it at) raises ValueError: pipeline keys are sha256s, far shorter."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.training.encode_job skips it
+    try:
+        with tarfile.open(partial, "w", format=shard_members.TAR_FORMAT) as tar:
+            for name, data in members:
+                tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+class ShardWriter:
+    """Latent shards written on a thread of their own, so that the main thread only feeds the GPU.
+
+    The main thread hands over each encoded group, then says when a shard is whole; this thread turns
+    the samples into members (safetensors, ids, record) and writes the tar. One thread, since that work
+    only has to keep up with the GPU, and a shard is written in one place, in order. At most `depth`
+    jobs wait, each holding one batch's latents on the host: memory stays that plus the shard being
+    gathered, and a slow disk slows the main thread down rather than filling memory. The first error
+    here is raised again in the main thread (by its next call, or when it leaves the `with` block),
+    and every job after it is dropped.
+    """
+
+    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, depth: int = 8):
+        self.outputs, self.identity, self.resolution = outputs, identity, resolution
+        self.pending: dict[int, dict[int, list]] = defaultdict(dict)  # shard -> row -> its members, until whole
+        self.jobs: queue.Queue[tuple[Callable, tuple] | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="latent-shard-writer")
+        self.thread.start()
+
+    def add(self, shard: int, keys: list[str], group: dict, latents: torch.Tensor,
+            copied: torch.cuda.Event | None) -> None:
+        """A group's samples (`keys`, its `rows`, `time_ids`, `ids`, `records`, `bucket`); `latents`, one
+        per sample, may be read once `copied` (if any) has completed."""
+        self._submit(self._add, shard, keys, group["rows"], latents, copied, group["time_ids"], group["ids"],
+                     group["records"], group["bucket"])
+
+    def finish(self, shard: int) -> None:
+        """The shard is whole: written with its samples in the image shard's order."""
+        self._submit(self._finish, shard)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.stopping = error is not None  # the job failed in the main thread: what is still queued is dropped
+        self.jobs.put(None)
+        self.thread.join()
+        if error is None:
+            self._raise_if_failed()
+        elif self.error is not None and self.error is not error:  # both failed: the writer's error is kept too
+            error.add_note(f"the latent shard writer failed too: {self.error!r}")
+
+    def _submit(self, job: Callable, *args) -> None:
+        self._raise_if_failed()
+        self.jobs.put((job, args))  # blocks while `depth` jobs wait
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:  # after an error, still taken off so that put never blocks
+            if self.error is None and not self.stopping:
+                try:
+                    job[0](*job[1])
+                except BaseException as error:  # noqa: BLE001 - raised again in the main thread
+                    self.error = error
+
+    def _add(self, shard: int, keys: list[str], rows: list[int], latents: torch.Tensor, copied: torch.cuda.Event | None,
+             time_ids: list, ids: torch.Tensor, records: list, bucket: tuple[int, int]) -> None:
+        if copied is not None:
+            copied.synchronize()
+        for number, (key, row) in enumerate(zip(keys, rows)):
+            self.pending[shard][row] = sample_members(key, latents[number], time_ids[number], ids[number], records[number],
+                                                      self.identity, self.resolution, bucket)
+
+    def _finish(self, shard: int) -> None:
+        members = self.pending.pop(shard, {})
+        if members:  # a shard of nothing but corrupt samples gets no latent shard
+            write_tar(self.outputs[shard], [member for row in sorted(members) for member in members[row]])

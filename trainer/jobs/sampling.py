@@ -1,0 +1,49 @@
+"""What a run samples from its weights: the plain UNet that holds them (for the validation grid at a
+checkpoint and for the saved pipeline) and, at each checkpoint, the loss curve and the validation grid.
+"""
+
+from pathlib import Path
+
+import torch
+from diffusers import UNet2DConditionModel
+
+from trainer.data.stages import RunPlan
+from trainer.models.bundle import Models
+from trainer.models.pipelines import build_pipeline
+from trainer.objectives.numerics import autocast
+from trainer.runtime import distributed
+from trainer.runtime.ema import EMA
+from trainer.runtime.health import draw_loss_curve, validation_grid
+from trainer.runtime.tensorboard_log import Board
+
+
+def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> UNet2DConditionModel:
+    """A plain UNet holding the given full weights, for sampling and saving (whatever wraps the trained one)."""
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(models.unet.config)
+    unet.load_state_dict(weights, assign=True)
+    return unet.to(device).eval()
+
+
+def weights_to_sample(unet, ema: EMA | None, use_ema: bool) -> dict[str, torch.Tensor]:
+    """The EMA weights or the trained ones, whole (a collective under FSDP)."""
+    return ema.full_weights() if ema is not None and use_ema else distributed.full_model_state(unet)
+
+
+def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
+                 loss_history: list, health_dir: Path, board: Board) -> None:
+    """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes)."""
+    prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
+    weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
+    if processes.rank == 0:
+        draw_loss_curve(loss_history, health_dir / "loss.png")
+        if prompts:
+            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device))
+            seeds = [int(seed) for seed in args.validation_seeds.split(",")]
+            steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
+            with autocast(processes.device):
+                grid = validation_grid(pipeline, prompts, seeds, plan.stage(step).resolution, steps)
+            (health_dir / "validation").mkdir(parents=True, exist_ok=True)
+            grid.save(health_dir / "validation" / f"step-{step:08d}.png")
+            board.validation(step, grid)
+    distributed.barrier()

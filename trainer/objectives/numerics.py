@@ -1,0 +1,21 @@
+"""What every objective's micro-batch runs under: bf16 autocast on a GPU, and one seeded generator for all
+of its random draws, so a step's loss is a pure function of (seed, step, rank, micro-batch).
+"""
+
+import contextlib
+
+import numpy as np
+import torch
+
+
+def autocast(device: torch.device, cache: bool = True):
+    """bf16 autocast on GPUs (trained weights stay fp32); full precision on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
+    return contextlib.nullcontext()
+
+
+def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
+    """The generator for one micro-batch's random draws."""
+    state = np.random.SeedSequence([seed, step, rank, micro]).generate_state(1, np.uint64)[0]
+    return torch.Generator(device).manual_seed(int(state) & (2**63 - 1))
