@@ -63,3 +63,15 @@ def denied(call: Any, **kwargs: Any) -> bool:
         assert exc.response["Error"]["Code"] == "AccessDenied", exc
         return True
     return False
+
+
+def sagemaker_job(name: str, output_uri: str, tags: dict[str, str]) -> None:
+    """A training job as SageMaker knows it, with the tags the pipeline gave it: moto completes it at once,
+    its artefact at `<output_uri><name>/output/model.tar.gz`."""
+    import boto3
+    boto3.client("sagemaker").create_training_job(
+        TrainingJobName=name, RoleArn=f"arn:aws:iam::{ACCOUNT}:role/atelier-sagemaker",
+        AlgorithmSpecification={"TrainingImage": IMAGES["TrainingImageUri"], "TrainingInputMode": "FastFile"},
+        OutputDataConfig={"S3OutputPath": output_uri},
+        ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
+        StoppingCondition={"MaxRuntimeInSeconds": 60}, Tags=[{"Key": k, "Value": v} for k, v in tags.items()])

@@ -1,4 +1,4 @@
-"""Two IAM rules moto's enforcement leaves out, applied on the local stack as AWS applies them.
+"""Three IAM rules moto's enforcement leaves out, applied on the local stack as AWS applies them.
 
 1. `s3:prefix` on S3 listings. moto's IAM enforcement matches a policy's Action and Resource, but
 gives an identity policy's conditions no request context, so every condition counts as met. For
@@ -20,6 +20,17 @@ substituted, as in moto. Every other request is moto's as before.
 2. AssumeRole of a role that does not exist. moto checks a role's trust policy only when the role
 exists, so a caller allowed `sts:AssumeRole` gets credentials for a deleted role; AWS refuses
 (AccessDenied): a partner whose role was removed can no longer start a session.
+
+3. Both objects of a copy. A request with `x-amz-copy-source` (CopyObject, UploadPartCopy) reads
+one object to write another: AWS authorises it on both, `s3:GetObject` on the source
+(`s3:GetObjectVersion` when it names a version) and `s3:PutObject` on the destination (S3 API
+reference, CopyObject and UploadPartCopy, "Permissions"). moto checks the destination alone, so a
+partner allowed to write its own prefix could copy another partner's upload, or a shard, into it
+and read it back. Here a request that carries the header is refused unless the caller's policies
+allow reading the source and putting the destination, besides moto's own check (any request, with
+the source parsed as moto parses it to copy, and refused when it names no object). The other
+requests a partner role could send each touch the one object they name (SelectObjectContent,
+RestoreObject) or are refused by moto outright (DeleteObjects; docs/aws-differences.md).
 """
 
 from __future__ import annotations
@@ -27,12 +38,33 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 LISTING_ACTIONS = frozenset({"s3:ListBucket", "s3:ListBucketVersions", "s3:ListBucketMultipartUploads"})
 MODELLED_KEYS = frozenset({"s3:prefix"})
 STRING_OPERATORS = {"StringEquals": lambda expected, value: expected == value,
                     "StringLike": lambda expected, value: _like(expected, value)}
+
+
+COPY_SOURCE = "x-amz-copy-source"
+
+
+def copy_source_read(header: str, partition: str) -> tuple[str, str] | None:
+    """The action and object ARN that reading a copy's source takes; None when it names no object.
+    Parsed as moto parses it to copy: `bucket/key`, URL-encoded, `?versionId=` for a version."""
+    parsed = urlparse(header)
+    bucket, _, key = unquote(parsed.path).lstrip("/").partition("/")
+    if not bucket or not key:
+        return None
+    action = "s3:GetObjectVersion" if "versionId" in parse_qs(parsed.query) else "s3:GetObject"
+    return action, f"arn:{partition}:s3:::{bucket}/{key}"
+
+
+def copy_allowed(documents: list[dict[str, Any]], header: str, destination: str) -> bool:
+    """Whether policies with these documents allow a copy from the header's source to `destination`."""
+    source = copy_source_read(header, destination.split(":")[1])
+    return (source is not None and allowed(documents, *source, {})
+            and allowed(documents, "s3:PutObject", destination, {}))
 
 
 def request_context(path: str) -> dict[str, str]:
@@ -95,19 +127,24 @@ def _listed(value: Any) -> list[Any]:
 
 
 def patch_iam_rules() -> None:
-    """Apply both rules of the module docstring to moto's IAM enforcement (once)."""
+    """Apply the three rules of the module docstring to moto's IAM enforcement (once)."""
     from moto.iam.access_control import IAMPolicy, IAMRequest, S3IAMRequest
     from moto.iam.exceptions import NotFoundException
 
-    listing_check = S3IAMRequest.check_action_permitted
-    if getattr(listing_check, "patched", False):
+    s3_check = S3IAMRequest.check_action_permitted
+    if getattr(s3_check, "patched", False):
         return
 
-    def check_listing(self: S3IAMRequest, resource: str) -> None:
+    def documents(request: S3IAMRequest) -> list[dict[str, Any]]:
+        return [IAMPolicy(policy)._policy_json for policy in request._access_key.collect_policies()]
+
+    def check_s3(self: S3IAMRequest, resource: str) -> None:
+        header = next((value for name, value in self._headers.items() if name.lower() == COPY_SOURCE), None)
+        if header is not None and not copy_allowed(documents(self), str(header), resource):
+            self._raise_access_denied()
         if self._action not in LISTING_ACTIONS:
-            return listing_check(self, resource)
-        documents = [IAMPolicy(policy)._policy_json for policy in self._access_key.collect_policies()]
-        if not allowed(documents, self._action, resource, request_context(self._path)):
+            return s3_check(self, resource)
+        if not allowed(documents(self), self._action, resource, request_context(self._path)):
             self._raise_access_denied()
         return None
 
@@ -121,6 +158,6 @@ def patch_iam_rules() -> None:
                 self._raise_access_denied()
         return assume_check(self, resource)
 
-    check_listing.patched = True  # type: ignore[attr-defined]
-    S3IAMRequest.check_action_permitted = check_listing  # type: ignore[method-assign]
+    check_s3.patched = True  # type: ignore[attr-defined]
+    S3IAMRequest.check_action_permitted = check_s3  # type: ignore[method-assign]
     IAMRequest.check_action_permitted = check_assume_role  # type: ignore[method-assign]

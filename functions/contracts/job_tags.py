@@ -10,6 +10,7 @@ STAGE = "atelier:stage"  # the run-plan stage's name
 FINAL_STAGE = "atelier:final-stage"  # "true" on the job whose model is a deploy candidate
 # on an encode, autoencoder or evaluation job: what it is, and the training job it runs for
 ROLE = "atelier:role"
+ENCODE, AUTOENCODER, EVALUATION = "encode", "autoencoder", "evaluation"  # the values of ROLE
 TRAINING_JOB = "atelier:training-job"  # also on every SageMaker model the deploy stage creates
 # on an evaluation job (core.deploy.requests): the model it judges, and what it is compared with
 CANDIDATE = "atelier:candidate"

@@ -164,6 +164,33 @@ def test_partner_a_writes_reads_lists_and_deletes_under_its_prefix_and_under_b_s
     assert theirs == (catalog / "shapes" / "red.png").read_bytes()
 
 
+def test_partner_a_obtains_none_of_b_s_bytes_by_a_request_that_reads_one_object_to_write_another(
+        enforced: Enforced, catalog: Path, tmp_path: Path) -> None:
+    # GIVEN B's upload, and A's session, which may write (and so copy into) its own prefix
+    b = enforced.partners["partner-b"]
+    assert atelier("upload", "--profile", str(b.profile_path), str(catalog), env=b.env(tmp_path)).returncode == 0
+    s3 = enforced.partners["partner-a"].session().client("s3", endpoint_url=b.profile.endpoint_url)
+    bucket, theirs = enforced.uploads, "partner-b/shapes/red.png"
+    source = {"Bucket": bucket, "Key": theirs}
+    version = enforced.admin("s3").head_object(Bucket=bucket, Key=theirs)["VersionId"]
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="partner-a/copied.png")["UploadId"]
+
+    # WHEN A copies B's object into its own prefix, whole, by version, or as a part of its own upload
+    assert denied(s3.copy_object, Bucket=bucket, Key="partner-a/copied.png", CopySource=source)
+    assert denied(s3.copy_object, Bucket=bucket, Key="partner-a/copied.png", CopySource={**source, "VersionId": version})
+    assert denied(s3.upload_part_copy, Bucket=bucket, Key="partner-a/copied.png", UploadId=upload, PartNumber=1,
+                  CopySource=source)
+    # nor does it read B's object through a query or a restore
+    assert denied(s3.select_object_content, Bucket=bucket, Key=theirs, ExpressionType="SQL",
+                  Expression="SELECT * FROM S3Object", InputSerialization={"CSV": {}}, OutputSerialization={"CSV": {}})
+    assert denied(s3.restore_object, Bucket=bucket, Key=theirs, RestoreRequest={"Days": 1})
+
+    # THEN nothing of B's is under A's prefix: no object, no part
+    assert s3.list_parts(Bucket=bucket, Key="partner-a/copied.png", UploadId=upload).get("Parts", []) == []
+    s3.abort_multipart_upload(Bucket=bucket, Key="partner-a/copied.png", UploadId=upload)
+    assert enforced.admin("s3").list_objects_v2(Bucket=bucket, Prefix="partner-a/copied")["KeyCount"] == 0
+
+
 def test_another_partner_s_profile_is_no_use_with_a_s_credentials(enforced: Enforced, catalog: Path,
                                                                   tmp_path: Path) -> None:
     a, b = enforced.partners["partner-a"], enforced.partners["partner-b"]

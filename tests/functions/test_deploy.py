@@ -20,9 +20,10 @@ from PIL import Image
 
 from atelier import reports
 from atelier.local.provision import Provisioned
-from contracts import pipeline_table
+from contracts import job_tags, pipeline_table
 from contracts.messages import LeftOut
 from core import aws
+from core.deploy import candidates
 from core.deploy.candidates import on_artefact_published, on_job_state, reevaluate
 from core.deploy.events import JobState, job_state_from_event
 from core.deploy.requests import (
@@ -36,7 +37,7 @@ from core.deploy.rollout import on_endpoint_state, rollback
 from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.settings import DeploySettings
-from tests.support import load_event
+from tests.support import load_event, sagemaker_job
 from trainer.report.write import write_report
 
 pytestmark = pytest.mark.slow(seconds=25)
@@ -86,7 +87,7 @@ def updates(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def completed(name: str = JOB, ended: int = ENDED, **tags: str) -> JobState:
     detail = {**load_event("deploy_job_completed")["detail"], "TrainingJobName": name, "TrainingEndTime": ended,
               "ModelArtifacts": {"S3ModelArtifacts": f"{MODELS}/training/{name}/output/model.tar.gz"},
-              "Tags": {"atelier:manifest": "ab" * 32, **tags}}
+              "Tags": {"atelier:manifest": "ab" * 32, "atelier:final-stage": "true", **tags}}
     return job_state_from_event(detail)
 
 
@@ -171,7 +172,7 @@ def test_a_job_s_end_writes_only_model_data_on_its_job_record(settings: DeploySe
     before = {"pk": pipeline_table.job_pk(JOB), "kind": "job", "status": "InProgress", "manifest": "manifests/m.json",
               "shards": ["s1"], "stage": 0}
     aws.put_item(settings.table, before)
-    state = dataclasses.replace(completed(), status=status, final_stage=final_stage,
+    state = dataclasses.replace(completed(**{"atelier:final-stage": str(final_stage).lower()}), status=status,
                                 failure_reason=None if status == "Completed" else "AlgorithmError: NaN")
 
     on_job_state(state, settings)
@@ -216,6 +217,118 @@ def test_the_artefact_of_a_stopped_job_is_never_a_candidate(settings: DeploySett
 def test_an_object_that_is_not_a_model_artefact_is_a_bad_message(settings: DeploySettings) -> None:
     with pytest.raises(BadMessage, match="not a training job's model artefact"):
         on_artefact_published(settings.models_bucket, f"training/{JOB}/output/output.tar.gz", settings)
+
+
+# --- what a job is: its tags, never its name ----------------------------------------------------------
+
+ENCODE_JOB = f"{JOB}-enc"
+ENCODE_TAGS = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.STAGE: "main",
+               job_tags.FINAL_STAGE: "false", job_tags.ROLE: "encode", job_tags.TRAINING_JOB: JOB}
+
+
+def untagged(event_name: str) -> JobState:
+    """A job's state change as its event says it, without tags."""
+    detail = load_event(event_name)["detail"]
+    assert "Tags" not in detail
+    return job_state_from_event(detail)
+
+
+def refusals(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The reasons the deploy function logs when it refuses to decide about a job."""
+    logged: list[str] = []
+    monkeypatch.setattr(candidates.logger, "error", lambda message, extra: logged.append(extra["reason"]))
+    return logged
+
+
+def listing_refused(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    """SageMaker answers ListTags with this error."""
+    def refuse(arn: str) -> dict[str, str]:
+        raise aws.ClientError({"Error": {"Code": code, "Message": f"ListTags of {arn} refused"}}, "ListTags")
+    monkeypatch.setattr("core.aws.sagemaker.sagemaker_tags", refuse)
+
+
+def test_an_encode_job_s_event_without_tags_is_what_its_sagemaker_tags_say_never_a_candidate(
+        settings: DeploySettings) -> None:
+    # GIVEN the encode job as the start-training stage created it, and its Completed event without tags
+    sagemaker_job(ENCODE_JOB, f"{MODELS}/encoded/", ENCODE_TAGS)
+
+    result = on_job_state(untagged("deploy_encode_job_completed"), settings)
+
+    assert (result.action, result.model) == ("recorded", None)
+    assert training_jobs() == [ENCODE_JOB] and model_record(settings, ENCODE_JOB) == {}
+
+
+def test_a_final_stage_s_event_without_tags_is_a_candidate_with_its_manifest_from_sagemaker(
+        settings: DeploySettings) -> None:
+    sagemaker_job(JOB, f"{MODELS}/training/", {job_tags.MANIFEST: "ab" * 32, job_tags.FINAL_STAGE: "true"})
+
+    result = on_job_state(untagged("deploy_job_completed"), settings)
+
+    assert (result.action, result.model) == ("evaluating", JOB)
+    assert model_record(settings, JOB)["manifest"] == "ab" * 32
+
+
+def test_a_job_whose_tags_cannot_be_read_is_refused_with_the_reason_logged(
+        settings: DeploySettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    logged = refusals(monkeypatch)
+    # GIVEN a Completed event without tags of a job SageMaker does not know
+
+    result = on_job_state(untagged("deploy_encode_job_completed"), settings)
+
+    assert (result.action, result.model) == ("refused", ENCODE_JOB)
+    assert logged == [result.reason] and "cannot be read" in result.reason
+    assert training_jobs() == [] and model_record(settings, ENCODE_JOB) == {}
+
+
+def test_a_job_whose_listed_tags_are_refused_by_sagemaker_is_refused(
+        settings: DeploySettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    logged = refusals(monkeypatch)
+    sagemaker_job(ENCODE_JOB, f"{MODELS}/encoded/", ENCODE_TAGS)
+
+    listing_refused(monkeypatch, "AccessDeniedException")
+
+    result = on_job_state(untagged("deploy_encode_job_completed"), settings)
+
+    assert (result.action, logged) == ("refused", [result.reason]) and "cannot be read" in result.reason
+    assert training_jobs() == [ENCODE_JOB] and model_record(settings, ENCODE_JOB) == {}
+
+
+@pytest.mark.parametrize("tags", [
+    {}, {job_tags.MANIFEST: "ab" * 32}, {job_tags.FINAL_STAGE: "true"}, {job_tags.FINAL_STAGE: "yes", job_tags.MANIFEST: "ab"},
+    {job_tags.ROLE: "unheard-of", job_tags.FINAL_STAGE: "true", job_tags.MANIFEST: "ab" * 32}])
+def test_a_job_whose_tags_do_not_say_what_it_is_is_refused(settings: DeploySettings, monkeypatch: pytest.MonkeyPatch,
+                                                            tags: dict[str, str]) -> None:
+    logged = refusals(monkeypatch)
+    sagemaker_job(JOB, f"{MODELS}/training/", tags)
+
+    result = on_job_state(untagged("deploy_job_completed"), settings)
+
+    assert (result.action, logged) == ("refused", [result.reason]) and "do not say what it is" in result.reason
+    assert training_jobs() == [JOB] and model_record(settings, JOB) == {}
+
+
+def test_an_evaluation_s_event_without_tags_is_judged_as_the_tags_sagemaker_lists_say(
+        settings: DeploySettings) -> None:
+    on_job_state(completed(), settings)  # its evaluation job is started with the evaluation's tags
+
+    result = on_job_state(dataclasses.replace(evaluation_finished(settings, JOB, 0.1), tags=()), settings)
+
+    assert (result.action, result.model) == ("created", JOB)
+
+
+def test_an_evaluation_is_known_by_its_tags_never_by_its_name(settings: DeploySettings,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    logged = refusals(monkeypatch)
+    # GIVEN a candidate being evaluated, and an untagged event of a job named as its evaluation whose
+    # tags SageMaker will not list
+    on_job_state(completed(), settings)
+    listing_refused(monkeypatch, "ValidationException")
+
+    result = on_job_state(dataclasses.replace(evaluation_finished(settings, JOB, 0.1), tags=()), settings)
+
+    assert (result.action, logged) == ("refused", [result.reason])
+    assert model_record(settings, JOB)["status"] == "evaluating"
+    assert aws.describe_endpoint(settings.endpoint_name) is None
 
 
 # --- the gate -----------------------------------------------------------------------------------

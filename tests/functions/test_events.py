@@ -13,7 +13,8 @@ import pytest
 
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
-from tests.support import EVENTS, load_event
+from contracts import job_tags
+from tests.support import EVENTS, load_event, sagemaker_job
 
 HANDLERS = {"ingest": "IngestFunction", "pack": "PackFunction", "start_training": "StartTrainingFunction",
             "deploy": "DeployFunction", "import": "ImportFunction"}
@@ -146,21 +147,23 @@ def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
                          "status": "Requested", "lineage": "main"})
     aws.put_item(table, {"pk": "LINEAGE#main", "kind": "lineage", "sequence": 1, "steps_done": 0, "queue": [],
                          "running_job": job, "autoencoder": True})
-    boto3.client("sagemaker").create_training_job(  # moto completes it at once, its artefact where the event says
-        TrainingJobName=autoencoder_job, RoleArn=stack.outputs.get("SageMakerRoleArn", "arn:aws:iam::123456789012:role/r"),
-        AlgorithmSpecification={"TrainingImage": "atelier-trainer:latest", "TrainingInputMode": "FastFile"},
-        OutputDataConfig={"S3OutputPath": f"s3://{models}/autoencoder/"},
-        ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
-        StoppingCondition={"MaxRuntimeInSeconds": 60})
+    sagemaker_job(autoencoder_job, f"s3://{models}/autoencoder/", {})  # its artefact where the event says
 
 
 def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
-    """The model artefact; for the evaluation's end, the candidate it scored and its evaluation.json;
-    for the artefact's S3 event, the Completed job it belongs to."""
+    """The model artefact, and its training job as SageMaker knows it, with the pipeline's tags (the
+    events carry none); for the evaluation's end, the candidate it scored and its evaluation.json; for
+    an encode job's end, that job."""
     s3, models = boto3.client("s3"), stack.outputs["ModelsBucketName"]
     s3.put_object(Bucket=stack.outputs["DataBucketName"], Key="eval/heldout.tar", Body=bytes(1024))  # EvalDataPrefix
     job = load_event("deploy_job_completed")["detail"]
     s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
+    stage_tags = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.STAGE: "main"}
+    sagemaker_job(job["TrainingJobName"], f"s3://{models}/training/", {**stage_tags, job_tags.FINAL_STAGE: "true"})
+    if name == "deploy_encode_job_completed":
+        sagemaker_job(event["detail"]["TrainingJobName"], f"s3://{models}/encoded/", {
+            **stage_tags, job_tags.FINAL_STAGE: "false", job_tags.ROLE: job_tags.ENCODE,
+            job_tags.TRAINING_JOB: job["TrainingJobName"]})
     if name == "deploy_evaluate_request":  # a candidate whose evaluation failed
         from contracts import pipeline_table
         from core import aws
@@ -185,13 +188,6 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
             archive.addfile(info, io.BytesIO(document))
         s3.put_object(Bucket=models, Key=event["detail"]["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3],
                       Body=buffer.getvalue())
-    if name == "deploy_model_artefact_created":
-        boto3.client("sagemaker").create_training_job(
-            TrainingJobName=job["TrainingJobName"], RoleArn=stack.outputs.get("SageMakerRoleArn", "arn:aws:iam::123456789012:role/r"),
-            AlgorithmSpecification={"TrainingImage": "atelier-trainer:latest", "TrainingInputMode": "File"},
-            OutputDataConfig={"S3OutputPath": f"s3://{models}/training/"},
-            ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
-            StoppingCondition={"MaxRuntimeInSeconds": 60}, Tags=[{"Key": "atelier:manifest", "Value": "ab" * 32}])
 
 
 @pytest.mark.parametrize("name", event_names())
@@ -226,7 +222,10 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     # the lineage's VAE trained: the training job that waited for it starts, reading it as `vae`
     "start_training_autoencoder_completed": lambda e: {"action": "autoencoded",
                                                        "job": e["detail"]["TrainingJobName"].removesuffix("-ae")},
-    # a candidate: its evaluation job starts
+    # an encode job's end, its tags read from SageMaker: never a candidate
+    "deploy_encode_job_completed": lambda e: {"action": "recorded", "model": None,
+                                              "reason": "Completed, final stage False"},
+    # a candidate (its tags read from SageMaker): its evaluation job starts
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
     # an eval-failed model evaluated again on an operator's request (`atelier evaluate`)
     "deploy_evaluate_request": lambda e: {"action": "evaluating", "model": e["detail"]["model"], "reason": ""},

@@ -158,6 +158,80 @@ def test_a_partner_can_neither_write_read_list_nor_delete_under_another_s_prefix
     assert theirs["Body"].read() == b"b's"
 
 
+def test_a_partner_copies_and_part_copies_within_its_own_prefix(enforced: Enforced) -> None:
+    # AWS authorises a copy as s3:GetObject on the source and s3:PutObject on the destination: both A's
+    s3, bucket = enforced.s3("partner-a"), enforced.uploads
+    s3.put_object(Bucket=bucket, Key="partner-a/original.png", Body=b"a's" * 2048)
+
+    s3.copy_object(Bucket=bucket, Key="partner-a/copy.png", CopySource={"Bucket": bucket, "Key": "partner-a/original.png"})
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="partner-a/parts.png")["UploadId"]
+    part = s3.upload_part_copy(Bucket=bucket, Key="partner-a/parts.png", UploadId=upload, PartNumber=1,
+                               CopySource={"Bucket": bucket, "Key": "partner-a/original.png"})
+    s3.complete_multipart_upload(Bucket=bucket, Key="partner-a/parts.png", UploadId=upload, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": part["CopyPartResult"]["ETag"]}]})
+
+    for key in ("partner-a/copy.png", "partner-a/parts.png"):
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"a's" * 2048
+        s3.delete_object(Bucket=bucket, Key=key)
+    s3.delete_object(Bucket=bucket, Key="partner-a/original.png")
+
+
+def sources(enforced: Enforced) -> list[dict[str, str]]:
+    """Objects partner A may not read: B's upload (its current and its named version), a shard, a model."""
+    admin, bucket = enforced.client("s3"), enforced.uploads
+    version = admin.head_object(Bucket=bucket, Key="partner-b/theirs.png")["VersionId"]
+    found = [{"Bucket": bucket, "Key": "partner-b/theirs.png"},
+             {"Bucket": bucket, "Key": "partner-b/theirs.png", "VersionId": version}]
+    for name, key in (("DataBucketName", "shards/shard-1.tar"), ("ModelsBucketName", "training/j/output/model.tar.gz")):
+        admin.put_object(Bucket=enforced.outputs[name], Key=key, Body=b"not the partner's")
+        found.append({"Bucket": enforced.outputs[name], "Key": key})
+    return found
+
+
+def test_a_partner_cannot_copy_what_it_may_not_read_into_its_own_prefix(enforced: Enforced) -> None:
+    s3, bucket = enforced.s3("partner-a"), enforced.uploads
+
+    for source in sources(enforced):
+        assert denied(s3.copy_object, Bucket=bucket, Key="partner-a/stolen.png", CopySource=source), source
+        assert denied(s3.copy_object, Bucket=bucket, Key="partner-a/stolen.png", CopySource=source,
+                      MetadataDirective="REPLACE", Metadata={"x": "y"}), source
+
+    assert enforced.client("s3").list_objects_v2(Bucket=bucket, Prefix="partner-a/stolen")["KeyCount"] == 0
+
+
+def test_a_partner_cannot_part_copy_what_it_may_not_read_into_an_upload_of_its_own(enforced: Enforced) -> None:
+    s3, bucket = enforced.s3("partner-a"), enforced.uploads
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="partner-a/stolen.png")["UploadId"]
+
+    for source in sources(enforced):
+        assert denied(s3.upload_part_copy, Bucket=bucket, Key="partner-a/stolen.png", UploadId=upload, PartNumber=1,
+                      CopySource=source), source
+        assert denied(s3.upload_part_copy, Bucket=bucket, Key="partner-a/stolen.png", UploadId=upload, PartNumber=1,
+                      CopySource=source, CopySourceRange="bytes=0-1"), source
+
+    assert s3.list_parts(Bucket=bucket, Key="partner-a/stolen.png", UploadId=upload).get("Parts", []) == []
+    s3.abort_multipart_upload(Bucket=bucket, Key="partner-a/stolen.png", UploadId=upload)
+
+
+def test_a_partner_cannot_copy_even_its_own_object_s_earlier_version(enforced: Enforced) -> None:
+    # a named version is read with s3:GetObjectVersion, which a partner role is not given
+    s3, bucket = enforced.s3("partner-a"), enforced.uploads
+    version = s3.put_object(Bucket=bucket, Key="partner-a/versioned.png", Body=b"first")["VersionId"]
+    source = {"Bucket": bucket, "Key": "partner-a/versioned.png", "VersionId": version}
+
+    assert denied(s3.copy_object, Bucket=bucket, Key="partner-a/again.png", CopySource=source)
+    assert denied(s3.get_object, Bucket=bucket, Key="partner-a/versioned.png", VersionId=version)
+    s3.delete_object(Bucket=bucket, Key="partner-a/versioned.png")
+
+
+def test_a_partner_cannot_select_from_nor_restore_another_s_object(enforced: Enforced) -> None:
+    s3, bucket = enforced.s3("partner-a"), enforced.uploads
+
+    assert denied(s3.select_object_content, Bucket=bucket, Key="partner-b/theirs.png", ExpressionType="SQL",
+                  Expression="SELECT * FROM S3Object", InputSerialization={"CSV": {}}, OutputSerialization={"CSV": {}})
+    assert denied(s3.restore_object, Bucket=bucket, Key="partner-b/theirs.png", RestoreRequest={"Days": 1})
+
+
 def test_a_partner_writes_no_key_outside_a_folder_of_its_own(enforced: Enforced) -> None:
     s3, bucket = enforced.s3("partner-a"), enforced.uploads
 

@@ -17,6 +17,7 @@ import pytest
 from atelier import cli, client
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
+from contracts import job_tags, pipeline_table
 from contracts.messages import Sample
 from core import aws
 from core.deploy.candidates import on_job_state
@@ -80,8 +81,9 @@ def train(stages: Stages, samples: list[Sample], ended: int) -> str:
     assert job is not None
     on_job_finished(job, "Completed", None, stages.training)
     artefact = f"s3://{stages.deploy.models_bucket}/training/{job}/output/model.tar.gz"
-    on_job_state(JobState(name=job, status="Completed", model_data_url=artefact, failure_reason=None, ended_at=ended),
-                 stages.deploy)
+    digest = aws.get_item(stages.training.table, pipeline_table.job_pk(job))["digest"]  # the tags it was started with
+    on_job_state(JobState(name=job, status="Completed", model_data_url=artefact, failure_reason=None, ended_at=ended,
+                          tags=((job_tags.FINAL_STAGE, "true"), (job_tags.MANIFEST, digest))), stages.deploy)
     return job
 
 

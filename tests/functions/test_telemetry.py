@@ -18,12 +18,13 @@ from aws_lambda_powertools import Logger, Metrics
 from atelier.catalog import encode, picture
 from atelier.local.provision import Provisioned
 from atelier.local.template import Resolver, expand
+from contracts import job_tags
 from core import telemetry
 from core.ingest import admission
 from core.pack.packer import pack_samples
 from tests.functions.ingest_helpers import ingest_through_queue
 from tests.functions.pack_helpers import settings_for, upload_sample
-from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, load_event
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, load_event, sagemaker_job
 
 RED = encode(picture("circle", "red", "blue"), "png")
 
@@ -238,10 +239,13 @@ def evaluation_artefact(event: dict, val_loss: float) -> None:
 
 def test_deploy_counts_the_deployment_of_a_model_that_passed_the_gate(stack: Provisioned, function_env: Callable,
                                                                       lambda_context: Any, emf) -> None:
-    # GIVEN a held-out set, and a completed training job whose evaluation the handler starts
+    # GIVEN a held-out set, and a completed final-stage training job (its event carries no tags: the
+    # handler reads SageMaker's) whose evaluation the handler starts
     env = function_env("DeployFunction")
     bucket, _, prefix = env["EVAL_DATA_URI"].removeprefix("s3://").partition("/")
     boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}heldout.tar", Body=bytes(1024))
+    job = load_event("deploy_job_completed")["detail"]["TrainingJobName"]
+    sagemaker_job(job, f"s3://{env['MODELS_BUCKET']}/training/", {job_tags.MANIFEST: "ab" * 32, job_tags.FINAL_STAGE: "true"})
     from deploy.app import lambda_handler
     assert lambda_handler(load_event("deploy_job_completed"), lambda_context)["action"] == "evaluating"
     assert values(emf(), telemetry.DEPLOYMENTS) == []

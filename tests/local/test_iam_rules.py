@@ -1,5 +1,6 @@
 """atelier/local/iam_rules.py: the `s3:prefix` of a listing decided as IAM decides it, where moto counts
-every condition as met (the rule on a whole moto server: tests/functions/test_partner_isolation.py)."""
+every condition as met, and a copy authorised on its source as well as its destination (the rules on a
+whole moto server: tests/functions/test_partner_isolation.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 from moto.iam.access_control import IAMPolicy, PermissionResult
 
-from atelier.local.iam_rules import allowed, request_context
+from atelier.local.iam_rules import allowed, copy_allowed, copy_source_read, request_context
+from core.partners.partner_access import role_policy
 
 BUCKET = "arn:aws:s3:::uploads"
 
@@ -61,3 +63,32 @@ def test_an_operator_not_modelled_on_s3_prefix_is_refused_and_other_keys_are_as_
     assert not allowed(policy(listing({"ForAnyValue:StringLike": {"s3:prefix": "a/*"}})), "s3:ListBucket", BUCKET,
                        {"s3:prefix": "a/"})
     assert allowed(policy(listing({"Bool": {"aws:SecureTransport": "true"}})), "s3:ListBucket", BUCKET, {})
+
+
+# --- copies: the source read, the destination written --------------------------------------------
+
+PARTNER_A = [role_policy("aws", "uploads", "partner-a")]
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("uploads/partner-b/x.png", ("s3:GetObject", "arn:aws:s3:::uploads/partner-b/x.png")),
+    ("/uploads/partner-b/a%20b%2Bc.png", ("s3:GetObject", "arn:aws:s3:::uploads/partner-b/a b+c.png")),
+    ("uploads/partner-a/x.png?versionId=3HL4kqtJ", ("s3:GetObjectVersion", "arn:aws:s3:::uploads/partner-a/x.png")),
+    ("uploads/partner-a/why%3F.png", ("s3:GetObject", "arn:aws:s3:::uploads/partner-a/why?.png")),
+    ("uploads", None), ("uploads/", None), ("", None),
+])
+def test_a_copy_source_is_read_as_the_object_moto_copies(header: str, expected: tuple[str, str] | None) -> None:
+    assert copy_source_read(header, "aws") == expected
+
+
+@pytest.mark.parametrize(("header", "destination", "expected"), [
+    ("uploads/partner-a/x.png", "arn:aws:s3:::uploads/partner-a/y.png", True),
+    ("uploads/partner-b/x.png", "arn:aws:s3:::uploads/partner-a/y.png", False),  # B's bytes into A's folder
+    ("data/shards/s.tar", "arn:aws:s3:::uploads/partner-a/y.png", False),  # another bucket's
+    ("uploads/partner-a/x.png", "arn:aws:s3:::uploads/partner-b/y.png", False),  # A's bytes into B's folder
+    ("uploads/partner-a/x.png?versionId=v1", "arn:aws:s3:::uploads/partner-a/y.png", False),  # no GetObjectVersion
+    ("uploads", "arn:aws:s3:::uploads/partner-a/y.png", False),  # names no object
+])
+def test_a_copy_is_allowed_only_when_the_source_may_be_read_and_the_destination_put(
+        header: str, destination: str, expected: bool) -> None:
+    assert copy_allowed(PARTNER_A, header, destination) is expected

@@ -193,7 +193,7 @@ def candidate(settings: DeploySettings, name: str, ended: int) -> JobState:
     """A final-stage training job that completed, as the deploy function sees it."""
     return JobState(name=name, status="Completed", failure_reason=None, ended_at=ended,
                     model_data_url=f"s3://{settings.models_bucket}/training/{name}/output/model.tar.gz",
-                    tags=(("atelier:manifest", "ab" * 32),))
+                    tags=(("atelier:final-stage", "true"), ("atelier:manifest", "ab" * 32)))
 
 
 @pytest.fixture

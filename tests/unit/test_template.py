@@ -303,6 +303,16 @@ def test_the_deploy_function_may_use_the_training_key_only_when_one_is_given() -
     assert statements and not any("kms:CreateGrant" in json.dumps(st) for st in statements)
 
 
+def test_the_deploy_function_may_read_the_tags_of_the_pipeline_s_training_jobs_and_of_nothing_else(
+        resources: dict[str, dict[str, Any]]) -> None:
+    # a job state change without tags is told by DescribeTrainingJob's ARN and ListTags (core.deploy.candidates)
+    jobs = "arn:aws:sagemaker:us-east-1:123456789012:training-job/atelier-*"
+    assert {"sagemaker:DescribeTrainingJob", "sagemaker:ListTags"} <= role_actions_on(resources, "DeployFunctionRole", jobs)
+    listed = [st["Resource"] for policy in resources["DeployFunctionRole"]["Properties"]["Policies"]
+              for st in policy["PolicyDocument"]["Statement"] if "sagemaker:ListTags" in st.get("Action", [])]
+    assert listed == [jobs]
+
+
 # --- the base (PretrainedModelUri) ---------------------------------------------------------------
 
 BASE_URIS = ["s3://my-models/bases/sd2/", "s3://my-models/sd2/model.tar.gz", "s3://my-models/model.tar.gz",

@@ -23,7 +23,7 @@ from core.aws.s3_transfer import (Download, UploadGone, abort_multipart, complet
                                   delete_object, open_object, put_bytes, read_range, upload_part, upload_part_copy)
 from core.aws.sagemaker import (ServiceQuotaExceeded, create_training_job, describe_endpoint, describe_training_job,
                                 put_target_tracking_policy, register_scalable_target, sagemaker_call,
-                                sagemaker_exists, sagemaker_tags)
+                                sagemaker_exists, sagemaker_tags, training_job_tags)
 from core.aws.sqs import queue_depth, send_message
 
 
@@ -41,6 +41,7 @@ __all__ = [
     "query_index", "queue_depth", "read_json_if_exists", "read_object", "read_prefix_if_exists",
     "read_prefix_with_etag", "read_range", "read_tar_member", "register_scalable_target", "reset_clients",
     "sagemaker_call", "sagemaker_exists", "sagemaker_tags", "scan", "scan_prefix", "send_message", "tag_object",
-    "transact_updates", "transfer_client", "update_item", "upload_part", "upload_part_copy", "version_with_etag",
+    "training_job_tags", "transact_updates", "transfer_client", "update_item", "upload_part", "upload_part_copy",
+    "version_with_etag",
     "write_object",
 ]

@@ -69,6 +69,21 @@ def sagemaker_tags(arn: str) -> dict[str, str]:
     return tags
 
 
+def training_job_tags(name: str) -> dict[str, str] | None:
+    """A training job's tags as SageMaker lists them (on the ARN DescribeTrainingJob gives); None when
+    SageMaker will not say: no such job, or the caller may not read them. Other errors raise (the
+    function's retries, then its DLQ)."""
+    described = describe_training_job(name)
+    if described is None:
+        return None
+    try:
+        return sagemaker_tags(described["TrainingJobArn"])
+    except ClientError as exc:
+        if error_code(exc) in {"ValidationException", "ResourceNotFound", "AccessDeniedException", "AccessDenied"}:
+            return None
+        raise
+
+
 def register_scalable_target(resource_id: str, minimum: int, maximum: int) -> None:
     clients.client("application-autoscaling").register_scalable_target(
         ServiceNamespace="sagemaker", ResourceId=resource_id,

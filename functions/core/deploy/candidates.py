@@ -4,10 +4,15 @@ Candidates come from a final-stage job's Completed event or from the artefact's 
 event ("checkpoint published"); both name the same model (the job's name, which carries the
 manifest hash), so the first creates `MODEL#<name>` and the second finds it. Failed and Stopped
 jobs are recorded, never served; an evaluation job's end goes to core.deploy.evaluations.
+
+What a job is comes from its tags: the event's, or SageMaker's ListTags when the event's do not say
+(an event may carry none). A job whose tags cannot be read, or do not say, is refused: logged, and
+nothing more (never a candidate by default).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -28,6 +33,9 @@ logger = Logger(child=True)
 def on_job_state(job: JobState, settings: DeploySettings) -> DeployResult:
     """A training job changed state: evaluation jobs feed the gate; final-stage Completed jobs
     become candidates; everything else is recorded and left alone."""
+    job, unknown = identify(job)
+    if unknown:
+        return refuse(job, unknown)
     if job.is_evaluation:
         return on_evaluation_finished(job, settings)
     record_job_artefact(job, settings)
@@ -45,16 +53,35 @@ def on_artefact_published(bucket: str, key: str, settings: DeploySettings) -> De
     job = describe_job(job_from_artefact_key(key))
     if job is None:
         return DeployResult("recorded", reason=f"no training job for s3://{bucket}/{key}")
+    job, unknown = identify(job)
+    if unknown:
+        return refuse(job, unknown)
     if job.status != "Completed" or not job.final_stage or job.is_evaluation:
         return DeployResult("recorded", job.name, f"artefact of a {job.status} job (final stage {job.final_stage})")
     return consider_candidate(job, settings)
 
 
 def describe_job(name: str) -> JobState | None:
+    """The job as DescribeTrainingJob gives it: without tags (`identify` lists them)."""
     described = aws.describe_training_job(name)
-    if described is None:
-        return None
-    return job_state_from_event({**described, "Tags": aws.sagemaker_tags(described["TrainingJobArn"])})
+    return None if described is None else job_state_from_event(described)
+
+
+def identify(job: JobState) -> tuple[JobState, str]:
+    """The job with tags that say what it is, listed by SageMaker when its event's do not; or why not."""
+    if not job.unidentified:
+        return job, ""
+    tags = aws.training_job_tags(job.name)
+    if tags is None:
+        return job, f"the tags of training job {job.name} cannot be read from SageMaker"
+    job = dataclasses.replace(job, tags=tuple(sorted(tags.items())))
+    return job, job.unidentified and f"the tags of training job {job.name} do not say what it is: {job.unidentified}"
+
+
+def refuse(job: JobState, reason: str) -> DeployResult:
+    """Fail closed: a job the deploy stage cannot tell is never a candidate, nor an evaluation's end."""
+    logger.error("training job refused", extra={"job": job.name, "status": job.status, "reason": reason})
+    return DeployResult("refused", job.name, reason)
 
 
 def consider_candidate(job: JobState, settings: DeploySettings) -> DeployResult:

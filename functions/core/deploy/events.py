@@ -1,5 +1,9 @@
 """What the deploy stage reads from its events and answers for each: a training job's state, the job
-behind a model artefact's key, the tags the pipeline puts on its jobs, and a step's result."""
+behind a model artefact's key, the tags the pipeline puts on its jobs, and a step's result.
+
+What a job is (a run plan's stage, final or not; an encode, autoencoder or evaluation job) is read
+from its tags alone, never from its name or a default: a job whose tags do not say is refused.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ EVAL_SUFFIX = "-eval"
 EVALUATE_SOURCE, EVALUATE_REQUEST = "atelier.cli", "Evaluate Model"  # `atelier evaluate MODEL` puts this event
 ROLE_TAG, CANDIDATE_TAG, TRAINING_JOB_TAG = job_tags.ROLE, job_tags.CANDIDATE, job_tags.TRAINING_JOB
 FINAL_STAGE_TAG, MANIFEST_TAG = job_tags.FINAL_STAGE, job_tags.MANIFEST
+ROLES = (job_tags.ENCODE, job_tags.AUTOENCODER, job_tags.EVALUATION)
 ARTEFACT_SUFFIX = f"/output/{s3_layout.MODEL_ARCHIVE}"
 
 
@@ -23,7 +28,6 @@ class JobState:
     status: str
     model_data_url: str | None
     failure_reason: str | None
-    final_stage: bool = True  # a run plan's earlier stages train on; only the last is served
     tags: tuple[tuple[str, str], ...] = ()
     ended_at: int = 0  # TrainingEndTime in epoch milliseconds: what "newer" means
 
@@ -32,8 +36,24 @@ class JobState:
         return dict(self.tags)
 
     @property
+    def final_stage(self) -> bool:
+        """A run plan's earlier stages train on; only the last, tagged so, is served."""
+        return self.tag_map.get(FINAL_STAGE_TAG) == "true" and ROLE_TAG not in self.tag_map
+
+    @property
     def is_evaluation(self) -> bool:
-        return self.tag_map.get(ROLE_TAG) == "evaluation" or self.name.endswith(EVAL_SUFFIX)
+        return self.tag_map.get(ROLE_TAG) == job_tags.EVALUATION
+
+    @property
+    def unidentified(self) -> str:
+        """Why the tags do not say what the job is, "" when they do: a helper or evaluation job by its
+        role, a run plan's stage by its final-stage flag and the manifest it trained on."""
+        tags = self.tag_map
+        if ROLE_TAG in tags:
+            return "" if tags[ROLE_TAG] in ROLES else f"{ROLE_TAG} is {tags[ROLE_TAG]!r}, no role the pipeline gives"
+        if tags.get(FINAL_STAGE_TAG) not in {"true", "false"} or not tags.get(MANIFEST_TAG):
+            return f"no {ROLE_TAG}, and not both {FINAL_STAGE_TAG} (true or false) and {MANIFEST_TAG}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -44,7 +64,8 @@ class DeployResult:
 
 
 def job_state_from_event(detail: dict[str, Any]) -> JobState:
-    """A Training Job State Change's detail (or a DescribeTrainingJob answer with its tags) -> JobState."""
+    """A Training Job State Change's detail (or a DescribeTrainingJob answer) -> JobState, with the
+    tags the event carries (an event may carry none: core.deploy.candidates reads them then)."""
     try:
         tags = _tags(detail.get("Tags"))
         return JobState(
@@ -52,7 +73,6 @@ def job_state_from_event(detail: dict[str, Any]) -> JobState:
             status=detail["TrainingJobStatus"],
             model_data_url=(detail.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
             failure_reason=detail.get("FailureReason"),
-            final_stage=tags.get(FINAL_STAGE_TAG, "true") != "false",
             tags=tuple(sorted(tags.items())),
             ended_at=_epoch_ms(detail.get("TrainingEndTime") or detail.get("LastModifiedTime")),
         )

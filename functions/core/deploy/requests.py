@@ -97,7 +97,7 @@ def evaluation_job_request(name: str, candidate: dict[str, Any], production: dic
         "StoppingCondition": {"MaxRuntimeInSeconds": settings.max_eval_runtime_s},
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
-        "Tags": [{"Key": ROLE_TAG, "Value": "evaluation"}, {"Key": CANDIDATE_TAG, "Value": candidate["model"]},
+        "Tags": [{"Key": ROLE_TAG, "Value": job_tags.EVALUATION}, {"Key": CANDIDATE_TAG, "Value": candidate["model"]},
                  {"Key": job_tags.BASELINE, "Value": production["model"] if production else ""}],
     }
     encrypt_with_key(request, settings.kms_key)
