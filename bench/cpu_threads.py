@@ -33,7 +33,7 @@ from trainer.models.loading import load_models  # noqa: E402
 
 def step_function(model_config: str, resolution: int, batch: int):
     models = load_models(model_config, None, 0)
-    unet = models.unet.train()
+    unet = models.denoiser.train()
     side = resolution // models.vae_scale_factor
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(batch, unet.config.in_channels, side, side, generator=generator)

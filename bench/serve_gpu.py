@@ -121,9 +121,9 @@ def build_model(args) -> Path:
     # initialised on the GPU where there is one: the same architecture, minutes less of CPU init
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         models = load_models(args.model_config, None, args.seed)
-    build_pipeline(models, models.unet).save_pretrained(directory)
+    build_pipeline(models, models.denoiser).save_pretrained(directory)
     note(event="pipeline_built", dir=str(directory), s=round(time.time() - started, 1),
-         unet_params_m=round(sum(p.numel() for p in models.unet.parameters()) / 1e6, 1))
+         unet_params_m=round(sum(p.numel() for p in models.denoiser.parameters()) / 1e6, 1))
     del models
     release()
     return directory

@@ -148,7 +148,7 @@ def build_base(args, work: Path) -> None:
     models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
     if args.zero_terminal_snr:
         models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
-    build_pipeline(models, models.unet).save_pretrained(work / "base")
+    build_pipeline(models, models.denoiser).save_pretrained(work / "base")
     del models
     torch.cuda.empty_cache()
 

@@ -395,7 +395,7 @@ def resident_latents(models, batch: int, resolution: int, device, pool: int = 4)
     """Batches of precomputed latents already on the GPU, cycled (unet-only, latents resident)."""
     import torch
     side = resolution // models.vae_scale_factor
-    tensors = [torch.randn(batch, models.unet.config.in_channels, side, side, device=device) for _ in range(pool)]
+    tensors = [torch.randn(batch, models.denoiser.config.in_channels, side, side, device=device) for _ in range(pool)]
     # SDXL's size/crop conditioning of an uncropped square: original size, crop top-left, target size
     time_ids = torch.tensor([[resolution, resolution, 0, 0, resolution, resolution]] * batch, dtype=torch.float32)
     number = 0
@@ -476,7 +476,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     from trainer.speed.vae_compile import compile_vae_encoder
 
     args, models, processes, device = bench.args, bench.models, bench.processes, bench.device
-    unet = models.unet
+    unet = models.denoiser
     resolution, batch, accumulation = config.resolution, bench.batch_of(config), config.accumulation
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
     if config.channels_last:
@@ -575,7 +575,7 @@ def switch_precision_and_attention(bench: Bench, config: Configuration, on: bool
         for encoder in models.text_encoders:  # their output feeds the UNet: the same dtype as its weights
             encoder.to(frozen_dtype)
     if config.math_attention:
-        models.unet.set_attn_processor(AttnProcessor() if on else AttnProcessor2_0())
+        models.denoiser.set_attn_processor(AttnProcessor() if on else AttnProcessor2_0())
 
 
 def float8_linears(unet) -> dict[str, object]:
@@ -612,7 +612,7 @@ def fp8_unavailable(device) -> str | None:
 
 def apply_model_levers(bench: Bench, config: Configuration) -> dict:
     """The levers that change the UNet itself (release() undoes them): gnsilu, fp8, bf16w; what each did."""
-    unet, detail = bench.models.unet, {}
+    unet, detail = bench.models.denoiser, {}
     if config.fused_groupnorm_silu:
         from trainer.speed.fused_norm import fuse_groupnorm_silu, runs_triton
         detail["groupnorm_silu_blocks"] = fuse_groupnorm_silu(unet)
@@ -632,7 +632,7 @@ def apply_model_levers(bench: Bench, config: Configuration) -> dict:
 
 def release_model_levers(bench: Bench, config: Configuration) -> None:
     """The UNet back in fp32 (the masters' values), its nn.Linear and GroupNorm modules back in place."""
-    unet = bench.models.unet
+    unet = bench.models.denoiser
     if bench.master_weights is not None:
         bench.master_weights.restore()
         bench.master_weights = None
@@ -651,7 +651,7 @@ def release(bench: Bench, config: Configuration) -> None:
     import torch
 
     from trainer.speed.vae_compile import vae_encoder_eager
-    unet = bench.models.unet
+    unet = bench.models.denoiser
     unet.zero_grad(set_to_none=True)
     release_model_levers(bench, config)
     switch_precision_and_attention(bench, config, on=False)
@@ -702,7 +702,7 @@ def count_unet(models, resolution: int, device) -> tuple[float, dict]:
     from trainer.models.text import encode_captions
     from trainer.objectives.numerics import autocast
     side = resolution // models.vae_scale_factor
-    latents = torch.randn(1, models.unet.config.in_channels, side, side, device=device)
+    latents = torch.randn(1, models.denoiser.config.in_channels, side, side, device=device)
     context, pooled = encode_captions(models, CAPTIONS[:1], device)  # outside the count: the text encoder is not the UNet's
     added = None
     if models.sdxl:
@@ -711,13 +711,13 @@ def count_unet(models, resolution: int, device) -> tuple[float, dict]:
 
     def step() -> None:
         with autocast(device):
-            prediction = models.unet(latents, torch.tensor([500], device=device), context, added_cond_kwargs=added).sample
+            prediction = models.denoiser(latents, torch.tensor([500], device=device), context, added_cond_kwargs=added).sample
         prediction.float().square().mean().backward()
 
     try:
         return counted_tflop(step, device)
     finally:
-        models.unet.zero_grad(set_to_none=True)  # the next configuration starts from no gradients
+        models.denoiser.zero_grad(set_to_none=True)  # the next configuration starts from no gradients
 
 
 def count_vae_encoder(models, resolution: int, device) -> tuple[float, dict]:
@@ -1107,7 +1107,7 @@ def fp8_parity_line(bench: Bench, base: str, steps: int) -> dict:
     skip = fp8_unavailable(bench.device)
     if skip:
         return {**line, "skipped": skip, "config": {"names": names, "steps": steps}}
-    unet = bench.models.unet
+    unet = bench.models.denoiser
     start = {key: value.detach().clone() for key, value in unet.state_dict().items()}  # both runs start here
     curves, results = {}, {}
     for name in names:
@@ -1139,7 +1139,7 @@ def fp8_parity_line(bench: Bench, base: str, steps: int) -> dict:
 def first_config_cache(bench: Bench, config: Configuration) -> FirstCache:
     """The compile cache of the first configuration's shape, as trainer.jobs.train keys and loads it."""
     from trainer.speed.compile_cache import JobCache, cache_key
-    key = cache_key(bench.models.unet, bench.device, "image" if config.source == "image" else "latent",
+    key = cache_key(bench.models.denoiser, bench.device, "image" if config.source == "image" else "latent",
                     config.resolution, bench.batch_of(config), config.channels_last, bench.processes.world_size)
     job = JobCache(Path(bench.args.compile_cache), [key], bench.processes.rank, environ={})
     return FirstCache(key, job, job.load())
@@ -1168,7 +1168,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     models.frozen_to(device)
     marks["models_on_device"] = time.time() - PROCESS_START
-    params = sum(p.numel() for p in models.unet.parameters())
+    params = sum(p.numel() for p in models.denoiser.parameters())
     note(event="models", unet_params=params, marks=marks)
 
     machine = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "nproc": os.cpu_count(),

@@ -40,7 +40,7 @@ def test_a_base_without_a_unet_gives_its_frozen_parts_and_the_preset_s_unet(part
     models = load_models("tiny", str(partial_base), seed=7)
     assert same(models.vae, weights(partial_base / "vae"))
     assert same(models.text_encoders[0], weights(partial_base / "text_encoder"))
-    assert same(models.unet, load_models("tiny", None, seed=7).unet.state_dict())  # from scratch, seeded
+    assert same(models.denoiser, load_models("tiny", None, seed=7).unet.state_dict())  # from scratch, seeded
     assert models.sources == {"vae": f"--pretrained {partial_base}", "text_encoder": f"--pretrained {partial_base}",
                               "unet": "tiny (random)", "scheduler": f"--pretrained {partial_base}"}
 

@@ -41,7 +41,7 @@ def test_a_configuration_runs_the_trainer_s_step_with_the_trainer_s_settings(ste
     assert (result["batch"], result["images_per_step"], result["timed_steps"], result["skipped_steps"]) == (2, 4, 2, 0)
     assert result["loss"] > 0 and result["img_per_s"] > 0
     assert list(bench.marks) == ["loader_started", "first_batch", "first_step"]
-    assert all(p.grad is None for p in bench.models.unet.parameters())  # released for the next configuration
+    assert all(p.grad is None for p in bench.models.denoiser.parameters())  # released for the next configuration
 
 
 def test_the_benchmark_prints_its_metric_lines(steps_run, monkeypatch, capsys):
@@ -75,7 +75,7 @@ def tiny_bench(tmp_path) -> train_gpu.Bench:
 def test_a_model_lever_runs_the_trainer_s_step_and_is_released(lever, steps_run, tmp_path):
     # GIVEN the tiny model's bench and its UNet's parameter names and values before
     bench = tiny_bench(tmp_path)
-    unet = bench.models.unet
+    unet = bench.models.denoiser
     before = {name: param.detach().clone() for name, param in unet.named_parameters()}
     modules = [type(module) for module in unet.modules()]
     # WHEN a configuration with the lever runs 1 warm-up and 2 timed steps of train_step on the CPU
@@ -119,7 +119,7 @@ def test_the_parity_run_starts_both_curves_from_the_same_weights_seed_and_data(s
     monkeypatch.setattr(train_gpu, "fp8_unavailable", lambda device: None)
     bench = tiny_bench(tmp_path)
     bench.args.model_config = "tiny"
-    before = {name: param.detach().clone() for name, param in bench.models.unet.named_parameters()}
+    before = {name: param.detach().clone() for name, param in bench.models.denoiser.named_parameters()}
     # WHEN the parity run takes 3 steps of each
     line = train_gpu.fp8_parity_line(bench, "resident32", 3)
     # THEN both curves are equal step for step, the ratio is 1, and the UNet is left as it started
@@ -127,4 +127,4 @@ def test_the_parity_run_starts_both_curves_from_the_same_weights_seed_and_data(s
     assert curves["resident32"] == curves["resident32+fp8"] and len(curves["resident32"]) == 3
     assert line["value"] == 1.0 and line["tail_steps"] == 3 and len(converted) == 1
     assert [step for step, _ in steps_run] == [1, 2, 3, 1, 2, 3]
-    assert all(torch.equal(param, before[name]) for name, param in bench.models.unet.named_parameters())
+    assert all(torch.equal(param, before[name]) for name, param in bench.models.denoiser.named_parameters())

@@ -118,7 +118,7 @@ def test_a_compiled_run_with_a_corrupt_cache_file_trains_and_logs_why(tmp_path, 
     monkeypatch.setattr(train, "compile_vae_encoder", lambda models: None)
     args = train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "2", "--compile", "true")
     models = train.load_models("tiny", None, seed=0)
-    key = compile_cache.cache_key(models.unet, torch.device("cpu"), "image", args.resolution or models.default_resolution,
+    key = compile_cache.cache_key(models.denoiser, torch.device("cpu"), "image", args.resolution or models.default_resolution,
                                   args.batch_size, False, 1)
     (tmp_path / "ckpt" / "compile-cache").mkdir(parents=True)
     (tmp_path / "ckpt" / "compile-cache" / key.file_name).write_bytes(b"truncated")

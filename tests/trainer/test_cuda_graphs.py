@@ -69,7 +69,7 @@ def test_graphed_steps_train_as_eager_steps_do_over_two_shapes_and_accumulated_m
     processes = Processes(0, 1, 0, 1, device, None)
     models = load_models("tiny", None, seed=0, device=device)
     models.frozen_to(device)
-    eager_unet, graphed_unet = models.unet.to(device), copy.deepcopy(models.unet).to(device)
+    eager_unet, graphed_unet = models.denoiser.to(device), copy.deepcopy(models.denoiser).to(device)
     eager, graphed = trainee_of(eager_unet, False), trainee_of(graphed_unet, True)
     settings = StepSettings(seed=3, gradient_accumulation=2, snr_gamma=5.0)
     # micro-batches of two shapes in each step: two graphs, both adding into the same gradients
@@ -95,7 +95,7 @@ def test_a_capture_survives_a_thread_pinning_memory_as_the_data_loader_does():
     device = torch.device("cuda")
     models = load_models("tiny", None, seed=0, device=device)
     models.frozen_to(device)
-    unet = models.unet.to(device)
+    unet = models.denoiser.to(device)
     graphs = cuda_graphs.GraphedBackward(unet, list(unet.parameters()), warmup=1)
     noised = Noised(torch.randn(2, 4, 8, 8, device=device), torch.tensor([10, 500], device=device),
                     torch.randn(2, 77, unet.config.cross_attention_dim, device=device),
@@ -141,7 +141,7 @@ def test_a_compiled_step_compiles_once_through_its_warm_up_calls_and_its_capture
     device = torch.device("cuda")
     models = load_models("tiny", None, seed=0, device=device)
     models.frozen_to(device)
-    unet = models.unet.to(device)
+    unet = models.denoiser.to(device)
     torch._dynamo.reset()
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     graphs = cuda_graphs.GraphedBackward(torch.compile(unet, dynamic=False, backend="eager"), list(unet.parameters()))

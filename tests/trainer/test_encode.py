@@ -93,8 +93,8 @@ def test_a_step_on_latent_shards_gives_the_image_shards_loss_exactly(encoded, sh
     latent_batches = batches(encoded["dir"], models, steps=4, dropout=0.5, latent=True)
     assert any("" in batch["caption"] for batch in image_batches)
     for step, (image_batch, latent_batch) in enumerate(zip(image_batches, latent_batches), start=1):
-        expected = diffusion_loss(models.unet, models, image_batch, CPU, step_generator(0, step, 0, 0, CPU))
-        got = diffusion_loss(models.unet, models, latent_batch, CPU, step_generator(0, step, 0, 0, CPU))
+        expected = diffusion_loss(models.denoiser, models, image_batch, CPU, step_generator(0, step, 0, 0, CPU))
+        got = diffusion_loss(models.denoiser, models, latent_batch, CPU, step_generator(0, step, 0, 0, CPU))
         assert torch.equal(got, expected)
 
 

@@ -62,7 +62,7 @@ def test_the_op_stays_in_one_graph_under_torch_compile():
 def test_fusing_the_unet_keeps_its_output_gradients_and_parameter_names():
     # GIVEN the tiny UNet and a copy with its ResnetBlock2D norm -> SiLU pairs fused (the PyTorch path on a CPU)
     models = load_models("tiny", None, seed=0)
-    unet = models.unet
+    unet = models.denoiser
     names = [name for name, _ in unet.named_parameters()]
     torch.manual_seed(1)
     side = 8

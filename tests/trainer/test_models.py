@@ -26,7 +26,7 @@ def test_a_preset_s_weights_are_a_pure_function_of_the_seed():
     again = from_preset("tiny", 3)
     other = from_preset("tiny", 4)
 
-    for part in ("unet", "vae"):
+    for part in ("denoiser", "vae"):
         assert equal(getattr(first, part), getattr(again, part)), part
         assert not equal(getattr(first, part), getattr(other, part)), part
     assert equal(first.text_encoders[0], again.text_encoders[0])
@@ -52,10 +52,10 @@ def test_a_unet_built_on_a_device_is_the_cpu_s_model_and_the_frozen_parts_are_th
     on_device = load_models("tiny", None, seed=0, device=META)
 
     # every parameter and buffer with its shape and dtype, the same count, the same config
-    assert layout(on_device.unet) == layout(on_cpu.unet)
-    assert sum(p.numel() for p in on_device.unet.parameters()) == sum(p.numel() for p in on_cpu.unet.parameters())
-    assert on_device.unet.config == on_cpu.unet.config
-    assert on_device.unet.training
+    assert layout(on_device.denoiser) == layout(on_cpu.denoiser)
+    assert sum(p.numel() for p in on_device.denoiser.parameters()) == sum(p.numel() for p in on_cpu.denoiser.parameters())
+    assert on_device.denoiser.config == on_cpu.denoiser.config
+    assert on_device.denoiser.training
     # the frozen parts are drawn on the CPU whatever trains: latent shards name them by their weights
     frozen = [*on_device.vae.parameters(), *on_device.text_encoders[0].parameters()]
     assert {tensor.device.type for tensor in frozen} == {"cpu"}

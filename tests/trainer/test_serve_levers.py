@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory):
     """The tiny preset with random weights, saved as a training job saves its pipeline (64 px)."""
     directory = tmp_path_factory.mktemp("tiny-pipeline")
     models = load_models("tiny", None, 0)
-    build_pipeline(models, models.unet).save_pretrained(directory)
+    build_pipeline(models, models.denoiser).save_pretrained(directory)
     return directory
 
 

@@ -26,15 +26,15 @@ def micro_batch(number: int) -> dict:
 
 
 def trainee_of(models) -> Trainee:
-    optimizer = torch.optim.AdamW(models.unet.parameters(), lr=1.0)
+    optimizer = torch.optim.AdamW(models.denoiser.parameters(), lr=1.0)
     schedule = LambdaLR(optimizer, lambda done: 1e-3)
-    return Trainee(models.unet, models.unet, models.unet, optimizer, schedule, EMA(models.unet.named_parameters(), 0.9))
+    return Trainee(models.denoiser, models.denoiser, models.denoiser, optimizer, schedule, EMA(models.denoiser.named_parameters(), 0.9))
 
 
 def test_a_step_is_the_mean_of_its_micro_batch_losses_with_the_objective_s_options_then_one_update():
     # GIVEN the tiny UNet, two micro-batches and a noise offset with min-SNR weighting
     models = load_models("tiny", None, seed=0)
-    before = copy.deepcopy(models.unet)
+    before = copy.deepcopy(models.denoiser)
     settings = StepSettings(seed=7, gradient_accumulation=2, noise_offset=0.1, snr_gamma=5.0)
     batches = [micro_batch(0), micro_batch(1)]
     trainee, window = trainee_of(models), Window()
@@ -49,23 +49,23 @@ def test_a_step_is_the_mean_of_its_micro_batch_losses_with_the_objective_s_optio
     assert plain.item() != pytest.approx(expected[0].item(), rel=1e-3)  # the options change the loss
     # and the weights, the EMA and the schedule moved once; the window counted the images and the loss
     assert outcome.finite and outcome.learning_rate == 1e-3 and outcome.batches == batches
-    assert any(not torch.equal(p, q) for p, q in zip(models.unet.parameters(), before.parameters()))
+    assert any(not torch.equal(p, q) for p, q in zip(models.denoiser.parameters(), before.parameters()))
     assert trainee.ema.updates == 1 and trainee.lr_schedule.last_epoch == 1
-    assert all(p.grad is None for p in models.unet.parameters())
+    assert all(p.grad is None for p in models.denoiser.parameters())
     assert (window.images, window.good_steps) == (4, 1) and window.loss_sum.item() == pytest.approx(outcome.loss.item())
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`")
 def test_a_non_finite_step_leaves_the_weights_and_the_ema_as_they_were(monkeypatch):
     models = load_models("tiny", None, seed=0)
-    before = copy.deepcopy(models.unet.state_dict())
+    before = copy.deepcopy(models.denoiser.state_dict())
     monkeypatch.setattr("trainer.jobs.step.diffusion_loss", lambda *args, **kw: diffusion_loss(*args, **kw) * torch.nan)
     trainee, window = trainee_of(models), Window()
 
     outcome = train_step(trainee, models, iter([micro_batch(0)]), window, StepSettings(), 1, CPU)
 
     assert not outcome.finite
-    assert all(torch.equal(value, before[name]) for name, value in models.unet.state_dict().items())
+    assert all(torch.equal(value, before[name]) for name, value in models.denoiser.state_dict().items())
     assert trainee.ema.updates == 0 and trainee.lr_schedule.last_epoch == 1  # the schedule moves on regardless
     assert (window.images, window.good_steps) == (2, 0)
 

@@ -135,7 +135,7 @@ def test_the_text_encoder_pools_at_the_eos_token():
 def test_a_saved_pipeline_reloads_with_the_same_ids_and_text_embeddings(tmp_path):
     # GIVEN the tiny preset's models as a pipeline, saved
     models = from_preset("tiny", 0)
-    build_pipeline(models, models.unet).save_pretrained(tmp_path)
+    build_pipeline(models, models.denoiser).save_pretrained(tmp_path)
     # WHEN diffusers loads it back
     loaded = StableDiffusionPipeline.from_pretrained(tmp_path)
     # THEN its tokenizer is a CLIPTokenizer giving the same ids, and its text encoder the same embeddings

@@ -125,13 +125,13 @@ def test_a_checkpoint_cut_off_midway_leaves_latest_on_the_previous_one(tmp_path,
 def test_loading_a_checkpoint_restores_weights_optimizer_scheduler_ema_and_rng(trained):
     checkpoint = trained["checkpoint_dir"] / "step-00000002"
     models = load_models("tiny", None, seed=123)  # other weights than the run's
-    optimizer = torch.optim.AdamW(models.unet.parameters(), lr=1.0)
+    optimizer = torch.optim.AdamW(models.denoiser.parameters(), lr=1.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1e-4)
-    ema = EMA(models.unet.named_parameters(), 0.5)
-    state = load_checkpoint(checkpoint, CPU, models.unet, optimizer, schedule, ema)
+    ema = EMA(models.denoiser.named_parameters(), 0.5)
+    state = load_checkpoint(checkpoint, CPU, models.denoiser, optimizer, schedule, ema)
     saved = unet_weights(checkpoint / "unet")
     assert state["step"] == 2
-    assert all(torch.equal(value, saved[name]) for name, value in models.unet.state_dict().items())
+    assert all(torch.equal(value, saved[name]) for name, value in models.denoiser.state_dict().items())
     assert all(param["step"] == 2 for param in optimizer.state_dict()["state"].values())
     assert schedule.last_epoch == 2
     saved_ema = unet_weights(checkpoint / "ema_unet")
@@ -420,9 +420,9 @@ def test_unknown_model_config_names_the_presets():
 def test_pretrained_loads_a_pipeline_directory_or_a_channel(trained, monkeypatch, tmp_path):
     models = load_models("tiny", str(trained["model_dir"]), seed=0)
     saved = unet_weights(trained["model_dir"] / "unet")
-    assert all(torch.equal(value, saved[name]) for name, value in models.unet.state_dict().items())
+    assert all(torch.equal(value, saved[name]) for name, value in models.denoiser.state_dict().items())
     monkeypatch.setenv("SM_CHANNEL_PRETRAINED", str(trained["model_dir"]))
-    assert load_models("tiny", "pretrained", seed=0).unet.config == models.unet.config
+    assert load_models("tiny", "pretrained", seed=0).unet.config == models.denoiser.config
     with pytest.raises(ValueError, match=f"--pretrained {tmp_path} is not a diffusers pipeline directory or channel"):
         load_models("tiny", str(tmp_path), seed=0)
 

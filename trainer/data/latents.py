@@ -74,6 +74,9 @@ def latent_dir(output_dir: str | Path, identity: str, resolution: int) -> Path:
 def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int], identity: str | None = None) -> None:
     """Latent shards must come from these models (`identity`, if already known), at the resolution of
     every stage that reads them."""
+    if models.family is not None:
+        raise LatentShardsError(f"latent shards carry UNet token ids; a {models.family.name} model trains on image shards "
+                                "for now (its captions encoded by its own pipeline)")
     identity = identity or models_identity(models)
     for encoder, resolution in sorted(index.encodings):
         if encoder != identity:

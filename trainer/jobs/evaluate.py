@@ -88,9 +88,10 @@ def trained_resolution(path: Path) -> int:
         stages = json.loads(record_path.read_text()).get("stages") or []
         if stages and isinstance(stages[-1].get("resolution"), int):
             return stages[-1]["resolution"]
-    unet = json.loads((path / "unet" / "config.json").read_text())
+    denoiser = path / "unet" / "config.json"
+    denoiser = denoiser if denoiser.is_file() else path / "transformer" / "config.json"
     vae = json.loads((path / "vae" / "config.json").read_text())
-    return unet["sample_size"] * 2 ** (len(vae["block_out_channels"]) - 1)
+    return json.loads(denoiser.read_text())["sample_size"] * 2 ** (len(vae["block_out_channels"]) - 1)
 
 
 # ---------------------------------------------------------------- main

@@ -5,7 +5,6 @@ checkpoint and for the saved pipeline) and, at each checkpoint, the loss curve a
 from pathlib import Path
 
 import torch
-from diffusers import UNet2DConditionModel
 
 from trainer.data.stages import RunPlan
 from trainer.models.bundle import Models
@@ -17,11 +16,18 @@ from trainer.runtime.health import draw_loss_curve, validation_grid
 from trainer.runtime.tensorboard_log import Board
 
 
-def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> UNet2DConditionModel:
-    """A plain UNet holding the given full weights, for sampling and saving (whatever wraps the trained one)."""
+def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> torch.nn.Module:
+    """A plain denoiser holding the given full weights, for sampling and saving (whatever wraps the trained one)."""
     with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config(models.unet.config)
-    unet.load_state_dict(weights, assign=True)
+        unet = type(models.denoiser).from_config(models.denoiser.config)
+    unet.load_state_dict(weights, assign=True, strict=False)
+    for name, buffer in models.denoiser.named_buffers():  # fixed tables (a transformer's positional embedding)
+        path, _, leaf = name.rpartition(".")
+        owner = unet.get_submodule(path)
+        owner.register_buffer(leaf, buffer.detach().clone(), persistent=leaf not in owner._non_persistent_buffers_set)
+    missing = [name for name, tensor in unet.state_dict().items() if tensor.is_meta]
+    if missing:
+        raise ValueError(f"no weights for {missing[:5]}")
     return unet.to(device).eval()
 
 
@@ -38,7 +44,7 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
     if processes.rank == 0:
         draw_loss_curve(loss_history, health_dir / "loss.png")
         if prompts:
-            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device))
+            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device), plan.stage(step).resolution)
             seeds = [int(seed) for seed in args.validation_seeds.split(",")]
             steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
             with autocast(processes.device):

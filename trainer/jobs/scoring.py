@@ -30,7 +30,10 @@ from trainer.data.eval_set import EvalSample, EvaluationError
 from trainer.models.bundle import Models
 from trainer.models.loading import from_pretrained
 from trainer.models.pipelines import build_pipeline
+from trainer.models.families import condition, predict, sampling_options
 from trainer.models.text import encode_captions
+from trainer.objectives.flow_matching import VALIDATION_TIMESTEPS
+from trainer.objectives.flow_matching import noised as flow_noised
 
 CLIP_BATCH = 16
 NO_SCORER = "no scorer"
@@ -66,7 +69,7 @@ def load_models(path: Path, device: torch.device) -> Models:
 
 def for_scoring(models: Models, device: torch.device) -> Models:
     """`models` frozen, in eval mode, in fp32 on `device`."""
-    for module in (models.vae, models.unet, *models.text_encoders):
+    for module in (models.vae, models.denoiser, *models.text_encoders):
         module.requires_grad_(False)
         module.eval()
         module.to(device, torch.float32)
@@ -131,10 +134,36 @@ def validation_losses(models: Models, samples: list[EvalSample], config: EvalCon
         if models.sdxl:
             time_ids = torch.tensor([sample.time_ids for sample in chunk], dtype=torch.float32, device=device)
             added = {"text_embeds": pooled.repeat_interleave(count, dim=0), "time_ids": time_ids.repeat_interleave(count, dim=0)}
-        prediction = models.unet(noisy, timesteps, context, added_cond_kwargs=added).sample
+        prediction = models.denoiser(noisy, timesteps, context, added_cond_kwargs=added).sample
         errors = F.mse_loss(prediction, target, reduction="none").mean(dim=(1, 2, 3))
         losses[start:start + len(chunk)] = errors.view(len(chunk), count).double().cpu()
     return losses
+
+
+@torch.no_grad()
+def flow_validation_losses(models: Models, samples: list[EvalSample], seed: int, device: torch.device) -> torch.Tensor:
+    """[samples, 8] squared errors of a flow model's velocity at MLPerf Flux.1's 8 equidistant timesteps
+    (trainer/flow_matching.py), each sample's noise fixed by (seed, sample, timestep)."""
+    count = len(VALIDATION_TIMESTEPS)
+    losses = torch.empty(len(samples), count, dtype=torch.float64)
+    for number, sample in enumerate(samples):
+        latents = models.latents(models.vae.encode(sample.pixels[None].to(device)).latent_dist.mean).repeat(count, 1, 1, 1)
+        noise = torch.stack([torch.randn(latents.shape[1:], generator=torch.Generator("cpu").manual_seed(
+            draw_seed(seed, number, index))) for index in range(count)]).to(device)
+        t = torch.tensor(VALIDATION_TIMESTEPS, dtype=latents.dtype, device=device)
+        noisy, target = flow_noised(latents, noise, t)
+        conditioning = condition(models.family, models.text_pipeline(), [sample.caption], device).repeat_interleave(count)
+        prediction = predict(models.denoiser, noisy, t, conditioning)
+        losses[number] = F.mse_loss(prediction, target, reduction="none").mean(dim=(1, 2, 3)).double().cpu()
+    return losses
+
+
+def flow_loss_summary(losses: torch.Tensor) -> dict:
+    """val_loss (the mean over samples and the 8 timesteps), val_loss_by_timestep and the definition."""
+    by_timestep = {f"{t:g}": finite_or_none(losses[:, i].mean().item()) for i, t in enumerate(VALIDATION_TIMESTEPS)}
+    return {"val_loss": finite_or_none(losses.mean().item()), "val_loss_by_timestep": by_timestep,
+            "val_loss_note": f"flow matching: mean squared error of the velocity over {len(losses)} samples x 8 "
+                             "equidistant timesteps t = 0, 1/8, ..., 7/8 with fixed noise (MLPerf Training's Flux.1 metric)"}
 
 
 def loss_summary(losses: torch.Tensor, config: EvalConfig, prediction_type: str) -> dict:
@@ -155,11 +184,12 @@ def finite_or_none(value: float) -> float | None:
 @torch.no_grad()
 def sample_images(models: Models, prompts: list[str], config: EvalConfig) -> list[Image.Image]:
     """One DDIM image per prompt at the eval resolution, prompt i from a generator seeded by (seed, i)."""
-    pipeline = build_pipeline(models, models.unet)
+    pipeline = build_pipeline(models, models.denoiser, config.resolution)
     pipeline.set_progress_bar_config(disable=True)
     return [
         pipeline(prompt, num_inference_steps=config.steps, guidance_scale=config.guidance, height=config.resolution,
-                 width=config.resolution, generator=torch.Generator("cpu").manual_seed(draw_seed(config.seed, number))).images[0]
+                 width=config.resolution, generator=torch.Generator("cpu").manual_seed(draw_seed(config.seed, number)),
+                 **sampling_options(pipeline)).images[0]
         for number, prompt in enumerate(prompts)
     ]
 
@@ -186,10 +216,13 @@ def score_model(path: Path, samples: list[EvalSample], config: EvalConfig, score
     if config.resolution % models.size_multiple:
         raise EvaluationError(f"resolution {config.resolution} is not a multiple of {models.size_multiple}, "
                               f"the size multiple of the model in {path}")
-    if not all(0 <= t < models.noise_scheduler.config.num_train_timesteps for t in config.timesteps):
-        raise EvaluationError(f"timesteps {config.timesteps} must lie in [0, {models.noise_scheduler.config.num_train_timesteps})")
-    losses = validation_losses(models, samples, config, device)
-    block = loss_summary(losses, config, models.noise_scheduler.config.prediction_type)
+    if models.family is not None:  # flow matching: MLPerf's definition, whatever `timesteps` says
+        block = flow_loss_summary(flow_validation_losses(models, samples, config.seed, device))
+    else:
+        if not all(0 <= t < models.noise_scheduler.config.num_train_timesteps for t in config.timesteps):
+            raise EvaluationError(f"timesteps {config.timesteps} must lie in [0, {models.noise_scheduler.config.num_train_timesteps})")
+        losses = validation_losses(models, samples, config, device)
+        block = loss_summary(losses, config, models.noise_scheduler.config.prediction_type)
     if scorer is None:
         return {**block, "clip_score": None, "clip_note": NO_SCORER}
     prompts = [sample.caption for sample in samples]

@@ -33,11 +33,10 @@ the same; on another number of GPUs it continues with its own draws. `--resume n
 Checkpoints: trainer/runtime/checkpoints.py; what each saves of the run, and the run's record at the end,
 is one RunState (trainer/runtime/run_state.py). The step itself, shared with bench/train_gpu.py: trainer/jobs/step.py.
 
-Provenance: `--manifest` (default $SM_CHANNEL_MANIFEST, the job's manifest JSON) lists samples to
-leave out, which the loader never reads; `draws` in atelier-training.json counts the samples drawn
-per partner and license, over all ranks and every job that resumed the same checkpoints
-(docs/provenance.md).
+Provenance (docs/provenance.md): `--manifest` (default $SM_CHANNEL_MANIFEST) lists samples the loader never
+reads; `draws` in atelier-training.json counts the samples drawn per partner and license, over all ranks and jobs.
 
+Families: a preset's `family` (trainer/models/families.py) trains a UNet, or an SD3 / PixArt transformer with flow matching.
 Output: `<model-dir>` holds the pipeline (`DiffusionPipeline.from_pretrained(model_dir)`; the EMA
 weights unless `--final-weights trained`) and `atelier-training.json`; `<output-data-dir>` holds
 `loss.png` and `validation/step-N.png` (a grid of fixed prompts x seeds at each checkpoint); both
@@ -69,6 +68,7 @@ from trainer.data.stages import plan_from_args
 from trainer.jobs.hyperparameters import auto_or_boolean, boolean
 from trainer.jobs.sampling import check_health, sampling_unet, weights_to_sample
 from trainer.jobs.step import StepSettings, Trainee, train_step
+from trainer.models.families import check_flow_run
 from trainer.models.loading import load_models
 from trainer.models.pipelines import build_pipeline
 from trainer.models.text import caption_ids
@@ -137,6 +137,7 @@ def main(args: argparse.Namespace) -> dict:
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device)
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
+    empty_ids = check_flow_run(models.family, args) if models.family else None  # before the UNet-only options
     if args.prediction_type:
         models.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
     if args.zero_terminal_snr:
@@ -145,7 +146,7 @@ def main(args: argparse.Namespace) -> dict:
                           args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction)
     models.frozen_to(device)
     log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet)
-    unet = models.unet
+    unet = models.denoiser
     if args.channels_last:
         unet.to(memory_format=torch.channels_last)
     if args.gradient_checkpointing:
@@ -175,7 +176,6 @@ def main(args: argparse.Namespace) -> dict:
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
     index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
                          load_exclusions(args.manifest))
-    empty_ids = None
     if index.latent:  # latent shards (trainer/jobs/encode.py): the VAE never runs
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
         empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
@@ -273,7 +273,7 @@ def main(args: argparse.Namespace) -> dict:
         final_unet = sampling_unet(models, weights, torch.device("cpu"))
         # the pipeline's default image size (unet.config.sample_size) is the one the run ended at
         final_unet.register_to_config(sample_size=plan.stages[-1].resolution // models.vae_scale_factor)
-        build_pipeline(models, final_unet).save_pretrained(model_dir)
+        build_pipeline(models, final_unet, plan.stages[-1].resolution).save_pretrained(model_dir)
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
         draw_loss_curve(state.loss_history, health_dir / "loss.png")
         write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it

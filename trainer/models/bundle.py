@@ -1,19 +1,24 @@
-"""The models of a latent-diffusion run as one bundle: VAE, text encoder(s) and tokenizer(s), UNet, noise scheduler.
+"""The models of a latent-diffusion run as one bundle: VAE, text encoder(s) and tokenizer(s), the denoiser
+(a UNet, or a transformer family's transformer: trainer/models/families.py), noise scheduler.
 
-Two families, told apart by the UNet's config:
+Two UNet families, told apart by the UNet's config:
 - SD-1.x/2.x style: one text encoder, its last hidden state is the UNet's context.
 - SDXL style (`addition_embed_type: "text_time"`): two text encoders whose penultimate hidden states
   are concatenated into the context, the second one's pooled projection plus six size/crop numbers
   (`time_ids`: original size, crop top-left, target size) as added conditioning.
 
-Only the UNet trains. The VAE and text encoders are frozen: they map images to latents and captions
+Only the denoiser trains. The VAE and text encoders are frozen: they map images to latents and captions
 to embeddings, and training them too would move the target under the UNet.
 """
 
 from dataclasses import dataclass, field
 
 import torch
-from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+from diffusers import AutoencoderKL, DDPMScheduler
+
+from trainer.models import families
+from trainer.models.families import Family
+from trainer.objectives.flow_matching import FlowSettings
 
 CPU = torch.device("cpu")
 
@@ -21,16 +26,20 @@ CPU = torch.device("cpu")
 @dataclass
 class Models:
     vae: AutoencoderKL
-    text_encoders: list  # [CLIPTextModel] or, for SDXL, [CLIPTextModel, CLIPTextModelWithProjection]
+    text_encoders: list  # [CLIPTextModel], SDXL's two, or a transformer family's (text_folders names them)
     tokenizers: list
-    unet: UNet2DConditionModel
-    noise_scheduler: DDPMScheduler
+    denoiser: torch.nn.Module  # what trains: the UNet, or a transformer family's transformer
+    noise_scheduler: DDPMScheduler | None  # the UNet family's noise schedule; None for flow matching
     sources: dict[str, str] = field(default_factory=dict)  # component -> where it came from (the run's record)
+    family: Family | None = None  # a transformer family (trainer/families.py); None: the UNet family
+    flow: FlowSettings | None = None  # a transformer family's flow-matching settings
+    text_folders: list[tuple[str, str]] = field(default_factory=list)  # (encoder, tokenizer) subfolders, in order
+    _text_pipeline: object = field(default=None, repr=False)
 
     @property
     def sdxl(self) -> bool:
         """Whether the UNet takes SDXL's pooled text embedding and size/crop time ids."""
-        return self.unet.config.addition_embed_type == "text_time"
+        return self.family is None and self.denoiser.config.addition_embed_type == "text_time"
 
     @property
     def vae_scale_factor(self) -> int:
@@ -38,13 +47,31 @@ class Models:
 
     @property
     def size_multiple(self) -> int:
-        """Image sides must be multiples of this: the VAE's and the UNet's downsampling together."""
-        return self.vae_scale_factor * 2 ** (len(self.unet.config.block_out_channels) - 1)
+        """Image sides must be multiples of this: the VAE's and the denoiser's downsampling (a transformer's patch) together."""
+        if self.family is not None:
+            return self.vae_scale_factor * self.denoiser.config.patch_size
+        return self.vae_scale_factor * 2 ** (len(self.denoiser.config.block_out_channels) - 1)
 
     @property
     def default_resolution(self) -> int:
         """The image size the model was built for: latent sample size times the VAE's downsampling."""
-        return self.unet.config.sample_size * self.vae_scale_factor
+        return self.denoiser.config.sample_size * self.vae_scale_factor
+
+    def latents(self, sample: torch.Tensor) -> torch.Tensor:
+        """A VAE latent sample made unit-variance as the family's pipeline expects (SD3 subtracts a shift first)."""
+        if self.family is not None and self.family.shifts_latents:
+            return (sample - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+        return sample * self.vae.config.scaling_factor
+
+    def text_pipeline(self):
+        """A transformer family's pipeline over the text parts, whose encode_prompt conditions training."""
+        if self._text_pipeline is None:
+            self._text_pipeline = families.text_pipeline(self.family, self.denoiser, *self._text_parts())
+        return self._text_pipeline
+
+    def _text_parts(self) -> tuple[dict, dict]:
+        return ({encoder: model for (encoder, _), model in zip(self.text_folders, self.text_encoders)},
+                {tokenizer: model for (_, tokenizer), model in zip(self.text_folders, self.tokenizers)})
 
     def frozen_to(self, device: torch.device) -> None:
         """VAE and text encoders on the device; in bf16 on a GPU, where they only run forward."""

@@ -17,7 +17,10 @@ from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextM
 
 from contracts.s3_layout import MODEL_ARCHIVE
 from trainer.models.bundle import CPU, Models
+from trainer.models import families
 from trainer.models.tokenizer import build_tokenizer
+from trainer.models.families import Family
+from trainer.objectives.flow_matching import FlowSettings
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -26,7 +29,8 @@ class BaseModelError(ValueError):
     """A `--pretrained` base or `--vae` that cannot be used: missing, malformed or not matching the rest."""
 
 
-COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "unet", "scheduler")
+COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3", "tokenizer_3",
+              "unet", "transformer", "scheduler")
 
 
 def load_models(model_config: str, pretrained: str | None, seed: int, vae: str | None = None,
@@ -41,6 +45,9 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     fails the job at start.
     """
     base = resolve_pretrained(pretrained) if pretrained else None
+    family = preset_family(model_config, base)
+    if family is not None:
+        return transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device)
     found = set(base_components(base)) if base else set()
     if init_unet == "pretrained" and "unet" not in found:
         raise BaseModelError(f"--init-unet pretrained, but the base {pretrained} has no unet/ to fine-tune")
@@ -51,7 +58,7 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     if "vae" in found and not vae:
         models.vae = AutoencoderKL.from_pretrained(base, subfolder="vae")
     if "unet" in from_base:
-        models.unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet").to(device)
+        models.denoiser = UNet2DConditionModel.from_pretrained(base, subfolder="unet").to(device)
     if "scheduler" in found:  # whatever sampler the pipeline ships with, training adds noise the DDPM way
         models.noise_scheduler = DDPMScheduler.from_pretrained(base, subfolder="scheduler")
     if "text_encoder" in found:
@@ -68,7 +75,7 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     for frozen in (models.vae, *models.text_encoders):
         frozen.requires_grad_(False)
         frozen.eval()
-    models.unet.train()
+    models.denoiser.train()
     return models
 
 
@@ -96,14 +103,14 @@ def base_components(path: Path) -> list[str]:
 def check_compatible(models: Models, source: str) -> None:
     """The parts fit: the UNet reads the VAE's latents and the text encoders' context."""
     latent_channels = models.vae.config.latent_channels
-    if models.unet.config.in_channels != latent_channels:
-        raise BaseModelError(f"the UNet takes {models.unet.config.in_channels} latent channels but the VAE makes "
+    if models.denoiser.config.in_channels != latent_channels:
+        raise BaseModelError(f"the UNet takes {models.denoiser.config.in_channels} latent channels but the VAE makes "
                              f"{latent_channels} ({source}): use a UNet built for this VAE (--init-unet random with "
                              f"a --model-config whose unet in_channels is {latent_channels})")
     context = sum(encoder.config.hidden_size for encoder in models.text_encoders) if models.sdxl \
         else models.text_encoders[0].config.hidden_size
-    if models.unet.config.cross_attention_dim != context:
-        raise BaseModelError(f"the UNet attends to a context of {models.unet.config.cross_attention_dim} but the text "
+    if models.denoiser.config.cross_attention_dim != context:
+        raise BaseModelError(f"the UNet attends to a context of {models.denoiser.config.cross_attention_dim} but the text "
                              f"encoder gives {context} ({source}): pick a --model-config whose unet "
                              f"cross_attention_dim is {context}")
 
@@ -150,7 +157,7 @@ def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.
         vae=None if "vae" in skip else seeded(seed, AutoencoderKL, preset["vae"]),
         text_encoders=text_encoders,
         tokenizers=tokenizers,
-        unet=None if "unet" in skip else seeded(seed, UNet2DConditionModel, preset["unet"], device),
+        denoiser=None if "unet" in skip else seeded(seed, UNet2DConditionModel, preset["unet"], device),
         noise_scheduler=DDPMScheduler(**preset["scheduler"]),
     )
 
@@ -204,11 +211,67 @@ def load_vae(value: str) -> AutoencoderKL:
 
 def from_pretrained(path: Path) -> Models:
     """The components of a whole diffusers pipeline saved at `path` (a local directory, never a hub id)."""
+    family = families.family_of_pipeline(path)
+    if family is not None:
+        return transformer_models(family, None, path, str(path), 0, None, "pretrained", CPU)
     text_encoders, tokenizers = _text_parts(path, set(base_components(path)))
     return Models(
         vae=AutoencoderKL.from_pretrained(path, subfolder="vae"),
         text_encoders=text_encoders,
         tokenizers=tokenizers,
-        unet=UNet2DConditionModel.from_pretrained(path, subfolder="unet"),
+        denoiser=UNet2DConditionModel.from_pretrained(path, subfolder="unet"),
         noise_scheduler=DDPMScheduler.from_pretrained(path, subfolder="scheduler"),
     )
+
+
+# ---------------------------------------------------------------- transformer families (trainer/models/families.py)
+
+
+def preset_family(model_config: str, base: Path | None) -> Family | None:
+    """The transformer family of a run: the base's when it holds a transformer, else the preset's."""
+    if base is not None and (base / "transformer" / "config.json").is_file():
+        class_name = json.loads((base / "transformer" / "config.json").read_text()).get("_class_name")
+        family = next((f for f in families.FAMILIES.values() if f.transformer_class.__name__ == class_name), None)
+        if family is None:
+            raise BaseModelError(f"the base {base} holds a {class_name} transformer, which no family trains")
+        return family
+    if model_config is None:
+        return None
+    name = read_preset(model_config).get("family", "unet")
+    return None if name == "unet" else families.family_named(name)
+
+
+def transformer_models(family: Family, model_config: str | None, base: Path | None, pretrained: str | None, seed: int,
+                       vae: str | None, init: str | None, device: torch.device) -> Models:
+    """A transformer family's models: each part from `base` where it has one (the transformer unless
+    `init` is `random`), the VAE from `vae` when given, the rest built from the preset with `seed`."""
+    preset = read_preset(model_config) if model_config else {}
+    has = (lambda name: base is not None and (base / name / "config.json").is_file())
+    if init == "pretrained" and not has("transformer"):
+        raise BaseModelError(f"--init-unet pretrained, but the base {pretrained} has no transformer/ to fine-tune")
+    try:
+        if base is not None and has(family.text_parts[0].encoder):
+            encoders, tokenizers = families.load_text_parts(family, base)
+        else:
+            encoders, tokenizers = families.build_text_parts(family, preset, seed)
+        if has("transformer") and init != "random":
+            transformer = families.load_transformer(family, base).to(device)
+        else:
+            transformer = seeded(seed, family.transformer_class, preset["transformer"], device)
+        autoencoder = load_vae(vae) if vae else families.load_vae(base) if has("vae") else seeded(seed, AutoencoderKL, preset["vae"])
+        families.check_fits(family, transformer, autoencoder, encoders, pretrained or model_config)
+    except (KeyError, ValueError) as error:
+        raise BaseModelError(f"{family.name} model from {pretrained or model_config}: {error}") from None
+    folders = [(part.encoder, part.tokenizer) for part in family.text_parts if part.encoder in encoders]
+    models = Models(vae=autoencoder, text_encoders=[encoders[e] for e, _ in folders],
+                    tokenizers=[tokenizers[t] for _, t in folders], denoiser=transformer, noise_scheduler=None,
+                    family=family, flow=FlowSettings.from_preset(preset.get("flow")), text_folders=folders)
+    origin = (lambda name: f"--pretrained {pretrained}" if has(name) else f"{model_config} (random)")
+    models.sources = {"vae": f"--vae {vae}" if vae else origin("vae"), "text_encoder": origin(family.text_parts[0].encoder),
+                      "transformer": origin("transformer") if init != "random" else f"{model_config} (random)",
+                      "scheduler": "flow matching"}
+    for frozen in (models.vae, *models.text_encoders):
+        frozen.requires_grad_(False)
+        frozen.eval()
+    transformer.train()
+    return models

@@ -1,17 +1,18 @@
-"""A trained UNet with the frozen parts as its family's diffusers pipeline: what a job saves and samples from."""
+"""A trained denoiser with the frozen parts as its family's diffusers pipeline: what a job saves and samples from."""
 
-from diffusers import (
-    DDIMScheduler,
-    DiffusionPipeline,
-    StableDiffusionPipeline,
-    StableDiffusionXLPipeline,
-    UNet2DConditionModel,
-)
+import torch
+from diffusers import DDIMScheduler, DiffusionPipeline, StableDiffusionPipeline, StableDiffusionXLPipeline
 
+from trainer.models import families
 from trainer.models.bundle import Models
 
-def build_pipeline(models: Models, unet: UNet2DConditionModel) -> DiffusionPipeline:
-    """The given UNet with the frozen parts as the family's pipeline, ready to save or sample."""
+
+def build_pipeline(models: Models, unet: torch.nn.Module, resolution: int | None = None) -> DiffusionPipeline:
+    """The given denoiser with the frozen parts as the family's pipeline, ready to save or sample (a flow
+    sampler shifted for `resolution`, default the model's)."""
+    if models.family is not None:
+        shift = models.flow.shift(resolution or models.default_resolution)
+        return families.build_pipeline(models.family, unet, models.vae, *models._text_parts(), shift)
     # DDIM samples well in few steps and reads the training noise schedule as it is.
     scheduler = DDIMScheduler.from_config(models.noise_scheduler.config)
     if models.sdxl:

@@ -14,9 +14,10 @@ training scripts load it, or with `AutoTokenizer`, and gives the same ids as the
 """
 
 import json
+import string
 
-from tokenizers import Tokenizer, models, trainers
-from transformers import CLIPTokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import CLIPTokenizer, T5TokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
@@ -90,3 +91,23 @@ def _vocabulary(merges: list[tuple[str, str]]) -> dict[str, int]:
     """Token -> id in CLIP's order: base symbols, the merges' results in merge order, BOS, EOS."""
     tokens = dict.fromkeys([*_symbols(), *(first + second for first, second in merges), BOS, EOS])
     return {token: index for index, token in enumerate(tokens)}
+
+
+T5_SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids 0, 1, 2: padding, end of sequence, unknown
+
+
+def build_t5_tokenizer(max_length: int) -> T5TokenizerFast:
+    """A T5 tokenizer (SentencePiece-style Unigram, as T5's own) learned offline from CAPTION_WORDS:
+    `T5TokenizerFast.from_pretrained` loads its saved folder, as the SD3 and PixArt pipelines load theirs.
+    Pieces are learned per word after T5's Metaspace split (a word-initial piece starts with '▁');
+    anything else falls back to single characters, which the alphabet keeps, or `<unk>`."""
+    learner = Tokenizer(models.Unigram())
+    learner.normalizer = normalizers.NFKC()
+    learner.pre_tokenizer = pre_tokenizers.Metaspace()
+    words = list(dict.fromkeys(CAPTION_WORDS))
+    trainer = trainers.UnigramTrainer(
+        vocab_size=len(T5_SPECIALS) + 4 * len(words), special_tokens=list(T5_SPECIALS), unk_token="<unk>",
+        initial_alphabet=list(string.ascii_letters + string.digits + string.punctuation), show_progress=False)
+    learner.train_from_iterator([" ".join(words)] * 4, trainer)
+    vocab = [(piece, score) for piece, score in json.loads(learner.to_str())["model"]["vocab"]]
+    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=max_length)

@@ -29,6 +29,9 @@ from diffusers import DDPMScheduler
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
 from trainer.models.bundle import Models
+from trainer.models.families import Conditioning, condition, predict
+from trainer.objectives import flow_matching
+from trainer.objectives.flow_matching import sample_timesteps
 from trainer.models.text import encode_captions, encode_token_ids
 from trainer.objectives.numerics import autocast
 
@@ -42,6 +45,7 @@ class Noised:
     target: torch.Tensor  # the noise (epsilon) or the velocity (v-prediction)
     weights: torch.Tensor | None  # per sample (min-SNR), or None: a plain mean
     added_conditions: dict | None  # SDXL's pooled text embedding and time ids
+    conditioning: Conditioning | None = None  # a transformer family's text conditioning (timesteps then in [0, 1])
 
 
 def diffusion_loss(unet, models: Models, batch: dict, device: torch.device, generator: torch.Generator,
@@ -54,19 +58,11 @@ def noised_inputs(models: Models, batch: dict, device: torch.device, generator: 
                   noise_offset: float = 0.0, snr_gamma: float | None = None) -> Noised:
     """The latents drawn and noised at random timesteps, the captions encoded, the target: all of the
     step's random draws, from `generator`, in one fixed order."""
+    if models.family is not None:
+        return flow_inputs(models, batch, device, generator)
     scheduler = models.noise_scheduler
     with torch.no_grad(), autocast(device):
-        if "latents" in batch:  # precomputed (already sampled and scaled): the VAE is skipped
-            latents = batch["latents"].to(device, non_blocking=True).float()
-        else:
-            if "latent_dist" in batch:  # latent shards hold the posterior (trainer/jobs/encode.py): the VAE is skipped
-                posterior = DiagonalGaussianDistribution(batch["latent_dist"].to(device, models.vae.dtype, non_blocking=True))
-            else:
-                pixel_values = batch["pixel_values"].to(device, non_blocking=True)
-                posterior = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist
-            # drawn here, from the step's generator, whichever kind of shard: the same latents and loss; in one
-            # memory layout (the CPU's VAE returns channels-last), so the UNet's backward takes the same kernels
-            latents = posterior.sample(generator=generator).float().contiguous() * models.vae.config.scaling_factor  # unit variance
+        latents = image_latents(models, batch, device, generator)
         if "input_ids" in batch:
             context, pooled = encode_token_ids(models, batch["input_ids"], device)
         else:
@@ -85,12 +81,45 @@ def noised_inputs(models: Models, batch: dict, device: torch.device, generator: 
     return Noised(noisy_latents, timesteps, context, target, weights, added_conditions)
 
 
+def image_latents(models: Models, batch: dict, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+    """The micro-batch's unit-variance latents: given, drawn from the stored posterior, or encoded by the VAE."""
+    if "latents" in batch:  # precomputed (already sampled and scaled): the VAE is skipped
+        return batch["latents"].to(device, non_blocking=True).float()
+    if "latent_dist" in batch:  # latent shards hold the posterior (trainer/jobs/encode.py): the VAE is skipped
+        posterior = DiagonalGaussianDistribution(batch["latent_dist"].to(device, models.vae.dtype, non_blocking=True))
+    else:
+        pixel_values = batch["pixel_values"].to(device, non_blocking=True)
+        posterior = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist
+    # drawn here, from the step's generator, whichever kind of shard: the same latents and loss; in one
+    # memory layout (the CPU's VAE returns channels-last), so the backward takes the same kernels
+    return models.latents(posterior.sample(generator=generator).float().contiguous())
+
+
+def flow_inputs(models: Models, batch: dict, device: torch.device, generator: torch.Generator) -> Noised:
+    """A transformer family's micro-batch: latents, conditioning, logit-normal timesteps shifted for the
+    bucket's resolution, and the velocity target (trainer/objectives/flow_matching.py)."""
+    if "input_ids" in batch:
+        raise ValueError(f"a {models.family.name} model trains on image shards (captions encoded by its own "
+                         "pipeline); latent shards hold UNet token ids")
+    with torch.no_grad(), autocast(device):
+        latents = image_latents(models, batch, device, generator)
+        conditioning = condition(models.family, models.text_pipeline(), batch["caption"], device)
+    noise = torch.randn(latents.shape, generator=generator, device=device)
+    resolution = round((latents.shape[-2] * latents.shape[-1]) ** 0.5) * models.vae_scale_factor
+    t = sample_timesteps(models.flow, latents.shape[0], resolution, device, generator)
+    noisy, target = flow_matching.noised(latents, noise, t)
+    return Noised(noisy, t, conditioning.context, target, None, None, conditioning)
+
+
 def prediction_loss(unet, noised: Noised, autocast_cache: bool = True) -> torch.Tensor:
     """The UNet's prediction on `noised` against its target: the loss whose backward trains it
     (`autocast_cache` False inside a CUDA graph capture, as torch's CUDA-graph notes require)."""
     with autocast(noised.noisy_latents.device, autocast_cache):
-        prediction = unet(noised.noisy_latents, noised.timesteps, noised.context,
-                          added_cond_kwargs=noised.added_conditions).sample
+        if noised.conditioning is not None:
+            prediction = predict(unet, noised.noisy_latents, noised.timesteps, noised.conditioning)
+        else:
+            prediction = unet(noised.noisy_latents, noised.timesteps, noised.context,
+                              added_cond_kwargs=noised.added_conditions).sample
     per_sample = F.mse_loss(prediction.float(), noised.target.float(), reduction="none").mean(dim=(1, 2, 3))
     if noised.weights is not None:
         per_sample = per_sample * noised.weights

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from trainer.models.families import sampling_options
 from trainer.report.render import log_ticks, nice_ticks, tick_label  # the report's round axis ticks
 
 
@@ -232,5 +233,5 @@ def validation_grid(pipeline, prompts: list[str], seeds: list[int], resolution: 
     pipeline.set_progress_bar_config(disable=True)
     generators = [torch.Generator("cpu").manual_seed(seed) for _ in prompts for seed in seeds]
     images = pipeline([prompt for prompt in prompts for _ in seeds], num_inference_steps=steps, generator=generators,
-                      height=resolution, width=resolution).images
+                      height=resolution, width=resolution, **sampling_options(pipeline)).images
     return label_grid(images, prompts, seeds)

@@ -10,6 +10,7 @@ import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 
+from trainer.models.families import negative_prompt, sampling_options
 from trainer.serve.levers import apply_levers, compiled, lever_plan
 from trainer.serve.protocol import Generation
 from trainer.serve.settings import ServeSettings
@@ -50,7 +51,7 @@ def generate(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.
 def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Image]:
     return pipeline(
         generation.prompt,
-        negative_prompt=generation.negative_prompt,
+        negative_prompt=negative_prompt(pipeline, generation.negative_prompt),
         num_inference_steps=generation.num_inference_steps,
         guidance_scale=generation.guidance_scale,
         height=generation.height,
@@ -58,6 +59,7 @@ def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Imag
         num_images_per_prompt=generation.num_images,
         # CPU generators draw the same starting noise whatever device runs the model.
         generator=[torch.Generator("cpu").manual_seed(seed) for seed in generation.seeds],
+        **sampling_options(pipeline),
     ).images
 
 
@@ -74,9 +76,10 @@ def generate_batch(pipeline: DiffusionPipeline, generations: list[Generation]) -
     negatives = None if first.negative_prompt is None else [g.negative_prompt for g in generations for _ in range(g.num_images)]
     with torch.compiler.set_stance("eager_on_recompile"):
         images = pipeline(
-            prompts, negative_prompt=negatives, num_inference_steps=first.num_inference_steps,
+            prompts, negative_prompt=negative_prompt(pipeline, negatives), num_inference_steps=first.num_inference_steps,
             guidance_scale=first.guidance_scale, height=first.height, width=first.width,
             generator=[torch.Generator("cpu").manual_seed(seed) for g in generations for seed in g.seeds],
+            **sampling_options(pipeline),
         ).images
     split, start = [], 0
     for generation in generations:

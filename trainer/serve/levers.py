@@ -3,7 +3,7 @@
 bench/serve_gpu.py measures each lever alone against the plain server (every lever off) and the
 server as configured against diffusers' own pipeline (bench/RESULTS.md). On by default, on a GPU:
 
-- $SERVE_COMPILE=default (off|default|max-autotune): torch.compile of the UNet and the VAE decoder
+- $SERVE_COMPILE=default (off|default|max-autotune): torch.compile of the UNet (or a transformer family's transformer) and the VAE decoder
   (Inductor; max-autotune benchmarks kernel choices while compiling). On a CPU (the local stack's
   tiny model) nothing compiles: Inductor costs minutes there and gains nothing.
 - $SERVE_CUDA_GRAPHS=1: the compiled UNet and decoder replayed as CUDA graphs (one launch per call,
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
-from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler
+from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
 COMPILE_MODES = ("off", "default", "max-autotune")
 SCHEDULERS = ("default", "dpmpp")
@@ -67,20 +67,32 @@ def compiled(plan: dict) -> bool:
     return plan["compile"] not in ("off", NO_CUDA)
 
 
+def denoiser_of(pipeline: DiffusionPipeline) -> torch.nn.Module:
+    """The pipeline's UNet, or its transformer (the SD3 and PixArt families)."""
+    return pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer
+
+
+def flow_sampler(pipeline: DiffusionPipeline) -> bool:
+    """Whether the saved sampler integrates a flow-matching model (its noise schedule is not a DDPM one)."""
+    config = pipeline.scheduler.config
+    return isinstance(pipeline.scheduler, FlowMatchEulerDiscreteScheduler) or bool(config.get("use_flow_sigmas"))
+
+
 def apply_levers(pipeline: DiffusionPipeline, plan: dict) -> None:
     """The plan's levers on a loaded pipeline, in place (the same modules and weights)."""
-    if plan["scheduler"] == "dpmpp":
+    if plan["scheduler"] == "dpmpp" and not flow_sampler(pipeline):  # a flow model keeps its flow sampler
         pipeline.scheduler = DPMSolverMultistepScheduler.from_config(
             pipeline.scheduler.config, algorithm_type="dpmsolver++", solver_order=2)
     if plan["fuse_qkv"]:
         pipeline.fuse_qkv_projections()
+    denoiser = denoiser_of(pipeline)
     if plan["channels_last"]:
-        pipeline.unet.to(memory_format=torch.channels_last)
+        denoiser.to(memory_format=torch.channels_last)
         pipeline.vae.to(memory_format=torch.channels_last)
     if compiled(plan):
         # One graph per shape (dynamic=False): the shapes are few and known (warm-up), and static
         # shapes are what max-autotune and CUDA graphs need.
-        pipeline.unet.compile(mode=plan["compile"], fullgraph=True, dynamic=False)
+        denoiser.compile(mode=plan["compile"], fullgraph=True, dynamic=False)
         pipeline.vae.decoder.compile(mode=plan["compile"], fullgraph=True, dynamic=False)
 
 

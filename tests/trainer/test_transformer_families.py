@@ -1,0 +1,152 @@
+"""The transformer families (trainer/families.py) trained with flow matching (trainer/flow_matching.py):
+presets, the objective, a run through trainer.train, the saved pipeline, evaluation and serving."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import (DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
+                       PixArtSigmaPipeline, StableDiffusion3Pipeline)
+
+from trainer.data.eval_set import EvalSample
+from trainer.jobs import train
+from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
+from trainer.models.families import condition, sampling_options
+from trainer.models.loading import BaseModelError, from_pretrained, load_models
+from trainer.objectives import flow_matching
+from trainer.objectives.diffusion import diffusion_loss
+from trainer.objectives.flow_matching import FlowSettings, sample_timesteps, shifted
+from trainer.objectives.numerics import step_generator
+from trainer.serve.generation import generate, load_pipeline
+from trainer.serve.levers import apply_levers
+from trainer.serve.protocol import Generation
+
+CPU = torch.device("cpu")
+CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+FAMILIES = [("tiny-sd3", StableDiffusion3Pipeline, FlowMatchEulerDiscreteScheduler),
+            ("tiny-pixart", PixArtSigmaPipeline, DPMSolverMultistepScheduler)]
+
+
+# ---------------------------------------------------------------- the objective
+
+
+def test_the_noised_latents_run_from_the_data_to_the_noise_and_the_target_is_the_velocity():
+    latents, noise = torch.randn(3, 4, 2, 2), torch.randn(3, 4, 2, 2)
+    noisy, target = flow_matching.noised(latents, noise, torch.tensor([0.0, 0.25, 1.0]))
+    assert torch.equal(noisy[0], latents[0]) and torch.equal(noisy[2], noise[2])
+    assert torch.allclose(noisy[1], 0.75 * latents[1] + 0.25 * noise[1])
+    assert torch.equal(target, noise - latents)
+
+
+def test_the_shift_pushes_timesteps_to_noise_in_proportion_to_the_side():
+    settings = FlowSettings(shift_at_reference=1.0, reference_resolution=256)
+    assert [settings.shift(side) for side in (256, 512, 1024)] == [1.0, 2.0, 4.0]
+    t = torch.linspace(0, 1, 11)
+    assert torch.equal(shifted(t, 1.0), t)
+    pushed = shifted(t, 3.0)
+    assert pushed[0] == 0 and pushed[-1] == 1 and torch.all(pushed[1:-1] > t[1:-1])
+    assert torch.isclose(shifted(torch.tensor(0.5), 3.0), torch.tensor(0.75))  # 3 * 0.5 / (1 + 2 * 0.5)
+
+
+def test_training_timesteps_are_logit_normal_from_the_step_generator():
+    settings = FlowSettings()
+    draw = lambda seed: sample_timesteps(settings, 4000, 256, CPU, torch.Generator().manual_seed(seed))
+    first, again, other = draw(1), draw(1), draw(2)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert 0 < first.min() and first.max() < 1
+    assert abs(first.median().item() - 0.5) < 0.03  # sigmoid(N(0, 1)) is symmetric about 1/2
+    assert abs(torch.logit(first).std().item() - 1.0) < 0.05
+    assert sample_timesteps(settings, 4000, 1024, CPU, torch.Generator().manual_seed(1)).median() > 0.75
+
+
+@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-pixart"])
+def test_the_flow_loss_trains_the_transformer_towards_the_velocity(preset):
+    """Fifty steps on one batch with the same draws every step: the loss falls to well under half."""
+    models = load_models(preset, None, seed=0)
+    batch = {"pixel_values": torch.rand(2, 3, 32, 32) * 2 - 1, "caption": ["a red dog", "a blue cat"]}
+    optimizer = torch.optim.AdamW(models.denoiser.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(50):
+        loss = diffusion_loss(models.denoiser, models, batch, CPU, step_generator(0, 1, 0, 0, CPU))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_the_unet_family_s_noise_schedule_options_are_refused(tmp_path, shards_dir, train_args):
+    with pytest.raises(ValueError, match="--prediction-type.*flow matching"):
+        train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1",
+                              "--model-config", "tiny-sd3", "--prediction-type", "v_prediction"))
+
+
+def test_a_preset_whose_parts_do_not_fit_fails_before_any_data_is_read(tmp_path, monkeypatch):
+    preset = json.loads((CONFIGS / "tiny-sd3.json").read_text())
+    preset["transformer"]["pooled_projection_dim"] = 48  # the two CLIPs project to 32 + 32
+    (tmp_path / "bad-sd3.json").write_text(json.dumps(preset))
+    monkeypatch.setattr("trainer.models.loading.CONFIGS_DIR", tmp_path)
+    with pytest.raises(BaseModelError, match="pooled_projection_dim is 48 but the CLIP projections give 64"):
+        load_models("bad-sd3", None, seed=0)
+
+
+# ---------------------------------------------------------------- a run, its pipeline, evaluation and serving
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[family[0] for family in FAMILIES])
+def trained_family(request, tmp_path_factory, shards_dir):
+    preset, pipeline_class, scheduler_class = request.param
+    root = tmp_path_factory.mktemp(preset)
+    args = train.parse_args(["--train-dir", str(shards_dir), "--model-dir", str(root / "model"), "--checkpoint-dir",
+                             str(root / "ckpt"), "--model-config", preset, "--resolution", "32", "--batch-size", "2",
+                             "--num-workers", "0", "--log-every", "1", "--steps", "3", "--checkpoint-every", "2",
+                             "--validation-prompts", "a red dog", "--validation-inference-steps", "2"])
+    before = load_models(preset, None, seed=0).denoiser.state_dict()
+    record = train.main(args)
+    return {"preset": preset, "pipeline_class": pipeline_class, "scheduler_class": scheduler_class,
+            "model_dir": root / "model", "record": record, "health": root / "model" / "health", "before": before}
+
+
+def test_a_run_trains_the_transformer_and_saves_the_family_s_pipeline(trained_family):
+    assert torch.isfinite(torch.tensor(trained_family["record"]["final_loss"]))
+    pipeline = DiffusionPipeline.from_pretrained(trained_family["model_dir"])
+    assert type(pipeline) is trained_family["pipeline_class"]
+    assert type(pipeline.scheduler) is trained_family["scheduler_class"]
+    after = pipeline.transformer.state_dict()
+    assert any(not torch.equal(after[name], value) for name, value in trained_family["before"].items())
+    image = pipeline("a red dog", num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+                     **sampling_options(pipeline)).images[0]
+    assert image.size == (32, 32)  # the resolution the run ended at
+    assert list((trained_family["health"] / "validation").glob("step-*.png"))
+
+
+def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family):
+    """The tokenizers and text encoders saved with the model give the embeddings the run trained on."""
+    saved = from_pretrained(trained_family["model_dir"])
+    fresh = load_models(trained_family["preset"], None, seed=0)
+    captions = ["a red dog on a blue background", ""]
+    trained_on = condition(fresh.family, fresh.text_pipeline(), captions, CPU)
+    pipeline = DiffusionPipeline.from_pretrained(trained_family["model_dir"])
+    served = condition(saved.family, pipeline, captions, CPU)
+    assert torch.equal(trained_on.context, served.context)
+    for part in ("pooled", "mask"):
+        assert (getattr(trained_on, part) is None) == (getattr(served, part) is None)
+
+
+def test_the_validation_loss_is_the_mean_over_eight_equidistant_timesteps_with_fixed_noise(trained_family):
+    models = from_pretrained(trained_family["model_dir"])
+    samples = [EvalSample(f"k{i}", f"a red dog number {i}", torch.rand(3, 32, 32) * 2 - 1, []) for i in range(2)]
+    losses = flow_validation_losses(models, samples, seed=0, device=CPU)
+    assert losses.shape == (2, 8) and torch.equal(losses, flow_validation_losses(models, samples, seed=0, device=CPU))
+    summary = flow_loss_summary(losses)
+    assert list(summary["val_loss_by_timestep"]) == ["0", "0.125", "0.25", "0.375", "0.5", "0.625", "0.75", "0.875"]
+    assert summary["val_loss"] == pytest.approx(losses.mean().item())
+
+
+def test_the_model_server_serves_the_family_and_keeps_its_flow_sampler(trained_family):
+    pipeline = load_pipeline(trained_family["model_dir"])
+    apply_levers(pipeline, {"scheduler": "dpmpp", "fuse_qkv": False, "channels_last": False, "compile": "off"})
+    assert type(pipeline.scheduler) is trained_family["scheduler_class"]  # DPM-Solver++ would sample a DDPM schedule
+    images = generate(pipeline, Generation("a red dog", num_inference_steps=2, height=48, width=32))
+    assert images[0].size == (32, 48)

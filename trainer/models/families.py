@@ -1,0 +1,241 @@
+"""The transformer families: an MMDiT (SD3) and a cross-attention DiT (PixArt-Sigma), trained with
+flow matching (trainer/flow_matching.py), built from diffusers' and transformers' own classes.
+
+A preset names its family (`"family": "sd3"` or `"pixart"`) and gives the configs of its parts:
+`transformer` (the diffusers class's config), `vae` (AutoencoderKL: 16 latent channels for SD3, 4
+for PixArt), `text_encoders` by role (`clip_l` and `clip_g`, CLIPTextModelWithProjection, and an
+optional `t5` for SD3; `t5`, T5EncoderModel, for PixArt) and `flow` (flow_matching.FlowSettings).
+A `--pretrained` pipeline folder brings any of them instead (`text_encoder*`/`tokenizer*`, `vae`,
+`transformer`), as for the UNet family.
+
+Captions condition the transformer exactly as the family's pipeline conditions it at sampling: the
+trainer calls the pipeline's own `encode_prompt` (on a pipeline holding the text parts), so a model is
+trained on the embeddings it is served with:
+- SD3: CLIP-L's and CLIP-G's penultimate hidden states side by side, zero-padded to the T5 width and
+  followed by T5's last hidden state (zeros without a T5), plus both CLIPs' pooled projections.
+- PixArt: T5's last hidden state and its attention mask.
+
+The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last stage's shift.
+PixArtSigmaPipeline reads `init_noise_sigma` and calls `scale_model_input`, which the flow-matching
+Euler scheduler lacks, so PixArt saves `DPMSolverMultistepScheduler` in its flow mode
+(`use_flow_sigmas`, `prediction_type="flow_prediction"`, the same shift): the sampler diffusers
+gives flow-matching DiTs of the PixArt line (Sana).
+"""
+
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
+                       PixArtSigmaPipeline, PixArtTransformer2DModel, SD3Transformer2DModel,
+                       StableDiffusion3Pipeline)
+from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel)
+
+from trainer.objectives.flow_matching import TIMESTEP_SCALE
+from trainer.models.tokenizer import build_t5_tokenizer, build_tokenizer
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """One text encoder of a family: its role in a preset, its pipeline subfolders and class."""
+    role: str  # the preset's key: clip_l, clip_g, t5
+    encoder: str  # the pipeline's subfolder and argument name
+    tokenizer: str
+    encoder_class: type
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    transformer_class: type
+    pipeline_class: type
+    text_parts: tuple[TextPart, ...]
+    max_length: int  # the pipeline's default max_sequence_length for T5: training uses what sampling will
+    shifts_latents: bool  # latents = (z - shift_factor) * scaling_factor (SD3), else z * scaling_factor
+
+    def saved_scheduler(self, shift: float):
+        """The sampler saved with the pipeline, at the run's last shift."""
+        if self.pipeline_class is StableDiffusion3Pipeline:
+            return FlowMatchEulerDiscreteScheduler(shift=shift)
+        return DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=shift)
+
+
+SD3 = Family("sd3", SD3Transformer2DModel, StableDiffusion3Pipeline, (
+    TextPart("clip_l", "text_encoder", "tokenizer", CLIPTextModelWithProjection),
+    TextPart("clip_g", "text_encoder_2", "tokenizer_2", CLIPTextModelWithProjection),
+    TextPart("t5", "text_encoder_3", "tokenizer_3", T5EncoderModel, required=False),
+), max_length=256, shifts_latents=True)
+PIXART = Family("pixart", PixArtTransformer2DModel, PixArtSigmaPipeline, (
+    TextPart("t5", "text_encoder", "tokenizer", T5EncoderModel),
+), max_length=300, shifts_latents=False)
+FAMILIES = {family.name: family for family in (SD3, PIXART)}
+
+
+def family_named(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}; transformer families: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_of_pipeline(path: Path) -> Family | None:
+    """The family of a saved pipeline folder, from its model_index.json (None: not a transformer family)."""
+    index = path / "model_index.json"
+    if not index.is_file():
+        return None
+    class_name = json.loads(index.read_text()).get("_class_name")
+    return next((family for family in FAMILIES.values() if family.pipeline_class.__name__ == class_name), None)
+
+
+@dataclass
+class Conditioning:
+    """What the text encoders give the transformer for a batch of captions."""
+    context: torch.Tensor  # [batch, tokens, width]
+    pooled: torch.Tensor | None = None  # SD3's pooled CLIP projections
+    mask: torch.Tensor | None = None  # PixArt's T5 attention mask
+
+    def repeat_interleave(self, count: int) -> "Conditioning":
+        return Conditioning(*(None if part is None else part.repeat_interleave(count, dim=0)
+                              for part in (self.context, self.pooled, self.mask)))
+
+
+# ---------------------------------------------------------------- building and loading
+
+
+def build_text_parts(family: Family, preset: dict, seed: int) -> tuple[dict, dict]:
+    """({subfolder: encoder}, {subfolder: tokenizer}) with fresh weights from the preset's configs."""
+    configs = preset.get("text_encoders", {})
+    missing = [part.role for part in family.text_parts if part.required and part.role not in configs]
+    if missing:
+        raise ValueError(f"a {family.name} preset needs text_encoders {', '.join(missing)}")
+    encoders, tokenizers = {}, {}
+    for part in family.text_parts:
+        if part.role not in configs:
+            continue
+        torch.manual_seed(seed)
+        if part.encoder_class is T5EncoderModel:
+            tokenizer = build_t5_tokenizer(family.max_length)
+            encoder = T5EncoderModel(T5Config(**configs[part.role], vocab_size=len(tokenizer),
+                                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                              decoder_start_token_id=tokenizer.pad_token_id))
+        else:
+            tokenizer = build_tokenizer()
+            encoder = CLIPTextModelWithProjection(CLIPTextConfig(
+                **configs[part.role], vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+        encoders[part.encoder], tokenizers[part.tokenizer] = encoder, tokenizer
+    return encoders, tokenizers
+
+
+def load_text_parts(family: Family, base: Path) -> tuple[dict, dict]:
+    """The text encoders and tokenizers a base pipeline folder holds for this family (an encoder never
+    comes without its tokenizer)."""
+    encoders, tokenizers = {}, {}
+    for part in family.text_parts:
+        if not (base / part.encoder / "config.json").is_file():
+            if part.required:
+                raise ValueError(f"the base {base} has no {part.encoder}/ ({part.role}), which a {family.name} model needs")
+            continue
+        if not (base / part.tokenizer).is_dir():
+            raise ValueError(f"the base {base} has {part.encoder}/ but no {part.tokenizer}/: its token ids are unknown")
+        encoders[part.encoder] = part.encoder_class.from_pretrained(base, subfolder=part.encoder)
+        tokenizers[part.tokenizer] = AutoTokenizer.from_pretrained(base, subfolder=part.tokenizer)
+    return encoders, tokenizers
+
+
+def load_transformer(family: Family, base: Path):
+    return family.transformer_class.from_pretrained(base, subfolder="transformer")
+
+
+def load_vae(base: Path) -> AutoencoderKL:
+    return AutoencoderKL.from_pretrained(base, subfolder="vae")
+
+
+def check_fits(family: Family, transformer, vae: AutoencoderKL, encoders: dict, source: str) -> None:
+    """The parts fit: the transformer reads the VAE's latents and the text encoders' widths."""
+    config = transformer.config
+    if config.in_channels != vae.config.latent_channels:
+        raise ValueError(f"the transformer takes {config.in_channels} latent channels but the VAE makes "
+                         f"{vae.config.latent_channels} ({source})")
+    if family is SD3:
+        clips = [encoders[name] for name in ("text_encoder", "text_encoder_2")]
+        pooled = sum(encoder.config.projection_dim for encoder in clips)
+        if pooled != config.pooled_projection_dim:
+            raise ValueError(f"the transformer's pooled_projection_dim is {config.pooled_projection_dim} but the CLIP "
+                             f"projections give {pooled} ({source})")
+        widths = [sum(encoder.config.hidden_size for encoder in clips)]
+        if "text_encoder_3" in encoders:
+            widths.append(encoders["text_encoder_3"].config.d_model)
+        if max(widths) > config.joint_attention_dim or widths[-1] != config.joint_attention_dim and len(widths) == 2:
+            raise ValueError(f"the transformer's joint_attention_dim is {config.joint_attention_dim} but the text "
+                             f"encoders give widths {widths} ({source})")
+        if vae.config.shift_factor is None:
+            raise ValueError(f"an SD3 model's VAE needs a shift_factor ({source})")
+    elif encoders["text_encoder"].config.d_model != config.caption_channels:
+        raise ValueError(f"the transformer's caption_channels is {config.caption_channels} but T5 gives "
+                         f"{encoders['text_encoder'].config.d_model} ({source})")
+
+
+# ---------------------------------------------------------------- conditioning, prediction, pipeline
+
+
+def text_pipeline(family: Family, transformer, encoders: dict, tokenizers: dict):
+    """The family's pipeline without VAE and scheduler: its `encode_prompt` is what conditions training."""
+    parts = {name: None for name in inspect.signature(family.pipeline_class.__init__).parameters
+             if name not in ("self", "image_encoder", "feature_extractor")}
+    return family.pipeline_class(**{**parts, "transformer": transformer, **encoders, **tokenizers})
+
+
+@torch.no_grad()
+def condition(family: Family, pipeline, captions: list[str], device: torch.device) -> Conditioning:
+    """The captions' conditioning, computed by the family's pipeline as it does at sampling."""
+    if family is SD3:
+        context, _, pooled, _ = pipeline.encode_prompt(captions, None, None, device=device,
+                                                       do_classifier_free_guidance=False,
+                                                       max_sequence_length=family.max_length)
+        return Conditioning(context, pooled=pooled)
+    context, mask, _, _ = pipeline.encode_prompt(captions, do_classifier_free_guidance=False, device=device,
+                                                 max_sequence_length=family.max_length)
+    return Conditioning(context, mask=mask)
+
+
+def predict(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
+    """The transformer's velocity for latents `noisy` at timesteps `t` in [0, 1]."""
+    timestep = t * TIMESTEP_SCALE
+    if conditioning.mask is None:
+        return transformer(hidden_states=noisy, encoder_hidden_states=conditioning.context,
+                           pooled_projections=conditioning.pooled, timestep=timestep).sample
+    output = transformer(noisy, encoder_hidden_states=conditioning.context, encoder_attention_mask=conditioning.mask,
+                         timestep=timestep, added_cond_kwargs={"resolution": None, "aspect_ratio": None}).sample
+    return output[:, :noisy.shape[1]]  # a learned-variance layout (2x channels) keeps its first half
+
+
+def build_pipeline(family: Family, transformer, vae: AutoencoderKL, encoders: dict, tokenizers: dict, shift: float):
+    """The family's diffusers pipeline around `transformer`, with the flow sampler at `shift`."""
+    parts = {"transformer": transformer, "vae": vae, "scheduler": family.saved_scheduler(shift), **encoders, **tokenizers}
+    if family is SD3:
+        parts.setdefault("text_encoder_3", None)
+        parts.setdefault("tokenizer_3", None)
+    return family.pipeline_class(**parts)
+
+
+def check_flow_run(family: Family, args) -> None:
+    """What a flow-matching run cannot take, refused at its start: the UNet family's noise-schedule options."""
+    given = [flag for flag, value in (("--prediction-type", args.prediction_type), ("--zero-terminal-snr", args.zero_terminal_snr),
+                                      ("--snr-gamma", args.snr_gamma), ("--noise-offset", args.noise_offset)) if value]
+    if given:
+        raise ValueError(f"{', '.join(given)}: options of the UNet family's noise schedule; a {family.name} model "
+                         "trains with flow matching (its preset's `flow` block sets the timestep sampling)")
+
+
+def negative_prompt(pipeline, value):
+    """The request's negative prompt as the pipeline takes it: PixArt's pipelines need a string where none is given."""
+    return "" if value is None and isinstance(pipeline, PixArtSigmaPipeline) else value
+
+
+def sampling_options(pipeline) -> dict:
+    """Keyword arguments the pipeline needs to draw exactly the asked height and width: PixArt's
+    pipelines otherwise snap them to the aspect-ratio bins of their 256-2048 px checkpoints."""
+    return {"use_resolution_binning": False} if "use_resolution_binning" in inspect.signature(pipeline.__call__).parameters else {}
