@@ -34,7 +34,15 @@ COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_partner", "cli_pro
 
 # --- local stack ----------------------------------------------------------------------------------
 
+def _checkout() -> None:
+    """The local stack runs the checkout's template.yaml, functions/ and trainer/, which a wheel does not hold."""
+    if not (REPO / "template.yaml").exists():
+        raise client.PipelineError("the local stack and the demo run from a checkout of the repository: clone it, "
+                                   "then `make local` or `make demo` there")
+
+
 def cmd_local_up(args: argparse.Namespace) -> int:
+    _checkout()
     from atelier import bases
     from atelier.local.stack import LocalStack, StackOptions
     if args.base is not None:
@@ -81,13 +89,14 @@ def _interrupt_on_stop_signals() -> None:
 
 
 def cmd_local_env(args: argparse.Namespace) -> int:
-    from atelier.local.stack import read_env
+    from atelier.local.state import read_env
     for key, value in sorted(read_env(args.state_dir).items()):
         print(f"export {key}={value}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _checkout()
     from atelier.demo import DemoFailed, DemoOptions, run_demo
     try:
         result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
@@ -291,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atelier.local.stack import StackError, read_env
+    from atelier.local.state import StackError, read_env
     from atelier.local.template import TemplateError
     args = parser().parse_args(argv)
     try:

@@ -26,6 +26,7 @@ from atelier.local.alarms import AlarmEvaluator
 from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.sagemaker import LocalSageMaker, Settings
+from atelier.local.state import STATE_FILE, StackError
 from atelier.local.template import expand, load_overrides
 from atelier.local.worker import SCHEDULE_SCALE_ENV
 
@@ -35,10 +36,6 @@ OUTPUTS_TEMPLATE_RESOURCE = {"Handle": {"Type": "AWS::CloudFormation::WaitCondit
 
 
 LOCAL_BASES_BUCKET = "atelier-local-bases"  # `--base DIR` uploads there (AWS: any bucket the SageMaker role reads)
-
-
-class StackError(RuntimeError):
-    """The local stack could not start, or a part of it died."""
 
 
 @dataclass
@@ -70,7 +67,7 @@ class StackOptions:
 
     @property
     def state_file(self) -> Path:
-        return self.state_dir / "stack.json"
+        return self.state_dir / STATE_FILE
 
 
 class LocalStack:
@@ -188,10 +185,7 @@ class LocalStack:
         return provisioned
 
     def _register_outputs(self, provisioned: Provisioned) -> None:
-        """A CloudFormation stack that holds only the outputs, so tools read them as on AWS."""
-        template = {"Resources": OUTPUTS_TEMPLATE_RESOURCE,
-                    "Outputs": {k: {"Value": v} for k, v in provisioned.outputs.items()}}
-        boto3.client("cloudformation").create_stack(StackName=self.options.stack, TemplateBody=json.dumps(template))
+        register_outputs(self.options.stack, provisioned.outputs)
 
     def _start_worker(self, logical_id: str, instance: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -222,6 +216,12 @@ class LocalStack:
         self.options.state_file.write_text(json.dumps(state, indent=1))
 
 
+def register_outputs(stack: str, outputs: dict[str, str]) -> None:
+    """A CloudFormation stack that holds only the outputs, so tools read them as on AWS."""
+    template = {"Resources": OUTPUTS_TEMPLATE_RESOURCE, "Outputs": {k: {"Value": v} for k, v in outputs.items()}}
+    boto3.client("cloudformation").create_stack(StackName=stack, TemplateBody=json.dumps(template))
+
+
 def instances(provisioned: Provisioned, logical_id: str, local_cap: int) -> int:
     """How many worker processes run a function: one for a function only EventBridge rules invoke
     (rare events); for SQS mappings, as many as Lambda would run at most, capped at `local_cap`."""
@@ -247,14 +247,6 @@ def _forget_sessions() -> None:
     aws = sys.modules.get("core.aws")
     if aws is not None:
         aws.reset_clients()
-
-
-def read_env(state_dir: Path) -> dict[str, str]:
-    """The environment a running local stack wrote, for other processes to use."""
-    state_file = state_dir / "stack.json"
-    if not state_file.exists():
-        raise StackError(f"no local stack state in {state_dir}: start one with `atelier local up`")
-    return json.loads(state_file.read_text())["env"]
 
 
 def _port_or_free(port: int) -> int:
