@@ -63,3 +63,26 @@ def denied(call: Any, **kwargs: Any) -> bool:
         assert exc.response["Error"]["Code"] == "AccessDenied", exc
         return True
     return False
+
+
+def read_c2pa(png: bytes, anchors: str) -> tuple[str, dict, list[str]] | None:
+    """(validation state, active manifest, failure codes) of a PNG's C2PA manifest, trusting only
+    `anchors` (PEM root certificates); None without a manifest."""
+    import io
+
+    import c2pa
+    settings = {"trust": {"user_anchors": anchors}, "verify": {"remote_manifest_fetch": False}}
+    with c2pa.Context.from_dict(settings) as context:
+        reader = c2pa.Reader.try_create("image/png", io.BytesIO(png), context=context)
+        if reader is None:
+            return None
+        with reader:
+            store = json.loads(reader.json())
+            failures = reader.get_validation_results()["activeManifest"].get("failure", [])
+            return (reader.get_validation_state(), store["manifests"][store["active_manifest"]],
+                    [failure["code"] for failure in failures])
+
+
+def c2pa_assertions(manifest: dict) -> dict[str, dict]:
+    """A C2PA manifest's assertions by label."""
+    return {assertion["label"]: assertion["data"] for assertion in manifest["assertions"]}

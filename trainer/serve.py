@@ -18,9 +18,10 @@ several. Every PNG carries text chunks: atelier:model-id, atelier:manifest, atel
 (from $ATELIER_MODEL_ID, $ATELIER_MANIFEST_DIGEST, $ATELIER_ATTRIBUTION_URI, which DeployFunction
 sets in the model's container environment; the manifest falls back to `manifest_digest` in the
 model's atelier-training.json, then each to "unknown"), atelier:prompt, atelier:negative-prompt,
-atelier:seed, atelier:steps, atelier:guidance. With $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY set,
+atelier:seed, atelier:steps, atelier:guidance. With a signing identity ($ATELIER_C2PA_SECRET, a
+Secrets Manager secret the deploy stage names, or the files $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY)
 every PNG also carries a signed C2PA manifest with the model id, manifest and attribution
-(trainer/credentials.py); credentials that cannot sign fail at start.
+(trainer/credentials.py); an identity that cannot be read or cannot sign fails at start.
 
 Bounds (ServeSettings, from the environment once at start): $SERVE_MAX_STEPS (200),
 $SERVE_MAX_SIDE (2048), $SERVE_MAX_IMAGES (4), $SERVE_MAX_BODY_BYTES (65536),

@@ -35,6 +35,7 @@ MOTO_ACCOUNT = "123456789012"  # moto's default account id
 OUTPUTS_TEMPLATE_RESOURCE = {"Handle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}
 
 
+SIGNING_PARAMETER = "C2paSigningSecretArn"
 LOCAL_BASES_BUCKET = "atelier-local-bases"  # `--base DIR` uploads there (AWS: any bucket the SageMaker role reads)
 
 
@@ -64,6 +65,10 @@ class StackOptions:
     # moto checks every request against IAM, the stack running as an administrator user
     # (atelier/local/enforcement.py): partner roles are then held to their policies, as on AWS.
     enforce_iam: bool = False
+    # Served PNGs signed with C2PA (`atelier local up --sign`): a throwaway identity (atelier/local/signing.py)
+    # in a Secrets Manager secret, made once moto is up and given as C2paSigningSecretArn; its root CA
+    # in <state_dir>/c2pa-root.pem, to verify with.
+    sign_images: bool = False
 
     @property
     def state_file(self) -> Path:
@@ -92,6 +97,8 @@ class LocalStack:
         self._set_env({"AWS_ENDPOINT_URL": moto_url, **keys, "AWS_DEFAULT_REGION": opts.region, "AWS_REGION": opts.region})
         if opts.base is not None:
             self.options = opts = replace(opts, overrides={**opts.overrides, "PretrainedModelUri": self._upload_base(opts.base)})
+        if opts.sign_images:
+            self.options = opts = replace(opts, overrides={**opts.overrides, SIGNING_PARAMETER: self._signing_secret()})
         self.provisioned = self._provision()
         self._register_outputs(self.provisioned)
         self.sagemaker = LocalSageMaker(Settings(state_dir=opts.state_dir / "sagemaker", region=opts.region,
@@ -171,6 +178,16 @@ class LocalStack:
             raise StackError("give a base either as --base or as --parameter PretrainedModelUri=..., not both")
         boto3.client("s3", region_name=self.options.region).create_bucket(Bucket=LOCAL_BASES_BUCKET)
         return bases.add(LOCAL_BASES_BUCKET, folder, folder.resolve().name).uri
+
+    def _signing_secret(self) -> str:
+        """A new local signing identity in a secret (the stack's template takes it as AWS's would): its ARN."""
+        from atelier.local import signing
+        if SIGNING_PARAMETER in self.options.overrides:
+            raise StackError(f"give a signing secret either as --sign or as --parameter {SIGNING_PARAMETER}=..., not both")
+        identity = signing.local_identity()
+        (self.options.state_dir / signing.ROOT_FILE).write_bytes(identity.root)
+        secretsmanager = boto3.client("secretsmanager", region_name=self.options.region)
+        return signing.create_secret(secretsmanager, f"{self.options.stack}/c2pa-signing", identity)
 
     def _provision(self) -> Provisioned:
         opts = self.options
