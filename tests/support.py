@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,19 @@ def hue_turned(image: "Image.Image", degrees: float) -> "Image.Image":
 
     matrix = times(_FROM_YCBCR, times(turn, _TO_YCBCR))
     return image.convert("RGB").convert("RGB", matrix=tuple(v for row in matrix for v in (*row, 0.0)))
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto in server mode in this process, on a free loopback port: its URL."""
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
 
 
 def quick_training() -> dict[str, str]:

@@ -20,11 +20,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 from PIL import Image
 
 from atelier.local.sagemaker import LocalSageMaker, Settings, start_local_sagemaker
 from atelier.local.sagemaker.training_instances import host_names
+from tests.support import moto_server
 
 pytestmark = pytest.mark.slow(seconds=55)
 FAKE_CONTAINER = Path(__file__).with_name("fake_container.py")
@@ -39,11 +39,8 @@ TRAINING_SEQUENCE = [("InProgress", "Starting"), ("InProgress", "Downloading"), 
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

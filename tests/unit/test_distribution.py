@@ -16,12 +16,11 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from atelier.local.provision import Provisioner
 from atelier.local.stack import register_outputs
 from atelier.local.template import expand
-from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, moto_server
 
 pytestmark = pytest.mark.slow(seconds=30)
 UV = Path(sys.executable).parent / "uv"  # the Makefile's .venv/bin/uv
@@ -136,18 +135,12 @@ def test_status_without_a_reachable_aws_says_so_in_one_line(base: Path) -> None:
 @pytest.fixture
 def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """template.yaml's resources and the stack's outputs on a moto server: its URL."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    try:
+    with moto_server() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         expanded = expand(REPO / "template.yaml", IMAGES, STACK, REGION, ACCOUNT)
         provisioned = Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()
         register_outputs(STACK, provisioned.outputs)
         yield url
-    finally:
-        server.stop()
 
 
 def test_status_reads_the_stack_with_the_base_dependencies(base: Path, deployed: str) -> None:
