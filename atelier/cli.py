@@ -34,17 +34,26 @@ COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_partner", "cli_pro
 
 # --- local stack ----------------------------------------------------------------------------------
 
+def _checkout() -> None:
+    """The local stack runs the checkout's template.yaml, functions/ and trainer/, which a wheel does not hold."""
+    if not (REPO / "template.yaml").exists():
+        raise client.PipelineError("the local stack and the demo run from a checkout of the repository: clone it, "
+                                   "then `make local` or `make demo` there")
+
+
 def cmd_local_up(args: argparse.Namespace) -> int:
+    _checkout()
     from atelier import bases
+    from atelier.local import signing
     from atelier.local.stack import LocalStack, StackOptions
     if args.base is not None:
         bases.check(args.base, args.base.resolve().name)  # a bad folder fails before anything starts
     options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port,
                            sagemaker_port=args.port + 1 if args.port else 0, overrides=dict(args.parameter),
-                           base=args.base, enforce_iam=args.enforce_iam)
+                           base=args.base, enforce_iam=args.enforce_iam, sign_images=args.sign)
     with LocalStack(options) as stack:
         for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port,
-                                    args.enforce_iam):
+                                    args.enforce_iam, args.state_dir / signing.ROOT_FILE if args.sign else None):
             console.print(line, soft_wrap=True)  # the terminal wraps: commands stay one line to copy
         _interrupt_on_stop_signals()
         try:
@@ -56,7 +65,8 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def local_up_banner(outputs: int, workers: int, logs: Path, port: int, enforce_iam: bool = False) -> list[str]:
+def local_up_banner(outputs: int, workers: int, logs: Path, port: int, enforce_iam: bool = False,
+                    signing_root: Path | None = None) -> list[str]:
     """What `local up` prints once the stack is up, as rich markup: text in brackets that is not
     markup (`[local]`) is escaped, or rich would drop it."""
     lines = [f"[bold green]local stack up[/]: {outputs} outputs, {workers} function workers; logs in {escape(str(logs))}",
@@ -68,6 +78,9 @@ def local_up_banner(outputs: int, workers: int, logs: Path, port: int, enforce_i
     if enforce_iam:
         lines.append("IAM is enforced: `atelier local env` holds the administrator's keys; partners upload with their own "
                      "(docs/local.md, partner profiles)")
+    if signing_root is not None:
+        lines.append(f"Served PNGs are signed (C2PA) by a local CA: verify them with {escape(str(signing_root))} as the "
+                     "trust anchor (docs/provenance.md)")
     return [*lines, "Ctrl-C stops it."]
 
 
@@ -81,13 +94,14 @@ def _interrupt_on_stop_signals() -> None:
 
 
 def cmd_local_env(args: argparse.Namespace) -> int:
-    from atelier.local.stack import read_env
+    from atelier.local.state import read_env
     for key, value in sorted(read_env(args.state_dir).items()):
         print(f"export {key}={value}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _checkout()
     from atelier.demo import DemoFailed, DemoOptions, run_demo
     try:
         result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
@@ -241,6 +255,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--enforce-iam", action="store_true",
                     help="moto checks every request against IAM, as AWS does (try partner profiles); the stack runs "
                          "as an administrator user")
+    up.add_argument("--sign", action="store_true",
+                    help="sign served PNGs with C2PA: a throwaway local CA's certificate in a Secrets Manager secret "
+                         "(C2paSigningSecretArn); its root is written to the state folder")
     up.set_defaults(func=cmd_local_up)
     local.add_parser("env", help="print the exports that point boto3 at the running local stack").set_defaults(
         func=cmd_local_env)
@@ -291,7 +308,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atelier.local.stack import StackError, read_env
+    from atelier.local.state import StackError, read_env
     from atelier.local.template import TemplateError
     args = parser().parse_args(argv)
     try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,19 @@ def hue_turned(image: "Image.Image", degrees: float) -> "Image.Image":
     return image.convert("RGB").convert("RGB", matrix=tuple(v for row in matrix for v in (*row, 0.0)))
 
 
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto in server mode in this process, on a free loopback port: its URL."""
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
 def quick_training() -> dict[str, str]:
     """samconfig.toml [local]'s autoencoder and training parameters with a few steps each: for the e2e
     tests that need a model to flow through the chain, not one that draws its prompts."""
@@ -75,3 +90,26 @@ def sagemaker_job(name: str, output_uri: str, tags: dict[str, str]) -> None:
         OutputDataConfig={"S3OutputPath": output_uri},
         ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
         StoppingCondition={"MaxRuntimeInSeconds": 60}, Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+
+
+def read_c2pa(png: bytes, anchors: str) -> tuple[str, dict, list[str]] | None:
+    """(validation state, active manifest, failure codes) of a PNG's C2PA manifest, trusting only
+    `anchors` (PEM root certificates); None without a manifest."""
+    import io
+
+    import c2pa
+    settings = {"trust": {"user_anchors": anchors}, "verify": {"remote_manifest_fetch": False}}
+    with c2pa.Context.from_dict(settings) as context:
+        reader = c2pa.Reader.try_create("image/png", io.BytesIO(png), context=context)
+        if reader is None:
+            return None
+        with reader:
+            store = json.loads(reader.json())
+            failures = reader.get_validation_results()["activeManifest"].get("failure", [])
+            return (reader.get_validation_state(), store["manifests"][store["active_manifest"]],
+                    [failure["code"] for failure in failures])
+
+
+def c2pa_assertions(manifest: dict) -> dict[str, dict]:
+    """A C2PA manifest's assertions by label."""
+    return {assertion["label"]: assertion["data"] for assertion in manifest["assertions"]}

@@ -26,6 +26,7 @@ from atelier.local.alarms import AlarmEvaluator
 from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.sagemaker import LocalSageMaker, Settings
+from atelier.local.state import STATE_FILE, StackError
 from atelier.local.template import expand, load_overrides
 from atelier.local.worker import SCHEDULE_SCALE_ENV
 
@@ -34,11 +35,8 @@ MOTO_ACCOUNT = "123456789012"  # moto's default account id
 OUTPUTS_TEMPLATE_RESOURCE = {"Handle": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}
 
 
+SIGNING_PARAMETER = "C2paSigningSecretArn"
 LOCAL_BASES_BUCKET = "atelier-local-bases"  # `--base DIR` uploads there (AWS: any bucket the SageMaker role reads)
-
-
-class StackError(RuntimeError):
-    """The local stack could not start, or a part of it died."""
 
 
 @dataclass
@@ -67,10 +65,14 @@ class StackOptions:
     # moto checks every request against IAM, the stack running as an administrator user
     # (atelier/local/enforcement.py): partner roles are then held to their policies, as on AWS.
     enforce_iam: bool = False
+    # Served PNGs signed with C2PA (`atelier local up --sign`): a throwaway identity (atelier/local/signing.py)
+    # in a Secrets Manager secret, made once moto is up and given as C2paSigningSecretArn; its root CA
+    # in <state_dir>/c2pa-root.pem, to verify with.
+    sign_images: bool = False
 
     @property
     def state_file(self) -> Path:
-        return self.state_dir / "stack.json"
+        return self.state_dir / STATE_FILE
 
 
 class LocalStack:
@@ -95,6 +97,8 @@ class LocalStack:
         self._set_env({"AWS_ENDPOINT_URL": moto_url, **keys, "AWS_DEFAULT_REGION": opts.region, "AWS_REGION": opts.region})
         if opts.base is not None:
             self.options = opts = replace(opts, overrides={**opts.overrides, "PretrainedModelUri": self._upload_base(opts.base)})
+        if opts.sign_images:
+            self.options = opts = replace(opts, overrides={**opts.overrides, SIGNING_PARAMETER: self._signing_secret()})
         self.provisioned = self._provision()
         self._register_outputs(self.provisioned)
         self.sagemaker = LocalSageMaker(Settings(state_dir=opts.state_dir / "sagemaker", region=opts.region,
@@ -175,6 +179,16 @@ class LocalStack:
         boto3.client("s3", region_name=self.options.region).create_bucket(Bucket=LOCAL_BASES_BUCKET)
         return bases.add(LOCAL_BASES_BUCKET, folder, folder.resolve().name).uri
 
+    def _signing_secret(self) -> str:
+        """A new local signing identity in a secret (the stack's template takes it as AWS's would): its ARN."""
+        from atelier.local import signing
+        if SIGNING_PARAMETER in self.options.overrides:
+            raise StackError(f"give a signing secret either as --sign or as --parameter {SIGNING_PARAMETER}=..., not both")
+        identity = signing.local_identity()
+        (self.options.state_dir / signing.ROOT_FILE).write_bytes(identity.root)
+        secretsmanager = boto3.client("secretsmanager", region_name=self.options.region)
+        return signing.create_secret(secretsmanager, f"{self.options.stack}/c2pa-signing", identity)
+
     def _provision(self) -> Provisioned:
         opts = self.options
         overrides = {**load_overrides(opts.root / "samconfig.toml", opts.config_env), **opts.overrides}
@@ -188,10 +202,7 @@ class LocalStack:
         return provisioned
 
     def _register_outputs(self, provisioned: Provisioned) -> None:
-        """A CloudFormation stack that holds only the outputs, so tools read them as on AWS."""
-        template = {"Resources": OUTPUTS_TEMPLATE_RESOURCE,
-                    "Outputs": {k: {"Value": v} for k, v in provisioned.outputs.items()}}
-        boto3.client("cloudformation").create_stack(StackName=self.options.stack, TemplateBody=json.dumps(template))
+        register_outputs(self.options.stack, provisioned.outputs)
 
     def _start_worker(self, logical_id: str, instance: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -222,6 +233,12 @@ class LocalStack:
         self.options.state_file.write_text(json.dumps(state, indent=1))
 
 
+def register_outputs(stack: str, outputs: dict[str, str]) -> None:
+    """A CloudFormation stack that holds only the outputs, so tools read them as on AWS."""
+    template = {"Resources": OUTPUTS_TEMPLATE_RESOURCE, "Outputs": {k: {"Value": v} for k, v in outputs.items()}}
+    boto3.client("cloudformation").create_stack(StackName=stack, TemplateBody=json.dumps(template))
+
+
 def instances(provisioned: Provisioned, logical_id: str, local_cap: int) -> int:
     """How many worker processes run a function: one for a function only EventBridge rules invoke
     (rare events); for SQS mappings, as many as Lambda would run at most, capped at `local_cap`."""
@@ -247,14 +264,6 @@ def _forget_sessions() -> None:
     aws = sys.modules.get("core.aws")
     if aws is not None:
         aws.reset_clients()
-
-
-def read_env(state_dir: Path) -> dict[str, str]:
-    """The environment a running local stack wrote, for other processes to use."""
-    state_file = state_dir / "stack.json"
-    if not state_file.exists():
-        raise StackError(f"no local stack state in {state_dir}: start one with `atelier local up`")
-    return json.loads(state_file.read_text())["env"]
 
 
 def _port_or_free(port: int) -> int:

@@ -385,6 +385,8 @@ class DeploySettings:
     startup_timeout_s: int = 1200
     # the model server's $SERVE_* settings, in every model's container (contracts/serve_environment.py)
     serve_environment: dict[str, str] = field(default_factory=dict)
+    # the Secrets Manager secret (ARN) the model server signs its PNGs with (contracts/c2pa_secret.py); empty: unsigned
+    signing_secret_arn: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "DeploySettings":
@@ -416,6 +418,7 @@ class DeploySettings:
             kms_key=env.get("KMS_KEY_ARN", ""),
             startup_timeout_s=int(_bounded("ENDPOINT_STARTUP_TIMEOUT_S", _int(env, "ENDPOINT_STARTUP_TIMEOUT_S"), 60, 3600)),
             serve_environment=_serve_environment(env.get("SERVE_ENVIRONMENT") or "{}"),
+            signing_secret_arn=env.get("C2PA_SIGNING_SECRET_ARN", ""),
         )
 
 

@@ -3,7 +3,8 @@ container, the endpoint updates blue/green and rolls back on its alarm.
 
 One stack: the demo chain deploys model A; the tests then deliver further training-job events in
 order (each builds on the endpoint the previous one left): a Stopped job, a duplicate, a worse
-model, a better one, a rollback by hand and an automatic rollback.
+model, a better one, a rollback by hand and an automatic rollback. The stack signs served images
+(`local up --sign`: a local CA's certificate in the secret C2paSigningSecretArn names).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from atelier.demo import DemoOptions, drive
+from atelier.local import signing
 from atelier.local.stack import LocalStack, StackOptions
 from contracts import pipeline_table
 from core import aws
-from tests.support import quick_training
+from tests.support import c2pa_assertions, quick_training, read_c2pa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=110)]
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ UNET_WEIGHTS = "unet/diffusion_pytorch_model.safetensors"
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, str]]:
     state = tmp_path_factory.mktemp("stack")
     with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0,
-                                 overrides=quick_training())) as stack:
+                                 overrides=quick_training(), sign_images=True)) as stack:
         result = drive(stack, DemoOptions(root=REPO, state_dir=state, output=state / "a.png", images=16,
                                           stage_timeout_s=420))
         yield stack, next(j["name"] for j in result[0]["config"]["jobs"] if j["role"] == "train")  # not its encode job
@@ -130,11 +132,15 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def png_model_id(stack: LocalStack) -> str:
+def served_png(stack: LocalStack) -> bytes:
     body = json.dumps({"prompt": "a red circle on a blue background", "num_inference_steps": 2, "seed": 3})
     response = boto3.client("sagemaker-runtime").invoke_endpoint(
         EndpointName=stack.outputs["EndpointName"], ContentType="application/json", Accept="image/png", Body=body)
-    return Image.open(io.BytesIO(response["Body"].read())).text["atelier:model-id"]
+    return response["Body"].read()
+
+
+def png_model_id(stack: LocalStack) -> str:
+    return Image.open(io.BytesIO(served_png(stack))).text["atelier:model-id"]
 
 
 # --- the story, in order ----------------------------------------------------------------------------
@@ -146,6 +152,19 @@ def test_the_demo_model_passed_the_gate_and_serves(deployed: Any) -> None:
     assert gate["decision"] == "passed" and gate["production"] is None
     assert float(gate["scores"]["val_loss"]) > 0
     assert serving(stack) == first and png_model_id(stack) == first
+
+
+def test_the_served_png_carries_a_c2pa_manifest_that_verifies(deployed: Any) -> None:
+    stack, first = deployed
+    anchors = (stack.options.state_dir / signing.ROOT_FILE).read_text()
+
+    state, manifest, failures = read_c2pa(served_png(stack), anchors)
+
+    assert (state, failures) == ("Trusted", [])
+    assert c2pa_assertions(manifest)["atelier.provenance"]["model_id"] == first
+    model = boto3.client("sagemaker").describe_model(ModelName=first)
+    assert model["PrimaryContainer"]["Environment"]["ATELIER_C2PA_SECRET"].startswith("arn:aws:secretsmanager:")
+    assert model["EnableNetworkIsolation"] is False  # the server read its secret with the role's credentials
 
 
 def test_a_stopped_job_is_recorded_and_never_deployed(deployed: Any) -> None:

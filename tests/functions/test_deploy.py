@@ -730,6 +730,20 @@ def test_the_models_container_has_the_operators_server_settings_beside_its_prove
                            "ATELIER_ATTRIBUTION_URI": f"s3://models/training/{JOB}/output/attribution.json"}
 
 
+def test_a_signing_model_names_its_secret_and_is_not_network_isolated() -> None:
+    # AWS: a network-isolated container gets no credentials and no network, so a server that reads its
+    # signing secret at start runs without isolation (docs/deploy.md); without a secret it keeps it
+    secret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:atelier/c2pa-signing-AbCdEf"
+    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+                              endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
+                              signing_secret_arn=secret)
+
+    request = model_request(completed(), settings)
+
+    assert request["PrimaryContainer"]["Environment"]["ATELIER_C2PA_SECRET"] == secret
+    assert request["EnableNetworkIsolation"] is False
+
+
 # AWS: CreateEndpointConfig "fails" when KmsKeyId is given for an instance type with local storage,
 # as CreateTrainingJob does for VolumeKmsKeyId (docs/aws-differences.md).
 KEY = "arn:aws:kms:us-east-1:123456789012:key/k"

@@ -7,10 +7,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from core import aws
 from core.pack import segments
+from tests.support import moto_server
 
 BUCKET = "transfer-bench"
 MIB = 1 << 20
@@ -18,16 +18,12 @@ MIB = 1 << 20
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    host, port = moto.get_host_and_port()
-    url = f"http://{host}:{port}"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    aws.reset_clients()
-    aws.client("s3").create_bucket(Bucket=BUCKET)
-    aws.client("s3").put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
-    yield url
-    moto.stop()
+    with moto_server() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        aws.reset_clients()
+        aws.client("s3").create_bucket(Bucket=BUCKET)
+        aws.client("s3").put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        yield url
     aws.reset_clients()
 
 

@@ -13,7 +13,8 @@ Environment steers it: FAKE_SERVE=crash exits at once, FAKE_SERVE=unhealthy neve
 FAKE_READY_DELAY (seconds) delays the first 200 from /ping, FAKE_INVOKE_STATUS (an HTTP status)
 answers every valid /invocations with that status and the body "injected failure".
 
-Both write their pid to <ATELIER_OPT_ML>/<mode>.pid so tests can check nothing outlives the stack.
+Both write their pid to <ATELIER_OPT_ML>/<mode>.pid so tests can check nothing outlives the stack,
+and the AWS_* variables they were given to <ATELIER_OPT_ML>/<mode>.aws.json.
 """
 
 from __future__ import annotations
@@ -110,4 +111,5 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     ROOT.mkdir(parents=True, exist_ok=True)
     (ROOT / f"{mode}.pid").write_text(str(os.getpid()))
+    (ROOT / f"{mode}.aws.json").write_text(json.dumps({k: v for k, v in os.environ.items() if k.startswith("AWS_")}))
     sys.exit(train() if mode == "train" else serve())

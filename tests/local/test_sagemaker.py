@@ -20,11 +20,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 from PIL import Image
 
 from atelier.local.sagemaker import LocalSageMaker, Settings, start_local_sagemaker
 from atelier.local.sagemaker.training_instances import host_names
+from tests.support import moto_server
 
 pytestmark = pytest.mark.slow(seconds=55)
 FAKE_CONTAINER = Path(__file__).with_name("fake_container.py")
@@ -39,11 +39,8 @@ TRAINING_SEQUENCE = [("InProgress", "Starting"), ("InProgress", "Downloading"), 
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture
@@ -205,7 +202,8 @@ def error_of(call: Callable[[], Any]) -> tuple[str, str]:
     return caught.value.response["Error"]["Code"], caught.value.response["Error"]["Message"]
 
 
-def put_model(s3: Any, sm: Any, name: str, reply: str, environment: dict[str, str] | None = None) -> None:
+def put_model(s3: Any, sm: Any, name: str, reply: str, environment: dict[str, str] | None = None,
+              isolated: bool = False) -> None:
     """A model whose archive holds reply.txt, plus a one-variant endpoint config of the same name."""
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
@@ -215,7 +213,7 @@ def put_model(s3: Any, sm: Any, name: str, reply: str, environment: dict[str, st
     s3.put_object(Bucket="models", Key=f"training/{name}/output/model.tar.gz", Body=archive.getvalue())
     sm.create_model(ModelName=name, ExecutionRoleArn=ROLE, PrimaryContainer={
         "Image": FAKE_IMAGE, "ModelDataUrl": f"s3://models/training/{name}/output/model.tar.gz",
-        "Environment": environment or {}})
+        "Environment": environment or {}}, EnableNetworkIsolation=isolated)
     sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
         "VariantName": "AllTraffic", "ModelName": name, "InstanceType": "ml.g5.xlarge", "InitialInstanceCount": 1}])
 
@@ -778,6 +776,24 @@ def test_endpoint_goes_in_service_and_serves_the_model(sm: Any, s3: Any, runtime
     assert invoke(runtime, "atelier", "a red fox") == (
         {"prompt": "a red fox", "model": "v1", "accept": "image/png"}, "application/json")
     assert [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]] == ["atelier"]
+
+
+def test_a_network_isolated_container_gets_no_aws_credentials(sm: Any, s3: Any, service: LocalSageMaker) -> None:
+    # AWS: with EnableNetworkIsolation "no AWS credentials are made available to the container runtime
+    # environment" (docs/aws-differences.md); the model's own Environment is passed all the same
+    put_model(s3, sm, "isolated", "v1", {"AWS_MINE": "kept"}, isolated=True)
+    put_model(s3, sm, "open", "v1")
+
+    for name in ("isolated", "open"):
+        sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    for name in ("isolated", "open"):
+        wait_for_endpoint(sm, name, "InService")
+
+    given = {name: json.loads(next(service.settings.state_dir.glob(f"endpoints/{name}/{name}/opt_ml/serve.aws.json"))
+                              .read_text()) for name in ("isolated", "open")}
+    assert given["isolated"] == {"AWS_MINE": "kept", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+                                 "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"} <= set(given["open"])
 
 
 def test_update_endpoint_switches_to_the_new_config(sm: Any, s3: Any, runtime: Any, service: LocalSageMaker) -> None:

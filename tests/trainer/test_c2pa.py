@@ -1,28 +1,31 @@
 """trainer.serve.credentials: C2PA manifests signed into served PNGs, read back with the C2PA SDK's Reader.
 
-The certificates are made here, at test time: a root CA and an end-entity signing certificate with
-what the SDK requires of one: issued by a CA, not self-signed; key usage digitalSignature, critical;
-the emailProtection EKU; subject and authority key identifiers.
+The certificates are made here, at test time, by the local stack's builder (atelier/local/signing.py):
+a root CA and an end-entity signing certificate with what the SDK requires of one: issued by a CA, not
+self-signed; key usage digitalSignature, critical; the emailProtection EKU; subject and authority key
+identifiers.
 """
 
 import base64
-import datetime as dt
 import http.client
 import io
 import json
+import os
 import struct
 import threading
 import zlib
 from pathlib import Path
 
-import c2pa
+import boto3
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from moto import mock_aws
 from PIL import Image
 
+from atelier.local.signing import Identity, certificate, create_secret, key_pem, pem
+from atelier.local.signing import name as subject
+from tests.support import c2pa_assertions as assertions
+from tests.support import read_c2pa
 from trainer.serve.credentials import TRAINED_ALGORITHMIC_MEDIA, Credentials, CredentialsError
 from trainer.serve.generation import load_pipeline
 from trainer.serve.protocol import Generation, png_bytes
@@ -32,40 +35,6 @@ from trainer.serve.settings import Provenance, ServeSettings
 PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16,
                         attribution="s3://models/training/job-1/output/attribution.json")
 GENERATION = Generation(prompt="a red dog", num_inference_steps=1)
-USAGES = dict.fromkeys(("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
-                        "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"), False)
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Atelier tests")])
-
-
-def _certificate(subject: str, key, issuer: x509.Name, issuer_key, ca: bool) -> x509.Certificate:
-    now = dt.datetime.now(dt.timezone.utc)
-    builder = (
-        x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(**{**USAGES, **({"key_cert_sign": True, "crl_sign": True} if ca
-                                                     else {"digital_signature": True})}), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    )
-    if not ca:
-        builder = (builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.EMAIL_PROTECTION]), critical=False)
-                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
-                                  critical=False))
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _pem(certificate: x509.Certificate) -> bytes:
-    return certificate.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +42,13 @@ def pki(tmp_path_factory) -> dict[str, Path | str]:
     """A throwaway root CA and signing certificate, as the files an operator would mount."""
     root = tmp_path_factory.mktemp("c2pa")
     root_key, signer_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    root_certificate = _certificate("Atelier test root", root_key, _name("Atelier test root"), root_key, ca=True)
-    signer = _certificate("Atelier test signer", signer_key, root_certificate.subject, root_key, ca=False)
+    root_certificate = certificate("Atelier test root", root_key, subject("Atelier test root"), root_key, ca=True)
+    signer = certificate("Atelier test signer", signer_key, root_certificate.subject, root_key, ca=False)
     files = {
-        "chain": _pem(signer) + _pem(root_certificate),
-        "key": _key_pem(signer_key),
-        "root": _pem(root_certificate),
-        "root_key": _key_pem(root_key),
+        "chain": pem(signer) + pem(root_certificate),
+        "key": key_pem(signer_key),
+        "root": pem(root_certificate),
+        "root_key": key_pem(root_key),
     }
     for name, data in files.items():
         (root / f"{name}.pem").write_bytes(data)
@@ -89,24 +58,6 @@ def pki(tmp_path_factory) -> dict[str, Path | str]:
 @pytest.fixture(scope="module")
 def credentials(pki) -> Credentials:
     return Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["chain"]), "ATELIER_C2PA_KEY": str(pki["key"])})
-
-
-def read_c2pa(png: bytes, anchors: str) -> tuple[str, dict, list[str]] | None:
-    """(validation state, active manifest, failure codes), trusting only `anchors`; None without a manifest."""
-    settings = {"trust": {"user_anchors": anchors}, "verify": {"remote_manifest_fetch": False}}
-    with c2pa.Context.from_dict(settings) as context:
-        reader = c2pa.Reader.try_create("image/png", io.BytesIO(png), context=context)
-        if reader is None:
-            return None
-        with reader:
-            store = json.loads(reader.json())
-            failures = reader.get_validation_results()["activeManifest"].get("failure", [])
-            return (reader.get_validation_state(), store["manifests"][store["active_manifest"]],
-                    [failure["code"] for failure in failures])
-
-
-def assertions(manifest: dict) -> dict[str, dict]:
-    return {assertion["label"]: assertion["data"] for assertion in manifest["assertions"]}
 
 
 def image() -> Image.Image:
@@ -229,3 +180,58 @@ def test_a_self_signed_certificate_fails_at_start(pki):
 def test_a_key_that_does_not_match_the_certificate_fails_at_start(pki):
     with pytest.raises(CredentialsError, match="refused"):
         Credentials.from_env({"ATELIER_C2PA_CERT": str(pki["chain"]), "ATELIER_C2PA_KEY": str(pki["root_key"])})
+
+
+# ---------------------------------------------------------------- the signing secret (AWS: C2paSigningSecretArn)
+
+SECRET = "ATELIER_C2PA_SECRET"
+
+
+@pytest.fixture
+def secretsmanager():
+    with mock_aws():
+        yield boto3.client("secretsmanager")
+
+
+def test_the_signing_secret_is_read_at_start_and_signs(pki, secretsmanager):
+    identity = Identity(chain=pki["chain"].read_bytes(), key=pki["key"].read_bytes(), root=pki["root"].read_bytes())
+    arn = create_secret(secretsmanager, "atelier/c2pa-signing", identity)
+
+    credentials = Credentials.from_env({SECRET: arn})
+
+    state, manifest, failures = read_c2pa(png_bytes(image(), GENERATION, 7, PROVENANCE, credentials), pki["anchors"])
+    assert (state, failures) == ("Trusted", [])
+    assert assertions(manifest)["atelier.provenance"]["model_id"] == PROVENANCE.model_id
+
+
+def test_a_secret_that_does_not_exist_fails_at_start(secretsmanager):
+    missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:atelier/none-AbCdEf"
+
+    with pytest.raises(CredentialsError, match=r"\$ATELIER_C2PA_SECRET: cannot read the secret .*ResourceNotFound"):
+        Credentials.from_env({SECRET: missing})
+
+
+def test_a_container_without_aws_credentials_fails_at_start(monkeypatch):
+    # as a network-isolated SageMaker container would: no credentials, so the secret cannot be read
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+    with pytest.raises(CredentialsError, match="cannot read the secret .*Unable to locate credentials"):
+        Credentials.from_env({SECRET: "arn:aws:secretsmanager:us-east-1:123456789012:secret:atelier/s-AbCdEf"})
+
+
+def test_a_secret_that_is_not_a_signing_identity_fails_at_start(secretsmanager):
+    arn = secretsmanager.create_secret(Name="atelier/pem", SecretString="-----BEGIN CERTIFICATE-----")["ARN"]
+
+    with pytest.raises(CredentialsError, match='not a JSON object of PEM texts "certificate" and "private_key"'):
+        Credentials.from_env({SECRET: arn})
+
+
+def test_a_secret_and_files_at_once_fail_at_start(pki):
+    with pytest.raises(CredentialsError, match="not both"):
+        Credentials.from_env({SECRET: "arn:aws:secretsmanager:us-east-1:123456789012:secret:s-AbCdEf",
+                              "ATELIER_C2PA_CERT": str(pki["chain"]), "ATELIER_C2PA_KEY": str(pki["key"])})
+

@@ -81,9 +81,11 @@ DEPLOY_ENV = {"PIPELINE_TABLE": "t", "SAGEMAKER_ROLE_ARN": "arn:aws:iam::1234567
               "GATE_MIN_CLIP_DELTA": "0.25", "ROLLBACK_ALARMS": "a-5xx, a-latency", "TRAFFIC_ROUTING": "LINEAR",
               "CANARY_PERCENT": "20", "WAIT_INTERVAL_S": "60", "BAKE_S": "120", "MAX_ROLLOUT_S": "1800",
               "MIN_INSTANCES": "2", "MAX_INSTANCES": "6", "INVOCATIONS_PER_INSTANCE": "30", "KMS_KEY_ARN": "",
-              "ENDPOINT_STARTUP_TIMEOUT_S": "900", "SERVE_ENVIRONMENT": '{"SERVE_COMPILE": "off"}'}
-# may be empty: no CLIP scorer, no extra evaluation hyperparameters, no alarms, no KMS key
-DEPLOY_OPTIONAL = {"CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN", "SERVE_ENVIRONMENT"}
+              "ENDPOINT_STARTUP_TIMEOUT_S": "900", "SERVE_ENVIRONMENT": '{"SERVE_COMPILE": "off"}',
+              "C2PA_SIGNING_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:s-AbCdEf"}
+# may be empty: no CLIP scorer, no extra evaluation hyperparameters, no alarms, no KMS key, unsigned images
+DEPLOY_OPTIONAL = {"CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN", "SERVE_ENVIRONMENT",
+                   "C2PA_SIGNING_SECRET_ARN"}
 DEPLOY_REQUIRED = {k: v for k, v in DEPLOY_ENV.items() if k not in DEPLOY_OPTIONAL}
 ALL = [(TrainingSettings, TRAINING_REQUIRED), (IngestSettings, INGEST_ENV), (PackSettings, PACK_ENV),
        (DeploySettings, DEPLOY_REQUIRED)]
@@ -121,7 +123,8 @@ def test_deploy_settings_from_a_full_environment() -> None:
         models_bucket="m", max_eval_runtime_s=600, gate_max_loss=0.9, gate_max_loss_ratio=1.02,
         gate_min_clip_delta=0.25, rollback_alarms=("a-5xx", "a-latency"), traffic_routing="LINEAR",
         canary_percent=20, wait_interval_s=60, bake_s=120, max_rollout_s=1800, min_instances=2, max_instances=6,
-        invocations_per_instance=30, kms_key="", startup_timeout_s=900, serve_environment={"SERVE_COMPILE": "off"})
+        invocations_per_instance=30, kms_key="", startup_timeout_s=900, serve_environment={"SERVE_COMPILE": "off"},
+        signing_secret_arn="arn:aws:secretsmanager:us-east-1:123456789012:secret:s-AbCdEf")
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [

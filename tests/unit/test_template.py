@@ -313,6 +313,27 @@ def test_the_deploy_function_may_read_the_tags_of_the_pipeline_s_training_jobs_a
     assert listed == [jobs]
 
 
+# --- the C2PA signing secret (docs/provenance.md) ----------------------------------------------------
+
+SIGNING_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:atelier/c2pa-signing-AbCdEf"
+
+
+def secret_grants(resources: dict[str, dict[str, Any]]) -> dict[str, list[tuple[Any, Any]]]:
+    """Every role's Secrets Manager statements: (actions, resources)."""
+    return {logical: found for logical, resource in resources.items() if resource["Type"] == "AWS::IAM::Role"
+            if (found := [(st["Action"], st.get("Resource"))
+                          for policy in resource["Properties"].get("Policies", [])
+                          for st in policy["PolicyDocument"]["Statement"] if "secretsmanager:" in json.dumps(st)])}
+
+
+def test_only_the_sagemaker_role_may_read_the_signing_secret_and_only_when_one_is_given() -> None:
+    signing = resolve(expand_with({"C2paSigningSecretArn": SIGNING_SECRET}))
+
+    assert secret_grants(signing) == {"SageMakerRole": [("secretsmanager:GetSecretValue", SIGNING_SECRET)]}
+    assert function_environments(signing)["DeployFunction"]["C2PA_SIGNING_SECRET_ARN"] == SIGNING_SECRET
+    assert secret_grants(resolve(expand_with({}))) == {}
+
+
 # --- the base (PretrainedModelUri) ---------------------------------------------------------------
 
 BASE_URIS = ["s3://my-models/bases/sd2/", "s3://my-models/sd2/model.tar.gz", "s3://my-models/model.tar.gz",

@@ -1,18 +1,24 @@
 """C2PA Content Credentials for generated images: a signed manifest inside each PNG, when configured.
 
+The signing identity comes from one of two places. On AWS, $ATELIER_C2PA_SECRET (set by the deploy
+stage from the template's C2paSigningSecretArn) names a Secrets Manager secret, read once at start
+with the container's credentials (boto3; AWS_ENDPOINT_URL points it at the local stack's moto): a
+JSON object {"certificate", "private_key"} of PEM texts (contracts/c2pa_secret.py). Otherwise
 $ATELIER_C2PA_CERT names a PEM file with the signing certificate first, then its intermediates
-(the root may be left out); $ATELIER_C2PA_KEY names the PEM file of its private key (unencrypted;
-EC P-256/P-384/P-521, Ed25519 or RSA, which picks ES256/ES384/ES512, Ed25519 or PS256). Both set:
-every PNG gets a manifest (claim v2) with a `c2pa.created` action of digital source type
+(the root may be left out), and $ATELIER_C2PA_KEY the PEM file of its private key. The key is
+unencrypted, EC P-256/P-384/P-521, Ed25519 or RSA, which picks ES256/ES384/ES512, Ed25519 or PS256.
+Configured: every PNG gets a manifest (claim v2) with a `c2pa.created` action of digital source type
 trainedAlgorithmicMedia and an `atelier.provenance` assertion holding the model id, the manifest
-digest and the attribution report's URI, the values of the PNG's text chunks. Neither set: images
-are not signed. One set, an unreadable file or credentials the C2PA SDK refuses (a self-signed or
-expired certificate, a key that does not match it) fail at start, not on the first request.
+digest and the attribution report's URI, the values of the PNG's text chunks. Nothing set: images
+are not signed. A secret that cannot be read, one file variable without the other, both ways at
+once, an unreadable file or credentials the C2PA SDK refuses (a self-signed or expired certificate,
+a key that does not match it) fail at start, not on the first request: never unsigned images instead.
 
-Nothing here reaches the network: no timestamp authority, no OCSP, no remote manifests.
+Signing reaches nothing: no timestamp authority, no OCSP, no remote manifests.
 """
 
 import io
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +28,8 @@ import c2pa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from PIL import Image
+
+from contracts import c2pa_secret
 
 TRAINED_ALGORITHMIC_MEDIA = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 PROVENANCE_LABEL = "atelier.provenance"
@@ -51,13 +59,20 @@ class Credentials:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Credentials | None":
-        """The files $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY name, checked by one signature; None when neither is set."""
+        """The secret $ATELIER_C2PA_SECRET names, or the files $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY
+        name, checked by one signature; None when none is set."""
+        secret = environ.get(c2pa_secret.ENVIRONMENT)
         cert_path, key_path = environ.get("ATELIER_C2PA_CERT"), environ.get("ATELIER_C2PA_KEY")
-        if not cert_path and not key_path:
+        if secret and (cert_path or key_path):
+            raise CredentialsError(f"set ${c2pa_secret.ENVIRONMENT} or $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY, not both")
+        if secret:
+            chain, key = _read_secret(secret)
+        elif not cert_path and not key_path:
             return None
-        if not cert_path or not key_path:
+        elif not cert_path or not key_path:
             raise CredentialsError("set both $ATELIER_C2PA_CERT and $ATELIER_C2PA_KEY, or neither")
-        chain, key = _read(cert_path, "ATELIER_C2PA_CERT"), _read(key_path, "ATELIER_C2PA_KEY")
+        else:
+            chain, key = _read(cert_path, "ATELIER_C2PA_CERT"), _read(key_path, "ATELIER_C2PA_KEY")
         credentials = cls(chain, key, signing_algorithm(key))
         _check(credentials)
         return credentials
@@ -68,6 +83,25 @@ def _read(path: str, name: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as error:
         raise CredentialsError(f"${name}: cannot read {path}: {error.strerror}") from None
+
+
+def _read_secret(arn: str) -> tuple[bytes, bytes]:
+    """The PEM chain and key of the secret `arn`, read with the container's role (the secret's region)."""
+    import boto3  # only a server that signs from a secret needs the AWS SDK
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    name = c2pa_secret.ENVIRONMENT
+    region = arn.split(":")[3] if arn.count(":") >= 6 else None
+    try:
+        value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=arn).get("SecretString")
+    except (BotoCoreError, ClientError) as error:
+        raise CredentialsError(f"${name}: cannot read the secret {arn}: {error}") from None
+    try:
+        fields = json.loads(value)
+        return fields[c2pa_secret.CERTIFICATE].encode(), fields[c2pa_secret.PRIVATE_KEY].encode()
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise CredentialsError(f"${name}: the secret {arn} is not a JSON object of PEM texts "
+                               f'"{c2pa_secret.CERTIFICATE}" and "{c2pa_secret.PRIVATE_KEY}"') from None
 
 
 def signing_algorithm(key_pem: bytes) -> c2pa.C2paSigningAlg:

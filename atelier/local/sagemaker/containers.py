@@ -81,15 +81,22 @@ def log_tail(path: Path, lines: int = 20, max_bytes: int = 8192) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def container_env(*layers: Mapping[str, str]) -> dict[str, str]:
+def container_env(*layers: Mapping[str, str], isolated: bool = False) -> dict[str, str]:
     """os.environ, then each layer on top; Python output unbuffered so logs can be tailed live.
 
     This interpreter's scripts directory leads PATH, as an image's own environment would: the
     container finds `torchrun` of the Python it runs with even when no virtualenv is activated.
+    `isolated` (EnableNetworkIsolation): SageMaker gives such a container no AWS credentials and no
+    network. The network cannot be cut here, so none of this process's AWS settings (the local
+    stack's keys and endpoint) are passed on, and boto3 finds no credentials elsewhere either.
     """
     scripts = str(Path(sys.executable).parent)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+    inherited = {k: v for k, v in os.environ.items() if not (isolated and k.startswith("AWS_"))}
+    env = {**inherited, "PYTHONUNBUFFERED": "1",
            "PATH": os.pathsep.join(filter(None, [scripts, os.environ.get("PATH")]))}
+    if isolated:
+        env.update({"AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull,
+                    "AWS_EC2_METADATA_DISABLED": "true"})
     for layer in layers:
         env.update(layer)
     return env

@@ -187,7 +187,7 @@ class Supervisor:
         # the model's environment first: as on SageMaker, it cannot move the platform's port or paths
         env = container_env(model.container.get("Environment", {}), {
             "ATELIER_OPT_ML": str(root / "opt_ml"), "SAGEMAKER_BIND_TO_PORT": str(port),
-            "SAGEMAKER_BIND_HOST": "127.0.0.1"})
+            "SAGEMAKER_BIND_HOST": "127.0.0.1"}, isolated=bool(model.request.get("EnableNetworkIsolation")))
         try:
             process = ContainerProcess(argv, env, self._settings.cwd, root / "logs.txt")
         except OSError as error:

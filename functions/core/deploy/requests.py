@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts import job_tags, s3_layout
+from contracts import c2pa_secret, job_tags, s3_layout
 from core.deploy.events import CANDIDATE_TAG, EVAL_SUFFIX, MANIFEST_TAG, ROLE_TAG, TRAINING_JOB_TAG, JobState
 from core.settings import DeploySettings
 from core.training.instance_types import has_instance_store
@@ -21,6 +21,7 @@ def model_name_for(job: JobState) -> str:
 
 def model_request(job: JobState, settings: DeploySettings) -> dict[str, Any]:
     manifest = job.tag_map.get(MANIFEST_TAG, "")
+    signing = {c2pa_secret.ENVIRONMENT: settings.signing_secret_arn} if settings.signing_secret_arn else {}
     return {
         "ModelName": model_name_for(job),
         "ExecutionRoleArn": settings.role_arn,
@@ -29,9 +30,11 @@ def model_request(job: JobState, settings: DeploySettings) -> dict[str, Any]:
             # the operator's server settings, then what every generated PNG carries (trainer/serve/settings.py)
             "Environment": {**settings.serve_environment,
                             "ATELIER_MODEL_ID": model_name_for(job), "ATELIER_MANIFEST_DIGEST": manifest,
-                            "ATELIER_ATTRIBUTION_URI": attribution_uri(job, settings)},
+                            "ATELIER_ATTRIBUTION_URI": attribution_uri(job, settings), **signing},
         },
-        "EnableNetworkIsolation": True,
+        # An isolated container gets no AWS credentials and no network (SageMaker, "Network isolation"):
+        # one that signs reads its secret at start, so only it runs without (docs/deploy.md)
+        "EnableNetworkIsolation": not signing,
         "Tags": [{"Key": TRAINING_JOB_TAG, "Value": job.name}, {"Key": MANIFEST_TAG, "Value": manifest}],
     }
 
