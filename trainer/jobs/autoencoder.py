@@ -17,8 +17,10 @@ channel `vae`. A retried job resumes from `/opt/ml/checkpoints`.
 The recipe (Rombach et al. 2022, without the adversarial and LPIPS terms, which need pretrained
 networks): L1 reconstruction plus `--kl-weight` times the posterior's KL divergence to N(0, I). The
 architecture is the `vae` of `--model-config`, so the UNet of the same preset reads its latents.
-At the end the latents' standard deviation over the training images sets `scaling_factor` (SD's
-0.18215 was measured the same way), so the diffusion noise schedule sees unit-variance latents.
+At the end the latents' moments over the training images set `scaling_factor` (SD's 0.18215 was
+measured the same way) and, for a preset whose VAE has a `shift_factor` (the SD3 family's 16-channel
+latents, as SD3's and Flux's VAEs define it: latents = (z - shift) * scale), `shift_factor` too, so
+the denoiser sees zero-mean, unit-variance latents. Both go into `autoencoder.json`.
 
 Held out: PSNR is measured on the `validation` shards (never trained on), before training (the
 random VAE) and after; without them on the training images, and the record says so.
@@ -73,13 +75,22 @@ def reconstruct(vae: AutoencoderKL, pixels: torch.Tensor, device: torch.device, 
 
 
 @torch.no_grad()
-def latent_std(vae: AutoencoderKL, batches, device: torch.device, count: int) -> float:
-    """The standard deviation of posterior samples over `count` training batches."""
+def latent_moments(vae: AutoencoderKL, batches, device: torch.device, count: int) -> tuple[float, float]:
+    """The mean and standard deviation of posterior samples over `count` training batches."""
     values = []
     for _, batch in zip(range(count), batches):
         with autocast(device):
             values.append(vae.encode(batch["pixel_values"].to(device, vae.dtype)).latent_dist.sample().float().flatten())
-    return torch.cat(values).std().item()
+    values = torch.cat(values)
+    return values.mean().item(), values.std().item()
+
+
+def latent_normalisation(mean: float, std: float, shifts: bool) -> dict:
+    """The VAE config's `scaling_factor` (and `shift_factor` where the family's pipeline subtracts one, as
+    SD3's and Flux's do: latents = (z - shift) * scale) that give the latents unit variance (and zero mean
+    with the shift)."""
+    return {"shift_factor": round(mean, 5), "scaling_factor": round(1 / std, 5)} if shifts \
+        else {"scaling_factor": round(1 / std, 5)}
 
 
 def start_near_deterministic(vae: AutoencoderKL, logvar: float) -> None:
@@ -195,8 +206,8 @@ def main(args: argparse.Namespace) -> dict:
     vae.eval()
     first_batches = make_loader(StepBatches(index, batch_plan, 1, min(args.scaling_batches, plan.total_steps), 0.0,
                                             args.random_crop, None), 0)
-    scaling_factor = 1 / latent_std(vae, first_batches, device, args.scaling_batches)
-    vae.register_to_config(scaling_factor=round(scaling_factor, 5))
+    shifts = "shift_factor" in read_preset(args.model_config)["vae"]  # the family's pipeline subtracts a shift
+    vae.register_to_config(**latent_normalisation(*latent_moments(vae, first_batches, device, args.scaling_batches), shifts))
     reconstructions = reconstruct(vae, eval_pixels, device)
     record = {
         "task": "autoencoder", "args": vars(args), "steps": step, "resolution": resolution,
@@ -204,7 +215,8 @@ def main(args: argparse.Namespace) -> dict:
         "psnr_db_initial": None if initial_psnr is None else round(initial_psnr, 2),
         "psnr_db_zeros": round(psnr_db(eval_pixels, torch.zeros_like(eval_pixels)), 2),
         "held_out": held_out, "held_out_samples": len(samples) if held_out else 0, "eval_samples": len(samples),
-        "scaling_factor": vae.config.scaling_factor, "kl_weight": args.kl_weight, "training_samples": len(index),
+        "scaling_factor": vae.config.scaling_factor, "shift_factor": vae.config.shift_factor,
+        "latent_channels": vae.config.latent_channels, "kl_weight": args.kl_weight, "training_samples": len(index),
         "train_s": round(time.perf_counter() - started, 1), "history": history,
     }
     model_dir.mkdir(parents=True, exist_ok=True)
