@@ -230,6 +230,17 @@ def check_flow_run(family: Family, args) -> None:
                          "trains with flow matching (its preset's `flow` block sets the timestep sampling)")
 
 
+def absent_parts(path: Path) -> dict:
+    """What `DiffusionPipeline.from_pretrained` must be told is absent from a saved pipeline: an SD3 model
+    without a T5 saves `text_encoder_3` as null, which StableDiffusion3Pipeline does not list as optional."""
+    family = family_of_pipeline(path)
+    if family is None:
+        return {}
+    index = json.loads((path / "model_index.json").read_text())
+    return {name: None for part in family.text_parts if not part.required
+            for name in (part.encoder, part.tokenizer) if (index.get(name) or [None])[0] is None}
+
+
 def negative_prompt(pipeline, value):
     """The request's negative prompt as the pipeline takes it: PixArt's pipelines need a string where none is given."""
     return "" if value is None and isinstance(pipeline, PixArtSigmaPipeline) else value

@@ -10,7 +10,7 @@ import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 
-from trainer.models.families import negative_prompt, sampling_options
+from trainer.models.families import absent_parts, negative_prompt, sampling_options
 from trainer.serve.levers import apply_levers, compiled, lever_plan
 from trainer.serve.protocol import Generation
 from trainer.serve.settings import ServeSettings
@@ -23,7 +23,7 @@ def load_pipeline(model_dir: str | Path, settings: ServeSettings = ServeSettings
     settings' speed levers applied and, when it compiles, the warm-up shapes compiled."""
     if not (Path(model_dir) / "model_index.json").is_file():  # never a hub id: diffusers would try to download it
         raise FileNotFoundError(f"no diffusers pipeline (model_index.json) in {model_dir}")
-    pipeline = DiffusionPipeline.from_pretrained(str(model_dir))
+    pipeline = DiffusionPipeline.from_pretrained(str(model_dir), **absent_parts(Path(model_dir)))
     pipeline.set_progress_bar_config(disable=True)
     if torch.cuda.is_available():
         pipeline = pipeline.to("cuda", torch.bfloat16)

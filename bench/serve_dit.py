@@ -1,0 +1,126 @@
+"""The model server on a transformer-family pipeline against plain diffusers, side by side in one process.
+
+    PYTHONUNBUFFERED=1 python bench/serve_dit.py --preset sd3-medium --resolutions 512,1024 --out $OUT/serve.jsonl
+
+A pipeline of the preset's layout is built with random weights on the GPU and saved in bf16 (the T5 left
+out: its per-request encode costs both sides the same, and building 4.7 B random parameters would take the
+lease), then served two ways at each resolution, 28 flow-matching Euler steps, guidance 5 (classifier-free,
+so the transformer runs on a batch of 2), batch 1:
+- `plain`: `DiffusionPipeline.from_pretrained(dir, torch_dtype=bf16).to("cuda")`, nothing else;
+- `ours`: trainer.serve.generation.load_pipeline with the server's default settings ($SERVE_COMPILE=default,
+  $SERVE_CUDA_GRAPHS=1: the transformer and VAE decoder compiled, replayed as CUDA graphs), its warm-up
+  compiling the resolution first (reported as `cold_start_s`: load + compile to the first servable request).
+Each side's p50 over `--requests` requests after one untimed request; `serve.ratio_vs_diffusers_dit` = plain p50 /
+ours p50 at the same resolution.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "functions")]
+
+from diffusers import AutoencoderKL, DiffusionPipeline  # noqa: E402
+
+from trainer.models import families  # noqa: E402
+from trainer.models.loading import read_preset  # noqa: E402
+from trainer.objectives.flow_matching import FlowSettings  # noqa: E402
+from trainer.serve.generation import generate, load_pipeline  # noqa: E402
+from trainer.serve.protocol import Generation  # noqa: E402
+from trainer.serve.settings import ServeSettings  # noqa: E402
+
+STEPS, GUIDANCE = 28, 5.0
+
+
+def progress(**fields) -> None:
+    print(json.dumps({"progress": True, **fields}), file=sys.stderr, flush=True)
+
+
+def build(preset_name: str, folder: Path, resolution: int) -> None:
+    """The preset's pipeline (no T5) with random weights, built on the GPU and saved in bf16."""
+    preset = read_preset(preset_name)
+    family = families.family_named(preset["family"])
+    preset["text_encoders"] = {role: config for role, config in preset["text_encoders"].items() if role != "t5"}
+    with torch.device("cuda"):
+        encoders, tokenizers = families.build_text_parts(family, preset, seed=0)
+        transformer = family.transformer_class(**preset["transformer"])
+        vae = AutoencoderKL(**preset["vae"])
+    # the server warms up (compiles) at the model's default size, as a trained model's is its last stage's
+    transformer.register_to_config(sample_size=resolution // 2 ** (len(vae.config.block_out_channels) - 1))
+    shift = FlowSettings.from_preset(preset.get("flow")).shift(resolution)
+    pipeline = families.build_pipeline(family, transformer, vae, encoders, tokenizers, shift)
+    pipeline.to(torch.bfloat16).save_pretrained(folder)
+
+
+def timed(call, requests: int) -> list[float]:
+    call()  # untimed: first-call allocations
+    times = []
+    for _ in range(requests):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="sd3-medium")
+    parser.add_argument("--resolutions", default="512,1024")
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    machine = {"gpu": torch.cuda.get_device_name(), "nproc": os.cpu_count()}
+    out = open(args.out, "a") if args.out else None
+
+    def emit(line: dict) -> None:
+        text = json.dumps({**line, "commit": commit, "machine": machine, "preset": args.preset, "steps": STEPS,
+                           "guidance": GUIDANCE, "torch": torch.__version__})
+        print(text, flush=True)
+        if out:
+            out.write(text + "\n")
+            out.flush()
+
+    for resolution in (int(r) for r in args.resolutions.split(",")):
+        folder = Path(tempfile.mkdtemp(prefix="serve-dit-"))
+        started = time.perf_counter()
+        build(args.preset, folder, resolution)
+        progress(event="built", resolution=resolution, s=round(time.perf_counter() - started, 1))
+        request = Generation("a red circle on a blue background", num_inference_steps=STEPS, guidance_scale=GUIDANCE,
+                             height=resolution, width=resolution)
+        plain = DiffusionPipeline.from_pretrained(folder, dtype=torch.bfloat16, **families.absent_parts(folder)).to("cuda")
+        plain.set_progress_bar_config(disable=True)
+        options = families.sampling_options(plain)
+        plain_times = timed(lambda: plain(request.prompt, num_inference_steps=STEPS, guidance_scale=GUIDANCE, height=resolution,
+                                          width=resolution, generator=torch.Generator("cpu").manual_seed(0), **options),
+                            args.requests)
+        del plain
+        torch.cuda.empty_cache()
+        progress(event="plain", resolution=resolution, p50=statistics.median(plain_times))
+        started = time.perf_counter()
+        ours = load_pipeline(folder, ServeSettings())
+        cold = time.perf_counter() - started
+        ours_times = timed(lambda: generate(ours, request), args.requests)
+        del ours
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+        p50_plain, p50_ours = statistics.median(plain_times), statistics.median(ours_times)
+        emit({"metric": f"serve.p50_latency_s_dit_{resolution}", "value": round(p50_ours, 4), "unit": "s",
+              "baseline_p50_s": round(p50_plain, 4), "cold_start_s": round(cold, 1)})
+        emit({"metric": "serve.ratio_vs_diffusers_dit", "value": round(p50_plain / p50_ours, 3), "unit": "x",
+              "resolution": resolution, "baseline": "DiffusionPipeline bf16, no compile"})
+
+
+if __name__ == "__main__":
+    main()
