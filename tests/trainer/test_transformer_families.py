@@ -14,6 +14,7 @@ from trainer.jobs import train
 from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
 from trainer.models.families import condition, sampling_options
 from trainer.models.loading import BaseModelError, from_pretrained, load_models
+from trainer.models.pipelines import build_pipeline
 from trainer.objectives import flow_matching
 from trainer.objectives.diffusion import diffusion_loss
 from trainer.objectives.flow_matching import FlowSettings, sample_timesteps, shifted
@@ -150,3 +151,18 @@ def test_the_model_server_serves_the_family_and_keeps_its_flow_sampler(trained_f
     assert type(pipeline.scheduler) is trained_family["scheduler_class"]  # DPM-Solver++ would sample a DDPM schedule
     images = generate(pipeline, Generation("a red dog", num_inference_steps=2, height=48, width=32))
     assert images[0].size == (32, 48)
+
+
+def test_an_sd3_model_without_t5_is_saved_and_served(tmp_path, monkeypatch):
+    """T5 is optional for SD3: the pipeline saves text_encoder_3 as null, which from_pretrained must be told."""
+    preset = json.loads((CONFIGS / "tiny-sd3.json").read_text())
+    del preset["text_encoders"]["t5"]
+    preset["transformer"]["joint_attention_dim"] = 64  # the two CLIPs' 32 + 32, zero-padded to nothing
+    (tmp_path / "sd3-no-t5.json").write_text(json.dumps(preset))
+    monkeypatch.setattr("trainer.models.loading.CONFIGS_DIR", tmp_path)
+    models = load_models("sd3-no-t5", None, seed=0)
+    assert [folder for folder, _ in models.text_folders] == ["text_encoder", "text_encoder_2"]
+    build_pipeline(models, models.denoiser, 32).save_pretrained(tmp_path / "model")
+    pipeline = load_pipeline(tmp_path / "model")
+    assert pipeline.text_encoder_3 is None
+    assert generate(pipeline, Generation("a red dog", num_inference_steps=2, height=32, width=32))[0].size == (32, 32)
