@@ -29,6 +29,9 @@ from atelier.prompt_match import match_rate
 from atelier.cli import parser
 from atelier.demo import PARTNER
 from atelier.local.stack import LocalStack, StackOptions
+from contracts import pipeline_table
+from contracts.messages import Manifest, ShardSealed
+from core import aws
 from tests.functions.import_helpers import sample_of, webdataset_tar
 from tests.functions.test_cli_base import pipeline
 from tests.unit.test_cli_text import commands
@@ -93,7 +96,7 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     assert sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")["TrainingJobStatus"] == "Completed"
     job = sagemaker.describe_training_job(TrainingJobName=name)
     encode = sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")
-    shards = boto3.client("s3").list_objects_v2(Bucket=stack.outputs["DataBucketName"], Prefix="shards/")["Contents"]
+    claimed = claimed_shards(stack, name)
     # the encode job read the image shards; the training job their latent twins
     for request, kind in ((encode, "image"), (job, "latent")):
         channel = request["InputDataConfig"][0]
@@ -101,7 +104,7 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
         assert channel["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
         bucket, key = channel["DataSource"]["S3DataSource"]["S3Uri"].removeprefix("s3://").split("/", 1)
         manifest = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
-        assert sorted(manifest[1:]) == sorted(o["Key"].removeprefix("shards/") for o in shards)
+        assert sorted(manifest[1:]) == sorted(shard_key.removeprefix("shards/") for shard_key in claimed)
         members = _members(manifest[0]["prefix"] + manifest[1])
         assert any(m.endswith(".latents.safetensors") for m in members) == (kind == "latent"), members
         assert any(m.endswith((".png", ".jpg", ".webp")) for m in members) == (kind == "image"), members
@@ -110,6 +113,34 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     ck_bucket, ck_prefix = job["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
     checkpoints = boto3.client("s3").list_objects_v2(Bucket=ck_bucket, Prefix=ck_prefix).get("Contents", [])
     assert any(o["Key"].endswith("latest") for o in checkpoints)
+
+
+def claimed_shards(stack: LocalStack, name: str) -> list[str]:
+    """The shard keys the job's manifest lists, checked against the claim rule (docs/training-jobs.md,
+    "Starting a job"): the `TrainingQuota` oldest sealed shards (the lineage's first job: no replay),
+    each in the data bucket and claimed by this job. A shard sealed later (the pack stage seals a shard
+    that has waited `ShardMaxAgeSeconds` half full, as on a slow machine) is no part of it: it is the
+    next job's."""
+    table, data = stack.outputs["PipelineTableName"], stack.outputs["DataBucketName"]
+    quota = int(stack.provisioned.functions["StartTrainingFunction"].environment["TRAINING_QUOTA"])
+    record = aws.get_item(table, pipeline_table.job_pk(name))
+    manifest = Manifest.model_validate_json(aws.read_object(data, record["manifest"]))
+    listed = {s.shard_id: s.key for s in manifest.shards}
+    in_bucket = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=data, Prefix="shards/")["Contents"]}
+    sealed = [(i, ShardSealed.model_validate_json(i["record"])) for i in aws.scan_prefix(table, pipeline_table.SHARD_PREFIX)]
+    order = {shard.shard_id: (shard.sealed_at, shard.shard_id) for _, shard in sealed}
+
+    # the quota, of shards each sealed into the bucket and claimed by this job
+    assert len(manifest.new_shards) == len(manifest.shards) == quota
+    assert {shard.key for _, shard in sealed} == in_bucket and set(listed.values()) <= in_bucket
+    assert {shard.shard_id for item, shard in sealed if item.get("manifest_job") == name} == set(listed)
+    # the oldest: any other shard was sealed after all of them, and is the next job's (pending, or
+    # claimed by a job queued after this one)
+    later = set(order) - set(listed)
+    assert all(order[shard_id] > max(order[s] for s in listed) for shard_id in later), (later, listed)
+    assert all(item["status"] == "pending" or item.get("manifest_job") not in {None, name}
+               for item, shard in sealed if shard.shard_id in later), sealed
+    return sorted(listed.values())
 
 
 def _members(uri: str) -> list[str]:
