@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -23,7 +24,7 @@ from PIL import Image
 
 from atelier import client
 from atelier.catalog import LICENSE, make_catalog, procedural_catalog, write_catalog
-from atelier.demo import DemoOptions, drive
+from atelier.demo import DemoOptions, drive, kept_stack_banner
 from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE
 from atelier.prompt_match import match_rate
 from atelier.cli import parser
@@ -231,6 +232,28 @@ def test_the_cli_reads_the_same_status_through_aws_apis_only(chain: Any, capsys:
     assert main(["status", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["uploads"] == {"accepted": IMAGES} and printed["endpoints"][0]["status"] == "InService"
+
+
+def test_the_commands_a_kept_demo_prints_reach_its_stack_from_a_fresh_shell(chain: Any, tmp_path: Path) -> None:
+    # GIVEN a shell with no AWS setting, `atelier` on its PATH, and what `atelier demo --keep` prints
+    stack, _, _ = chain
+    commands = [line.strip() for line in kept_stack_banner(stack.options.state_dir) if line.startswith("  ")]
+    shell = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    shell["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{shell['PATH']}"
+    status, generate, exports = commands
+
+    def run(script: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=shell, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (script, done.stderr)
+        return done
+
+    # WHEN each runs as printed; THEN each reaches the demo's stack
+    assert "InService" in run(status).stdout
+    run(generate)
+    assert Image.open(tmp_path / "out.png").format == "PNG"
+    after = run(f"{exports}\natelier status --json").stdout  # the exports alone point atelier at it
+    assert json.loads(after)["endpoints"][0]["status"] == "InService"
 
 
 # --- every command once, as a user runs them after the demo ---------------------------------------
