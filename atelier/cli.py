@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from atelier.progress import output_flags, progress
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE = REPO / ".atelier" / "local"
+DEMO_STATE = REPO / ".atelier" / "demo"  # `atelier demo`'s own stack, apart from `local up`'s
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 console = Console()
 errors = Console(stderr=True)
 # atelier/<area>.py modules with a `register(commands)` that adds their subcommands
@@ -51,17 +55,16 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     options = StackOptions(root=REPO, state_dir=args.state_dir, moto_port=args.port,
                            sagemaker_port=args.port + 1 if args.port else 0, overrides=dict(args.parameter),
                            base=args.base, enforce_iam=args.enforce_iam, sign_images=args.sign)
-    with LocalStack(options) as stack:
-        for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port,
-                                    args.enforce_iam, args.state_dir / signing.ROOT_FILE if args.sign else None):
-            console.print(line, soft_wrap=True)  # the terminal wraps: commands stay one line to copy
-        _interrupt_on_stop_signals()
-        try:
+    try:
+        with stopped_by_signals(), LocalStack(options) as stack:
+            for line in local_up_banner(len(stack.outputs), len(stack.workers), args.state_dir / "logs", args.port,
+                                        args.enforce_iam, args.state_dir / signing.ROOT_FILE if args.sign else None):
+                console.print(line, soft_wrap=True)  # the terminal wraps: commands stay one line to copy
             while True:
                 stack.check()
                 time.sleep(2)
-        except KeyboardInterrupt:
-            console.print("stopping")
+    except KeyboardInterrupt:  # Ctrl-C or a stop signal, also while starting: every process it started has ended
+        console.print("local stack stopped")
     return 0
 
 
@@ -84,18 +87,49 @@ def local_up_banner(outputs: int, workers: int, logs: Path, port: int, enforce_i
     return [*lines, "Ctrl-C stops it."]
 
 
-def _interrupt_on_stop_signals() -> None:
-    """SIGINT and SIGTERM stop the stack cleanly, also when it was started as a background job of
-    a non-interactive shell: that job inherits SIGINT ignored, and Python keeps it ignored."""
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt)
+class Stopped(KeyboardInterrupt):
+    """A stop signal arrived: the stack of this process stops as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) raise Stopped, so a `with LocalStack` stops
+    every process it started; also when started as a background job of a non-interactive shell,
+    which inherits SIGINT ignored. Once one arrived the others are ignored, so the stop runs to its
+    end. The handlers before are restored after."""
+    def stop(signum: int, frame: Any) -> None:
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise Stopped(signum)
+    previous = {each: signal.getsignal(each) for each in STOP_SIGNALS}
+    for each in STOP_SIGNALS:
+        signal.signal(each, stop)
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
+def local_env(state_dir: Path) -> dict[str, str]:
+    """The running local stack's environment; where the default folder has none but a demo's stack
+    does, the error names the flag that reaches the demo's."""
+    from atelier.local.state import StackError, read_env
+    try:
+        return read_env(state_dir)
+    except StackError as exc:
+        if state_dir == DEFAULT_STATE and (DEMO_STATE / "stack.json").exists():
+            raise StackError(f"{exc}, or reach the stack of `atelier demo --keep` with "
+                             f"`--state-dir {DEMO_STATE}`") from exc
+        raise
 
 
 def cmd_local_env(args: argparse.Namespace) -> int:
-    from atelier.local.state import read_env
-    for key, value in sorted(read_env(args.state_dir).items()):
+    for key, value in sorted(local_env(args.state_dir).items()):
         print(f"export {key}={value}")
     return 0
 
@@ -104,13 +138,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _checkout()
     from atelier.demo import DemoFailed, DemoOptions, run_demo
     try:
-        result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
-                                      images=args.images, keep_running=args.keep,
-                                      **({"stage_timeout_s": args.stage_timeout} if args.stage_timeout else {}),
-                                      quiet=args.quiet or args.json))
+        with stopped_by_signals():
+            result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
+                                          images=args.images, keep_running=args.keep,
+                                          **({"stage_timeout_s": args.stage_timeout} if args.stage_timeout else {}),
+                                          quiet=args.quiet or args.json))
     except DemoFailed as exc:
         errors.print(f"[bold red]demo failed[/]: {exc}")
         return 1
+    except Stopped as stopped:  # the stack is stopped: every process it started has ended
+        errors.print(f"[bold red]demo stopped[/] by {stopped}: its local stack is stopped")
+        return 128 + stopped.signum
     for line in result:  # with or without --json: one JSON line per figure, as bench/ prints them
         print(json.dumps(line))
     return 0
@@ -238,7 +276,8 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="atelier", description=__doc__.split("\n\n")[0])
     top.add_argument("--stack", default=os.environ.get("ATELIER_STACK", "atelier"), help="CloudFormation stack name")
     top.add_argument("--local", action="store_true", help="use the running local stack (atelier local up)")
-    top.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help="local stack state folder")
+    top.add_argument("--state-dir", type=Path, default=None,
+                     help="local stack state folder (default .atelier/local; the demo's: .atelier/demo)")
     top.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they go to stderr)")
     top.set_defaults(json=False)  # a long command's --json (output_flags) sets it
     commands = top.add_subparsers(dest="command", required=True)
@@ -270,7 +309,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--stage-timeout", type=float, default=None,
                       help="seconds a stage may take before the demo calls it stalled (default 900)")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
-    demo.set_defaults(func=cmd_demo, state_dir=REPO / ".atelier" / "demo")
+    demo.set_defaults(func=cmd_demo, default_state_dir=DEMO_STATE)
 
     upload = commands.add_parser("upload", help="upload an image or a folder (sidecar .json files first)",
                                  parents=[output_flags()])
@@ -311,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     from atelier.local.state import StackError, read_env
     from atelier.local.template import TemplateError
     args = parser().parse_args(argv)
+    args.state_dir = args.state_dir or getattr(args, "default_state_dir", DEFAULT_STATE)
     try:
         if args.local:
-            os.environ.update(read_env(args.state_dir))
+            os.environ.update(local_env(args.state_dir))
         return args.func(args)
     except (client.PipelineError, StackError, TemplateError) as exc:
         return _fail(str(exc))

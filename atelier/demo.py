@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -62,9 +63,21 @@ def run_demo(options: DemoOptions) -> list[dict]:
                       f"SageMaker {stack.env['AWS_ENDPOINT_URL_SAGEMAKER']}); logs in {options.state_dir / 'logs'}")
         result = drive(stack, options)
         if options.keep_running:
-            console.print("the stack keeps running; Ctrl-C to stop")
+            for line in kept_stack_banner(options.state_dir):
+                console.print(line, soft_wrap=True, markup=False, highlight=False)  # one line each, to copy
             _wait_forever(stack)
         return result
+
+
+def kept_stack_banner(state_dir: Path) -> list[str]:
+    """How another shell reaches the kept stack: its state is the demo's, not `atelier local up`'s, so
+    every command names the folder."""
+    flag = f"--state-dir {shlex.quote(str(state_dir))}"
+    return ["the stack keeps running; from another shell:",
+            f"  atelier --local {flag} status",
+            f"  atelier --local {flag} generate {shlex.quote(PROMPT)} -o out.png --steps {STEPS} --guidance {GUIDANCE}",
+            f"  eval \"$(atelier {flag} local env)\"   # then boto3, the AWS CLI and atelier without --local",
+            "Ctrl-C here (or SIGTERM, SIGHUP) stops it."]
 
 
 def drive(stack: LocalStack, options: DemoOptions) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -23,12 +24,15 @@ from PIL import Image
 
 from atelier import client
 from atelier.catalog import LICENSE, make_catalog, procedural_catalog, write_catalog
-from atelier.demo import DemoOptions, drive
+from atelier.demo import DemoOptions, drive, kept_stack_banner
 from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE
 from atelier.prompt_match import match_rate
 from atelier.cli import parser
 from atelier.demo import PARTNER
 from atelier.local.stack import LocalStack, StackOptions
+from contracts import pipeline_table
+from contracts.messages import Manifest, ShardSealed
+from core import aws
 from tests.functions.import_helpers import sample_of, webdataset_tar
 from tests.functions.test_cli_base import pipeline
 from tests.unit.test_cli_text import commands
@@ -93,7 +97,7 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     assert sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")["TrainingJobStatus"] == "Completed"
     job = sagemaker.describe_training_job(TrainingJobName=name)
     encode = sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")
-    shards = boto3.client("s3").list_objects_v2(Bucket=stack.outputs["DataBucketName"], Prefix="shards/")["Contents"]
+    claimed = claimed_shards(stack, name)
     # the encode job read the image shards; the training job their latent twins
     for request, kind in ((encode, "image"), (job, "latent")):
         channel = request["InputDataConfig"][0]
@@ -101,7 +105,7 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
         assert channel["DataSource"]["S3DataSource"]["S3DataDistributionType"] == "ShardedByS3Key"
         bucket, key = channel["DataSource"]["S3DataSource"]["S3Uri"].removeprefix("s3://").split("/", 1)
         manifest = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
-        assert sorted(manifest[1:]) == sorted(o["Key"].removeprefix("shards/") for o in shards)
+        assert sorted(manifest[1:]) == sorted(shard_key.removeprefix("shards/") for shard_key in claimed)
         members = _members(manifest[0]["prefix"] + manifest[1])
         assert any(m.endswith(".latents.safetensors") for m in members) == (kind == "latent"), members
         assert any(m.endswith((".png", ".jpg", ".webp")) for m in members) == (kind == "image"), members
@@ -110,6 +114,34 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     ck_bucket, ck_prefix = job["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
     checkpoints = boto3.client("s3").list_objects_v2(Bucket=ck_bucket, Prefix=ck_prefix).get("Contents", [])
     assert any(o["Key"].endswith("latest") for o in checkpoints)
+
+
+def claimed_shards(stack: LocalStack, name: str) -> list[str]:
+    """The shard keys the job's manifest lists, checked against the claim rule (docs/training-jobs.md,
+    "Starting a job"): the `TrainingQuota` oldest sealed shards (the lineage's first job: no replay),
+    each in the data bucket and claimed by this job. A shard sealed later (the pack stage seals a shard
+    that has waited `ShardMaxAgeSeconds` half full, as on a slow machine) is no part of it: it is the
+    next job's."""
+    table, data = stack.outputs["PipelineTableName"], stack.outputs["DataBucketName"]
+    quota = int(stack.provisioned.functions["StartTrainingFunction"].environment["TRAINING_QUOTA"])
+    record = aws.get_item(table, pipeline_table.job_pk(name))
+    manifest = Manifest.model_validate_json(aws.read_object(data, record["manifest"]))
+    listed = {s.shard_id: s.key for s in manifest.shards}
+    in_bucket = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=data, Prefix="shards/")["Contents"]}
+    sealed = [(i, ShardSealed.model_validate_json(i["record"])) for i in aws.scan_prefix(table, pipeline_table.SHARD_PREFIX)]
+    order = {shard.shard_id: (shard.sealed_at, shard.shard_id) for _, shard in sealed}
+
+    # the quota, of shards each sealed into the bucket and claimed by this job
+    assert len(manifest.new_shards) == len(manifest.shards) == quota
+    assert {shard.key for _, shard in sealed} == in_bucket and set(listed.values()) <= in_bucket
+    assert {shard.shard_id for item, shard in sealed if item.get("manifest_job") == name} == set(listed)
+    # the oldest: any other shard was sealed after all of them, and is the next job's (pending, or
+    # claimed by a job queued after this one)
+    later = set(order) - set(listed)
+    assert all(order[shard_id] > max(order[s] for s in listed) for shard_id in later), (later, listed)
+    assert all(item["status"] == "pending" or item.get("manifest_job") not in {None, name}
+               for item, shard in sealed if shard.shard_id in later), sealed
+    return sorted(listed.values())
 
 
 def _members(uri: str) -> list[str]:
@@ -200,6 +232,28 @@ def test_the_cli_reads_the_same_status_through_aws_apis_only(chain: Any, capsys:
     assert main(["status", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["uploads"] == {"accepted": IMAGES} and printed["endpoints"][0]["status"] == "InService"
+
+
+def test_the_commands_a_kept_demo_prints_reach_its_stack_from_a_fresh_shell(chain: Any, tmp_path: Path) -> None:
+    # GIVEN a shell with no AWS setting, `atelier` on its PATH, and what `atelier demo --keep` prints
+    stack, _, _ = chain
+    commands = [line.strip() for line in kept_stack_banner(stack.options.state_dir) if line.startswith("  ")]
+    shell = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    shell["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{shell['PATH']}"
+    status, generate, exports = commands
+
+    def run(script: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=shell, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (script, done.stderr)
+        return done
+
+    # WHEN each runs as printed; THEN each reaches the demo's stack
+    assert "InService" in run(status).stdout
+    run(generate)
+    assert Image.open(tmp_path / "out.png").format == "PNG"
+    after = run(f"{exports}\natelier status --json").stdout  # the exports alone point atelier at it
+    assert json.loads(after)["endpoints"][0]["status"] == "InService"
 
 
 # --- every command once, as a user runs them after the demo ---------------------------------------

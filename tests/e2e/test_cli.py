@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -93,3 +96,96 @@ def test_commands_without_a_stack_say_how_to_start_one(tmp_path: Path) -> None:
     result = atelier("--local", "status", state=tmp_path / "nothing")
     assert result.returncode == 2
     assert "atelier local up" in result.stderr
+
+
+# --- a stop signal ends every process the command started ---------------------------------------
+
+def process_table() -> dict[int, tuple[int, str]]:
+    """Every live process: pid -> (parent pid, start time). A pid reused later has another start time."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else []
+        except OSError:  # it ended meanwhile
+            continue
+        if fields and fields[0] != "Z":
+            table[int(entry.name)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The processes under pid (children started in sessions of their own included), with start times."""
+    table, found, parents = process_table(), {}, [pid]
+    while parents:
+        parent = parents.pop()
+        for child, (ppid, start) in table.items():
+            if ppid == parent and child not in found:
+                found[child] = start
+                parents.append(child)
+    return found
+
+
+def still_running(processes: dict[int, str]) -> dict[int, str]:
+    table = process_table()
+    return {pid: start for pid, start in processes.items() if pid in table and table[pid][1] == start}
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def eventually(condition, seconds: float = 120) -> bool:  # noqa: ANN001
+    """Poll until the condition holds (a generous deadline: the design promises an end, not a time)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+@pytest.mark.slow(seconds=90)
+@pytest.mark.parametrize(("command", "stop"), [
+    (("demo", "--images", "8", "--quiet"), signal.SIGTERM),
+    (("demo", "--images", "8", "--quiet"), signal.SIGHUP),  # the terminal it ran in closed
+    (("local", "up", "--port", "0"), signal.SIGHUP),
+])
+def test_a_stop_signal_ends_every_process_the_stack_started_and_frees_its_ports(
+        tmp_path: Path, command: tuple[str, ...], stop: signal.Signals) -> None:
+    # GIVEN the command running with its whole stack up (moto, a worker per function; the local SageMaker)
+    state, log = tmp_path / "state", tmp_path / "output.log"
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, "-m", "atelier.cli", "--state-dir", str(state), *command],
+                                   stdout=output, stderr=subprocess.STDOUT, cwd=tmp_path)
+    started: dict[int, str] = {}
+    try:
+        assert eventually(lambda: "local stack up" in log.read_text() or process.poll() is not None), log.read_text()
+        assert process.poll() is None, log.read_text()
+        env = json.loads((state / "stack.json").read_text())["env"]
+        ports = [urlparse(env[k]).port for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SAGEMAKER")]
+        started = descendants(process.pid)
+        assert len(started) >= 8 and all(port_in_use(p) for p in ports), (started, ports)
+
+        # WHEN the signal arrives
+        process.send_signal(stop)
+
+        # THEN the command ends, and with it every process it started; no port stays taken
+        process.wait(timeout=120)
+        assert eventually(lambda: not still_running(started)), still_running(started)
+        assert eventually(lambda: not any(port_in_use(p) for p in ports)), ports
+        assert process.returncode == (128 + stop if command[0] == "demo" else 0), log.read_text()
+    finally:
+        started = started or descendants(process.pid)  # a failure before they were counted leaves none behind
+        if process.poll() is None:
+            process.kill()
+        for pid in still_running(started):  # only what this test started, by id
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

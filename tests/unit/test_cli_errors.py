@@ -56,6 +56,21 @@ def test_a_stopped_local_stack_says_to_start_it(tmp_path: Path, monkeypatch: pyt
                                 "when that process does)")
 
 
+def test_local_without_a_stack_names_the_kept_demo_s_state_when_there_is_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN no `local up` state, and the state of `atelier demo --keep`
+    monkeypatch.setattr(cli, "DEFAULT_STATE", tmp_path / "local")
+    monkeypatch.setattr(cli, "DEMO_STATE", tmp_path / "demo")
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "stack.json").write_text(json.dumps({"env": {}}))
+
+    code = cli.main(["--local", "status"])
+
+    assert code == 2
+    assert one_line(capsys) == (f"error: no local stack state in {tmp_path / 'local'}: start one with `atelier local "
+                                f"up`, or reach the stack of `atelier demo --keep` with `--state-dir {tmp_path / 'demo'}`")
+
+
 def test_an_unreachable_endpoint_says_what_to_check(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{closed_port()}"

@@ -156,6 +156,25 @@ def test_demo_json_turns_the_bar_off_and_prints_one_line_per_figure(monkeypatch:
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == result
 
 
+@pytest.mark.parametrize(("flags", "where"), [([], cli.DEMO_STATE), (["--state-dir", "elsewhere"], Path("elsewhere"))])
+def test_the_demo_keeps_its_stack_where_state_dir_says_and_by_default_apart_from_local_up_s(
+        monkeypatch: pytest.MonkeyPatch, flags: list[str], where: Path) -> None:
+    given = []
+    monkeypatch.setattr(demo, "run_demo", lambda options: given.append(options) or [])
+
+    assert cli.main([*flags, "demo", "--json"]) == 0
+
+    assert given[0].state_dir == where
+
+
+def test_the_kept_demo_stack_s_banner_names_its_state_in_every_command() -> None:
+    state = Path("/home/someone/my atelier/.atelier/demo")
+
+    commands = [line.strip() for line in demo.kept_stack_banner(state) if line.startswith("  ")]
+
+    assert commands and all("--state-dir '/home/someone/my atelier/.atelier/demo'" in c for c in commands)
+
+
 TRAINER_LOG = "\n".join([
     'steps": 30, "world_size": 1}',  # the tail starts inside a line
     json.dumps({"event": "start", "step": 0, "steps": 30}),
