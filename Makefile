@@ -15,7 +15,7 @@ UV      := $(VENV)/bin/uv
 UV_PIN  := uv==0.13.8
 INSTALL  = $(UV) pip install --quiet --compile-bytecode $(shell $(PY) tools/pip_sources.py)
 
-.PHONY: demo test lint local clean checkov-env browser
+.PHONY: demo test lint local clean checkov-env browser gpu-test gpu-test-wheels
 
 $(UV):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed"'
@@ -66,6 +66,23 @@ $(BROWSER_STAMP): $(STAMP)
 # Every test file, in parallel (pyproject.toml; docs/testing.md says why three processes on two cores).
 test: $(STAMP) $(I2D_STAMP) $(CHECKOV_STAMP) $(BROWSER_STAMP)
 	@$(PY) -m pytest
+
+# The GPU tests (tests/gpu/, docs/testing.md "GPU tests"), run on the GPU machine with its own Python, never
+# .venv's: torch, transformers and numpy are there, the wheels of gpu-test-wheels are carried (tests/gpu/README.md).
+# --confcutdir leaves tests/conftest.py (boto3, moto) unloaded. The JUnit report, with each test's measured
+# figures, goes to $(GPU_TEST_REPORT): $OUT/gpu-tests.xml where OUT is set (the device tool brings $OUT back).
+GPU_PYTHON      ?= python3
+GPU_TEST_REPORT ?= $(or $(OUT),.)/gpu-tests.xml
+GPU_TEST_WHEELS := diffusers==0.42.1 importlib_metadata==8.7.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
+                   pygments==2.21.0 packaging==26.4
+
+gpu-test:
+	$(GPU_PYTHON) -m pytest tests/gpu -m gpu -p no:xdist -p no:cacheprovider -o addopts="" --confcutdir tests/gpu \
+		-ra -v --junitxml $(GPU_TEST_REPORT)
+
+# Here: those wheels (pure Python) into .whl/ (ignored), to carry to the GPU machine.
+gpu-test-wheels: $(STAMP)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl $(GPU_TEST_WHEELS)
 
 lint: $(STAMP)
 	$(VENV)/bin/cfn-lint template.yaml

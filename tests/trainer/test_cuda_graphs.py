@@ -11,7 +11,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from trainer.jobs import train
 from trainer.jobs.step import StepSettings, Trainee, train_step
 from trainer.models.loading import load_models
-from trainer.objectives.diffusion import Noised
+from trainer.objectives.diffusion import Noised, noised_inputs, prediction_loss
+from trainer.objectives.numerics import step_generator
 from trainer.runtime.distributed import Processes
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import Window
@@ -47,6 +48,25 @@ def test_a_graph_is_specialised_to_every_input_s_shape_and_dtype():
     assert cuda_graphs.shape_of(noised(2, 4, False)) == cuda_graphs.shape_of(noised(2, 4, False))
     assert len({cuda_graphs.shape_of(noised(*case)) for case in
                 [(2, 4, False), (3, 4, False), (2, 8, False), (2, 4, True)]}) == 4
+
+
+@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-pixart"])
+def test_a_graph_s_static_inputs_carry_a_transformer_s_conditioning(preset):
+    # GIVEN a micro-batch of a transformer family made ready for its forward: SD3 brings pooled projections,
+    # PixArt an attention mask, beside the context
+    models = load_models(preset, None, seed=0)
+    noised = noised_inputs(models, pixels_batch(0, 32, 32, CPU.device), CPU.device,
+                           step_generator(0, 1, 0, 0, CPU.device))
+    # WHEN its tensors are copied into a graph's static inputs and the inputs the capture reads are rebuilt from them
+    static = [tensor.clone() for tensor in cuda_graphs._tensors(noised)]
+    rebuilt = cuda_graphs._rebuilt(noised, static)
+    # THEN every part of the conditioning is one of those copies (a replay refreshes it), and the prediction is
+    # the one the micro-batch's own tensors give
+    conditioning = rebuilt.conditioning
+    parts = [part for part in (conditioning.context, conditioning.pooled, conditioning.mask) if part is not None]
+    assert len(parts) == 2 and all(any(part is tensor for tensor in static) for part in parts)
+    with torch.no_grad():
+        assert prediction_loss(models.denoiser, rebuilt) == prediction_loss(models.denoiser, noised)
 
 
 def pixels_batch(number: int, height: int, width: int, device) -> dict:

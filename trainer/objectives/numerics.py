@@ -8,10 +8,15 @@ import numpy as np
 import torch
 
 
+# The device types whose steps run under bf16 autocast: GPUs'. A CPU runs in full precision, where bf16 buys
+# nothing. The tests change it: the bf16 path on a CPU, an fp32 reference on a GPU (docs/testing.md, "GPU tests").
+AUTOCAST_DEVICE_TYPES = frozenset({"cuda"})
+
+
 def autocast(device: torch.device, cache: bool = True):
     """bf16 autocast on GPUs (trained weights stay fp32); full precision on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
+    if device.type in AUTOCAST_DEVICE_TYPES:
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
 
 

@@ -1,4 +1,5 @@
-"""The UNet's forward, loss and backward replayed from a CUDA graph, one graph per input shape.
+"""The UNet's (or a transformer family's) forward, loss and backward replayed from a CUDA graph, one graph per
+input shape.
 
 Why: a small UNet at a small resolution is bound by the host, not the GPU. Its step is thousands of
 kernels of a few microseconds each, and Python launches them one at a time; a graph replays them all
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from trainer.models.families import Conditioning
 from trainer.objectives.diffusion import Noised, prediction_loss
 
 
@@ -43,12 +45,14 @@ def shape_of(noised: Noised) -> tuple:
 
 
 def _tensors(noised: Noised) -> list[torch.Tensor]:
-    """The inputs a graph reads, in a fixed order."""
+    """The inputs a graph reads, in a fixed order (a transformer family's context is `noised.context`)."""
     tensors = [noised.noisy_latents, noised.timesteps, noised.context, noised.target]
     if noised.weights is not None:
         tensors.append(noised.weights)
     for name in sorted(noised.added_conditions or {}):
         tensors.append(noised.added_conditions[name])
+    if noised.conditioning is not None:
+        tensors += [part for part in (noised.conditioning.pooled, noised.conditioning.mask) if part is not None]
     return tensors
 
 
@@ -57,7 +61,12 @@ def _rebuilt(noised: Noised, tensors: list[torch.Tensor]) -> Noised:
     noisy_latents, timesteps, context, target, *rest = tensors
     weights = rest.pop(0) if noised.weights is not None else None
     added = {name: rest.pop(0) for name in sorted(noised.added_conditions)} if noised.added_conditions else None
-    return Noised(noisy_latents, timesteps, context, target, weights, added)
+    conditioning = None
+    if noised.conditioning is not None:
+        pooled = rest.pop(0) if noised.conditioning.pooled is not None else None
+        mask = rest.pop(0) if noised.conditioning.mask is not None else None
+        conditioning = Conditioning(context, pooled, mask)
+    return Noised(noisy_latents, timesteps, context, target, weights, added, conditioning)
 
 
 class _Graph:
