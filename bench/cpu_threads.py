@@ -27,7 +27,7 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 
 import torch  # noqa: E402
 
-from bench.train_gpu import commit, versions  # noqa: E402
+from bench.stamp import commit, versions  # noqa: E402
 from trainer.models.loading import load_models  # noqa: E402
 
 

@@ -7,7 +7,7 @@
    (the same UNet, VAE and text-encoder configs the trainer builds) and a CLIP BPE tokenizer built
    locally (byte-level vocabulary, no merges, model_max_length=77: the script pads to it).
 2. Runs the script (fetched from github.com/huggingface/diffusers, never committed here) on the same
-   JPEGs as an imagefolder (bench/train_gpu.py --imagefolder), same resolution, batch, bf16, EMA,
+   JPEGs as an imagefolder (bench/train_shards.py --imagefolder), same resolution, batch, bf16, EMA,
    centre crop; stamps each progress-bar step with the wall clock (the script prints no img/s),
    and stops it after --steps steps (before its final pipeline save).
 3. Prints `train.diffusers_img_per_s_512` and, from our line in --ours, `train.ratio_vs_diffusers_512`.
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--num-workers", type=int, default=8)
     parser.add_argument("--output-dir", default="/tmp/peer-out")
-    parser.add_argument("--ours", default=None, help="bench/train_gpu.py's JSON lines, for the ratio")
+    parser.add_argument("--ours", default=None, help="bench/train_throughput.py's JSON lines, for the ratio")
     parser.add_argument("--ours-source", choices=("image", "latent"), default="image",
                         help="which of our lines the ratio uses: image shards (VAE online) or latent shards "
                              "encoded from the same images (the encode job's img/s is reported beside it)")
@@ -119,7 +119,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from bench.train_gpu import UNET_TFLOP, commit, versions
+    from bench.stamp import commit, versions
+    from bench.train_figures import UNET_TFLOP
     made = time.time()
     if not (Path(args.pipeline) / "model_index.json").is_file():
         build_pipeline_dir(args.model_config, Path(args.pipeline), 0)

@@ -26,7 +26,7 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 
 import torch  # noqa: E402
 
-from bench.train_gpu import commit, versions  # noqa: E402
+from bench.stamp import commit, versions  # noqa: E402
 from trainer.data.eval_set import EvalSample  # noqa: E402
 from trainer.jobs.scoring import EvalConfig, for_scoring, samples_per_call, validation_losses
 from trainer.models.loading import load_models  # noqa: E402

@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.train_gpu import commit, versions  # noqa: E402
+from bench.stamp import commit, versions  # noqa: E402
 from trainer.serve.generation import generate, load_pipeline, warm_up  # noqa: E402
 from trainer.serve.levers import compiled, lever_plan  # noqa: E402
 from trainer.serve.protocol import Generation, parse_request  # noqa: E402

@@ -467,7 +467,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     import torch
-    from bench.train_gpu import commit, versions
+    from bench.stamp import commit, versions
     from trainer.data.eval_set import find_eval_shards, read_eval_samples
     from trainer.jobs.scoring import EvalConfig
 

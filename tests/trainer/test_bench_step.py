@@ -1,4 +1,5 @@
-"""bench/train_gpu.py on the CPU with the tiny model: it times trainer.jobs.step.train_step and prints its JSON lines."""
+"""The training benchmarks (bench/train_*.py) on the CPU with the tiny model: they time trainer.jobs.step.train_step
+and print their JSON lines."""
 
 import json
 import sys
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import trainer.jobs.step
-from bench import train_gpu
+from bench import train_configs, train_fp8_parity, train_harness, train_throughput, train_timing
 from trainer.jobs.step import StepSettings
 from trainer.models.loading import load_models
 from trainer.runtime.distributed import Processes
@@ -31,11 +32,11 @@ def steps_run(monkeypatch):
 
 def test_a_configuration_runs_the_trainer_s_step_with_the_trainer_s_settings(steps_run, tmp_path):
     # GIVEN the bench's shared state around the tiny model, and resident latents with two micro-batches per step
-    args = train_gpu.argparse.Namespace(seed=3, num_workers=0, shards=str(tmp_path), count_flops=False)
-    bench = train_gpu.Bench(args, load_models("tiny", None, seed=0), CPU, {}, set(), {32: 2})
-    config = train_gpu.parse_config("resident32+accum2")
+    args = train_harness.argparse.Namespace(seed=3, num_workers=0, shards=str(tmp_path), count_flops=False)
+    bench = train_harness.Bench(args, load_models("tiny", None, seed=0), CPU, {}, set(), {32: 2})
+    config = train_configs.parse_config("resident32+accum2")
     # WHEN it runs 1 warm-up and 2 timed steps
-    result = train_gpu.run_config(bench, config, steps=2, warmup=1, first=True)
+    result = train_timing.run_config(bench, config, steps=2, warmup=1, first=True)
     # THEN every step was train_step's, with the trainer's settings but for the seed and the accumulation
     assert steps_run == [(step, StepSettings(seed=3, gradient_accumulation=2)) for step in (1, 2, 3)]
     assert (result["batch"], result["images_per_step"], result["timed_steps"], result["skipped_steps"]) == (2, 4, 2, 0)
@@ -45,10 +46,10 @@ def test_a_configuration_runs_the_trainer_s_step_with_the_trainer_s_settings(ste
 
 
 def test_the_benchmark_prints_its_metric_lines(steps_run, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["train_gpu.py", "--model-config", "tiny", "--configs", "resident32,resident32+b4",
+    monkeypatch.setattr(sys, "argv", ["train_throughput.py", "--model-config", "tiny", "--configs", "resident32,resident32+b4",
                                       "--steps", "1", "--warmup", "0", "--num-workers", "0"])
-    monkeypatch.setattr(train_gpu, "PROCESS_START", time.time())
-    train_gpu.main()
+    monkeypatch.setattr(train_harness, "PROCESS_START", time.time())
+    train_throughput.main()
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["metric"] for line in lines] == [
         "train.config.resident32", "train.first_step_s", "train.data_wait_share", "train.config.resident32+b4"]
@@ -57,18 +58,18 @@ def test_the_benchmark_prints_its_metric_lines(steps_run, monkeypatch, capsys):
 
 
 def test_the_issue_23_levers_parse_on_top_of_the_default():
-    bf16w, fp8, gnsilu = (train_gpu.parse_config(f"latent512+default+{lever}") for lever in ("bf16w", "fp8", "gnsilu"))
+    bf16w, fp8, gnsilu = (train_configs.parse_config(f"latent512+default+{lever}") for lever in ("bf16w", "fp8", "gnsilu"))
     assert (bf16w.bf16_weights, bf16w.fp8, bf16w.fused_groupnorm_silu, bf16w.fast_default) == (True, False, False, True)
     assert (fp8.bf16_weights, fp8.fp8, fp8.fused_groupnorm_silu) == (False, True, False)
     assert (gnsilu.bf16_weights, gnsilu.fp8, gnsilu.fused_groupnorm_silu) == (False, False, True)
-    assert train_gpu.without_last_lever(bf16w.name) == "latent512+default"
+    assert train_configs.without_last_lever(bf16w.name) == "latent512+default"
     with pytest.raises(ValueError):
-        train_gpu.parse_config("latent512+bf16w+fp32")
+        train_configs.parse_config("latent512+bf16w+fp32")
 
 
-def tiny_bench(tmp_path) -> train_gpu.Bench:
-    args = train_gpu.argparse.Namespace(seed=3, num_workers=0, shards=str(tmp_path), count_flops=False)
-    return train_gpu.Bench(args, load_models("tiny", None, seed=0), CPU, {}, set(), {32: 2})
+def tiny_bench(tmp_path) -> train_harness.Bench:
+    args = train_harness.argparse.Namespace(seed=3, num_workers=0, shards=str(tmp_path), count_flops=False)
+    return train_harness.Bench(args, load_models("tiny", None, seed=0), CPU, {}, set(), {32: 2})
 
 
 @pytest.mark.parametrize("lever", ["bf16w", "gnsilu"])
@@ -79,7 +80,7 @@ def test_a_model_lever_runs_the_trainer_s_step_and_is_released(lever, steps_run,
     before = {name: param.detach().clone() for name, param in unet.named_parameters()}
     modules = [type(module) for module in unet.modules()]
     # WHEN a configuration with the lever runs 1 warm-up and 2 timed steps of train_step on the CPU
-    result = train_gpu.run_config(bench, train_gpu.parse_config(f"resident32+accum2+{lever}"), steps=2, warmup=1,
+    result = train_timing.run_config(bench, train_configs.parse_config(f"resident32+accum2+{lever}"), steps=2, warmup=1,
                                   first=False)
     # THEN every step was train_step's and finite, and the weights moved
     assert [step for step, _ in steps_run] == [1, 2, 3] and result["skipped_steps"] == 0
@@ -95,11 +96,11 @@ def test_a_model_lever_runs_the_trainer_s_step_and_is_released(lever, steps_run,
 
 
 def test_fp8_and_its_parity_run_are_skipped_lines_on_a_cpu(steps_run, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["train_gpu.py", "--model-config", "tiny", "--configs", "resident32,resident32+fp8",
+    monkeypatch.setattr(sys, "argv", ["train_fp8_parity.py", "--model-config", "tiny", "--configs", "resident32,resident32+fp8",
                                       "--steps", "1", "--warmup", "0", "--num-workers", "0", "--parity-steps", "2",
                                       "--parity-base", "resident32"])
-    monkeypatch.setattr(train_gpu, "PROCESS_START", time.time())
-    train_gpu.main()
+    monkeypatch.setattr(train_harness, "PROCESS_START", time.time())
+    train_fp8_parity.main()
     lines = {line["metric"]: line for line in map(json.loads, capsys.readouterr().out.splitlines())}
     assert lines["train.config.resident32+fp8"]["value"] is None
     assert lines["train.config.resident32+fp8"]["skipped"] == "float8 training needs a CUDA device"
@@ -116,12 +117,12 @@ def test_the_parity_run_starts_both_curves_from_the_same_weights_seed_and_data(s
     fake.convert_to_float8_training = lambda unet, module_filter_fn, config: converted.append(module_filter_fn)
     monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
     monkeypatch.setitem(sys.modules, "torchao.float8", fake)
-    monkeypatch.setattr(train_gpu, "fp8_unavailable", lambda device: None)
+    monkeypatch.setattr(train_fp8_parity, "fp8_unavailable", lambda device: None)
     bench = tiny_bench(tmp_path)
     bench.args.model_config = "tiny"
     before = {name: param.detach().clone() for name, param in bench.models.denoiser.named_parameters()}
     # WHEN the parity run takes 3 steps of each
-    line = train_gpu.fp8_parity_line(bench, "resident32", 3)
+    line = train_fp8_parity.fp8_parity_line(bench, "resident32", 3)
     # THEN both curves are equal step for step, the ratio is 1, and the UNet is left as it started
     curves = line["curves"]
     assert curves["resident32"] == curves["resident32+fp8"] and len(curves["resident32"]) == 3

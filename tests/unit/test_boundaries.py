@@ -14,15 +14,22 @@ AWS_PACKAGE = FUNCTIONS_DIR / "core" / "aws"
 ALLOWED_ELSEWHERE = {"botocore.exceptions"}
 
 
-def aws_sdk_imports(path: Path) -> set[str]:
-    """The boto3 and botocore modules one file imports (absolute imports, `import x.y` and `from x.y import z`)."""
-    modules: set[str] = set()
+def absolute_imports(path: Path) -> dict[str, set[str]]:
+    """module -> the names one file takes from it (none for `import x.y`), for its absolute imports at any depth
+    of the file: a lazy import inside a function counts."""
+    modules: dict[str, set[str]] = {}
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            modules |= {alias.name for alias in node.names}
+            for alias in node.names:
+                modules.setdefault(alias.name, set())
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            modules.add(node.module)
-    return {m for m in modules if m.split(".")[0] in {"boto3", "botocore"}}
+            modules.setdefault(node.module, set()).update(alias.name for alias in node.names)
+    return modules
+
+
+def aws_sdk_imports(path: Path) -> set[str]:
+    """The boto3 and botocore modules one file imports (absolute imports, `import x.y` and `from x.y import z`)."""
+    return {m for m in absolute_imports(path) if m.split(".")[0] in {"boto3", "botocore"}}
 
 
 def sdk_imports_by_file() -> dict[str, set[str]]:
@@ -50,16 +57,10 @@ def trainer_module(path: Path) -> str:
 
 
 def trainer_imports(path: Path, modules: set[str]) -> set[str]:
-    """The trainer modules one file imports, at any depth of the file (a lazy import inside a function counts);
-    `from trainer.pkg import name` counts the module `trainer.pkg.name` where there is one."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return found & modules
+    """The trainer modules one file imports; `from trainer.pkg import name` counts the module `trainer.pkg.name`
+    where there is one."""
+    imports = absolute_imports(path)
+    return (set(imports) | {f"{module}.{name}" for module, names in imports.items() for name in names}) & modules
 
 
 def trainer_import_graph() -> dict[str, set[str]]:

@@ -1,8 +1,8 @@
-"""bench/train_gpu.py's bound_of: what a missed goal's row says bounds it, from the run's own profile."""
+"""bench/train_figures.py's bound_of: what a missed goal's row says bounds it, from the run's own profile."""
 
 import pytest
 
-from bench.train_gpu import bound_of
+from bench.train_figures import bound_of
 
 
 def line(step_s: float = 1.0, images: int = 100, data_wait: float = 0.0002) -> dict:

@@ -1,4 +1,4 @@
-"""One optimizer step of the UNet, the step trainer/jobs/train.py runs and bench/train_gpu.py times.
+"""One optimizer step of the UNet, the step trainer/jobs/train.py runs and bench/train_timing.py times.
 
 A step: for each micro-batch the diffusion loss (trainer/objectives/diffusion.py: noise, timesteps, target,
 noise offset, min-SNR weighting) from that micro-batch's own seeded generator, its backward scaled

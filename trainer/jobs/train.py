@@ -30,8 +30,8 @@ with the reason). Every batch and every noise draw is a pure function of (seed, 
 so the resumed job trains on exactly what the uninterrupted one would have and its loss curve is
 the same; on another number of GPUs it continues with its own draws. `--resume none` starts over;
 `--resume <checkpoint dir>` picks one, and the job stops at once if it does not verify.
-Checkpoints: trainer/runtime/checkpoints.py; what each saves of the run, and the run's record at the end,
-is one RunState (trainer/runtime/run_state.py). The step itself, shared with bench/train_gpu.py: trainer/jobs/step.py.
+Checkpoints: trainer/runtime/checkpoints.py; what each saves, and the run's record at the end, is one
+RunState (trainer/runtime/run_state.py). The step, shared with bench/train_timing.py: trainer/jobs/step.py.
 
 Provenance (docs/provenance.md): `--manifest` (default $SM_CHANNEL_MANIFEST) lists samples the loader never
 reads; `draws` in atelier-training.json counts the samples drawn per partner and license, over all ranks and jobs.

@@ -131,7 +131,7 @@ def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.
 
     The UNet is built on `device`, the one that trains it. A CPU draws random init one number at a time
     (sd2's 866M UNet parameters: about two thirds of the 13.9 s its GPU job spent building models,
-    bench/train_gpu.py); a GPU draws them in parallel, and nothing is copied after. The draws come from
+    bench/train_first_step.py); a GPU draws them in parallel, and nothing is copied after. The draws come from
     that device's generator, so a CUDA-built UNet is not the CPU-built one of the same seed. Every rank
     of a job has the same kind of GPU, so the ranks still agree. The frozen parts are always drawn on
     the CPU: latent shards name the VAE and text encoders by their weights (trainer/data/latents.py), and

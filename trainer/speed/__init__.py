@@ -13,8 +13,8 @@
 - cuda_graphs.py: the UNet's forward, loss and backward replayed from CUDA graphs (`--cuda-graphs`):
   by default (`auto`) only for one process on a GPU where the table measured it faster (today
   small at 256); `true` where it cannot run stops the job at start.
-- fused_norm.py: GroupNorm+SiLU as one Triton kernel: off; no job uses it (bench/train_gpu.py's `+gnsilu`).
-- master_weights.py: bf16 weights with fp32 masters: off; no job uses it (bench/train_gpu.py's `+bf16w`).
+- fused_norm.py: GroupNorm+SiLU as one Triton kernel: off; no job uses it (bench/train_throughput.py's `+gnsilu`).
+- master_weights.py: bf16 weights with fp32 masters: off; no job uses it (bench/train_throughput.py's `+bf16w`).
 
 Levers that are flags of trainer/jobs/train.py alone: `--fused-adamw` (on by default, on a GPU
 with DDP or one process), `--channels-last` (off: measured slower eager) and
