@@ -143,7 +143,7 @@ def main(args: argparse.Namespace) -> dict:
     if args.zero_terminal_snr:
         models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
-                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction)
+                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction, args.first_step)
     models.frozen_to(device)
     log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet)
     unet = models.denoiser
@@ -171,7 +171,7 @@ def main(args: argparse.Namespace) -> dict:
         state = RunState.from_dict(load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema), rank)
         state.args = vars(args)  # this job's arguments go into its checkpoints and its record
         log(rank, event="resumed", checkpoint=str(resume_from), step=state.step, stage=state.stage)
-    step = state.step
+    step = plan.check_resumed(state.step)  # a plan starting at a later step goes on from the step before it
 
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
     index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
@@ -188,8 +188,7 @@ def main(args: argparse.Namespace) -> dict:
     batches = iter(make_loader(dataset, args.num_workers))
     state.corrupt.update(index.problems)
     log(rank, event="data", kind="latent" if index.latent else "image", samples=len(index), shards=len(index.shards),
-        corrupt=len(index.problems),
-        first_corrupt=index.problems[:5], excluded=index.excluded)
+        corrupt=len(index.problems), first_corrupt=index.problems[:5], excluded=index.excluded)
 
     compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/speed/compile_cache.py)
     if compiling and args.compile_cache != "none":
@@ -205,8 +204,7 @@ def main(args: argparse.Namespace) -> dict:
         backend=processes.backend, strategy=args.strategy, compile=compiling, cuda_graphs=graphing, sdxl=models.sdxl, stages=plan.describe(),
         preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
-    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)),
-                  rank)
+    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
     writer = CheckpointWriter(checkpoint_dir, processes, args.keep_checkpoints, args.async_checkpoints) \
         if checkpoint_dir else None
@@ -325,7 +323,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model.add_argument("--final-weights", default="ema", choices=["ema", "trained"], help="what the saved pipeline holds")
     run = parser.add_argument_group("run (a single stage unless --run-config)")
     run.add_argument("--run-config", default=None, help="stages preset in trainer/configs/runs/, or a .json path")
-    run.add_argument("--steps", type=int, default=None, help="optimizer steps in total, counting resumed ones (default 1000)")
+    run.add_argument("--steps", type=int, default=None, help="the run's last step, counting resumed ones (default 1000)")
+    run.add_argument("--first-step", type=int, default=1, help="the run's step number of its first stage's first step, "
+                     "from which warm-up and cosine count (a later job of a lineage: its steps done + 1)")
     run.add_argument("--batch-size", type=int, default=None, help="images per micro-batch per process (default 4)")
     run.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
     run.add_argument("--learning-rate", type=float, default=None, help="AdamW's, after warm-up (default 1e-4)")
