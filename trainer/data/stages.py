@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.data.buckets import check_resolution
+
 RUNS_DIR = Path(__file__).resolve().parents[1] / "configs" / "runs"
 STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps", "final_lr_fraction"}
 
@@ -42,7 +44,7 @@ class Stage:
 class RunPlan:
     """The stages of a run, placed end to end."""
 
-    def __init__(self, stages: list[dict], first_step: int = 1):
+    def __init__(self, stages: list[dict], first_step: int = 1, size_multiple: int = 1):
         if not stages:
             raise ValueError("a run config needs at least one stage")
         if first_step < 1:
@@ -58,6 +60,10 @@ class RunPlan:
                 raise ValueError(f"stage {number}: resolution, batch_size, steps and learning_rate must be positive")
             if not 0 < stage.final_lr_fraction <= 1:
                 raise ValueError(f"stage {number}: final_lr_fraction must lie in (0, 1], got {stage.final_lr_fraction}")
+            try:  # here, before any data is read, not at the stage's first batch
+                check_resolution(stage.resolution, size_multiple)
+            except ValueError as error:
+                raise ValueError(f"stage {number}: {error}") from None
             self.stages.append(stage)
             first += stage.steps
         self.total_steps = first - 1
@@ -114,15 +120,16 @@ def read_run_config(name: str) -> dict:
 
 def plan_from_args(run_config: str | None, steps: int | None, batch_size: int | None, resolution: int | None,
                    learning_rate: float | None, warmup_steps: int, default_resolution: int,
-                   final_lr_fraction: float = 1.0, first_step: int = 1) -> RunPlan:
+                   final_lr_fraction: float = 1.0, first_step: int = 1, size_multiple: int = 1) -> RunPlan:
     """The run's stages, from `first_step` on: the run config's, or one stage from the single-stage arguments
-    (`steps` is then the run's last step, so the stage has `steps - first_step + 1`)."""
+    (`steps` is then the run's last step, so the stage has `steps - first_step + 1`); every stage's resolution
+    a multiple of the models' `size_multiple`."""
     if run_config:
         given = [name for name, value in (("steps", steps), ("batch-size", batch_size), ("resolution", resolution),
                                           ("learning-rate", learning_rate)) if value is not None]
         if given:
             raise ValueError(f"run-config {run_config!r} sets the stages; drop {', '.join(given)} (each stage has its own)")
-        return RunPlan(read_run_config(run_config)["stages"], first_step)
+        return RunPlan(read_run_config(run_config)["stages"], first_step, size_multiple)
     return RunPlan([{
         "resolution": resolution or default_resolution,
         "batch_size": batch_size or 4,
@@ -130,4 +137,4 @@ def plan_from_args(run_config: str | None, steps: int | None, batch_size: int | 
         "steps": (1000 if steps is None else steps) - first_step + 1,
         "warmup_steps": warmup_steps,
         "final_lr_fraction": final_lr_fraction,
-    }], first_step)
+    }], first_step, size_multiple)

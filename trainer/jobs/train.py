@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from contracts import model_presets
 from trainer.data.latents import check_latent_shards
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
@@ -87,8 +88,7 @@ from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
 from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
 from trainer.speed.vae_compile import compile_vae_encoder
 
-DEFAULT_VALIDATION_PROMPTS = ("a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table"
-                              "|a mountain lake at sunrise")
+DEFAULT_VALIDATION_PROMPTS = "a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table|a mountain lake at sunrise"
 
 
 # ---------------------------------------------------------------- helpers
@@ -143,7 +143,8 @@ def main(args: argparse.Namespace) -> dict:
     if args.zero_terminal_snr:
         models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
-                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction, args.first_step)
+                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction, args.first_step,
+                          models.size_multiple)
     models.frozen_to(device)
     log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet)
     unet = models.denoiser
@@ -303,7 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
                             "read (default $SM_CHANNEL_MANIFEST)")
     model = parser.add_argument_group("model")
-    model.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/ (without .json)")
+    model.add_argument("--model-config", default=model_presets.DEFAULT, help="a preset in trainer/configs/ (without .json)")
     model.add_argument("--pretrained", default=None,
                        help="a diffusers pipeline, or some of its subfolders (vae, text_encoder + tokenizer, scheduler, "
                             "unet): a directory, a channel name or a model.tar.gz; what it lacks comes from --model-config")
@@ -324,8 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run = parser.add_argument_group("run (a single stage unless --run-config)")
     run.add_argument("--run-config", default=None, help="stages preset in trainer/configs/runs/, or a .json path")
     run.add_argument("--steps", type=int, default=None, help="the run's last step, counting resumed ones (default 1000)")
-    run.add_argument("--first-step", type=int, default=1, help="the run's step number of its first stage's first step, "
-                     "from which warm-up and cosine count (a later job of a lineage: its steps done + 1)")
+    run.add_argument("--first-step", type=int, default=1, help="the run's first step; warm-up and cosine count from it")
     run.add_argument("--batch-size", type=int, default=None, help="images per micro-batch per process (default 4)")
     run.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
     run.add_argument("--learning-rate", type=float, default=None, help="AdamW's, after warm-up (default 1e-4)")
