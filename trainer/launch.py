@@ -53,8 +53,9 @@ def build_request(args: argparse.Namespace, settings: TrainingSettings, manifest
     pipeline's would."""
     steps = args.steps or settings.stages[args.stage].steps
     exclusions_uri = rich_manifest_uri(args.manifest) if manifest.exclude else ""
+    first_step = max(1, steps - settings.stages[args.stage].steps + 1)  # the stage's warm-up counts from there
     return training_job_request(args.job_name, args.manifest, manifest.digest, args.stage, steps, settings,
-                                exclusions_uri, vae_uri=args.vae_uri)
+                                exclusions_uri, vae_uri=args.vae_uri, first_step=first_step)
 
 
 def lineage_vae(settings: TrainingSettings, boto_session: Any) -> str:
@@ -89,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--settings-from-function", help="the deployed StartTrainingFunction's name")
     source.add_argument("--env-json", help="a JSON file of the StartTrainingFunction's variables")
     parser.add_argument("--stage", type=int, default=0, help="which run-plan stage to run")
-    parser.add_argument("--steps", type=int, default=0, help="the lineage step total to train to (default: the stage's)")
+    parser.add_argument("--steps", type=int, default=0, help="the lineage step total to train to, the stage's steps being "
+                        "its last (default: the stage's)")
     parser.add_argument("--vae-uri", default=None,
                         help="the VAE channel: an autoencoder job's model.tar.gz (default: the lineage's own, read "
                              "from the pipeline table, if it trained one; '' for none)")

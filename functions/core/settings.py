@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from contracts import serve_environment
+from contracts import model_presets, serve_environment
 from core.errors import ConfigError
 from core.ingest.images import KNOWN_FORMATS, DecodePolicy
 from core.pack.lanes import MAX_LANES
@@ -268,6 +268,8 @@ class TrainingSettings:
         gpus = int(_bounded("TRAINING_GPUS_PER_INSTANCE", _int(env, "TRAINING_GPUS_PER_INSTANCE"), 0))
         for stage in settings.stages:
             check_sharding(settings.quota, stage, gpus)
+            if refusal := model_presets.resolution_refusal(stage.hyperparameters):  # before any job is paid for
+                raise ConfigError(f"stage {stage.name!r}: {refusal}")
             if settings.encode_instance_type:
                 check_encodable(stage)
         return settings
@@ -327,10 +329,6 @@ def check_encodable(stage: Stage) -> None:
         raise ConfigError(f"stage {stage.name!r} sets run-config, several resolutions in one job, but its encode job "
                           "writes latents at one: give each resolution its own TRAINING_RUN_PLAN stage, or set "
                           "TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty to train on image shards")
-    resolution = stage.hyperparameters.get("resolution")
-    if resolution is not None and (not resolution.isdigit() or int(resolution) % 8):
-        raise ConfigError(f"stage {stage.name!r}: resolution {resolution!r} must be a whole number of pixels, a multiple "
-                          "of 8 (the VAE's downsampling), for its encode job")
 
 
 def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:

@@ -735,7 +735,8 @@ def test_completed_first_stage_starts_the_second_with_its_instances(configure: C
     assert (first["ResourceConfig"]["InstanceType"], first["ResourceConfig"]["InstanceCount"]) == ("ml.m5.xlarge", 1)
     assert (second["ResourceConfig"]["InstanceType"], second["ResourceConfig"]["InstanceCount"]) == ("ml.m5.2xlarge", 2)
     assert first["HyperParameters"] == {"steps": "3", "batch-size": "2", "resolution": "32", "model-config": "tiny"}
-    assert second["HyperParameters"] == {"steps": "8", "batch-size": "2", "resolution": "64", "model-config": "tiny"}
+    assert second["HyperParameters"] == {"steps": "8", "batch-size": "2", "resolution": "64", "model-config": "tiny",
+                                         "first-step": "4"}
     assert channel_uri(second) == channel_uri(first) == manifest_uri(settings, base)
     assert second["CheckpointConfig"] == first["CheckpointConfig"]
     assert (tags(first)["atelier:stage"], tags(first)["atelier:final-stage"]) == ("lo", "false")
@@ -772,6 +773,9 @@ def test_next_manifest_s_stages_train_on_from_the_lineage_total(configure: Calla
 
     assert sagemaker.request(following)["HyperParameters"]["steps"] == "11"  # 8 + 3
     assert sagemaker.request(f"{following}-s1")["HyperParameters"]["steps"] == "16"  # 8 + 3 + 5
+    # and each job names the lineage step its stage starts at, where its warm-up counts from (1: named by none)
+    jobs = (base, f"{base}-s1", following, f"{following}-s1")
+    assert [sagemaker.request(name)["HyperParameters"].get("first-step") for name in jobs] == [None, "4", "9", "12"]
 
 
 def test_duplicate_completed_event_of_a_stage_starts_its_successor_once(configure: Callable[..., TrainingSettings],

@@ -298,6 +298,28 @@ def test_stages_follow_each_other_with_their_own_learning_rate_and_warmup():
     assert [plan.learning_rate(step) for step in range(1, 6)] == [5e-4, 1e-3, 1e-3, 1e-4, 1e-4]
 
 
+def test_a_stage_run_as_its_own_job_warms_up_from_its_own_first_step_as_inside_a_run_config():
+    # GIVEN two stages, each warming up over 2 steps, the second then a cosine down to half its rate
+    stages = [{"resolution": 32, "batch_size": 4, "learning_rate": 1e-3, "steps": 3, "warmup_steps": 2},
+              {"resolution": 64, "batch_size": 2, "learning_rate": 1e-4, "steps": 4, "warmup_steps": 2,
+               "final_lr_fraction": 0.5}]
+    one_job = RunPlan(stages)
+    # WHEN the second runs as a job of its own, as the pipeline runs each stage: steps 4..7 of the lineage
+    second_job = plan_from_args(None, 7, 2, 64, 1e-4, 2, 32, 0.5, first_step=4)
+    # THEN its rates are the run config's second stage's: warm-up from its first step, then the cosine
+    rates = [second_job.learning_rate(step) for step in range(4, 8)]
+    assert rates == [one_job.learning_rate(step) for step in range(4, 8)]
+    assert rates == pytest.approx([5e-5, 1e-4, 7.5e-5, 5e-5])
+    assert (second_job.stages[0].first_step, second_job.stages[0].steps, second_job.total_steps) == (4, 4, 7)
+
+
+def test_a_plan_starting_later_needs_the_checkpoint_of_the_step_before_it():
+    plan = plan_from_args(None, 7, 2, 64, 1e-4, 2, 32, first_step=4)
+    assert (plan.check_resumed(3), plan.check_resumed(5)) == (3, 5)  # the stage before it ended, or a retry
+    with pytest.raises(ValueError, match="starts at step 4 .* resumes at step 0: it needs the checkpoint of step 3"):
+        plan.check_resumed(0)
+
+
 def test_a_run_config_and_single_stage_arguments_do_not_mix():
     with pytest.raises(ValueError, match="run-config 'tiny-progressive' sets the stages; drop steps, batch-size"):
         plan_from_args("tiny-progressive", 10, 2, None, None, 0, 64)

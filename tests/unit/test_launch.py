@@ -93,6 +93,18 @@ def test_a_manual_launch_reads_the_lineage_s_own_vae_as_the_pipeline_s_job_would
     assert vae not in json.dumps(without)
 
 
+def test_a_manual_launch_up_to_a_later_step_warms_up_from_its_stage_s_first_step(stack, function_env) -> None:
+    settings = TrainingSettings.from_env(function_env("StartTrainingFunction"))  # one stage of 2 steps (TEST_OVERRIDES)
+    manifest = Manifest(bucket="data", prefix="shards/", lineage="main", sequence=2, shards=(
+        ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="1" * 64, samples=8),))
+    args = launch.parse_args(["--manifest", "s3://data/manifests/m.manifest", "--job-name", "manual-5",
+                              "--env-json", "env.json", "--steps", "10", "--vae-uri", ""])
+
+    hyperparameters = launch.build_request(args, settings, manifest)["HyperParameters"]
+
+    assert (hyperparameters["steps"], hyperparameters["first-step"]) == ("10", "9")
+
+
 def test_launch_needs_a_source_for_the_pipelines_settings() -> None:
     with pytest.raises(SystemExit):
         launch.parse_args(["--manifest", "s3://b/m.manifest", "--job-name", "x"])

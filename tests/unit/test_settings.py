@@ -590,6 +590,32 @@ def test_the_default_run_plan_runs_each_stage_the_fastest_measured_way(expanded:
             == (fast.batch_size, fast.gradient_accumulation), key
 
 
+# --- training: a stage's resolution, by its model preset -------------------------------------------
+
+@pytest.mark.parametrize("encode_instance_type", ["", "ml.g5.2xlarge"])
+def test_a_stage_off_its_preset_s_size_multiple_is_refused_before_any_job(encode_instance_type: str) -> None:
+    # 520 is a multiple of 8 (the VAE's downsampling) but not of sd2's 64 (VAE x UNet downsampling)
+    plan = json.dumps([{"name": "lo", "hyperparameters": {"resolution": "512"}},
+                       {"name": "hi", "hyperparameters": {"model-config": "sd2", "resolution": "520"}}])
+    with pytest.raises(ConfigError, match="'hi': resolution '520' must be a whole number of pixels, a multiple of 64 "
+                                          r"\(model-config 'sd2'"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": encode_instance_type,
+                                   "TRAINING_RUN_PLAN": plan})
+
+
+@pytest.mark.parametrize("preset, resolution", [("sd2", "512"), ("sdxl", "1056"), ("sd3-medium", "528"),
+                                                ("pixart-sigma", "1040"), ("tiny-sd3", "40")])
+def test_a_stage_on_its_preset_s_size_multiple_is_accepted(preset: str, resolution: str) -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": preset, "resolution": resolution}}])
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).stages[0].name == "only"
+
+
+def test_a_model_config_that_is_no_preset_is_refused() -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "huge"}}])
+    with pytest.raises(ConfigError, match="'only': model-config 'huge' is not a preset: pixart-sigma, sd2, sd3-medium"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+
+
 # --- training: latent shards ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("hyperparameters, refusal", [

@@ -14,11 +14,18 @@ import numpy as np
 MAX_ASPECT = 2.0  # wider than 2:1 keeps too few pixels on the short side at 256 px
 
 
+def check_resolution(resolution: int, multiple: int) -> int:
+    """`resolution`, if a multiple of the model's size multiple (`Models.size_multiple`; the pipeline's settings
+    check a stage against each preset's, functions/contracts/model_presets.py)."""
+    if resolution % multiple:
+        raise ValueError(f"resolution {resolution} is not a multiple of {multiple}, the model's size multiple "
+                         "(its VAE's downsampling times its denoiser's)")
+    return resolution
+
+
 def bucket_sizes(resolution: int, multiple: int) -> list[tuple[int, int]]:
     """(width, height) buckets for a stage, sorted by aspect ratio; always includes the square."""
-    if resolution % multiple:
-        raise ValueError(f"resolution {resolution} is not a multiple of {multiple}, the model's size multiple")
-    area = resolution * resolution
+    area = check_resolution(resolution, multiple) ** 2
     sizes = {(resolution, resolution)}
     for width in range(multiple, int(resolution * MAX_ASPECT) + 1, multiple):
         height = (area // width) // multiple * multiple

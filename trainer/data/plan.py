@@ -14,15 +14,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from trainer.data.buckets import assign_buckets, bucket_sizes
+from trainer.data.buckets import assign_buckets, bucket_sizes, check_resolution
 from trainer.data.stages import RunPlan
 
 
 def buckets_of(aspects: np.ndarray, resolution: int, size_multiple: int, aspect_buckets: bool) -> tuple[list[tuple[int, int]], np.ndarray]:
     """(bucket sizes at `resolution`, each sample's bucket); one centred square without aspect buckets."""
     if not aspect_buckets:
-        if resolution % size_multiple:
-            raise ValueError(f"resolution {resolution} is not a multiple of {size_multiple}, the model's size multiple")
+        check_resolution(resolution, size_multiple)
         return [(resolution, resolution)], np.zeros(len(aspects), dtype=np.int64)
     sizes = bucket_sizes(resolution, size_multiple)
     return sizes, assign_buckets(aspects, sizes)

@@ -12,6 +12,10 @@ are pure functions of the step, so a resumed job lands in the right stage with n
 The learning rate warms up linearly over a stage's first `warmup_steps`, then stays constant, or,
 with `final_lr_fraction` below 1, follows a cosine from there down to that fraction of itself at the
 stage's last step (what a from-scratch run wants: the weights settle instead of wandering at full rate).
+
+A plan may start after step 1 (`first_step`, the trainer's `--first-step`): the pipeline runs each stage of
+its run plan, and each later manifest of a lineage, as a job of its own that resumes the lineage's
+checkpoints, and that job's stage warms up from its own first step, as a stage inside a run config does.
 """
 
 import bisect
@@ -19,6 +23,8 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.data.buckets import check_resolution
 
 RUNS_DIR = Path(__file__).resolve().parents[1] / "configs" / "runs"
 STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps", "final_lr_fraction"}
@@ -38,11 +44,13 @@ class Stage:
 class RunPlan:
     """The stages of a run, placed end to end."""
 
-    def __init__(self, stages: list[dict]):
+    def __init__(self, stages: list[dict], first_step: int = 1, size_multiple: int = 1):
         if not stages:
             raise ValueError("a run config needs at least one stage")
+        if first_step < 1:
+            raise ValueError(f"the first step is step 1 or later, got {first_step}")
         self.stages: list[Stage] = []
-        first = 1
+        first = first_step
         for number, fields in enumerate(stages):
             unknown = set(fields) - STAGE_FIELDS
             if unknown:
@@ -52,6 +60,10 @@ class RunPlan:
                 raise ValueError(f"stage {number}: resolution, batch_size, steps and learning_rate must be positive")
             if not 0 < stage.final_lr_fraction <= 1:
                 raise ValueError(f"stage {number}: final_lr_fraction must lie in (0, 1], got {stage.final_lr_fraction}")
+            try:  # here, before any data is read, not at the stage's first batch
+                check_resolution(stage.resolution, size_multiple)
+            except ValueError as error:
+                raise ValueError(f"stage {number}: {error}") from None
             self.stages.append(stage)
             first += stage.steps
         self.total_steps = first - 1
@@ -68,6 +80,8 @@ class RunPlan:
         """The learning rate of `step`: the stage's, ramped up over its warm-up steps, then maybe a cosine down."""
         stage = self.stage(step)
         done = step - stage.first_step + 1  # steps of this stage so far, this one included
+        if done < 1:  # before the plan's first step: a job that has not resumed yet trains none of these
+            return 0.0
         if done < stage.warmup_steps:
             return stage.learning_rate * done / stage.warmup_steps
         if stage.final_lr_fraction >= 1 or stage.steps <= stage.warmup_steps:
@@ -75,6 +89,16 @@ class RunPlan:
         progress = (done - stage.warmup_steps) / (stage.steps - stage.warmup_steps)
         cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return stage.learning_rate * (stage.final_lr_fraction + (1 - stage.final_lr_fraction) * cosine)
+
+    def check_resumed(self, step: int) -> int:
+        """`step` (the steps done when the job starts) if the plan goes on from there; a plan starting later
+        needs the checkpoint of the step before its first."""
+        first = self.stages[0].first_step
+        if step < first - 1:
+            raise ValueError(f"the run plan starts at step {first} (--first-step) but the job resumes at step {step}: "
+                             f"it needs the checkpoint of step {first - 1}, which the lineage's stage or job before "
+                             "this one writes")
+        return step
 
     def describe(self) -> list[dict]:
         return [
@@ -96,19 +120,21 @@ def read_run_config(name: str) -> dict:
 
 def plan_from_args(run_config: str | None, steps: int | None, batch_size: int | None, resolution: int | None,
                    learning_rate: float | None, warmup_steps: int, default_resolution: int,
-                   final_lr_fraction: float = 1.0) -> RunPlan:
-    """The run's stages: the run config's, or one stage from the single-stage arguments."""
+                   final_lr_fraction: float = 1.0, first_step: int = 1, size_multiple: int = 1) -> RunPlan:
+    """The run's stages, from `first_step` on: the run config's, or one stage from the single-stage arguments
+    (`steps` is then the run's last step, so the stage has `steps - first_step + 1`); every stage's resolution
+    a multiple of the models' `size_multiple`."""
     if run_config:
         given = [name for name, value in (("steps", steps), ("batch-size", batch_size), ("resolution", resolution),
                                           ("learning-rate", learning_rate)) if value is not None]
         if given:
             raise ValueError(f"run-config {run_config!r} sets the stages; drop {', '.join(given)} (each stage has its own)")
-        return RunPlan(read_run_config(run_config)["stages"])
+        return RunPlan(read_run_config(run_config)["stages"], first_step, size_multiple)
     return RunPlan([{
         "resolution": resolution or default_resolution,
         "batch_size": batch_size or 4,
         "learning_rate": learning_rate or 1e-4,
-        "steps": 1000 if steps is None else steps,
+        "steps": (1000 if steps is None else steps) - first_step + 1,
         "warmup_steps": warmup_steps,
         "final_lr_fraction": final_lr_fraction,
-    }])
+    }], first_step, size_multiple)

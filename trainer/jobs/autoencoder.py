@@ -40,6 +40,7 @@ from diffusers import AutoencoderKL
 from PIL import Image
 from torch.optim.lr_scheduler import LambdaLR
 
+from contracts import model_presets
 from trainer.data.eval_set import find_eval_shards, read_eval_samples
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
@@ -139,7 +140,8 @@ def main(args: argparse.Namespace) -> dict:
     vae = vae.to(device).train()
     size_multiple = 2 ** (len(vae.config.block_out_channels) - 1)
     resolution = args.resolution or vae.config.sample_size
-    plan = plan_from_args(None, args.steps, args.batch_size, resolution, args.learning_rate, args.lr_warmup_steps, resolution)
+    plan = plan_from_args(None, args.steps, args.batch_size, resolution, args.learning_rate, args.lr_warmup_steps, resolution,
+                          size_multiple=size_multiple)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=1.0, weight_decay=0.0)
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1)
                            * cosine_tail(steps_done + 1, plan.total_steps))
@@ -245,7 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="reconstructions.png (default $SM_OUTPUT_DATA_DIR, else <model-dir>/health)")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints go here (SageMaker: /opt/ml/checkpoints)")
     parser.add_argument("--resume", default="latest", help="'latest' (if any), 'none', or a checkpoint directory")
-    parser.add_argument("--model-config", default="tiny", help="the preset whose `vae` architecture is trained")
+    parser.add_argument("--model-config", default=model_presets.DEFAULT, help="the preset whose `vae` architecture is trained")
     parser.add_argument("--pretrained", default=None,
                         help="the lineage's base, accepted so every job of a lineage takes the same arguments (unused: "
                              "this job runs because the base has no VAE)")

@@ -47,9 +47,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from contracts import model_presets
 from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
 from trainer.data.latents import latent_dir, models_identity
+from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
 from trainer.data.shards import CorruptSample, ShardIndex, ShardReader, index_shards, load_exclusions
 from trainer.jobs.hyperparameters import auto_or_boolean, boolean
@@ -202,7 +204,7 @@ def main(args: argparse.Namespace) -> dict:
     identity = models_identity(models)
     models.frozen_to(processes.device)
     print(json.dumps({"event": "models", "identity": identity}), flush=True)
-    resolution = args.resolution or models.default_resolution
+    resolution = check_resolution(args.resolution or models.default_resolution, models.size_multiple)  # before any shard
     compiling = args.compile if args.compile != "auto" else processes.device.type == "cuda"
     if compiling:  # one graph per bucket shape, since every call is padded to the batch size
         compile_vae_encoder(models)
@@ -225,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
                              "read nor encoded (default $SM_CHANNEL_MANIFEST)")
     parser.add_argument("--output-dir", required=True, help="latent shards go to <output-dir>/<identity>-r<resolution>/")
-    parser.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/, as the training job's")
+    parser.add_argument("--model-config", default=model_presets.DEFAULT, help="a preset in trainer/configs/, as the training job's")
     parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")
     parser.add_argument("--vae", default=None, help="an AutoencoderKL directory, channel or model.tar.gz, as the training job's")
     parser.add_argument("--seed", type=int, default=0, help="random init of a preset (the training job's seed)")

@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from contracts import model_presets
 from trainer.data.latents import check_latent_shards
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
@@ -87,8 +88,7 @@ from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
 from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
 from trainer.speed.vae_compile import compile_vae_encoder
 
-DEFAULT_VALIDATION_PROMPTS = ("a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table"
-                              "|a mountain lake at sunrise")
+DEFAULT_VALIDATION_PROMPTS = "a red dog on the beach|a photo of a city street at night|a bowl of fruit on a table|a mountain lake at sunrise"
 
 
 # ---------------------------------------------------------------- helpers
@@ -143,7 +143,8 @@ def main(args: argparse.Namespace) -> dict:
     if args.zero_terminal_snr:
         models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
-                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction)
+                          args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction, args.first_step,
+                          models.size_multiple)
     models.frozen_to(device)
     log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet)
     unet = models.denoiser
@@ -171,7 +172,7 @@ def main(args: argparse.Namespace) -> dict:
         state = RunState.from_dict(load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema), rank)
         state.args = vars(args)  # this job's arguments go into its checkpoints and its record
         log(rank, event="resumed", checkpoint=str(resume_from), step=state.step, stage=state.stage)
-    step = state.step
+    step = plan.check_resumed(state.step)  # a plan starting at a later step goes on from the step before it
 
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
     index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
@@ -188,8 +189,7 @@ def main(args: argparse.Namespace) -> dict:
     batches = iter(make_loader(dataset, args.num_workers))
     state.corrupt.update(index.problems)
     log(rank, event="data", kind="latent" if index.latent else "image", samples=len(index), shards=len(index.shards),
-        corrupt=len(index.problems),
-        first_corrupt=index.problems[:5], excluded=index.excluded)
+        corrupt=len(index.problems), first_corrupt=index.problems[:5], excluded=index.excluded)
 
     compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/speed/compile_cache.py)
     if compiling and args.compile_cache != "none":
@@ -205,8 +205,7 @@ def main(args: argparse.Namespace) -> dict:
         backend=processes.backend, strategy=args.strategy, compile=compiling, cuda_graphs=graphing, sdxl=models.sdxl, stages=plan.describe(),
         preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
-    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)),
-                  rank)
+    board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)
     window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
     writer = CheckpointWriter(checkpoint_dir, processes, args.keep_checkpoints, args.async_checkpoints) \
         if checkpoint_dir else None
@@ -305,7 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
                             "read (default $SM_CHANNEL_MANIFEST)")
     model = parser.add_argument_group("model")
-    model.add_argument("--model-config", default="tiny", help="a preset in trainer/configs/ (without .json)")
+    model.add_argument("--model-config", default=model_presets.DEFAULT, help="a preset in trainer/configs/ (without .json)")
     model.add_argument("--pretrained", default=None,
                        help="a diffusers pipeline, or some of its subfolders (vae, text_encoder + tokenizer, scheduler, "
                             "unet): a directory, a channel name or a model.tar.gz; what it lacks comes from --model-config")
@@ -325,7 +324,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model.add_argument("--final-weights", default="ema", choices=["ema", "trained"], help="what the saved pipeline holds")
     run = parser.add_argument_group("run (a single stage unless --run-config)")
     run.add_argument("--run-config", default=None, help="stages preset in trainer/configs/runs/, or a .json path")
-    run.add_argument("--steps", type=int, default=None, help="optimizer steps in total, counting resumed ones (default 1000)")
+    run.add_argument("--steps", type=int, default=None, help="the run's last step, counting resumed ones (default 1000)")
+    run.add_argument("--first-step", type=int, default=1, help="the run's first step; warm-up and cosine count from it")
     run.add_argument("--batch-size", type=int, default=None, help="images per micro-batch per process (default 4)")
     run.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
     run.add_argument("--learning-rate", type=float, default=None, help="AdamW's, after warm-up (default 1e-4)")

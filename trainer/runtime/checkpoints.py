@@ -351,6 +351,10 @@ def load_checkpoint(path: Path, processes: Processes, unet, optimizer, lr_schedu
     state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
     load_full_state(unet, optimizer, weights, state.pop("optimizer"))
     lr_schedule.load_state_dict(state.pop("lr_scheduler"))
+    # The next step's rate by this job's schedule, not the saved one: a later stage's job resumes the optimizer of
+    # the stage before it, whose own schedule set that rate (the new stage's warm-up would never apply).
+    lr_schedule.last_epoch -= 1
+    lr_schedule.step()
     ema_state = state.pop("ema", None)
     if ema is not None:
         if ema_state and (path / "ema_unet" / WEIGHTS_NAME).is_file():

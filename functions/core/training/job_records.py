@@ -46,6 +46,11 @@ def steps_target(job: dict[str, Any], stage: int, settings: TrainingSettings) ->
     return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage + 1])
 
 
+def first_step(job: dict[str, Any], stage: int, settings: TrainingSettings) -> int:
+    """The lineage step the job of `stage` starts at: its stage's warm-up counts from it."""
+    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage]) + 1
+
+
 @dataclass(frozen=True)
 class Inputs:
     """What a claimed job's jobs read: its manifest's shards and exclusions, and its model parts."""

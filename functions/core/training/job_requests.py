@@ -35,10 +35,14 @@ ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resoluti
 AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution", *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
-def stage_hyperparameters(stage: Stage, steps_target: int) -> dict[str, str]:
+def stage_hyperparameters(stage: Stage, steps_target: int, first_step: int = 1) -> dict[str, str]:
     """The stage's hyperparameters, with `steps` as the lineage total this job trains up to
-    (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done)."""
-    return {**stage.hyperparameters, "steps": str(steps_target)}
+    (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done) and,
+    past the lineage's first step, `first-step`, the step its stage starts at: its warm-up counts from there."""
+    hyperparameters = {**stage.hyperparameters, "steps": str(steps_target)}
+    if first_step > 1:
+        hyperparameters["first-step"] = str(first_step)
+    return hyperparameters
 
 
 def file_channel(name: str, uri: str, content_type: str = "") -> dict[str, Any]:
@@ -135,16 +139,17 @@ def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
 
 def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                          steps_target: int, settings: TrainingSettings, exclusions_uri: str = "", *,
-                         pretrained_uri: str | None = None, vae_uri: str = "",
+                         pretrained_uri: str | None = None, vae_uri: str = "", first_step: int = 1,
                          compile_cache: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins, and
-    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel. `compile_cache`: the
-    shared compiled shapes' channel, where there is one (core.training.compile_caches.channels)."""
+    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel. The job trains the lineage's
+    steps `first_step` to `steps_target`. `compile_cache`: the shared compiled shapes' channel, where there
+    is one (core.training.compile_caches.channels)."""
     stage = settings.stages[stage_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
     channels += compile_cache or []
     request = _job_request(
-        name, manifest_uri, {**stage_hyperparameters(stage, steps_target), **model_hyperparameters},
+        name, manifest_uri, {**stage_hyperparameters(stage, steps_target, first_step), **model_hyperparameters},
         (stage.instance_type, stage.instance_count), s3_layout.TRAINING,
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(settings.lineage)),

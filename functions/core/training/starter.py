@@ -391,9 +391,9 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
         _ensure_encoding(name, job, inputs, settings)
         return
     train_uri = job.get("latents") or inputs.manifest_uri
-    steps_target = job_records.steps_target(job, stage, settings)
-    request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
-                                   inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri,
+    request = training_job_request(name, train_uri, job["digest"], stage, job_records.steps_target(job, stage, settings),
+                                   settings, inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri,
+                                   vae_uri=inputs.vae_uri, first_step=job_records.first_step(job, stage, settings),
                                    compile_cache=compile_caches.channels(settings.models_bucket))
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,

@@ -1,0 +1,54 @@
+"""One rule for a stage's resolution: the size multiple of its model, the same in the pipeline's table
+(functions/contracts/model_presets.py) as in the models the trainer builds from each preset."""
+
+import pytest
+import torch
+from diffusers import AutoencoderKL, UNet2DConditionModel
+
+from contracts.model_presets import DEFAULT, SIZE_MULTIPLES
+from trainer.data.stages import plan_from_args
+from trainer.jobs import encode, train
+from trainer.models.bundle import Models
+from trainer.models.loading import CONFIGS_DIR, preset_family, read_preset
+
+
+def size_multiple_of(name: str) -> int:
+    """`Models.size_multiple` of the preset's VAE and denoiser, built on the meta device (no weights)."""
+    preset, family = read_preset(name), preset_family(name, None)
+    with torch.device("meta"):
+        vae = AutoencoderKL(**preset["vae"])
+        denoiser = family.transformer_class(**preset["transformer"]) if family else UNet2DConditionModel(**preset["unet"])
+    return Models(vae=vae, text_encoders=[], tokenizers=[], denoiser=denoiser, noise_scheduler=None,
+                  family=family).size_multiple
+
+
+def test_the_pipeline_s_table_is_every_preset_s_size_multiple() -> None:
+    presets = sorted(path.stem for path in CONFIGS_DIR.glob("*.json"))
+    assert {"tiny-sd3", "tiny-pixart", "sd3-medium", "pixart-sigma"} <= set(presets)
+    assert {name: size_multiple_of(name) for name in presets} == SIZE_MULTIPLES
+
+
+def test_the_pipeline_s_default_preset_is_the_trainer_s() -> None:
+    assert train.parse_args(["--train-dir", "d", "--model-dir", "m"]).model_config == DEFAULT
+
+
+def test_a_stage_off_the_size_multiple_is_refused_where_the_plan_is_read() -> None:
+    with pytest.raises(ValueError, match="stage 0: resolution 520 is not a multiple of 64, the model's size multiple"):
+        plan_from_args(None, 10, 2, 520, 1e-4, 0, 512, size_multiple=64)
+    assert plan_from_args(None, 10, 2, 512, 1e-4, 0, 512, size_multiple=64).stages[0].resolution == 512
+
+
+@pytest.mark.parametrize("job", ["train", "encode"])
+def test_a_job_off_the_size_multiple_stops_before_it_reads_any_shard(job: str, tmp_path, train_args) -> None:
+    # GIVEN a resolution that is not a multiple of the tiny preset's 8, and a channel with no shards in it
+    (tmp_path / "train").mkdir()
+    if job == "train":
+        args = train_args(tmp_path / "train", tmp_path / "model", tmp_path / "ckpt", "--resolution", "36")
+        run = train.main
+    else:
+        args = encode.parse_args(["--train-dir", str(tmp_path / "train"), "--output-dir", str(tmp_path / "latents"),
+                                  "--resolution", "36", "--num-workers", "0"])
+        run = encode.main
+    # THEN the job stops on the resolution, not on the missing shards it would have read first
+    with pytest.raises(ValueError, match="resolution 36 is not a multiple of 8, the model's size multiple"):
+        run(args)
