@@ -255,7 +255,7 @@ def test_stages_hand_off_by_themselves_and_a_resumed_job_continues_in_the_right_
 
 def test_training_changes_the_unet_and_the_loss_is_finite(trained):
     trained_unet = unet_weights(trained["model_dir"] / "unet")
-    initial_unet = load_models("tiny", None, seed=0).unet.state_dict()
+    initial_unet = load_models("tiny", None, seed=0).denoiser.state_dict()
     assert any(not torch.equal(value, trained_unet[name]) for name, value in initial_unet.items())
     assert torch.isfinite(torch.tensor(trained["record"]["final_loss"]))
 
@@ -413,7 +413,8 @@ def test_noise_offset_shifts_each_channel_of_the_noise():
 
 
 def test_unknown_model_config_names_the_presets():
-    with pytest.raises(ValueError, match="unknown model config 'huge'; presets: sd2, sdxl, small, tiny, tiny-sdxl"):
+    with pytest.raises(ValueError, match="unknown model config 'huge'; presets: pixart-sigma, sd2, sd3-medium, sdxl, "
+                                         "small, tiny, tiny-pixart, tiny-sd3, tiny-sdxl"):
         load_models("huge", None, seed=0)
 
 
@@ -422,7 +423,7 @@ def test_pretrained_loads_a_pipeline_directory_or_a_channel(trained, monkeypatch
     saved = unet_weights(trained["model_dir"] / "unet")
     assert all(torch.equal(value, saved[name]) for name, value in models.denoiser.state_dict().items())
     monkeypatch.setenv("SM_CHANNEL_PRETRAINED", str(trained["model_dir"]))
-    assert load_models("tiny", "pretrained", seed=0).unet.config == models.denoiser.config
+    assert load_models("tiny", "pretrained", seed=0).denoiser.config == models.denoiser.config
     with pytest.raises(ValueError, match=f"--pretrained {tmp_path} is not a diffusers pipeline directory or channel"):
         load_models("tiny", str(tmp_path), seed=0)
 
