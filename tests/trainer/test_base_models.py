@@ -40,16 +40,16 @@ def test_a_base_without_a_unet_gives_its_frozen_parts_and_the_preset_s_unet(part
     models = load_models("tiny", str(partial_base), seed=7)
     assert same(models.vae, weights(partial_base / "vae"))
     assert same(models.text_encoders[0], weights(partial_base / "text_encoder"))
-    assert same(models.denoiser, load_models("tiny", None, seed=7).unet.state_dict())  # from scratch, seeded
+    assert same(models.denoiser, load_models("tiny", None, seed=7).denoiser.state_dict())  # from scratch, seeded
     assert models.sources == {"vae": f"--pretrained {partial_base}", "text_encoder": f"--pretrained {partial_base}",
                               "unet": "tiny (random)", "scheduler": f"--pretrained {partial_base}"}
 
 
 def test_init_unet_chooses_between_fine_tuning_and_from_scratch(trained):
     saved = weights(trained["model_dir"] / "unet")
-    assert same(load_models("tiny", str(trained["model_dir"]), seed=0).unet, saved)
-    assert same(load_models("tiny", str(trained["model_dir"]), seed=0, init_unet="pretrained").unet, saved)
-    assert not same(load_models("tiny", str(trained["model_dir"]), seed=0, init_unet="random").unet, saved)
+    assert same(load_models("tiny", str(trained["model_dir"]), seed=0).denoiser, saved)
+    assert same(load_models("tiny", str(trained["model_dir"]), seed=0, init_unet="pretrained").denoiser, saved)
+    assert not same(load_models("tiny", str(trained["model_dir"]), seed=0, init_unet="random").denoiser, saved)
 
 
 def test_init_unet_pretrained_needs_a_unet_in_the_base(partial_base):

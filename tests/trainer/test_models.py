@@ -40,7 +40,7 @@ def test_the_unet_s_weights_are_drawn_on_the_training_device(monkeypatch):
                         lambda tensor, *args, **kwargs: drawn_on.append(tensor.device) or
                         kaiming_uniform(tensor, *args, **kwargs))
 
-    unet = from_preset("tiny", 0, skip={"vae", "text_encoder"}, device=META).unet
+    unet = from_preset("tiny", 0, skip={"vae", "text_encoder"}, device=META).denoiser
 
     # THEN none was drawn on the CPU and copied after (866M draws on a CPU took seconds)
     assert len(drawn_on) > 0 and set(drawn_on) == {META}
