@@ -413,7 +413,8 @@ def test_noise_offset_shifts_each_channel_of_the_noise():
 
 
 def test_unknown_model_config_names_the_presets():
-    with pytest.raises(ValueError, match="unknown model config 'huge'; presets: pixart-sigma, sd2, sd3-medium, sdxl, small, tiny, tiny-pixart, tiny-sd3, tiny-sdxl"):
+    with pytest.raises(ValueError, match="unknown model config 'huge'; presets: pixart-sigma, sd2, sd3-medium, sdxl, "
+                                         "small, tiny, tiny-pixart, tiny-sd3, tiny-sdxl"):
         load_models("huge", None, seed=0)
 
 

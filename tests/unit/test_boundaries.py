@@ -104,6 +104,7 @@ def test_no_trainer_module_imports_itself_back() -> None:
 def test_the_walk_sees_the_trainer_s_imports_and_a_cycle_through_them() -> None:
     graph = trainer_import_graph()
 
-    assert {"trainer.jobs.step", "trainer.jobs.hyperparameters", "trainer.runtime.distributed"} <= graph["trainer.jobs.train"]
+    assert {"trainer.jobs.step", "trainer.jobs.train_args", "trainer.runtime.distributed"} <= graph["trainer.jobs.train"]
+    assert "trainer.jobs.hyperparameters" in graph["trainer.jobs.train_args"]
     assert import_cycles({**graph, "trainer.jobs.step": graph["trainer.jobs.step"] | {"trainer.jobs.train"}}) == [
         ["trainer.jobs.step", "trainer.jobs.train"]]

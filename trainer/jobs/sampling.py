@@ -1,5 +1,6 @@
 """What a run samples from its weights: the plain UNet that holds them (for the validation grid at a
-checkpoint and for the saved pipeline) and, at each checkpoint, the loss curve and the validation grid.
+checkpoint and for the saved pipeline), the saved model, and at each checkpoint the loss curve and the
+validation grid.
 """
 
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import torch
 
 from trainer.data.stages import RunPlan
+from trainer.models import lora
 from trainer.models.bundle import Models
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives.numerics import autocast
@@ -17,7 +19,10 @@ from trainer.runtime.tensorboard_log import Board
 
 
 def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> torch.nn.Module:
-    """A plain denoiser holding the given full weights, for sampling and saving (whatever wraps the trained one)."""
+    """A plain denoiser holding the given full weights (of a LoRA run: the base's with the adapter's), for sampling
+    and saving (whatever wraps the trained one)."""
+    if lora.adapter_config(models.denoiser) is not None:
+        return lora.sampling_denoiser(models, weights, device)
     with torch.device("meta"):
         unet = type(models.denoiser).from_config(models.denoiser.config)
     unet.load_state_dict(weights, assign=True, strict=False)
@@ -32,8 +37,22 @@ def sampling_unet(models: Models, weights: dict[str, torch.Tensor], device: torc
 
 
 def weights_to_sample(unet, ema: EMA | None, use_ema: bool) -> dict[str, torch.Tensor]:
-    """The EMA weights or the trained ones, whole (a collective under FSDP)."""
+    """The EMA weights or the trained ones (of a LoRA run: the adapter's), whole (a collective under FSDP)."""
     return ema.full_weights() if ema is not None and use_ema else distributed.full_model_state(unet)
+
+
+def save_model(models: Models, weights: dict[str, torch.Tensor], resolution: int, model_dir: Path,
+               pretrained: str | None) -> dict | None:
+    """The run's model in `model_dir`, in fp32: the family's pipeline holding `weights`, its default image size the
+    last stage's `resolution`; or of a LoRA run the base's pipeline and the adapter (trainer/models/lora.py), whose
+    record (atelier-lora.json) is returned."""
+    models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
+    if lora.adapter_config(models.denoiser) is not None:
+        return lora.save_adapter(models, weights, model_dir, pretrained)
+    final_unet = sampling_unet(models, weights, torch.device("cpu"))
+    final_unet.register_to_config(sample_size=resolution // models.vae_scale_factor)
+    build_pipeline(models, final_unet, resolution).save_pretrained(model_dir)
+    return None
 
 
 def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,

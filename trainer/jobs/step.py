@@ -8,7 +8,7 @@ finiteness check over every rank, AdamW and the EMA when it is finite (the weigh
 were when not, on every rank), and the learning-rate schedule's step either way.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
@@ -26,13 +26,18 @@ from trainer.speed.cuda_graphs import GraphedBackward
 @dataclass
 class Trainee:
     """The UNet being trained and what updates it."""
-    unet: torch.nn.Module  # its parameters are clipped, stepped and averaged
+    unet: torch.nn.Module  # its trainable parameters are clipped, stepped and averaged
     model: torch.nn.Module  # the UNet under DDP / FSDP (or itself): its gradient-sync switch
     step_model: Callable  # what the loss calls: `model`, or torch.compile of it
     optimizer: torch.optim.Optimizer
     lr_schedule: torch.optim.lr_scheduler.LRScheduler
     ema: EMA | None
     graphs: GraphedBackward | None = None  # the UNet's forward and backward from CUDA graphs (trainer/speed/cuda_graphs.py)
+    trained: list[tuple[str, torch.nn.Parameter]] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        # every parameter, or with a frozen base a LoRA adapter's alone (trainer/models/lora.py); listed once
+        self.trained = [(name, parameter) for name, parameter in self.unet.named_parameters() if parameter.requires_grad]
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,13 @@ def train_step(trainee: Trainee, models: Models, batches: Iterator[dict], window
         step_loss += loss.detach() / accumulation
         window.images += len(batch["key"]) * processes.world_size
         seen.append(batch)
-    grad_norm = whole(torch.nn.utils.clip_grad_norm_(trainee.unet.parameters(), settings.max_grad_norm))
+    grad_norm = whole(torch.nn.utils.clip_grad_norm_([p for _, p in trainee.trained], settings.max_grad_norm))
     learning_rate = trainee.optimizer.param_groups[0]["lr"]
     finite = distributed.all_finite(step_loss, grad_norm)  # a NaN on any rank skips the step on every rank
     if finite:
         trainee.optimizer.step()
         if trainee.ema is not None:
-            trainee.ema.update(trainee.unet.named_parameters())
+            trainee.ema.update(trainee.trained)
         window.loss_sum += step_loss.cpu()
         window.good_steps, window.grad_norm = window.good_steps + 1, grad_norm.item()
     if trainee.graphs is None:

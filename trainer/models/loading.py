@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextM
 
 from contracts.s3_layout import MODEL_ARCHIVE
 from trainer.models.bundle import CPU, Models
-from trainer.models import families
+from trainer.models import families, lora
 from trainer.models.tokenizer import build_tokenizer
 from trainer.models.families import Family
 from trainer.objectives.flow_matching import FlowSettings
@@ -46,8 +46,15 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     """
     base = resolve_pretrained(pretrained) if pretrained else None
     family = preset_family(model_config, base)
-    if family is not None:
-        return transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device)
+    models = (transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device) if family
+              else unet_models(model_config, base, pretrained, seed, vae, init_unet, device))
+    models.base = base
+    return models
+
+
+def unet_models(model_config: str, base: Path | None, pretrained: str | None, seed: int, vae: str | None,
+                init_unet: str | None, device: torch.device) -> Models:
+    """The UNet family's models: each part from `base` where it has one, the rest from the preset."""
     found = set(base_components(base)) if base else set()
     if init_unet == "pretrained" and "unet" not in found:
         raise BaseModelError(f"--init-unet pretrained, but the base {pretrained} has no unet/ to fine-tune")
@@ -210,18 +217,24 @@ def load_vae(value: str) -> AutoencoderKL:
 
 
 def from_pretrained(path: Path) -> Models:
-    """The components of a whole diffusers pipeline saved at `path` (a local directory, never a hub id)."""
+    """The components of a whole diffusers pipeline saved at `path` (a local directory, never a hub id), the LoRA
+    adapter it may hold merged into its denoiser once its base is checked (trainer/models/lora.py)."""
     family = families.family_of_pipeline(path)
     if family is not None:
-        return transformer_models(family, None, path, str(path), 0, None, "pretrained", CPU)
-    text_encoders, tokenizers = _text_parts(path, set(base_components(path)))
-    return Models(
-        vae=AutoencoderKL.from_pretrained(path, subfolder="vae"),
-        text_encoders=text_encoders,
-        tokenizers=tokenizers,
-        denoiser=UNet2DConditionModel.from_pretrained(path, subfolder="unet"),
-        noise_scheduler=DDPMScheduler.from_pretrained(path, subfolder="scheduler"),
-    )
+        models = transformer_models(family, None, path, str(path), 0, None, "pretrained", CPU)
+    else:
+        text_encoders, tokenizers = _text_parts(path, set(base_components(path)))
+        models = Models(
+            vae=AutoencoderKL.from_pretrained(path, subfolder="vae"),
+            text_encoders=text_encoders,
+            tokenizers=tokenizers,
+            denoiser=UNet2DConditionModel.from_pretrained(path, subfolder="unet"),
+            noise_scheduler=DDPMScheduler.from_pretrained(path, subfolder="scheduler"),
+        )
+    adapter = lora.verified_adapter(path)
+    if adapter is not None:
+        lora.merge_adapter(models.denoiser, path, adapter)
+    return models
 
 
 # ---------------------------------------------------------------- transformer families (trainer/models/families.py)

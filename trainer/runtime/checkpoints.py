@@ -3,7 +3,8 @@
     <checkpoint-dir>/
       step-00000200/
         unet/                   config.json + diffusion_pytorch_model.safetensors (full weights,
-                                loadable with UNet2DConditionModel.from_pretrained)
+                                loadable with UNet2DConditionModel.from_pretrained; of a LoRA run, the
+                                adapter's parameters alone, by parameter name: trainer/models/lora.py)
         ema_unet/               the EMA weights, the same way (when EMA is on)
         training_state.pt       the caller's state (trainer.jobs.train: RunState.to_dict(), trainer/runtime/run_state.py:
                                 step, stage, args, loss history, corrupt samples, shards seen, draws), the
@@ -43,7 +44,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trainer.runtime.distributed import Processes, barrier, full_model_state, full_optimizer_state, load_full_state
+from trainer.runtime.distributed import (Processes, barrier, full_model_state, full_optimizer_state, load_full_state,
+                                         trainable_names)
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import log
 
@@ -348,6 +350,10 @@ def load_checkpoint(path: Path, processes: Processes, unet, optimizer, lr_schedu
     one without this rank's RNG file (more processes than saved it) keeps the fresh RNG.
     """
     weights = load_file(path / "unet" / WEIGHTS_NAME)
+    trains = trainable_names(unet) or {name for name, _ in unet.named_parameters()}
+    if not trains <= set(weights) or trainable_names(unet) is not None and set(weights) != trains:
+        raise CheckpointError(f"{path} holds other weights than this run trains: a LoRA adapter's and a whole model's "
+                              "do not resume each other, nor adapters on other targets")
     state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
     load_full_state(unet, optimizer, weights, state.pop("optimizer"))
     lr_schedule.load_state_dict(state.pop("lr_scheduler"))

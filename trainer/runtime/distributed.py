@@ -27,6 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+TRAINABLE = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,21 @@ def union(items: set) -> set:
     return set().union(*everyone)
 
 
+def trainable_names(unet: torch.nn.Module) -> set[str] | None:
+    """The names of the parameters that train when some are frozen (a LoRA adapter's); None when all train."""
+    named = dict(unet.named_parameters())
+    trainable = {name for name, parameter in named.items() if parameter.requires_grad}
+    return None if len(trainable) == len(named) else trainable
+
+
 def full_model_state(unet: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole UNet's weights on the CPU (a collective under FSDP; complete on rank 0)."""
-    return get_model_state_dict(unet, options=FULL)
+    """What trains of the UNet, whole on the CPU (a collective under FSDP; complete on rank 0): all its weights
+    and buffers, or with some parameters frozen the trainable ones alone (a LoRA adapter's; the base is
+    --pretrained's)."""
+    trainable = trainable_names(unet)
+    if trainable is None:
+        return get_model_state_dict(unet, options=FULL)
+    return {name: tensor for name, tensor in get_model_state_dict(unet, options=TRAINABLE).items() if name in trainable}
 
 
 def full_optimizer_state(unet: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -136,8 +149,9 @@ def full_optimizer_state(unet: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def load_full_state(unet: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optimizer_state: dict) -> None:
-    """Full state dicts back into a plain, DDP or FSDP-sharded UNet and its optimizer (every rank calls it)."""
-    options = StateDictOptions(full_state_dict=True)
+    """Full state dicts (full_model_state's) back into a plain, DDP or FSDP-sharded UNet and its optimizer (every
+    rank calls it)."""
+    options = StateDictOptions(full_state_dict=True, strict=trainable_names(unet) is None)
     set_model_state_dict(unet, weights, options=options)
     set_optimizer_state_dict(unet, optimizer, optimizer_state, options=options)
 

@@ -10,6 +10,7 @@ import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 
+from trainer.models import lora
 from trainer.models.families import absent_parts, negative_prompt, sampling_options
 from trainer.serve.levers import apply_levers, compiled, lever_plan
 from trainer.serve.protocol import Generation
@@ -20,10 +21,15 @@ WARMUP_STEPS = 3  # CUDA graph trees warm up, record, then replay: the third UNe
 
 def load_pipeline(model_dir: str | Path, settings: ServeSettings = ServeSettings()) -> DiffusionPipeline:
     """The saved pipeline on the GPU in bf16 when there is one, else on the CPU in fp32, with the
-    settings' speed levers applied and, when it compiles, the warm-up shapes compiled."""
+    settings' speed levers applied and, when it compiles, the warm-up shapes compiled. A LoRA run's model
+    (trainer/models/lora.py) is its base's pipeline with the adapter: the base's files are checked against
+    the digest the adapter recorded (a mismatch refuses to serve), then the adapter is merged in fp32."""
     if not (Path(model_dir) / "model_index.json").is_file():  # never a hub id: diffusers would try to download it
         raise FileNotFoundError(f"no diffusers pipeline (model_index.json) in {model_dir}")
+    adapter = lora.verified_adapter(Path(model_dir))
     pipeline = DiffusionPipeline.from_pretrained(str(model_dir), **absent_parts(Path(model_dir)))
+    if adapter is not None:
+        lora.merge_adapter(getattr(pipeline, adapter["denoiser"]), Path(model_dir), adapter)
     pipeline.set_progress_bar_config(disable=True)
     if torch.cuda.is_available():
         pipeline = pipeline.to("cuda", torch.bfloat16)
