@@ -318,13 +318,14 @@ def files_under(folder) -> dict[str, bytes]:
 
 def test_an_error_while_writing_a_shard_fails_the_job_and_leaves_only_the_shards_written_before(tmp_path, monkeypatch,
                                                                                                encoded, shards_dir, models):
-    # GIVEN a tar writer that fails in the middle of the second shard (three samples, three members each)
+    # GIVEN a tar writer that fails in the middle of the second shard (three samples, three members each, whose
+    # headers are made twice: for the shard's sample table, then for the tar)
     from contracts import shard_members
     headers, real_tarinfo = [], shard_members.tarinfo
 
     def failing(name, size):
         headers.append(name)
-        if len(headers) == 11:
+        if len(headers) == 2 * 9 + 9 + 2:
             raise OSError("disk full")
         return real_tarinfo(name, size)
 
@@ -332,9 +333,11 @@ def test_an_error_while_writing_a_shard_fails_the_job_and_leaves_only_the_shards
     # WHEN the shards are encoded
     with pytest.raises(OSError, match="disk full"):
         encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=0)
-    # THEN the first shard is there, whole, and nothing of the second, not even its temporary file
-    [written] = files_under(latent_dir(tmp_path, models_identity(models), RESOLUTION)).items()
-    assert written == next(iter(files_under(encoded["dir"]).items()))
+    # THEN the first shard (nested/shard-b.tar, in sorted order) is there whole with its table, and nothing of the
+    # second, not even its temporary file or its table
+    written = files_under(latent_dir(tmp_path, models_identity(models), RESOLUTION))
+    assert written == {name: data for name, data in files_under(encoded["dir"]).items() if "shard-b" in name}
+    assert sorted(written) == ["indexes/shard-b.table", "nested/shard-b.tar"]
 
 
 def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_captions_are_tokenized(tmp_path, monkeypatch,
@@ -370,7 +373,7 @@ def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_dep
             writer.add(0, ["k"], group, torch.zeros(1, 8, 4, 4), None)
             handed.append(number)
 
-    with latent_writer.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, depth=2) as writer:
+    with latent_writer.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, tmp_path / "indexes", depth=2) as writer:
         try:
             hand_over(writer, 1)
             assert running.wait(timeout=60)
