@@ -35,7 +35,7 @@ BLOCK = 512  # a tar block: every member's header, and the unit its data is padd
 def columns(key_bytes: int) -> list[tuple[str, str, str]]:
     """(name, numpy type, struct code) of each column of a row, in order; no padding between them."""
     return [("key", f"S{key_bytes}", f"{key_bytes}s"), ("offset", "<u8", "Q"), ("size", "<u8", "Q"),
-            ("aspect", "<f8", "d"), ("digest", "S32", "32s")]
+            ("aspect", "<f8", "d"), ("digest", "V32", "32s")]  # V: raw bytes (numpy's S would drop trailing NULs)
 
 
 def row_struct(key_bytes: int) -> struct.Struct:

@@ -161,6 +161,21 @@ def test_the_trainer_applies_the_exclusion_list_to_latent_shards_too(encoded, sa
     assert sorted(index.key) == sorted(sample["key"] for sample in samples if sample["key"] != revoked)
 
 
+def test_latent_shards_are_indexed_from_their_tables_as_walking_them_would(encoded, monkeypatch):
+    # GIVEN the latent shards, each with the sample table the encode job wrote beside it
+    target = Path(encoded["dir"])
+    assert sorted(path.name for path in (target / "indexes").iterdir()) == ["shard-a.table", "shard-b.table"]
+    walked = index_shards(target, index_dir=target / "no-tables")
+    # WHEN they are indexed from their tables, with no tar walked
+    from trainer.data import scan
+    monkeypatch.setattr(scan, "IndexedTarSamples", lambda **kwargs: pytest.fail("a latent shard was walked"))
+    index = index_shards(target)
+    # THEN the samples, their buckets' aspects, their ranges and the encoding are the walk's
+    assert (index.scanned, walked.scanned, index.encodings) == (0, 2, walked.encodings)
+    for column in ("key", "aspect", "offset", "size"):
+        assert getattr(index, column).tolist() == getattr(walked, column).tolist(), column
+
+
 def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution(tmp_path, encoded, train_args):
     other = train_args(encoded["dir"], tmp_path / "m1", tmp_path / "c1", "--steps", "1", "--seed", "1")
     with pytest.raises(LatentShardsError, match="encoded by models .* not by this run's"):

@@ -39,7 +39,7 @@ def scan_rows(path: str, exclude: frozenset[str]) -> ShardRows:
     columns = list(zip(*rows)) or [()] * 5
     return ShardRows(np.array(columns[1], dtype=str), np.array(columns[2], dtype=np.float64),
                      np.array(columns[3], dtype=np.int64), np.array(columns[4], dtype=np.int64),
-                     np.zeros(len(rows), dtype="S32"), problems, skipped, encodings)
+                     np.zeros(len(rows), dtype="V32"), problems, skipped, encodings)
 
 
 def _walk(path: str, exclude: frozenset[str]) -> tuple[list[tuple[int, str, float, int, int]], list[str], int, set]:

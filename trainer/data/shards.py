@@ -61,7 +61,7 @@ class ShardIndex:
     aspect: np.ndarray  # float64: width / height
     offset: np.ndarray  # int64: where the sample's first member header starts in its shard
     size: np.ndarray  # int64: the bytes of its members (headers and padding included): one read
-    digest: np.ndarray  # S32: what its bytes hash to (contracts.shard_index); b"" for a shard without a table
+    digest: np.ndarray  # V32: what its bytes hash to (contracts.shard_index); zeros for a shard without a table
     problems: list[str] = field(default_factory=list)  # samples left out, and why
     excluded: int = 0  # samples the manifest's exclusion list left out (never read)
     encodings: frozenset = frozenset()  # latent shards: the (encoder identity, resolution) pairs they hold

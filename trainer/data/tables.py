@@ -26,6 +26,7 @@ from wids.wids import splitname
 from contracts.s3_layout import INDEX_TABLE
 from contracts.shard_index import BLOCK, TableHeader, columns, member_line, padded, sample_digest
 
+NO_DIGEST = bytes(32)  # the digest column of a shard without a table
 FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)  # the members wids reads; a pax header is skipped, as wids skips it
 END_OF_ARCHIVE = 2 * BLOCK
 
@@ -46,7 +47,7 @@ class ShardRows:
     aspect: np.ndarray  # float64: width / height
     offset: np.ndarray  # int64: of the sample's first member header
     size: np.ndarray  # int64: its members' headers, data and padding
-    digest: np.ndarray  # S32: sha256 of its member lines (contracts.shard_index); b"" where the shard has no table
+    digest: np.ndarray  # V32: sha256 of its member lines (contracts.shard_index); NO_DIGEST where the shard has no table
     problems: list[str] = field(default_factory=list)
     excluded: int = 0
     encodings: set = field(default_factory=set)  # (identity, resolution) of latent samples; None for image samples
@@ -141,8 +142,9 @@ def _keys(raw: np.ndarray) -> np.ndarray:
 def span_members(span: bytes, offset: int, key: str, digest: bytes) -> dict[str, bytes]:
     """The members of the sample whose range `span` (read from `offset`) is: lower-case extension -> bytes.
 
-    With a digest (the shard's table row) every byte is checked; without one (a scanned shard) the
-    headers still have to name the sample."""
+    With a digest (the shard's table row) every byte is checked; without one (NO_DIGEST: a scanned shard)
+    the headers still have to name the sample."""
+    digest = b"" if digest == NO_DIGEST else digest
     members, lines, at = {}, [], 0
     while at < len(span):
         header = span[at:at + BLOCK]

@@ -53,7 +53,7 @@ from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
 from trainer.data.latents import latent_dir, models_identity
 from trainer.data.plan import buckets_of
-from trainer.data.shards import CorruptSample, ShardIndex, ShardReader, index_shards, load_exclusions
+from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, ShardReader, index_shards, load_exclusions
 from trainer.jobs.hyperparameters import auto_or_boolean, boolean
 from trainer.jobs.latent_writer import ShardWriter
 from trainer.models.bundle import Models
@@ -87,6 +87,8 @@ class ImageGroups(Dataset):
                 extension = next(extension for extension in IMAGE_FORMATS if extension in members)
                 pixels, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_FORMATS[extension]), bucket, (0.5, 0.5))
                 loaded.append((row, pixels, time_ids, members[CAPTION].decode("utf-8"), members.get(RECORD)))
+            except ShardIndexError:
+                raise  # a sample table that lies about its shard stops the job (trainer/data/tables.py)
             except Exception as error:  # noqa: BLE001 - a bad member of any kind is left out, never fatal
                 corrupt.append(str(CorruptSample(f"{Path(self.index.shards[self.index.shard[row]]).name}/{key}: "
                                                  f"{type(error).__name__}: {error}")))
