@@ -95,10 +95,12 @@ def find_table(shard_id: str, index_dir: Path) -> Path | None:
 def table_rows(table: Path, shard: str, shard_id: str, exclude: frozenset[str]) -> ShardRows:
     """The rows of a shard's table, less `exclude` (never read); ShardIndexError if it does not describe the shard."""
     with open_file(table) as file:
-        head, _, body = file.read(0, table.stat().st_size).partition(b"\n")
+        data = file.read(0, table.stat().st_size)
     try:
-        header = TableHeader.parse(head)
-        rows = np.frombuffer(body, dtype=np.dtype([(name, kind) for name, kind, _ in columns(header.key_bytes)]))
+        end = data.index(b"\n")
+        header = TableHeader.parse(data[:end])
+        rows = np.frombuffer(data, dtype=np.dtype([(name, kind) for name, kind, _ in columns(header.key_bytes)]),
+                             offset=end + 1)  # the rows in place: no copy of them
     except (ValueError, KeyError, TypeError, IndexError) as error:
         raise ShardIndexError(f"{table} is not a readable sample table ({type(error).__name__}: {error}); "
                               "remove it to index the shard by walking its tar") from None
