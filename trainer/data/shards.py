@@ -123,8 +123,8 @@ def index_shards(channel_dir: str | Path, local_rank: int = 0, local_world_size:
         parts.append(table_rows(table, path, shard_id, skip) if table else scan_rows(path, skip))
         scanned += table is None
     shard = np.concatenate([np.full(len(part.key), number, dtype=np.int32) for number, part in enumerate(parts)])
-    columns = {name: np.concatenate([getattr(part, name) for part in parts])
-               for name in ("key", "aspect", "offset", "size", "digest")}
+    columns = {name: np.concatenate([getattr(part, name) for part in parts]) if len(parts) > 1
+               else getattr(parts[0], name) for name in ("key", "aspect", "offset", "size", "digest")}
     if not split_shards:
         shard, columns = shard[local_rank::local_world_size], {k: v[local_rank::local_world_size] for k, v in columns.items()}
     problems = [problem for part in parts for problem in part.problems]

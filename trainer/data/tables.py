@@ -107,12 +107,12 @@ def table_rows(table: Path, shard: str, shard_id: str, exclude: frozenset[str]) 
     problem = _disagreement(header, rows, shard_id, os.path.getsize(shard))
     if problem:
         raise ShardIndexError(f"{table} does not describe {shard}: {problem}")
-    keys = _keys(rows["key"])
-    dropped = np.isin(keys, list(exclude)) if exclude else np.zeros(len(keys), dtype=bool)
-    kept = rows[~dropped]
-    return ShardRows(keys[~dropped], kept["aspect"].astype(np.float64), kept["offset"].astype(np.int64),
-                     kept["size"].astype(np.int64), kept["digest"], excluded=int(dropped.sum()),
-                     encodings={header.encoding})
+    keys, excluded = _keys(rows["key"]), 0
+    if exclude:
+        kept = ~np.isin(keys, list(exclude))
+        keys, rows, excluded = keys[kept], rows[kept], int(len(kept) - kept.sum())
+    return ShardRows(keys, rows["aspect"].astype(np.float64), rows["offset"].astype(np.int64),
+                     rows["size"].astype(np.int64), rows["digest"], excluded=excluded, encodings={header.encoding})
 
 
 def _disagreement(header: TableHeader, rows: np.ndarray, shard_id: str, shard_bytes: int) -> str:
