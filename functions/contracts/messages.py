@@ -110,6 +110,7 @@ class ShardSealed(Frozen):
     index_key: str = ""
     index_uri: str = ""  # the sidecar index: samples, offsets, sizes, member sha256s, counts
     digest_algorithm: str = "sha256"  # what `sha256` is: of the bytes, or "atelier-tree-v1"
+    table_key: str = ""  # its sample table (contracts.shard_index), what jobs read at start; "" for shards sealed before
 
 
 class ShardRef(Frozen):
@@ -122,6 +123,7 @@ class ShardRef(Frozen):
     partners: tuple[str, ...] = ()
     role: Literal["new", "replay"] = "new"  # replay: trained before, mixed in so old skills stay
     weight: float = 1.0  # relative sampling weight of the shard's samples
+    table_key: str = ""  # ShardSealed.table_key: the job's `indexes` channel lists it
 
 
 class LeftOut(Frozen):
@@ -156,6 +158,9 @@ class Manifest(Frozen):
         for name in ("exclude", "left_out"):  # empty: the digest a manifest had before these fields
             if not fields[name]:
                 del fields[name]
+        for shard in fields["shards"]:
+            if not shard["table_key"]:
+                del shard["table_key"]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -13,6 +13,7 @@ DERIVED = "derived/"  # <sha256>.jpg: the re-encoded image of an upload whose ow
 SEGMENTS = "segments/"  # <uuid>.tar and its <uuid>.json index: runs of samples waiting to be a shard
 SHARDS = "shards/"  # <shard id>.tar: the sealed WebDataset shards
 INDEXES = "indexes/"  # <shard id>.json: a shard's index sidecar (not under shards/: consumers list shards/ for tars)
+INDEX_TABLE = ".table"  # <shard id>.table beside it: its sample table (contracts.shard_index), what jobs read at start
 MANIFESTS = "manifests/"  # <job> + one of the MANIFEST_* suffixes below
 IMPORTS = "imports/"  # <batch>/<tar>: the tars `atelier import` stages for the import stage
 EVAL = "eval/"  # the held-out evaluation shards (the template's EvalDataPrefix default)
@@ -21,6 +22,8 @@ MANIFEST_JSON = ".json"  # the Manifest itself (the jobs' `manifest` channel, fo
 MANIFEST_FILE = ".manifest"  # its SageMaker ManifestFile: the `train` channel
 LATENTS_MANIFEST = ".latents.manifest"  # the ManifestFile of its latent twins (core.training.encode_job)
 WIDS_LIST = ".wids.json"  # its shard list as wids opens it
+INDEXES_MANIFEST = ".indexes.manifest"  # the ManifestFile of its shards' sample tables: the jobs' `indexes` channel
+LATENT_INDEXES_MANIFEST = ".latents.indexes.manifest"  # ... and of its latent twins' tables
 
 # --- the models bucket --------------------------------------------------------------------------
 TRAINING = "training/"  # the training jobs' S3OutputPath: <job>/output/model.tar.gz and what lies beside it
@@ -61,6 +64,10 @@ def shard_key(shard_id: str) -> str:
 
 def index_key(shard_id: str) -> str:
     return f"{INDEXES}{shard_id}.json"
+
+
+def table_key(shard_id: str) -> str:
+    return f"{INDEXES}{shard_id}{INDEX_TABLE}"
 
 
 def manifest_key(job: str, suffix: str = MANIFEST_JSON) -> str:

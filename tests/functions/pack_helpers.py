@@ -1,4 +1,5 @@
-"""What the pack tests share: samples uploaded as ingest leaves them, and a reader of sealed shards."""
+"""What the pack tests share: samples uploaded as ingest leaves them, and a reader of sealed shards (and of their
+sample tables, read as the trainer reads them)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import io
 import json
 import random
 import tarfile
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
 
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table, s3_layout
-from contracts.aspect_buckets import aspect_bucket
+from contracts.aspect_buckets import aspect_bucket, bucket_ratio
 from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import shards
 from core.settings import PackSettings
+from trainer.data.tables import span_members, table_rows
 
 PARTNERS = ("partner-a", "partner-b")
 SHAPES = ((96, 96), (128, 96), (96, 128), (160, 90))
@@ -105,6 +109,25 @@ def check_shard(settings: PackSettings, shard_id: str, shard: Shard, samples: di
     assert shards.render_shard(ordered) == shard.body
     assert index["partners"] == dict(sorted(_count(samples[k].partner for k in shard.sample_keys).items()))
     assert sum(index["aspect_buckets"].values()) == sealed.samples
+    assert (index["version"], index["table_key"], sealed.table_key) == (2, shards.table_key(shard_id),
+                                                                         shards.table_key(shard_id))
+    check_table(settings, shard_id, shard, samples)
+
+
+def check_table(settings: PackSettings, shard_id: str, shard: Shard, samples: dict[str, Sample]) -> None:
+    """The shard's sample table, read as the trainer reads it, lists every sample in shard order with its bucket's
+    aspect, and each row's range reads back, checked byte by byte, as exactly that sample's members."""
+    with tempfile.TemporaryDirectory() as folder:
+        tar, table = Path(folder) / f"{shard_id}.tar", Path(folder) / f"{shard_id}.table"
+        tar.write_bytes(shard.body)
+        table.write_bytes(aws.read_object(settings.data_bucket, shards.table_key(shard_id)))
+        rows = table_rows(table, str(tar), shard_id, frozenset())
+    assert list(rows.key) == shard.sample_keys
+    assert rows.aspect.tolist() == [bucket_ratio(samples[k].aspect_bucket) for k in shard.sample_keys]
+    assert rows.encodings == {None}
+    for number, (key, offset, size, digest) in enumerate(zip(rows.key, rows.offset, rows.size, rows.digest)):
+        members = span_members(shard.body[offset:offset + size], int(offset), str(key), bytes(digest))
+        assert members == {name.split(".", 1)[1]: data for name, data in shard.members[3 * number:3 * number + 3]}
 
 
 def _count(values: Any) -> dict[str, int]:

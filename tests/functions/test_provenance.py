@@ -199,7 +199,7 @@ def test_a_manifest_without_exclusions_reads_as_before(stack: Provisioned, setti
     job = seal(stack, settings, pack(stack, pictures(stack, range(0, 2))), pack(stack, pictures(stack, range(2, 4))))
 
     assert (manifest(settings, job).exclude, manifest(settings, job).left_out) == ({}, ())
-    assert [c["ChannelName"] for c in requests[job]["InputDataConfig"]] == ["train"]
+    assert [c["ChannelName"] for c in requests[job]["InputDataConfig"]] == ["train", "indexes"]  # the shards' tables
 
 
 ENCODING_ON = {"TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge"}  # the template's default; conftest turns it off
@@ -227,7 +227,7 @@ def test_with_encoding_on_the_encode_job_gets_the_exclusion_list_before_the_trai
     # THEN what starts is the encode job, reading the image shards and the training job's exclusion list
     assert manifest(settings, job).exclude == {shard_1: (first[1].sha256,)}
     assert list(requests) == [f"{job}-enc"]
-    assert [c["ChannelName"] for c in requests[f"{job}-enc"]["InputDataConfig"]] == ["train", "manifest"]
+    assert [c["ChannelName"] for c in requests[f"{job}-enc"]["InputDataConfig"]] == ["train", "manifest", "indexes"]
     assert requests[f"{job}-enc"]["InputDataConfig"][1] == manifest_channel(settings, job)
 
 

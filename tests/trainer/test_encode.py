@@ -161,6 +161,21 @@ def test_the_trainer_applies_the_exclusion_list_to_latent_shards_too(encoded, sa
     assert sorted(index.key) == sorted(sample["key"] for sample in samples if sample["key"] != revoked)
 
 
+def test_latent_shards_are_indexed_from_their_tables_as_walking_them_would(encoded, monkeypatch):
+    # GIVEN the latent shards, each with the sample table the encode job wrote beside it
+    target = Path(encoded["dir"])
+    assert sorted(path.name for path in (target / "indexes").iterdir()) == ["shard-a.table", "shard-b.table"]
+    walked = index_shards(target, index_dir=target / "no-tables")
+    # WHEN they are indexed from their tables, with no tar walked
+    from trainer.data import scan
+    monkeypatch.setattr(scan, "IndexedTarSamples", lambda **kwargs: pytest.fail("a latent shard was walked"))
+    index = index_shards(target)
+    # THEN the samples, their buckets' aspects, their ranges and the encoding are the walk's
+    assert (index.scanned, walked.scanned, index.encodings) == (0, 2, walked.encodings)
+    for column in ("key", "aspect", "offset", "size"):
+        assert getattr(index, column).tolist() == getattr(walked, column).tolist(), column
+
+
 def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution(tmp_path, encoded, train_args):
     other = train_args(encoded["dir"], tmp_path / "m1", tmp_path / "c1", "--steps", "1", "--seed", "1")
     with pytest.raises(LatentShardsError, match="encoded by models .* not by this run's"):
@@ -318,13 +333,14 @@ def files_under(folder) -> dict[str, bytes]:
 
 def test_an_error_while_writing_a_shard_fails_the_job_and_leaves_only_the_shards_written_before(tmp_path, monkeypatch,
                                                                                                encoded, shards_dir, models):
-    # GIVEN a tar writer that fails in the middle of the second shard (three samples, three members each)
+    # GIVEN a tar writer that fails in the middle of the second shard (three samples, three members each, whose
+    # headers are made twice: for the shard's sample table, then for the tar)
     from contracts import shard_members
     headers, real_tarinfo = [], shard_members.tarinfo
 
     def failing(name, size):
         headers.append(name)
-        if len(headers) == 11:
+        if len(headers) == 2 * 9 + 9 + 2:
             raise OSError("disk full")
         return real_tarinfo(name, size)
 
@@ -332,9 +348,11 @@ def test_an_error_while_writing_a_shard_fails_the_job_and_leaves_only_the_shards
     # WHEN the shards are encoded
     with pytest.raises(OSError, match="disk full"):
         encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=0)
-    # THEN the first shard is there, whole, and nothing of the second, not even its temporary file
-    [written] = files_under(latent_dir(tmp_path, models_identity(models), RESOLUTION)).items()
-    assert written == next(iter(files_under(encoded["dir"]).items()))
+    # THEN the first shard (nested/shard-b.tar, in sorted order) is there whole with its table, and nothing of the
+    # second, not even its temporary file or its table
+    written = files_under(latent_dir(tmp_path, models_identity(models), RESOLUTION))
+    assert written == {name: data for name, data in files_under(encoded["dir"]).items() if "shard-b" in name}
+    assert sorted(written) == ["indexes/shard-b.table", "nested/shard-b.tar"]
 
 
 def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_captions_are_tokenized(tmp_path, monkeypatch,
@@ -370,7 +388,7 @@ def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_dep
             writer.add(0, ["k"], group, torch.zeros(1, 8, 4, 4), None)
             handed.append(number)
 
-    with latent_writer.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, depth=2) as writer:
+    with latent_writer.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, tmp_path / "indexes", depth=2) as writer:
         try:
             hand_over(writer, 1)
             assert running.wait(timeout=60)

@@ -15,7 +15,7 @@ from wids.wids import IndexedTarSamples
 from contracts.shard_members import IMAGE_FORMATS
 from trainer.data.buckets import cover_and_crop
 from trainer.data.images import decode_image, to_tensor
-from trainer.data.shards import scan_shard
+from trainer.data.scan import scan_shard
 
 
 class EvaluationError(ValueError):

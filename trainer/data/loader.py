@@ -1,11 +1,12 @@
 """Training batches from the shards: DataLoader workers build whole micro-batches, in step order.
 
-Each worker opens the shards it touches with wids and reads samples by their number in the shard
+Each worker opens the shards it touches and reads each sample with one read of its range
 (trainer/data/shards.py), as trainer/data/plan.py places them. A sample that cannot be decoded is
 replaced by another sample of the same bucket (chosen by a seeded generator, so still
-deterministic), reported in the batch's `corrupt` list and never stops the job. A latent batch
-carries `latent_dist` and `input_ids` where an image batch carries `pixel_values` and `caption`
-(trainer/objectives/diffusion.py takes either).
+deterministic), reported in the batch's `corrupt` list and never stops the job; a sample table that
+does not describe its shard does (trainer/data/tables.py). A latent batch carries `latent_dist` and
+`input_ids` where an image batch carries `pixel_values` and `caption` (trainer/objectives/diffusion.py
+takes either).
 """
 
 import io
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
 from trainer.data.plan import BatchPlan
-from trainer.data.shards import CorruptSample, ShardIndex, ShardReader, sample_source
+from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, ShardReader, sample_source
 
 MAX_REPLACEMENTS = 100  # a batch that meets this many corrupt samples in a row means broken data
 
@@ -95,12 +96,14 @@ class StepBatches(Dataset):
                 pixel_values, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_FORMATS[extension]), bucket, offset)
                 loaded = {"pixel_values": pixel_values, "time_ids": time_ids,
                           "caption": "" if drop_caption else members[CAPTION].decode("utf-8")}
+        except ShardIndexError:
+            raise  # a sample table that lies about its shard: never a sample to replace
         except Exception as error:  # noqa: BLE001 - a bad member of any kind is skipped, never fatal
             raise CorruptSample(f"{Path(shard).name}/{key}: {type(error).__name__}: {error}") from None
         return {**loaded, "key": key, "shard": Path(shard).name, "source": source}
 
     def read(self, row: int) -> dict[str, bytes]:
-        """The members of a row's sample, read by wids: lower-case extension -> bytes."""
+        """The members of a row's sample, read by offset: lower-case extension -> bytes."""
         return self.reader.read(row)
 
 

@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> dict:
         log(0, event="resumed", checkpoint=str(resume_from), step=step)
 
     # data: the training images in batches, and the held-out images
-    index = index_shards(args.train_dir, 0, 1, load_exclusions(args.manifest))
+    index = index_shards(args.train_dir, 0, 1, load_exclusions(args.manifest), args.index_dir)
     if index.latent:
         raise ValueError(f"{args.train_dir} holds latent shards; an autoencoder trains on images")
     batch_plan = BatchPlan(index.aspect, plan, args.seed, 0, 1, size_multiple, args.aspect_buckets)
@@ -237,6 +237,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train an AutoencoderKL from scratch on image shards.")
     parser.add_argument("--train-dir", default=env.get("SM_CHANNEL_TRAIN"), required="SM_CHANNEL_TRAIN" not in env,
                         help="the image shards (default $SM_CHANNEL_TRAIN)")
+    parser.add_argument("--index-dir", default=env.get("SM_CHANNEL_INDEXES"),
+                        help="the shards' sample tables (default $SM_CHANNEL_INDEXES, else <train-dir>/indexes)")
     parser.add_argument("--validation-dir", default=env.get("SM_CHANNEL_VALIDATION"),
                         help="held-out shards the PSNR is measured on (default $SM_CHANNEL_VALIDATION)")
     parser.add_argument("--manifest", default=env.get("SM_CHANNEL_MANIFEST"),

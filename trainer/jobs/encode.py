@@ -6,13 +6,14 @@ One process (CPU, or one GPU when there is one):
 
     python -m trainer.jobs.encode --train-dir shards/ --output-dir latents/ --resolution 512 --model-config sd2
 
-writes `latents/<identity>-r512/<the same relative shard paths>`; train on that directory with
+writes `latents/<identity>-r512/<the same relative shard paths>` and each latent shard's sample table
+`latents/<identity>-r512/indexes/<shard id>.table`; train on that directory with
 `python -m trainer.jobs.train --train-dir latents/<identity>-r512 --resolution 512 ...` and the same
 `--model-config`/`--pretrained` and `--seed` (random init) as the encode job.
 
 SageMaker: a training job with the training image and the hyperparameter `task=encode` (channel
-`train`: the image shards; channel `manifest`, when the manifest excludes samples: the training
-job's own; the other hyperparameters are this script's arguments). It writes under
+`train`: the image shards; `indexes`, their sample tables; channel `manifest`, when the manifest
+excludes samples: the training job's own; the other hyperparameters are this script's arguments). It writes under
 `/opt/ml/checkpoints/latents/`, which CheckpointConfig uploads object by object to
 `<CheckpointConfig.S3Uri>/latents/<identity>-r<resolution>/...` while the job runs; that S3 prefix
 is the next training job's `train` channel. A retried job gets its finished shards back from the
@@ -48,12 +49,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from contracts import model_presets
+from contracts.s3_layout import INDEXES
 from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
 from trainer.data.latents import latent_dir, models_identity
 from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
-from trainer.data.shards import CorruptSample, ShardIndex, ShardReader, index_shards, load_exclusions
+from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, ShardReader, index_shards, load_exclusions
 from trainer.jobs.hyperparameters import auto_or_boolean, boolean
 from trainer.jobs.latent_writer import ShardWriter
 from trainer.models.bundle import Models
@@ -87,6 +89,8 @@ class ImageGroups(Dataset):
                 extension = next(extension for extension in IMAGE_FORMATS if extension in members)
                 pixels, time_ids = crop_to_bucket(decode_image(members[extension], IMAGE_FORMATS[extension]), bucket, (0.5, 0.5))
                 loaded.append((row, pixels, time_ids, members[CAPTION].decode("utf-8"), members.get(RECORD)))
+            except ShardIndexError:
+                raise  # a sample table that lies about its shard stops the job (trainer/data/tables.py)
             except Exception as error:  # noqa: BLE001 - a bad member of any kind is left out, never fatal
                 corrupt.append(str(CorruptSample(f"{Path(self.index.shards[self.index.shard[row]]).name}/{key}: "
                                                  f"{type(error).__name__}: {error}")))
@@ -129,7 +133,8 @@ def to_host(latents: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | Non
 
 def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,
                   batch_size: int = 16, num_workers: int = 2, aspect_buckets: bool = True, identity: str | None = None,
-                  exclude: Mapping[str, Collection[str]] | None = None, padded: bool = False) -> dict:
+                  exclude: Mapping[str, Collection[str]] | None = None, padded: bool = False,
+                  index_dir: str | Path | None = None) -> dict:
     """Encode every image shard under `train_dir`, less `exclude` (shard id -> sample keys, never
     read), into `latent_dir(output_dir, ...)`; a summary of the work, with the seconds the main thread
     waited on the loader's workers and on the writer (`loader_wait_s`, `writer_wait_s`): what bounds it.
@@ -137,11 +142,13 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     `models` are on `device` already (bf16 VAE on a GPU, models.frozen_to); shards already there are kept.
     `padded`: every VAE call takes `batch_size` images, a short group filled up with copies of its
     last image whose latents are dropped, so a compiled encoder sees one shape per bucket.
+    `index_dir`: the image shards' sample tables (trainer/data/shards.py); each latent shard gets its
+    own, in `<the latent dir>/indexes/`.
     """
     started = time.perf_counter()
     identity = identity or models_identity(models)
     target = latent_dir(output_dir, identity, resolution)
-    index = index_shards(train_dir, exclude=exclude)
+    index = index_shards(train_dir, exclude=exclude, index_dir=index_dir)
     if index.latent:
         raise ValueError(f"{train_dir} holds latent shards already")
     sizes, assignment = buckets_of(index.aspect, resolution, models.size_multiple, aspect_buckets)
@@ -156,7 +163,7 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
         groups_left[shard] += 1
     corrupt, encoded = list(index.problems), 0
     waited = {"loader": 0.0, "writer": 0.0}  # the main thread blocked on the workers, on the writer: what bounds it
-    with ShardWriter(outputs, identity, resolution) as writer:
+    with ShardWriter(outputs, identity, resolution, target / INDEXES) as writer:
         groups = iter(loader)
         for shard in shard_of_group:
             asked = time.perf_counter()
@@ -210,7 +217,7 @@ def main(args: argparse.Namespace) -> dict:
         compile_vae_encoder(models)
     summary = encode_shards(args.train_dir, args.output_dir, models, resolution, processes.device, args.batch_size,
                             args.num_workers, args.aspect_buckets, identity, load_exclusions(args.manifest),
-                            padded=compiling)
+                            padded=compiling, index_dir=args.index_dir)
     (Path(summary["dir"]) / "encoding.json").write_text(json.dumps({**summary, "args": vars(args)}, indent=2) + "\n")
     print(json.dumps({"event": "encoded", **{k: v for k, v in summary.items() if k != "corrupt"},
                       "corrupt_samples": len(summary["corrupt"])}), flush=True)
@@ -226,6 +233,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--manifest", default=env.get("SM_CHANNEL_MANIFEST"),
                         help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
                              "read nor encoded (default $SM_CHANNEL_MANIFEST)")
+    parser.add_argument("--index-dir", default=env.get("SM_CHANNEL_INDEXES"),
+                        help="the shards' sample tables (default $SM_CHANNEL_INDEXES, else <train-dir>/indexes)")
     parser.add_argument("--output-dir", required=True, help="latent shards go to <output-dir>/<identity>-r<resolution>/")
     parser.add_argument("--model-config", default=model_presets.DEFAULT, help="a preset in trainer/configs/, as the training job's")
     parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")

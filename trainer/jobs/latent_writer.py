@@ -1,32 +1,49 @@
 """Latent shards written by a thread of the encode job's own (trainer/jobs/encode.py), each under a
-temporary name and renamed when whole.
+temporary name and renamed when whole, after its sample table (contracts.shard_index), so that a latent
+shard on disk always has its table beside it: `<index dir>/<shard id>.table`.
 """
 
+import contextlib
 import io
 import os
 import queue
 import tarfile
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
 from contracts import shard_members
+from contracts.s3_layout import INDEX_TABLE
+from contracts.shard_index import sample_key, table_of_members
 from trainer.data.latents import sample_members
+from trainer.data.shards import shard_id_of
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
     """A tar as the packer writes one (ustar, contracts.shard_members' fixed headers), under a
     temporary name, then renamed; a failed write leaves nothing behind. A name ustar cannot hold (over
     100 bytes with no `/` to split it at) raises ValueError: pipeline keys are sha256s, far shorter."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.training.encode_job skips it
-    try:
+    with _written(path) as partial:
         with tarfile.open(partial, "w", format=shard_members.TAR_FORMAT) as tar:
             for name, data in members:
                 tar.addfile(shard_members.tarinfo(name, len(data)), io.BytesIO(data))
+
+
+def write_table(path: Path, table: bytes) -> None:
+    """A sample table, under a temporary name, then renamed."""
+    with _written(path) as partial:
+        partial.write_bytes(table)
+
+
+@contextlib.contextmanager
+def _written(path: Path) -> Iterator[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.training.encode_job and the trainer skip it
+    try:
+        yield partial
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -45,9 +62,9 @@ class ShardWriter:
     and every job after it is dropped.
     """
 
-    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, depth: int = 8):
-        self.outputs, self.identity, self.resolution = outputs, identity, resolution
-        self.pending: dict[int, dict[int, list]] = defaultdict(dict)  # shard -> row -> its members, until whole
+    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, index_dir: Path, depth: int = 8):
+        self.outputs, self.identity, self.resolution, self.index_dir = outputs, identity, resolution, index_dir
+        self.pending: dict[int, dict[int, tuple]] = defaultdict(dict)  # shard -> row -> (its members, aspect), until whole
         self.jobs: queue.Queue[tuple[Callable, tuple] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.stopping = False
@@ -98,10 +115,20 @@ class ShardWriter:
         if copied is not None:
             copied.synchronize()
         for number, (key, row) in enumerate(zip(keys, rows)):
-            self.pending[shard][row] = sample_members(key, latents[number], time_ids[number], ids[number], records[number],
-                                                      self.identity, self.resolution, bucket)
+            self.pending[shard][row] = (sample_members(key, latents[number], time_ids[number], ids[number], records[number],
+                                                       self.identity, self.resolution, bucket), bucket[0] / bucket[1])
 
     def _finish(self, shard: int) -> None:
-        members = self.pending.pop(shard, {})
-        if members:  # a shard of nothing but corrupt samples gets no latent shard
-            write_tar(self.outputs[shard], [member for row in sorted(members) for member in members[row]])
+        samples = self.pending.pop(shard, {})
+        if not samples:  # a shard of nothing but corrupt samples gets no latent shard
+            return
+        members = [member for row in sorted(samples) for member in samples[row][0]]
+        aspects = {sample_key(written[0][0]): aspect for written, aspect in samples.values()}
+        shard_id = shard_id_of(str(self.outputs[shard]))
+        table = self.index_dir / f"{shard_id}{INDEX_TABLE}"
+        write_table(table, table_of_members(shard_id, members, aspects, (self.identity, self.resolution)))
+        try:
+            write_tar(self.outputs[shard], members)
+        except BaseException:
+            table.unlink(missing_ok=True)  # nothing of a shard that failed stays behind
+            raise

@@ -17,9 +17,9 @@ on each (trainer/container.py does this from SageMaker's resourceconfig.json).
 
 SageMaker: the image's entrypoint (`python -m trainer.container train`) turns the job's
 hyperparameters into these arguments, passes `--checkpoint-dir /opt/ml/checkpoints` (synced to S3
-by CheckpointConfig) and uses torchrun when there are several GPUs or hosts. `--train-dir`,
-`--model-dir` and `--output-data-dir` default to $SM_CHANNEL_TRAIN, $SM_MODEL_DIR and
-$SM_OUTPUT_DATA_DIR; $SM_HPS, when set, supplies the other defaults.
+by CheckpointConfig) and uses torchrun when there are several GPUs or hosts. `--train-dir`, `--index-dir`
+(the shards' sample tables: no tar is walked at start), `--model-dir` and `--output-data-dir` default to
+$SM_CHANNEL_TRAIN, $SM_CHANNEL_INDEXES, $SM_MODEL_DIR and $SM_OUTPUT_DATA_DIR; $SM_HPS supplies the others.
 
 Progressive resolution: `--run-config sd2-progressive` (configs/runs/) lists stages of resolution,
 batch size, learning rate and steps; the run moves through them by itself (trainer/data/stages.py).
@@ -179,7 +179,7 @@ def main(args: argparse.Namespace) -> dict:
 
     # data: this process's samples, and batches that are a pure function of (seed, step, rank)
     index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
-                         load_exclusions(args.manifest))
+                         load_exclusions(args.manifest), args.index_dir)
     if index.latent:  # latent shards (trainer/jobs/encode.py): the VAE never runs
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
         empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> dict:
     batches = iter(make_loader(dataset, args.num_workers))
     state.corrupt.update(index.problems)
     log(rank, event="data", kind="latent" if index.latent else "image", samples=len(index), shards=len(index.shards),
-        corrupt=len(index.problems), first_corrupt=index.problems[:5], excluded=index.excluded)
+        corrupt=len(index.problems), first_corrupt=index.problems[:5], excluded=index.excluded, scanned=index.scanned)
 
     compile_cache = None  # Inductor's output from an earlier job with these shapes (trainer/speed/compile_cache.py)
     if compiling and args.compile_cache != "none":

@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--checkpoint-dir", default=None,
                        help="checkpoints go here; none are written without it (SageMaker: /opt/ml/checkpoints)")
     where.add_argument("--resume", default="latest", help="'latest' (the newest complete checkpoint, if any), 'none', or a checkpoint directory")
+    where.add_argument("--index-dir", default=env.get("SM_CHANNEL_INDEXES"),
+                       help="the shards' sample tables (default $SM_CHANNEL_INDEXES, else <train-dir>/indexes)")
     where.add_argument("--manifest", default=env.get("SM_CHANNEL_MANIFEST"),
                        help="the job's manifest JSON (or the channel dir holding it): its `exclude` samples are never "
                             "read (default $SM_CHANNEL_MANIFEST)")

@@ -17,7 +17,8 @@ from typing import Iterator
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table
+from contracts import pipeline_table, shard_index
+from contracts.aspect_buckets import bucket_ratio
 from contracts.messages import ShardSealed
 from core import aws, telemetry
 from core.pack import journal, segments, shards
@@ -28,6 +29,8 @@ logger = Logger(child=True)
 EVENT_SOURCE = "atelier.pack"
 SHARD_SEALED = "Shard Sealed"
 MAX_PART_BYTES = 5 << 30  # S3's largest part
+INDEX_VERSION = 2  # of the JSON index: 2 names its sample table (`table_key`); 1 had no `version`
+KEY_BYTES = 64  # a pipeline shard's sample key is its sha256 in hex: the sample table's key column
 
 
 class SealBusy(RuntimeError):
@@ -67,32 +70,43 @@ def finish(shard_id: str, settings: PackSettings) -> ShardSealed | None:
 # moved the seal on meanwhile; read it again) ---------------------------------------------------
 
 def _index(state: SealState, settings: PackSettings) -> tuple[str, dict]:
-    """Stream the index sidecar (samples, offsets, sizes, member sha256s, counts) and the digest.
+    """Stream the index sidecar (samples, offsets, sizes, member sha256s, counts), the sample table
+    the jobs read at start (contracts.shard_index) and the digest.
 
-    One JSON object, written open-ended: the known fields, then the sample entries one segment
-    at a time, then what is only known at the end (size, digest).
+    The index is one JSON object, written open-ended: the known fields, then the sample entries one
+    segment at a time, then what is only known at the end (size, digest). The table is its header,
+    then a row per entry, written as the entries stream by.
     """
     shard = state.shard
-    key, index = shards.shard_key(shard.shard_id), shards.index_key(shard.shard_id)
+    key, index, table = (shards.shard_key(shard.shard_id), shards.index_key(shard.shard_id),
+                         shards.table_key(shard.shard_id))
+    size = shard.bytes + len(shards.trailer(shard.bytes))
     upload = segments.StreamUpload(settings.data_bucket, index, "application/json", settings.part_bytes)
-    known = {"shard_id": shard.shard_id, "key": key, "samples_count": shard.samples, "partners": shard.partners,
-             "aspect_buckets": shard.aspects, "segments": _segment_spans(shard)}
+    rows = segments.StreamUpload(settings.data_bucket, table, "application/octet-stream", settings.min_part_bytes)
+    known = {"version": INDEX_VERSION, "shard_id": shard.shard_id, "key": key, "table_key": table,
+             "samples_count": shard.samples, "partners": shard.partners, "aspect_buckets": shard.aspects,
+             "segments": _segment_spans(shard)}
     upload.write(json.dumps(known)[:-1].encode() + b', "samples": [')
+    rows.write(shard_index.TableHeader(shard.shard_id, size, shard.samples, KEY_BYTES).line())
+    packer = shard_index.row_struct(KEY_BYTES)
     digest = hashlib.sha256(f"{shards.DIGEST_ALGORITHM}\n".encode())
     for n, entry in enumerate(_entries(shard, settings)):
-        for m in entry.members:
-            digest.update(shards.MemberDigest(m.offset, m.header_sha256, m.size, m.sha256).line().encode())
+        lines = [shards.MemberDigest(m.offset, m.header_sha256, m.size, m.sha256).line() for m in entry.members]
+        for line in lines:
+            digest.update(line.encode())
         upload.write((b", " if n else b"") + entry.model_dump_json().encode())
-    size = shard.bytes + len(shards.trailer(shard.bytes))
+        rows.write(shard_index.row(packer, entry.key, entry.offset, entry.size, bucket_ratio(entry.aspect),
+                                   shard_index.sample_digest(lines)))
     digest.update(f"{size}\n".encode())
     closing = {"bytes": size, "digest": digest.hexdigest(), "digest_algorithm": shards.DIGEST_ALGORITHM}
     upload.write(b"], " + json.dumps(closing)[1:].encode())
     upload.close()
+    rows.close()
     sealed = ShardSealed(
         shard_id=shard.shard_id, bucket=settings.data_bucket, key=key, sha256=digest.hexdigest(), size=size,
         samples=shard.samples, partners=sorted(shard.partners), sealed_at=_now(),
         uri=f"s3://{settings.data_bucket}/{key}", index_key=index, index_uri=f"s3://{settings.data_bucket}/{index}",
-        digest_algorithm=shards.DIGEST_ALGORITHM)
+        digest_algorithm=shards.DIGEST_ALGORITHM, table_key=table)
     return "indexed", {"sealed": sealed}
 
 

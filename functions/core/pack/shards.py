@@ -22,9 +22,10 @@ from typing import BinaryIO, Iterable
 
 from contracts import shard_members
 from contracts.messages import Sample
+from contracts.shard_index import member_line
 
 # the pack stage's callers read a shard's keys and headers from here; contracts holds them
-from contracts.s3_layout import index_key, shard_key  # noqa: F401
+from contracts.s3_layout import index_key, shard_key, table_key  # noqa: F401
 from contracts.shard_members import member_header  # noqa: F401
 
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -127,7 +128,7 @@ class MemberDigest:
     sha256: str
 
     def line(self) -> str:
-        return f"{self.offset} {self.header_sha256} {self.size} {self.sha256}\n"
+        return member_line(self.offset, self.header_sha256, self.size, self.sha256)
 
 
 def tree_digest(members: Iterable[MemberDigest], total: int) -> str:

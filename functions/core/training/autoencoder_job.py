@@ -57,7 +57,7 @@ def validation_uri(settings: TrainingSettings) -> str:
 
 
 def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, pretrained_uri: str,
-          settings: TrainingSettings) -> bool:
+          settings: TrainingSettings, indexes_uri: str = "") -> bool:
     """Record and create the training job's autoencoder job; False when one of its name exists."""
     name = autoencoder_job_name(training_job)
     aws.put_item_if_absent(settings.table, {
@@ -65,7 +65,7 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
         "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     request = autoencoder_job_request(training_job, manifest_uri, job["digest"], int(job.get("stage", 0)), settings,
                                       exclusions_uri, pretrained_uri=pretrained_uri,
-                                      validation_uri=validation_uri(settings))
+                                      validation_uri=validation_uri(settings), indexes_uri=indexes_uri)
     if aws.create_training_job(request):
         logger.info("autoencoder job started", extra={"job": name, "training_job": training_job})
         return True

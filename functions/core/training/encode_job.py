@@ -2,9 +2,9 @@
 
 With EncodeInstanceType set, each stage's training job waits for `<job>-enc` (the training image with
 task=encode, trainer/jobs/encode.py), which writes the manifest's shards as latent shards under
-`s3://<models>/encoded/<job>/latents/<encoder identity>-r<res>/` through its CheckpointConfig. On its
-Completed event `write_latent_manifest` checks that every shard has its twin and lists them; core.training.starter
-sequences these steps.
+`s3://<models>/encoded/<job>/latents/<encoder identity>-r<res>/` through its CheckpointConfig, each with
+its sample table in `indexes/` below that folder. On its Completed event `write_latent_manifest` checks
+that every shard has its twin and lists them, and their tables; core.training.starter sequences these steps.
 """
 
 from __future__ import annotations
@@ -51,21 +51,37 @@ def latent_manifest_file(manifest: Manifest, bucket: str, prefix: str, keys: lis
     return [{"prefix": f"{s3_layout.uri(bucket, latents)}{encoding}/"}, *relative]
 
 
-def write_latent_manifest(training_job: str, settings: TrainingSettings) -> str:
-    """`manifests/<job>.latents.manifest` from what the encode job uploaded; its URI."""
+def latent_indexes_file(listing: list[Any], bucket: str, keys: list[str]) -> list[Any] | None:
+    """The ManifestFile of the sample tables of a latent ManifestFile's shards, those the encode job
+    uploaded (a twin without one is indexed by walking it); None without any."""
+    folder = f"{listing[0]['prefix']}{s3_layout.INDEXES}"
+    present = {key.removeprefix(folder.removeprefix(s3_layout.uri(bucket, ""))) for key in keys}
+    tables = [f"{path.rsplit('/', 1)[-1].removesuffix('.tar')}{s3_layout.INDEX_TABLE}" for path in listing[1:]]
+    tables = [table for table in tables if table in present]
+    return [{"prefix": folder}, *tables] if tables else None
+
+
+def write_latent_manifest(training_job: str, settings: TrainingSettings) -> tuple[str, str]:
+    """`manifests/<job>.latents.manifest` from what the encode job uploaded, and the ManifestFile of its
+    shards' sample tables; their URIs (the second "" without tables)."""
     record = aws.get_item(settings.table, pipeline_table.job_pk(training_job)) or {}
     base = record.get("base", training_job)
     manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, s3_layout.manifest_key(base)))
     prefix = s3_layout.encoded_prefix(training_job)
     keys = [item["Key"] for item in aws.list_objects(settings.models_bucket, f"{prefix}{s3_layout.LATENTS}")]
     listing = latent_manifest_file(manifest, settings.models_bucket, prefix, keys)
-    key = s3_layout.manifest_key(training_job, s3_layout.LATENTS_MANIFEST)
-    aws.write_object(settings.data_bucket, key, json.dumps(listing).encode(), "application/json")
-    return s3_layout.uri(settings.data_bucket, key)
+    uris = []
+    for suffix, content in ((s3_layout.LATENTS_MANIFEST, listing),
+                            (s3_layout.LATENT_INDEXES_MANIFEST, latent_indexes_file(listing, settings.models_bucket, keys))):
+        key = s3_layout.manifest_key(training_job, suffix)
+        if content is not None:
+            aws.write_object(settings.data_bucket, key, json.dumps(content).encode(), "application/json")
+        uris.append(s3_layout.uri(settings.data_bucket, key) if content is not None else "")
+    return uris[0], uris[1]
 
 
 def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, pretrained_uri: str,
-          vae_uri: str, settings: TrainingSettings) -> bool:
+          vae_uri: str, settings: TrainingSettings, indexes_uri: str = "") -> bool:
     """Record and create the training job's encode job; False when one of its name exists."""
     name = encode_job_name(training_job)
     aws.put_item_if_absent(settings.table, {
@@ -73,7 +89,8 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
         "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     stage = int(job.get("stage", 0))
     if aws.create_training_job(encode_job_request(training_job, manifest_uri, job["digest"], stage, settings,
-                                                  exclusions_uri, pretrained_uri=pretrained_uri, vae_uri=vae_uri)):
+                                                  exclusions_uri, pretrained_uri=pretrained_uri, vae_uri=vae_uri,
+                                                  indexes_uri=indexes_uri)):
         logger.info("encode job started", extra={"job": name, "stage": settings.stages[stage].name})
         return True
     return False

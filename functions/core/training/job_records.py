@@ -9,11 +9,12 @@ from typing import Any
 
 from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
+from core import aws
 from core.settings import TrainingSettings
 from core.training.pretrained import PretrainedBase
 
 # what a stage's record does not inherit from the one before it: that one's end and outputs
-NOT_CARRIED = frozenset({"settled", "failure_reason", "model_data", "latents"})
+NOT_CARRIED = frozenset({"settled", "failure_reason", "model_data", "latents", "latent_indexes"})
 
 
 def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, autoencoder: bool,
@@ -25,9 +26,17 @@ def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, aut
             "stage": 0, "base": name, "steps_base": steps_done,
             "replay": [s.shard_id for s in manifest.shards if s.role == "replay"],
             "sequence": manifest.sequence, "excludes": manifest.excluded,
+            "indexes": any(s.table_key for s in manifest.shards),  # manifests.write_files wrote its indexes manifest
             # decided once: a settings change never strands a claimed job
             "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder,
             "pretrained": base.model_dump_json() if base else ""}
+
+
+def record_end(job: dict[str, Any], status: str, reason: str | None, table: str) -> bool:
+    """A job's end on its record, once: False when an earlier delivery recorded it."""
+    return aws.update_item(table, job["pk"], "SET settled = :s, #st = :status, failure_reason = :r",
+                           {":s": status, ":status": status, ":r": reason or ""},
+                           condition="attribute_not_exists(settled)", names={"#st": "status"})
 
 
 def next_stage_name(job: dict[str, Any], stage: int) -> str:
@@ -53,12 +62,13 @@ def first_step(job: dict[str, Any], stage: int, settings: TrainingSettings) -> i
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a claimed job's jobs read: its manifest's shards and exclusions, and its model parts."""
+    """What a claimed job's jobs read: its manifest's shards, their sample tables and exclusions, and its model parts."""
 
     manifest_uri: str
     exclusions_uri: str
     pretrained_uri: str  # the base it was claimed with ("": none)
     vae_uri: str = ""  # the lineage's VAE, once its autoencoder job has made one
+    indexes_uri: str = ""  # the ManifestFile of its shards' sample tables ("": none has one)
 
 
 def inputs_of(name: str, job: dict[str, Any], settings: TrainingSettings) -> Inputs:
@@ -66,7 +76,9 @@ def inputs_of(name: str, job: dict[str, Any], settings: TrainingSettings) -> Inp
     base = job.get("base", name)
     return Inputs(s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base, s3_layout.MANIFEST_FILE)),
                   s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base)) if job.get("excludes") else "",
-                  PretrainedBase.model_validate_json(job["pretrained"]).uri if job.get("pretrained") else "")
+                  PretrainedBase.model_validate_json(job["pretrained"]).uri if job.get("pretrained") else "",
+                  indexes_uri=s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base, s3_layout.INDEXES_MANIFEST))
+                  if job.get("indexes") else "")
 
 
 def _now() -> str:

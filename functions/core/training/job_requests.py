@@ -1,8 +1,10 @@
 """CreateTrainingJob requests of the start-training stage: the training job, its encode job and the
 lineage's autoencoder job (the protocol that orders them is core.training.starter's; docs/training-jobs.md).
 
-Every job reads its `train` channel (a ManifestFile, FastFile, ShardedByS3Key) and, where it has one,
-the manifest's exclusion list as `manifest`. Model parts come in as channels too, since jobs run
+Every job reads its `train` channel (a ManifestFile, FastFile, ShardedByS3Key), where they have them
+its shards' sample tables as `indexes` (a ManifestFile, FastFile, FullyReplicated: each instance
+sees every table and fetches only those of the shards it was given, which it opens), and, where it has
+one, the manifest's exclusion list as `manifest`. Model parts come in as channels too, since jobs run
 network-isolated: the base (PretrainedModelUri) as `pretrained` with the hyperparameter
 `pretrained=pretrained`, and the lineage's own VAE (its autoencoder job's model.tar.gz) as `vae`
 with `vae=vae`. `model_inputs` gives the encode and the training job the same pair, so latents are
@@ -22,6 +24,10 @@ from core.training.pretrained import AUTOENCODER_SUFFIX
 
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
+# The shards' sample tables (contracts.shard_index), so no job walks a tar at start. A channel of its own,
+# not entries of the `train` manifest: ShardedByS3Key splits a manifest's objects over the instances with
+# no promise to keep a tar and its table together.
+INDEXES_CHANNEL = "indexes"
 PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of its folders), or its model.tar.gz
 VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
@@ -55,6 +61,13 @@ def file_channel(name: str, uri: str, content_type: str = "") -> dict[str, Any]:
     return channel
 
 
+def indexes_channel(uri: str) -> dict[str, Any]:
+    """The `indexes` channel: the ManifestFile `uri` of the shards' sample tables."""
+    return {"ChannelName": INDEXES_CHANNEL, "InputMode": "FastFile", "ContentType": "application/octet-stream",
+            "DataSource": {"S3DataSource": {"S3DataType": "ManifestFile", "S3Uri": uri,
+                                            "S3DataDistributionType": "FullyReplicated"}}}
+
+
 def model_inputs(pretrained_uri: str, vae_uri: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The channels and hyperparameters that bring a job its pretrained parts (either may be empty)."""
     channels, hyperparameters = [], {}
@@ -68,10 +81,11 @@ def model_inputs(pretrained_uri: str, vae_uri: str) -> tuple[list[dict[str, Any]
 def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], instances: tuple[str, int],
                  output_prefix: str, checkpoint_uri: str, tags: dict[str, str], settings: TrainingSettings,
                  exclusions_uri: str = "", channels: list[dict[str, Any]] | None = None,
-                 metrics: list[dict[str, str]] | None = None) -> dict[str, Any]:
+                 metrics: list[dict[str, str]] | None = None, indexes_uri: str = "") -> dict[str, Any]:
     """What every job's request shares: the `train` channel, then the `manifest` channel (with
-    `exclusions_uri`, the manifest JSON: trainer.jobs.train, encode and autoencoder --manifest), then
-    `channels`; checkpoints, retries, isolation, VPC and KMS."""
+    `exclusions_uri`, the manifest JSON: trainer.jobs.train, encode and autoencoder --manifest), the
+    `indexes` channel (with `indexes_uri`: --index-dir), then `channels`; checkpoints, retries,
+    isolation, VPC and KMS."""
     request: dict[str, Any] = {
         "TrainingJobName": name,
         "RoleArn": settings.role_arn,
@@ -100,6 +114,8 @@ def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], ins
         request["AlgorithmSpecification"]["MetricDefinitions"] = metrics
     if exclusions_uri:
         request["InputDataConfig"].append(file_channel(MANIFEST_CHANNEL, exclusions_uri, "application/json"))
+    if indexes_uri:
+        request["InputDataConfig"].append(indexes_channel(indexes_uri))
     request["InputDataConfig"].extend(channels or [])
     if settings.keep_alive_s:
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive_s
@@ -140,11 +156,11 @@ def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
 def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                          steps_target: int, settings: TrainingSettings, exclusions_uri: str = "", *,
                          pretrained_uri: str | None = None, vae_uri: str = "", first_step: int = 1,
-                         compile_cache: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins, and
-    `exclusions_uri` (if any) is the manifest JSON for the `manifest` channel. The job trains the lineage's
-    steps `first_step` to `steps_target`. `compile_cache`: the shared compiled shapes' channel, where there
-    is one (core.training.compile_caches.channels)."""
+                         indexes_uri: str = "", compile_cache: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins (and
+    `indexes_uri`, if any, their sample tables), and `exclusions_uri` (if any) is the manifest JSON for
+    the `manifest` channel. The job trains the lineage's steps `first_step` to `steps_target`.
+    `compile_cache`: the shared compiled shapes' channel, where there is one (core.training.compile_caches.channels)."""
     stage = settings.stages[stage_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
     channels += compile_cache or []
@@ -153,7 +169,8 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
         (stage.instance_type, stage.instance_count), s3_layout.TRAINING,
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(settings.lineage)),
-        _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS)
+        _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS,
+        indexes_uri)
     # The trainer writes its event files to LocalPath (trainer/runtime/tensorboard_log.py); SageMaker's
     # TensorBoard app and `atelier tensorboard JOB` read them from the job's own prefix.
     request["TensorBoardOutputConfig"] = {"S3OutputPath": tensorboard_uri(settings.models_bucket, name),
@@ -171,7 +188,7 @@ def encode_job_name(training_job: str) -> str:
 
 def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                        settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
-                       vae_uri: str = "") -> dict[str, Any]:
+                       vae_uri: str = "", indexes_uri: str = "") -> dict[str, Any]:
     """The training image with task=encode on one encode instance, for the stage's resolution and
     models; its latent shards reach S3 through CheckpointConfig (trainer/jobs/encode.py). It reads the
     training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
@@ -183,7 +200,7 @@ def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: st
                         (settings.encode_instance_type, 1), s3_layout.ENCODED,
                         s3_layout.uri(settings.models_bucket, s3_layout.encoded_prefix(training_job)),
                         _helper_tags(training_job, "encode", manifest_digest, stage_index, settings), settings,
-                        exclusions_uri, channels)  # no loss to chart: no metrics
+                        exclusions_uri, channels, indexes_uri=indexes_uri)  # no loss to chart: no metrics
 
 
 def autoencoder_job_name(training_job: str) -> str:
@@ -192,7 +209,7 @@ def autoencoder_job_name(training_job: str) -> str:
 
 def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                             settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
-                            validation_uri: str = "") -> dict[str, Any]:
+                            validation_uri: str = "", indexes_uri: str = "") -> dict[str, Any]:
     """The training image with task=autoencoder on one instance (trainer/jobs/autoencoder.py): a VAE trained
     on the training job's image shards, less its exclusions, its PSNR measured on `validation_uri`
     (the held-out evaluation shards). One checkpoint prefix per lineage, so a retried job resumes."""
@@ -208,4 +225,4 @@ def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_diges
                         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
                             f"{settings.lineage}{AUTOENCODER_SUFFIX}")),
                         _helper_tags(training_job, "autoencoder", manifest_digest, stage_index, settings), settings,
-                        exclusions_uri, channels, AUTOENCODER_METRIC_DEFINITIONS)
+                        exclusions_uri, channels, AUTOENCODER_METRIC_DEFINITIONS, indexes_uri)

@@ -1,15 +1,20 @@
 """A training manifest: which shards a job trains on (the oldest pending ones, a replay share of
-trained ones, less what licensing screens out), its name, and the files that list it in S3."""
+trained ones, less what licensing screens out), its name, and the files that list it in S3: the
+manifest itself, its ManifestFile (the jobs' `train` channel), the ManifestFile of its shards'
+sample tables (their `indexes` channel) and its wids shard list."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from typing import Any, Callable
 
-from contracts import s3_layout
+from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest, ShardRef, ShardSealed
-from core.provenance import Verdict
+from core import aws
+from core.partners import licensing
+from core.provenance import Verdict, screen_shard
 from core.settings import TrainingSettings
 
 
@@ -29,7 +34,8 @@ def manifest_from(pending: list[ShardSealed], trained: list[ShardRef], settings:
     for s in sorted(pending, key=lambda s: (s.sealed_at, s.shard_id)):
         if len(new) == settings.quota:
             break
-        ref = ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples, partners=tuple(s.partners))
+        ref = ShardRef(shard_id=s.shard_id, key=s.key, sha256=s.sha256, samples=s.samples, partners=tuple(s.partners),
+                       table_key=s.table_key)
         verdicts[s.shard_id] = screen(ref) if screen else Verdict()
         if not verdicts[s.shard_id].whole:
             new.append(ref)
@@ -47,6 +53,32 @@ def manifest_from(pending: list[ShardSealed], trained: list[ShardRef], settings:
                                           key=lambda e: (e.shard_id, e.sha256))))
 
 
+class Screen:
+    """The registry's terms and the takedowns as of now, applied to a shard at most once."""
+
+    def __init__(self, pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings) -> None:
+        partners = {p for s in pending for p in s.partners} | {p for s in trained for p in s.partners}
+        self.rules = licensing.rules_for(settings.table, partners, settings.use)
+        self.settings = settings
+        self.verdicts: dict[str, Verdict] = {}
+
+    def __call__(self, shard: ShardRef) -> Verdict:
+        if shard.shard_id not in self.verdicts:
+            self.verdicts[shard.shard_id] = screen_shard(shard, self.rules, self.settings.data_bucket, self.settings.table)
+        return self.verdicts[shard.shard_id]
+
+
+def leave_out_whole(verdicts: dict[str, Verdict], pending: set[str], settings: TrainingSettings) -> None:
+    """Pending shards with nothing left to train on leave the pending index for good, with the reason
+    (after the claim: a crash before this leaves them pending, and the next manifest lists them again)."""
+    for shard_id, verdict in verdicts.items():
+        if verdict.whole and shard_id in pending:
+            aws.update_item(settings.table, pipeline_table.shard_pk(shard_id),
+                            "SET #s = :excluded, excluded_reason = :r REMOVE gsi1pk, gsi1sk",
+                            {":excluded": "excluded", ":r": verdict.left_out[0].reason, ":pending": "pending"},
+                            condition="#s = :pending", names={"#s": "status"})
+
+
 def replay_shards(new: list[ShardRef], trained: list[ShardRef], share: float) -> list[ShardRef]:
     """Earlier shards making up `share` of the mix, drawn with a seed from the new shards."""
     if share <= 0 or not trained:
@@ -61,6 +93,25 @@ def manifest_file(manifest: Manifest) -> list[Any]:
     """A SageMaker ManifestFile: a prefix, then keys relative to it."""
     relative = [s.key.removeprefix(manifest.prefix) for s in manifest.shards]
     return [{"prefix": s3_layout.uri(manifest.bucket, manifest.prefix)}, *relative]
+
+
+def indexes_file(manifest: Manifest) -> list[Any] | None:
+    """The ManifestFile of the shards' sample tables, for the `indexes` channel; None when no shard has
+    one (sealed before tables): SageMaker fails a job whose channel lists nothing. A shard without a
+    table is indexed by walking its tar (trainer/data/shards.py)."""
+    tables = [s.table_key.removeprefix(s3_layout.INDEXES) for s in manifest.shards if s.table_key]
+    return [{"prefix": s3_layout.uri(manifest.bucket, s3_layout.INDEXES)}, *tables] if tables else None
+
+
+def write_files(manifest: Manifest, name: str, bucket: str) -> None:
+    """The manifest's files under the job's name (deterministic content: writing them twice is harmless)."""
+    files = {s3_layout.MANIFEST_JSON: manifest.model_dump_json(indent=1),
+             s3_layout.MANIFEST_FILE: json.dumps(manifest_file(manifest)),
+             s3_layout.WIDS_LIST: json.dumps(wids_shard_list(manifest, name), indent=1)}
+    if (tables := indexes_file(manifest)) is not None:
+        files[s3_layout.INDEXES_MANIFEST] = json.dumps(tables)
+    for suffix, text in files.items():
+        aws.write_object(bucket, s3_layout.manifest_key(name, suffix), text.encode(), "application/json")
 
 
 def wids_shard_list(manifest: Manifest, name: str) -> dict[str, Any]:

@@ -34,14 +34,13 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   (core.partners.licensing, core.provenance), listing them per shard in `exclude` for the trainer to skip
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
 
-This module is the orchestration; what it builds lives beside it: the manifest and its files
-(core.training.manifests), the lineage's and the job's records (core.training.lineage, job_records)
+This module is the orchestration; what it builds lives beside it: the manifest, its licensing screen
+and its files (core.training.manifests), the lineage's and the job's records (core.training.lineage, job_records)
 and the CreateTrainingJob requests (core.training.job_requests).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -52,8 +51,7 @@ from aws_lambda_powertools import Logger
 from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws, telemetry
-from core.partners import attribution, licensing
-from core.provenance import Verdict, screen_shard
+from core.partners import attribution
 from core.settings import TrainingSettings
 from core.training import autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage, manifests
 from core.training.job_records import Inputs
@@ -99,7 +97,7 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
         return on_encode_finished(job, status, reason, settings)
     if job.get("role") == autoencoder_job.ROLE:
         return on_autoencoder_finished(job, status, reason, settings)
-    if _record_end(job, status, reason, settings):
+    if job_records.record_end(job, status, reason, settings.table):
         _settle(job, status, settings)
         _apply_brake(name, status, reason, settings)  # once per job: before `advance` reads it
     if status == "Completed":  # every delivery (idempotent), so a crash after settling is made good
@@ -114,17 +112,17 @@ def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, set
     """An encode job ended: Completed with every latent shard lets its training job start on them;
     anything else fails the training job (its shards return to pending, the lineage goes on)."""
     name, training_job = pipeline_table.job_name(job["pk"]), job["for_job"]
-    _record_end(job, status, reason, settings)
+    job_records.record_end(job, status, reason, settings.table)
     if status != "Completed":
         on_job_finished(training_job, "Failed", f"encode job {name} {status}: {reason or 'no reason given'}", settings)
         return Decision("encode-failed", training_job)
     try:
-        latents_uri = encode_job.write_latent_manifest(training_job, settings)
+        latents_uri, indexes_uri = encode_job.write_latent_manifest(training_job, settings)
     except encode_job.EncodeIncomplete as exc:
         on_job_finished(training_job, "Failed", f"encode job {name}: {exc}", settings)
         return Decision("encode-failed", training_job)
-    aws.update_item(settings.table, pipeline_table.job_pk(training_job), "SET latents = :u", {":u": latents_uri},
-                    condition="attribute_exists(pk)")
+    aws.update_item(settings.table, pipeline_table.job_pk(training_job), "SET latents = :u, latent_indexes = :i",
+                    {":u": latents_uri, ":i": indexes_uri}, condition="attribute_exists(pk)")
     logger.info("latent shards ready", extra={"job": training_job, "encode_job": name, "latents": latents_uri})
     advance(settings)
     return Decision("encoded", training_job)
@@ -136,7 +134,7 @@ def on_autoencoder_finished(job: dict[str, Any], status: str, reason: str | None
     the training job goes on (its encode job first, when encoding); anything else fails the training
     job (its shards return to pending, and the lineage's next job trains a VAE again)."""
     name, training_job = pipeline_table.job_name(job["pk"]), job["for_job"]
-    _record_end(job, status, reason, settings)
+    job_records.record_end(job, status, reason, settings.table)
     vae_uri = autoencoder_job.artefact(name) if status == "Completed" else ""
     if not vae_uri:
         why = "no ModelArtifacts" if status == "Completed" else reason or "no reason given"
@@ -145,13 +143,6 @@ def on_autoencoder_finished(job: dict[str, Any], status: str, reason: str | None
     autoencoder_job.store_vae(name, vae_uri, settings)  # create-only: a redelivered event changes nothing
     advance(settings)
     return Decision("autoencoded", training_job)
-
-
-def _record_end(job: dict[str, Any], status: str, reason: str | None, settings: TrainingSettings) -> bool:
-    """A job's end on its record, once: False when an earlier delivery recorded it."""
-    return aws.update_item(settings.table, job["pk"], "SET settled = :s, #st = :status, failure_reason = :r",
-                           {":s": status, ":status": status, ":r": reason or ""},
-                           condition="attribute_not_exists(settled)", names={"#st": "status"})
 
 
 # --- orchestration: the lineage's one job at a time ---------------------------------------------
@@ -222,7 +213,7 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
     trained = [ShardRef.model_validate_json(i["ref"])
                for i in aws.query_index(settings.table, pipeline_table.PENDING_INDEX, pipeline_table.TRAINED_SHARDS)]
     sequence = int(lock["sequence"]) + 1
-    screen = _Screen(pending, trained, settings) if len(pending) >= settings.quota else None
+    screen = manifests.Screen(pending, trained, settings) if len(pending) >= settings.quota else None
     manifest = manifests.manifest_from(pending, trained, settings, sequence, screen)
     if manifest is None:
         return Decision("waiting", pending=len(pending))
@@ -230,53 +221,17 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
     name = manifests.job_name_for(manifest)
     if changed := lineage.base_change(lock, base):
         return _halt_for(changed, name, settings)
-    _write_manifest(manifest, name, settings)
+    manifests.write_files(manifest, name, settings.data_bucket)
     if not _claim(manifest, name, lock, queue, base, settings):
         return Decision("already-claimed", pending=len(pending))
     if screen:  # the shards this manifest left out whole, with why, leave the pending index
-        _exclude_shards(screen.verdicts, {s.shard_id for s in pending}, settings)
+        manifests.leave_out_whole(screen.verdicts, {s.shard_id for s in pending}, settings)
     if queue:
         logger.info("manifest queued behind the running job", extra={"job": name})
         return Decision("queued", name, pending=len(pending))
     if not _ensure_started(name, settings):
         return Decision("backing-off", name, pending=len(pending))
     return Decision("started", name, pending=len(pending))
-
-
-class _Screen:
-    """The registry's terms and the takedowns as of now, applied to a shard at most once."""
-
-    def __init__(self, pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings) -> None:
-        partners = {p for s in pending for p in s.partners} | {p for s in trained for p in s.partners}
-        self.rules = licensing.rules_for(settings.table, partners, settings.use)
-        self.settings = settings
-        self.verdicts: dict[str, Verdict] = {}
-
-    def __call__(self, shard: ShardRef) -> Verdict:
-        if shard.shard_id not in self.verdicts:
-            self.verdicts[shard.shard_id] = screen_shard(shard, self.rules, self.settings.data_bucket, self.settings.table)
-        return self.verdicts[shard.shard_id]
-
-
-def _exclude_shards(verdicts: dict[str, Verdict], pending: set[str], settings: TrainingSettings) -> None:
-    """Pending shards with nothing left to train on leave the pending index for good, with the reason
-    (after the claim: a crash before this leaves them pending, and the next manifest lists them again)."""
-    for shard_id, verdict in verdicts.items():
-        if verdict.whole and shard_id in pending:
-            aws.update_item(settings.table, pipeline_table.shard_pk(shard_id),
-                            "SET #s = :excluded, excluded_reason = :r REMOVE gsi1pk, gsi1sk",
-                            {":excluded": "excluded", ":r": verdict.left_out[0].reason, ":pending": "pending"},
-                            condition="#s = :pending", names={"#s": "status"})
-
-
-def _write_manifest(manifest: Manifest, name: str, settings: TrainingSettings) -> None:
-    """Deterministic content under the job's name: writing it twice is harmless."""
-    aws.write_object(settings.data_bucket, s3_layout.manifest_key(name),
-                     manifest.model_dump_json(indent=1).encode(), "application/json")
-    aws.write_object(settings.data_bucket, s3_layout.manifest_key(name, s3_layout.MANIFEST_FILE),
-                     json.dumps(manifests.manifest_file(manifest)).encode(), "application/json")
-    aws.write_object(settings.data_bucket, s3_layout.manifest_key(name, s3_layout.WIDS_LIST),
-                     json.dumps(manifests.wids_shard_list(manifest, name), indent=1).encode(), "application/json")
 
 
 def _halt_for(reason: str, name: str, settings: TrainingSettings) -> Decision:
@@ -391,9 +346,11 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
         _ensure_encoding(name, job, inputs, settings)
         return
     train_uri = job.get("latents") or inputs.manifest_uri
-    request = training_job_request(name, train_uri, job["digest"], stage, job_records.steps_target(job, stage, settings),
-                                   settings, inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri,
-                                   vae_uri=inputs.vae_uri, first_step=job_records.first_step(job, stage, settings),
+    indexes_uri = job.get("latent_indexes", "") if job.get("latents") else inputs.indexes_uri
+    steps_target = job_records.steps_target(job, stage, settings)
+    request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
+                                   inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri,
+                                   first_step=job_records.first_step(job, stage, settings), indexes_uri=indexes_uri,
                                    compile_cache=compile_caches.channels(settings.models_bucket))
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
@@ -404,13 +361,13 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
 
 def _ensure_encoding(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
     if not encode_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri,
-                            inputs.vae_uri, settings):
+                            inputs.vae_uri, settings, inputs.indexes_uri):
         _settle_if_ended(encode_job_name(name), name, inputs.manifest_uri, on_encode_finished, settings)
 
 
 def _ensure_autoencoder(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
     if not autoencoder_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri,
-                                 settings):
+                                 settings, inputs.indexes_uri):
         _settle_if_ended(autoencoder_job_name(name), name, inputs.manifest_uri, on_autoencoder_finished, settings)
 
 
