@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"metric": f"train.cpu_step_ms_threads_{n}", "value": round(wall[n], 2), "unit": "ms",
                           "cpu_ms": round(cpu[n], 2), **common}), flush=True)
     first, last = counts[0], counts[-1]
-    print(json.dumps({"metric": "train.cpu_threads_speedup", "value": round(wall[first] / wall[last], 3), "unit": "x",
-                      "threads": [first, last], "cpu_ratio": round(cpu[last] / cpu[first], 3), **common}), flush=True)
+    print(json.dumps({"metric": "train.cpu_threads_speedup", "value": float(f"{wall[first] / wall[last]:.3g}"), "unit": "x",
+                      "threads": [first, last], "cpu_ratio": float(f"{cpu[last] / cpu[first]:.3g}"), **common}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Three IAM rules moto's enforcement leaves out, applied on the local stack as AWS applies them.
+"""Four IAM rules moto's enforcement leaves out, applied on the local stack as AWS applies them.
 
 1. `s3:prefix` on S3 listings. moto's IAM enforcement matches a policy's Action and Resource, but
 gives an identity policy's conditions no request context, so every condition counts as met. For
@@ -31,6 +31,14 @@ allow reading the source and putting the destination, besides moto's own check (
 the source parsed as moto parses it to copy, and refused when it names no object). The other
 requests a partner role could send each touch the one object they name (SelectObjectContent,
 RestoreObject) or are refused by moto outright (DeleteObjects; docs/aws-differences.md).
+
+4. The IAM action of an S3 request. IAM authorises an S3 API operation as the action the S3 User
+Guide lists for it ("Required permissions for Amazon S3 API operations"): ListObjectsV2 and
+HeadBucket as `s3:ListBucket`, HeadObject as `s3:GetObject`, each multipart step as `s3:PutObject`,
+GetObject of a version as `s3:GetObjectVersion`. moto 5.2.6 checks the operation's own name
+(`s3:ListObjectsV2`), which no policy grants; earlier versions checked their own table. Here the
+operation is named as IAM names it before any check; an operation absent from the table keeps its
+name, and so is refused unless a policy grants that name (DeleteObjects, SelectObjectContent).
 """
 
 from __future__ import annotations
@@ -47,6 +55,35 @@ STRING_OPERATORS = {"StringEquals": lambda expected, value: expected == value,
 
 
 COPY_SOURCE = "x-amz-copy-source"
+
+# S3 API operation -> the IAM action that authorises it, where the two names differ
+IAM_ACTIONS = {
+    "ListObjects": "ListBucket", "ListObjectsV2": "ListBucket", "HeadBucket": "ListBucket",
+    "ListObjectVersions": "ListBucketVersions", "ListMultipartUploads": "ListBucketMultipartUploads",
+    "ListParts": "ListMultipartUploadParts", "ListBuckets": "ListAllMyBuckets",
+    "HeadObject": "GetObject", "CopyObject": "PutObject", "CreateMultipartUpload": "PutObject",
+    "UploadPart": "PutObject", "UploadPartCopy": "PutObject", "CompleteMultipartUpload": "PutObject",
+    "PutBucketEncryption": "PutEncryptionConfiguration", "GetBucketEncryption": "GetEncryptionConfiguration",
+    "PutBucketLifecycleConfiguration": "PutLifecycleConfiguration",
+    "GetBucketLifecycleConfiguration": "GetLifecycleConfiguration", "DeleteBucketLifecycle": "PutLifecycleConfiguration",
+    "PutBucketNotificationConfiguration": "PutBucketNotification",
+    "GetBucketNotificationConfiguration": "GetBucketNotification",
+    "PutPublicAccessBlock": "PutBucketPublicAccessBlock", "GetPublicAccessBlock": "GetBucketPublicAccessBlock",
+    "DeletePublicAccessBlock": "PutBucketPublicAccessBlock",
+    "PutBucketCors": "PutBucketCORS", "GetBucketCors": "GetBucketCORS", "DeleteBucketCors": "PutBucketCORS",
+}
+# reads and deletes of one version are actions of their own
+VERSION_ACTIONS = {"GetObject": "GetObjectVersion", "DeleteObject": "DeleteObjectVersion",
+                   "GetObjectTagging": "GetObjectVersionTagging", "PutObjectTagging": "PutObjectVersionTagging"}
+
+
+def iam_action(action: str, path: str) -> str:
+    """The IAM action (`s3:...`) that authorises the S3 request moto names `action`, at this path and query."""
+    name = action.removeprefix("s3:")
+    name = IAM_ACTIONS.get(name, name)
+    if name in VERSION_ACTIONS and "versionId" in parse_qs(urlparse(path).query, keep_blank_values=True):
+        name = VERSION_ACTIONS[name]
+    return f"s3:{name}"
 
 
 def copy_source_read(header: str, partition: str) -> tuple[str, str] | None:
@@ -139,6 +176,7 @@ def patch_iam_rules() -> None:
         return [IAMPolicy(policy)._policy_json for policy in request._access_key.collect_policies()]
 
     def check_s3(self: S3IAMRequest, resource: str) -> None:
+        self._action = iam_action(self._action, self._path)
         header = next((value for name, value in self._headers.items() if name.lower() == COPY_SOURCE), None)
         if header is not None and not copy_allowed(documents(self), str(header), resource):
             self._raise_access_denied()

@@ -18,13 +18,16 @@ from atelier.local.stack import LocalStack, StackOptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=35)]
 REPO = Path(__file__).resolve().parents[2]
-# a preset the trainer does not have: every job fails at start, the same way, as a bad
+# an option only the trainer checks: every job fails at start, the same way, as a bad
 # hyperparameter would on AWS
 FAILING = {"TrainingQuota": "1", "ShardMaxSamples": "4", "EncodeInstanceType": "", "AutoencoderInstanceType": "",
            "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32",
-                                                  "model-config": "no-such-preset", "num-workers": "0"}),
+                                                  "lora-rank": "0", "num-workers": "0"}),
            "TrainingMaxConsecutiveFailures": "2", "TrainingFailureBackoffSeconds": "2",
            "TrainingRetrySchedule": "rate(1 minute)"}
+
+
+CAUSE = "--lora-rank and --lora-alpha must be >= 1"
 
 
 def wait_for(reached: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -58,9 +61,9 @@ def test_a_job_that_always_fails_halts_its_lineage_until_resumed(tmp_path: Path,
         # THEN exactly two jobs ran, each failed with the trainer's reason, and the shard waits
         jobs = train_jobs(stack)
         assert [j["status"] for j in jobs] == ["Failed", "Failed"]
-        assert all("no-such-preset" in (j["failure"] or "") for j in jobs), jobs
+        assert all(CAUSE in (j["failure"] or "") for j in jobs), jobs
         assert lineage["name"] == "main" and lineage["model_failures"] == 2
-        assert "no-such-preset" in lineage["held"]
+        assert CAUSE in lineage["held"]
         time.sleep(10)  # three more schedule ticks start nothing
         assert len(train_jobs(stack)) == 2
         assert client.pipeline_status(stack.outputs).shards.get("pending") == 1

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from moto.iam.access_control import IAMPolicy, PermissionResult
 
-from atelier.local.iam_rules import allowed, copy_allowed, copy_source_read, request_context
+from atelier.local.iam_rules import allowed, copy_allowed, copy_source_read, iam_action, request_context
 from core.partners.partner_access import role_policy
 
 BUCKET = "arn:aws:s3:::uploads"
@@ -92,3 +92,17 @@ def test_a_copy_source_is_read_as_the_object_moto_copies(header: str, expected: 
 def test_a_copy_is_allowed_only_when_the_source_may_be_read_and_the_destination_put(
         header: str, destination: str, expected: bool) -> None:
     assert copy_allowed(PARTNER_A, header, destination) is expected
+
+
+@pytest.mark.parametrize(("action", "path", "expected"), [
+    ("s3:ListObjectsV2", "/b?list-type=2&prefix=partner-a%2F", "s3:ListBucket"),  # moto 5.2.6 names the operation
+    ("s3:ListBucket", "/b?prefix=partner-a%2F", "s3:ListBucket"),  # earlier versions named the action
+    ("s3:HeadObject", "/b/partner-a/x.png", "s3:GetObject"),
+    ("s3:UploadPart", "/b/partner-a/x.png?partNumber=1&uploadId=u", "s3:PutObject"),
+    ("s3:GetObject", "/b/partner-a/x.png?versionId=v1", "s3:GetObjectVersion"),
+    ("s3:DeleteObject", "/b/partner-a/x.png?versionId=v1", "s3:DeleteObjectVersion"),
+    ("s3:ListMultipartUploads", "/b?uploads", "s3:ListBucketMultipartUploads"),
+    ("s3:DeleteObjects", "/b?delete", "s3:DeleteObjects"),  # no such action: refused, as docs/aws-differences.md says
+])
+def test_an_s3_operation_is_authorised_as_the_iam_action_aws_names_for_it(action: str, path: str, expected: str) -> None:
+    assert iam_action(action, path) == expected

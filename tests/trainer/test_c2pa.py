@@ -213,11 +213,15 @@ def test_a_secret_that_does_not_exist_fails_at_start(secretsmanager):
 
 def test_a_container_without_aws_credentials_fails_at_start(monkeypatch):
     # as a network-isolated SageMaker container would: no credentials, so the secret cannot be read
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
         monkeypatch.delenv(name, raising=False)
     for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
         monkeypatch.setenv(name, os.devnull)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # a fresh process: boto3's default session keeps the credentials an earlier test in this worker resolved
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
 
     with pytest.raises(CredentialsError, match="cannot read the secret .*Unable to locate credentials"):
         Credentials.from_env({SECRET: "arn:aws:secretsmanager:us-east-1:123456789012:secret:atelier/s-AbCdEf"})

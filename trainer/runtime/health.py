@@ -24,7 +24,6 @@ from typing import NamedTuple
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from trainer.models.families import sampling_options
 from trainer.report.render import log_ticks, nice_ticks, tick_label  # the report's round axis ticks
 
 
@@ -230,6 +229,8 @@ def label_grid(images: list[Image.Image], prompts: list[str], seeds: list[int]) 
 @torch.no_grad()
 def validation_grid(pipeline, prompts: list[str], seeds: list[int], resolution: int, steps: int) -> Image.Image:
     """One row per prompt, one column per seed, labelled with them; the same prompts and seeds at every checkpoint."""
+    # imported here: the watchdog imports this module in every process, and families pulls in every pipeline
+    from trainer.models.families import sampling_options
     pipeline.set_progress_bar_config(disable=True)
     generators = [torch.Generator("cpu").manual_seed(seed) for _ in prompts for seed in seeds]
     images = pipeline([prompt for prompt in prompts for _ in seeds], num_inference_steps=steps, generator=generators,
