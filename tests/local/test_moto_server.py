@@ -1,5 +1,5 @@
-"""atelier.local.moto_server: DynamoDB requests one at a time, everything else concurrently, and
-transactions that check every condition before writing."""
+"""atelier.local.moto_server and the patches of atelier.local.moto_shim: DynamoDB requests one at a time,
+everything else concurrently, transactions that check every condition before writing, and each patch's behaviour."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend
 
-from atelier.local.moto_server import SerialDynamoDB, transact_write_items
+from atelier.local.moto_server import SerialDynamoDB
+from atelier.local.moto_transactions import transact_write_items
 
 
 def slow_app(log: list[str], seconds: float = 0.05):
@@ -124,7 +125,7 @@ def test_a_write_that_fails_after_the_checks_restores_what_was_written(table: An
 def sqs_clock_patched() -> Iterator[None]:
     from moto.sqs.models import Message, Queue
 
-    from atelier.local.moto_server import patch_sqs_clock
+    from atelier.local.moto_shim import patch_sqs_clock
     names = {Message: ("visible", "delayed"),
              Queue: ("messages", "approximate_number_of_messages_not_visible", "approximate_number_of_messages_delayed")}
     saved = {(owner, name): owner.__dict__[name] for owner, attributes in names.items() for name in attributes}
@@ -167,7 +168,7 @@ def test_the_patched_sqs_clock_keeps_visibility_and_delays(sqs_clock_patched: No
 def schedule_rules_patched() -> Iterator[None]:
     from moto.events.models import Rule
 
-    from atelier.local.moto_server import patch_schedule_rules
+    from atelier.local.moto_shim import patch_schedule_rules
     saved = Rule.__dict__["send_to_targets"]
     patch_schedule_rules()
     yield
@@ -199,7 +200,7 @@ def test_an_event_reaches_pattern_rules_and_never_a_schedule_only_rule(schedule_
 def module_list_patched() -> Iterator[None]:
     from moto import backends
 
-    from atelier.local.moto_server import patch_module_list
+    from atelier.local.moto_shim import patch_module_list
     saved = backends.list_of_moto_modules
     patch_module_list()
     yield
@@ -245,7 +246,7 @@ def test_the_request_log_keeps_errors_and_drops_successes() -> None:
 def multipart_gone_patched() -> Iterator[None]:
     from moto.s3.models import S3Backend
 
-    from atelier.local.moto_server import MULTIPART_CALLS, patch_multipart_gone
+    from atelier.local.moto_shim import MULTIPART_CALLS, patch_multipart_gone
     saved = {name: S3Backend.__dict__[name] for name in MULTIPART_CALLS}
     patch_multipart_gone()
     yield
