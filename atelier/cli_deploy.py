@@ -39,7 +39,10 @@ def _number(value: float | None, form: str = "{:.4f}") -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    result = client.rollback(client.stack_outputs(args.stack), args.to, args.reason)
+    with console.status("rollback requested; waiting for DeployFunction's answer") as status:
+        result = client.rollback(client.stack_outputs(args.stack), args.to, args.reason, args.timeout,
+                                 lambda waited: status.update(f"rollback requested; waiting for DeployFunction's "
+                                                              f"answer ({waited:.0f} s)"))
     if args.json:
         print(json.dumps(result))
     else:
@@ -101,6 +104,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     rollback = commands.add_parser("rollback", help="serve the previous model again (blue/green)")
     rollback.add_argument("--to", help="a model that served before (default: the one before the current)")
     rollback.add_argument("--reason", default="rolled back by an operator", help="recorded with the rolled-back model")
+    rollback.add_argument("--timeout", type=float, default=120, help="seconds to wait for DeployFunction's answer")
     rollback.add_argument("--json", action="store_true", help="the outcome as one JSON object")
     rollback.set_defaults(func=cmd_rollback)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -347,10 +348,10 @@ def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
 
 
 def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
-    """Lift a lineage's failure brake (`atelier lineage resume NAME`) and ask StartTrainingFunction
-    to start what is due; the failures stay on record."""
+    """Ask StartTrainingFunction to lift a lineage's failure brake and start what is due
+    (`atelier lineage resume NAME`); the failures stay on record. What it was is read here."""
     from core.training import failure_brake
-    from core.training.starter import RESUME_REQUEST, RESUME_SOURCE, write_brake
+    from core.training.starter import RESUME_REQUEST, RESUME_SOURCE
     table = outputs["PipelineTableName"]
     record = aws.get_item(table, pipeline_table.lineage_pk(name))
     if record is None:
@@ -358,7 +359,6 @@ def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
         known = sorted(pipeline_table.lineage_name(i["pk"]) for i in lineages)
         raise PipelineError(f"no lineage {name!r}; lineages: {', '.join(known) or 'none yet'}")
     brake = failure_brake.Brake.from_item(record)
-    write_brake(failure_brake.resumed(brake), table, name)
     aws.put_event("default", RESUME_SOURCE, RESUME_REQUEST, json.dumps({"lineage": name}))
     return {"lineage": name, "was_halted": brake.halted, "was_backing_off_s": max(0, int(brake.not_before - time.time())),
             "model_failures": brake.model_failures, "last_failure": brake.failures[-1] if brake.failures else None}
@@ -373,16 +373,43 @@ def lineage_summary(item: dict[str, Any]) -> dict[str, Any]:
             "failures": list(brake.failures[-3:])}
 
 
-def rollback(outputs: dict[str, str], to: str | None, reason: str) -> dict[str, Any]:
-    """Serve the previous model again; the CLI's `atelier rollback`."""
-    from core.deploy.rollout import EndpointBusy
-    from core.deploy.rollout import rollback as roll_back
+def rollback(outputs: dict[str, str], to: str | None, reason: str, timeout_s: float = 120.0,
+             on_wait: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """Ask DeployFunction to serve the previous model again (`atelier rollback`), as `evaluate` asks it
+    to evaluate: the function updates the endpoint under its own role and answers on the endpoint's
+    record. Checked here first (read-only) so a request that cannot succeed is refused at once."""
+    from core.deploy.events import EVALUATE_SOURCE, ROLLBACK_REQUEST
+    from core.deploy.records import serving_record
+    from core.deploy.rollout import EndpointBusy, check_endpoint_idle, rollback_target
     from core.errors import BadMessage
+    table, endpoint = outputs["PipelineTableName"], outputs["EndpointName"]
     try:
-        result = roll_back(outputs["PipelineTableName"], outputs["EndpointName"], to, reason)
+        rollback_target(serving_record(table, endpoint), endpoint, to)
+        check_endpoint_idle(endpoint)
     except (BadMessage, EndpointBusy) as exc:
         raise PipelineError(str(exc)) from exc
-    return {"action": result.action, "model": result.model, "change": result.reason}
+    request_id = uuid.uuid4().hex
+    aws.put_event("default", EVALUATE_SOURCE, ROLLBACK_REQUEST,
+                  json.dumps({"request_id": request_id, "to": to, "reason": reason}))
+    answer = _rollback_answer(table, endpoint, request_id, timeout_s, on_wait)
+    if answer["action"] != "rolled-back":
+        raise PipelineError(f"DeployFunction refused the rollback: {answer['reason']}")
+    return {"action": answer["action"], "model": answer["model"], "change": answer["reason"]}
+
+
+def _rollback_answer(table: str, endpoint: str, request_id: str, timeout_s: float,
+                     on_wait: Callable[[float], None] | None) -> dict[str, Any]:
+    started = time.monotonic()
+    while (waited := time.monotonic() - started) < timeout_s:
+        record = aws.get_item(table, pipeline_table.endpoint_pk(endpoint)) or {}
+        answer = record.get("last_rollback") or {}
+        if answer.get("id") == request_id:
+            return answer
+        if on_wait:
+            on_wait(waited)
+        time.sleep(1.0)
+    raise PipelineError(f"no answer to the rollback request {request_id} within {timeout_s:.0f} s: DeployFunction's "
+                        "log and DeployDLQ say why; `atelier status` shows the endpoint")
 
 
 def _endpoints(name: str) -> list[dict[str, Any]]:

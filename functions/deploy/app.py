@@ -8,8 +8,8 @@ from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.deploy.candidates import on_artefact_published, on_job_state, reevaluate
-from core.deploy.events import EVALUATE_REQUEST, DeployResult, job_state_from_event
-from core.deploy.rollout import on_endpoint_state
+from core.deploy.events import EVALUATE_REQUEST, ROLLBACK_REQUEST, DeployResult, job_state_from_event
+from core.deploy.rollout import on_endpoint_state, on_rollback_request
 from core.errors import BadMessage
 from core.settings import DeploySettings
 
@@ -29,11 +29,13 @@ def route(event: EventBridgeEvent, settings: DeploySettings) -> DeployResult:
         return on_artefact_published(event.detail["bucket"]["name"], event.detail["object"]["key"], settings)
     if event.detail_type == EVALUATE_REQUEST:
         return reevaluate(str(event.detail.get("model", "")), settings)
+    if event.detail_type == ROLLBACK_REQUEST:
+        return on_rollback_request(event.detail, settings)
     raise BadMessage(f"no deploy step for {event.source} / {event.detail_type}")
 
 
 # Log lines are correlated by the training job, the endpoint, the artefact or the model the event is about.
-CORRELATION = "detail.TrainingJobName || detail.EndpointName || detail.object.key || detail.model"
+CORRELATION = "detail.TrainingJobName || detail.EndpointName || detail.object.key || detail.model || detail.request_id"
 
 
 @tracer.capture_lambda_handler

@@ -21,7 +21,7 @@ from core.settings import TrainingSettings
 from core.training import autoencoder_job, manifests
 from core.training.manifests import job_name_for
 from core.training.pretrained import BaseMissing
-from core.training.starter import Decision, advance
+from core.training.starter import Decision, advance, resume
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     TWO_STAGES,
     FakeSageMaker,
@@ -398,7 +398,7 @@ def test_a_changed_base_halts_the_lineage_before_any_job_until_it_is_set_back(
     # WHEN the base is set back and the lineage resumed, the manifest is claimed with the first digest
     put_base(settings, {"text_encoder/config.json": PIPELINE["text_encoder/config.json"]})
     client.resume_lineage(stack.outputs, "main")
-    second = advance(settings).job_name
+    second = resume(settings).job_name  # StartTrainingFunction, given the CLI's event
     assert len(sagemaker.created) == 2 and json.loads(job(settings, second)["pretrained"])["digest"] == digest
 
 

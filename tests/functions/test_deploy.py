@@ -33,7 +33,7 @@ from core.deploy.requests import (
     evaluation_job_request,
     model_request,
 )
-from core.deploy.rollout import on_endpoint_state, rollback
+from core.deploy.rollout import on_endpoint_state, on_rollback_request, rollback
 from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.settings import DeploySettings
@@ -675,6 +675,34 @@ def test_rollback_without_an_earlier_model_is_a_clear_error(settings: DeploySett
 
     with pytest.raises(BadMessage, match="no earlier model"):
         rollback(settings.table, settings.endpoint_name)
+
+
+def test_a_rollback_request_rolls_back_and_answers_on_the_endpoint_record(settings: DeploySettings,
+                                                                         updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-second", ENDED + 1000), settings)
+    on_job_state(evaluation_finished(settings, "atelier-second", 0.09, baseline_loss=0.1), settings)
+
+    result = on_rollback_request({"request_id": "r1", "to": None, "reason": "bad colours"}, settings)
+
+    assert (result.action, result.model) == ("rolled-back", JOB)
+    assert updates[-1]["EndpointConfigName"] == JOB
+    assert model_record(settings, "atelier-second")["reason"] == "bad colours"
+    answer = aws.get_item(settings.table, pipeline_table.endpoint_pk(settings.endpoint_name))["last_rollback"]
+    assert answer == {"id": "r1", "action": "rolled-back", "model": JOB, "reason": f"atelier-second -> {JOB}"}
+
+
+def test_a_rollback_request_that_cannot_succeed_is_refused_with_the_reason_and_changes_nothing(
+        settings: DeploySettings, updates: list) -> None:
+    deploy_first(settings)
+    before = len(updates)
+
+    result = on_rollback_request({"request_id": "r2", "to": "atelier-never", "reason": ""}, settings)
+
+    assert result.action == "refused" and "no earlier model" in result.reason
+    assert len(updates) == before
+    answer = aws.get_item(settings.table, pipeline_table.endpoint_pk(settings.endpoint_name))["last_rollback"]
+    assert (answer["id"], answer["action"]) == ("r2", "refused") and "no earlier model" in answer["reason"]
 
 
 def test_an_automatic_rollback_is_recorded_when_the_endpoint_is_in_service(settings: DeploySettings,

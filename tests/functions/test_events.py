@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import re
 import tarfile
 from typing import Any, Callable
 
@@ -190,6 +191,15 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
                       Body=buffer.getvalue())
 
 
+class Matching(str):
+    """Equal to any string its pattern matches whole: a reason that names a resource of the stack."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and re.fullmatch(str(self), other) is not None
+
+    __hash__ = str.__hash__
+
+
 @pytest.mark.parametrize("name", event_names())
 def test_every_event_is_handled(name: str, stack: Provisioned, partner: str, function_env: Callable,
                                 lambda_context: Any) -> None:
@@ -229,6 +239,9 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
     # an eval-failed model evaluated again on an operator's request (`atelier evaluate`)
     "deploy_evaluate_request": lambda e: {"action": "evaluating", "model": e["detail"]["model"], "reason": ""},
+    # `atelier rollback` where nothing was deployed yet: refused, an answer rather than an error to retry
+    "deploy_rollback_request": lambda e: {"action": "refused", "model": None,
+                                          "reason": Matching(r"endpoint \S+ has no deployed model to roll back")},
     "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final stage True"},
     # the evaluation passed the gate: the first model creates the endpoint
     "deploy_evaluation_completed": lambda e: {"action": "created", "model": e["detail"]["Tags"]["atelier:candidate"],

@@ -27,7 +27,7 @@ from core import aws
 from core.settings import TrainingSettings
 from core.training import manifests, starter
 from core.training.manifests import job_name_for, manifest_file
-from core.training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed
+from core.training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed, resume
 from tests.support import ACCOUNT, REGION, load_event
 
 pytestmark = pytest.mark.slow(seconds=20)
@@ -1172,9 +1172,11 @@ def test_three_model_failures_in_a_row_halt_the_lineage_until_it_is_resumed(
     # WHEN an operator resumes it (`atelier lineage resume main`)
     resumed = client.resume_lineage(stack.outputs, "main")
 
-    # THEN the next job starts, the failures stay on record
+    # THEN the CLI changed nothing itself: StartTrainingFunction, given its event, lifts the brake and
+    # starts the next job; the failures stay on record
     assert (resumed["was_halted"], resumed["model_failures"]) == (True, 3)
-    assert advance(settings).action == "started" and len(sagemaker.created) == 4
+    assert lineage(settings)["halted"] is True and advance(settings) == Decision("halted")
+    assert resume(settings).action == "started" and len(sagemaker.created) == 4
     assert (lineage(settings)["halted"], len(lineage(settings)["failures"])) == (False, 3)
 
 

@@ -166,11 +166,11 @@ def test_every_rule_target_that_is_a_function_has_a_dead_letter_queue(resources:
                       for t in props.get("Targets", []) if t["Arn"].removesuffix(".Arn") in functions]
 
     # Shard Sealed, job finished, `atelier lineage resume` and the backoff's schedule (start-training);
-    # job state changes, model artefacts, endpoint state changes and `atelier evaluate` requests
-    # (deploy); the pack seal timer; the sweep's and the redriver's schedules
+    # job state changes, model artefacts, endpoint state changes, `atelier evaluate` and `atelier rollback`
+    # requests (deploy); the pack seal timer; the sweep's and the redriver's schedules
     assert sorted(rule for rule, _ in lambda_targets) == [
         "DeployFunctionEndpointStateChange", "DeployFunctionEvaluateRequest", "DeployFunctionModelArtefactCreated",
-        "DeployFunctionTrainingJobStateChange",
+        "DeployFunctionRollbackRequest", "DeployFunctionTrainingJobStateChange",
         "PackFunctionSealTimer", "RedriveFunctionSchedule", "StartTrainingFunctionJobFinished", "StartTrainingFunctionLineageResumed",
         "StartTrainingFunctionRetryAfterBackoff", "StartTrainingFunctionShardSealed", "SweepFunctionSchedule"]
     assert [rule for rule, t in lambda_targets if "Arn" not in t.get("DeadLetterConfig", {})] == []

@@ -74,11 +74,8 @@ def _claim_endpoint(name: str, order: int, previous: dict[str, Any] | None, sett
         condition="attribute_not_exists(model) OR #o < :o OR model = :m", names={"#o": "order"})
 
 
-def rollback(table: str, endpoint_name: str, to: str | None = None,
-             reason: str = "rolled back by an operator") -> DeployResult:
-    """Serve the previous deployed model again (or `to`), with the rollout settings it went out
-    with; the current one is marked rolled-back so no duplicate event brings it back."""
-    current = serving_record(table, endpoint_name)
+def rollback_target(current: dict[str, Any] | None, endpoint_name: str, to: str | None) -> str:
+    """The model a rollback serves: `to`, else the one before the current in the endpoint's history."""
     if current is None:
         raise BadMessage(f"endpoint {endpoint_name} has no deployed model to roll back")
     history = list(current["history"])
@@ -86,17 +83,51 @@ def rollback(table: str, endpoint_name: str, to: str | None = None,
     target = to or (earlier[-1] if earlier else None)
     if target is None or target not in history or target == current["model"]:
         raise BadMessage(f"no earlier model to roll back to (history: {', '.join(history)})")
+    return target
+
+
+def check_endpoint_idle(endpoint_name: str) -> None:
+    """A rollback updates the endpoint: it must exist and no update may be under way."""
     endpoint = aws.describe_endpoint(endpoint_name)
     if endpoint is None:
         raise BadMessage(f"endpoint {endpoint_name} does not exist")
     if endpoint["EndpointStatus"] not in {"InService", "Failed"}:
         raise EndpointBusy(f"endpoint {endpoint_name} is {endpoint['EndpointStatus']}; try again when InService")
+
+
+def rollback(table: str, endpoint_name: str, to: str | None = None,
+             reason: str = "rolled back by an operator") -> DeployResult:
+    """Serve the previous deployed model again (or `to`), with the rollout settings it went out
+    with; the current one is marked rolled-back so no duplicate event brings it back."""
+    current = serving_record(table, endpoint_name)
+    target = rollback_target(current, endpoint_name, to)
+    check_endpoint_idle(endpoint_name)
+    assert current is not None  # rollback_target refused otherwise
     request: dict[str, Any] = {"EndpointName": endpoint_name, "EndpointConfigName": target}
     if json.loads(current["deployment_config"]):
         request["DeploymentConfig"] = json.loads(current["deployment_config"])
     aws.sagemaker_call("update_endpoint", request)
-    _mark_rolled_back(table, endpoint_name, current["model"], target, history, reason)
+    _mark_rolled_back(table, endpoint_name, current["model"], target, list(current["history"]), reason)
     return DeployResult("rolled-back", target, f"{current['model']} -> {target}")
+
+
+def on_rollback_request(detail: dict[str, Any], settings: DeploySettings) -> DeployResult:
+    """`atelier rollback` asked for a rollback: do it, or refuse it, and record the answer on the
+    endpoint's record under the request's id, where the CLI reads it. A refusal is an answer, not a
+    failure to retry: the endpoint's state may have changed since the CLI checked it."""
+    request_id = str(detail.get("request_id", ""))
+    if not request_id:
+        raise BadMessage("a rollback request needs its request_id")
+    try:
+        result = rollback(settings.table, settings.endpoint_name, detail.get("to") or None,
+                          str(detail.get("reason") or "rolled back by an operator"))
+    except (BadMessage, EndpointBusy) as refused:
+        result = DeployResult("refused", None, str(refused))
+    answer = {"id": request_id, "action": result.action, "model": result.model or "", "reason": result.reason}
+    # only on a record that exists: one that does not never had a model, so the CLI refused before asking
+    aws.update_item(settings.table, pipeline_table.endpoint_pk(settings.endpoint_name), "SET last_rollback = :a",
+                    {":a": answer}, condition="attribute_exists(pk)")
+    return result
 
 
 def on_endpoint_state(endpoint_name: str, settings: DeploySettings) -> DeployResult:

@@ -193,6 +193,14 @@ def _apply_brake(name: str, status: str, reason: str | None, settings: TrainingS
                                                      "model_failures": after.model_failures})
 
 
+def resume(settings: TrainingSettings) -> Decision:
+    """An operator resumed the lineage (`atelier lineage resume`): lift its failure brake, keeping the
+    failures on record, and start what is due."""
+    brake = failure_brake.Brake.from_item(_lineage(settings))
+    write_brake(failure_brake.resumed(brake), settings.table, settings.lineage)
+    return advance(settings)
+
+
 def write_brake(brake: failure_brake.Brake, table: str, lineage_name: str) -> None:
     expression, values, names = lineage.brake_update(brake)
     aws.update_item(table, pipeline_table.lineage_pk(lineage_name), expression, values, names=names)
