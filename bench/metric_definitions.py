@@ -43,7 +43,7 @@ DEFINITIONS = {
 
 # (section date, metric, value) -> the name the row should have had
 KNOWN_MISLABELED = {
-    # unet-only rows, random latents resident on the GPU: no shards at all (bench/train_gpu.py's `resident` source)
+    # unet-only rows, random latents resident on the GPU: no shards at all (bench/train_configs.py's `resident` source)
     ("2026-11-29", "train.img_per_s_512_latent", 96.23): "train.config.resident512",
     ("2026-11-29", "train.img_per_s_256_latent", 382.95): "train.config.resident256",
     ("2026-11-29", "train.img_per_s_256_latent", 384.45): "train.config.resident256",
@@ -55,7 +55,7 @@ KNOWN_MISLABELED = {
 
 def shard_kind(source: str | None, name: str | None) -> str | None:
     """"image", "latent" or None (neither, e.g. latents resident on the GPU) from a configuration's `source`,
-    else from its name's first part (bench/train_gpu.py names configurations `<source><resolution>+...`)."""
+    else from its name's first part (bench/train_configs.py names configurations `<source><resolution>+...`)."""
     if source:
         return "latent" if source.startswith("latent shards") else "image" if source.startswith("image") else None
     prefix = re.match(r"[a-z]+", name or "")

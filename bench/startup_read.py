@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 from wids.wids_mmtar import next_header, parse_tar_header  # noqa: E402
 
-from bench.train_gpu import commit, versions  # noqa: E402
+from bench.stamp import commit, versions  # noqa: E402
 from contracts import shard_index  # noqa: E402
 from contracts.aspect_buckets import ASPECT_BUCKETS, bucket_ratio  # noqa: E402
 from contracts.shard_members import member_header  # noqa: E402
