@@ -29,7 +29,7 @@ from PIL import Image, ImageDraw
 
 from atelier import client, evalset
 from atelier.catalog import DEMO_IMAGES, EVAL_IMAGES, LICENSE, UNSEEN, procedural_catalog, training_combinations, write_catalog
-from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE, PROMPT, STEPS, matches
+from atelier.prompt_match import DEMO_PROMPTS, GRID_PROMPTS, GRID_SEEDS, GUIDANCE, PROMPT, STEPS, matches, matches_grid
 from atelier.local.stack import LocalStack, StackOptions
 from atelier.progress import progress
 from contracts import s3_layout
@@ -53,6 +53,7 @@ class DemoOptions:
     stage_timeout_s: float = 900.0
     keep_running: bool = False
     quiet: bool = False  # no progress bar
+    grid: bool = False  # also draw the whole catalogue grid (demo.prompt_match_grid: 180 pictures, minutes on a CPU)
 
 
 def run_demo(options: DemoOptions) -> list[dict]:
@@ -100,11 +101,26 @@ def drive(stack: LocalStack, options: DemoOptions) -> list[dict]:
     rate = sum(matched) / len(results)
     console.print(f"prompt match rate {rate:.2f} over {len(results)} prompts ({len(UNSEEN)} never seen in training) -> {sheet}")
     commit = _commit(options.root)
+    grid = [_grid_line(endpoint, commit)] if options.grid else []
     return [{"metric": "demo.upload_to_image_s", "value": round(elapsed, 1), "unit": "s",
              "config": {"images": options.images, "jobs": status.jobs}, "commit": commit},
             {"metric": "demo.prompt_match_rate", "value": round(rate, 3), "unit": "share",
              "config": {"prompts": len(results), "unseen": len(UNSEEN), "steps": STEPS, "seed": 0, "guidance": GUIDANCE,
-                        "matched": [prompt for (prompt, _), hit in zip(results, matched) if hit]}, "commit": commit}]
+                        "matched": [prompt for (prompt, _), hit in zip(results, matched) if hit]}, "commit": commit}] + grid
+
+
+def _grid_line(endpoint: str, commit: str) -> dict:
+    """Every shape x foreground x background of the catalogue, GRID_SEEDS seeds each, scored on colours and shape."""
+    hits: dict[str, int] = {}
+    for prompt in GRID_PROMPTS:
+        for seed in GRID_SEEDS:
+            png = client.generate(endpoint, prompt, seed=seed, steps=STEPS, guidance=GUIDANCE)
+            hits[prompt] = hits.get(prompt, 0) + matches_grid(prompt, png)
+    rate = sum(hits.values()) / (len(GRID_PROMPTS) * len(GRID_SEEDS))
+    console.print(f"grid prompt match {rate:.2f} over {len(GRID_PROMPTS)} prompts x {len(GRID_SEEDS)} seeds (colours and shape)")
+    return {"metric": "demo.prompt_match_grid", "value": round(rate, 3), "unit": "share",
+            "config": {"prompts": len(GRID_PROMPTS), "seeds": list(GRID_SEEDS), "steps": STEPS, "guidance": GUIDANCE,
+                       "missed": sorted(p for p, n in hits.items() if n < len(GRID_SEEDS))}, "commit": commit}
 
 
 def prompt_sheet(results: list[tuple[str, bytes]], matched: list[bool], tile: int = 192) -> Image.Image:
