@@ -5,9 +5,11 @@ vector unit), so one run says little about the next machine's. This runs the rec
 samconfig.toml [local] through the trainer's own entry points, without the stack: the demo's
 catalogue as shards, the autoencoder job once, then per seed (in parallel processes of --threads
 threads each) the encode job, the training job and the demo's twelve prompts, scored by the demo's
-classifier. One JSON line per seed, then `demo.prompt_match_rate_min` over the seeds.
+classifier. One JSON line per seed, then `demo.prompt_match_rate_min` over the seeds. With --grid each
+seed also draws the whole catalogue grid (atelier/prompt_match.py GRID_PROMPTS x GRID_SEEDS, colours and
+shape) at the first guidance: `demo.prompt_match_grid`, the mean over the seeds.
 
-    .venv/bin/python bench/demo_recipe.py --seeds 0,1,2,3 --threads 2 [--set steps=1600 ...]
+    .venv/bin/python bench/demo_recipe.py --seeds 0,1,2,3 --threads 2 [--grid] [--variant NAME:steps=1600 ...]
 """
 
 from __future__ import annotations
@@ -52,14 +54,13 @@ def argv(hyperparameters: dict[str, str]) -> list[str]:
 
 
 def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, threads: int, device: str,
-             guidances: list[float]) -> dict:
+             guidances: list[float], grid: bool = False) -> dict:
     """encode, train, draw DEMO_PROMPTS and score them, for one (variant, seed), in a process of its own."""
     if device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported: this process never sees a GPU
     import torch
     torch.set_num_threads(threads)
-    from atelier.prompt_match import DEMO_PROMPTS, STEPS
-    from atelier.prompt_match import matches
+    from atelier.prompt_match import DEMO_PROMPTS, GRID_PROMPTS, GRID_SEEDS, STEPS, matches, matches_grid
     from trainer.jobs import encode, train
     from trainer.serve.generation import generate, load_pipeline
     from trainer.serve.protocol import parse_request
@@ -76,19 +77,26 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
                                            "--vae", str(base / "vae"), *argv({**hyper, "num-workers": "0"})]))
     trained_s = time.monotonic() - started
     pipeline = load_pipeline(work / "model")
+
+    def draw(prompt: str, sample_seed: int, guidance: float) -> bytes:
+        generation = parse_request(json.dumps({"prompt": prompt, "seed": sample_seed, "num_inference_steps": STEPS,
+                                               "guidance_scale": guidance}).encode(), ServeSettings())
+        png = io.BytesIO()
+        generate(pipeline, generation)[0].save(png, format="PNG")
+        return png.getvalue()
+
     scores = {}
     for guidance in guidances:
-        matched = []
-        for prompt in DEMO_PROMPTS:
-            generation = parse_request(json.dumps({"prompt": prompt, "seed": 0, "num_inference_steps": STEPS,
-                                                   "guidance_scale": guidance}).encode(), ServeSettings())
-            png = io.BytesIO()
-            generate(pipeline, generation)[0].save(png, format="PNG")
-            matched.append(matches(prompt, png.getvalue()))
+        matched = [matches(prompt, draw(prompt, 0, guidance)) for prompt in DEMO_PROMPTS]
         scores[f"{guidance:g}"] = {"rate": round(sum(matched) / len(matched), 3),
                                    "missed": [prompt for prompt, hit in zip(DEMO_PROMPTS, matched) if not hit]}
-    return {"variant": variant, "overrides": overrides, "seed": seed, "train_s": round(trained_s, 1),
-            "final_loss": summary["final_loss"], "guidance": scores}
+    result = {"variant": variant, "overrides": overrides, "seed": seed, "train_s": round(trained_s, 1),
+              "final_loss": summary["final_loss"], "guidance": scores}
+    if grid:
+        hits = [matches_grid(prompt, draw(prompt, sample_seed, guidances[0]))
+                for prompt in GRID_PROMPTS for sample_seed in GRID_SEEDS]
+        result["grid"] = round(sum(hits) / len(hits), 3)
+    return result
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -107,6 +115,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="processes at once (default: one per job)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where each seed's jobs run")
     parser.add_argument("--images", type=int, default=None, help="training pictures (default: the demo's)")
+    parser.add_argument("--grid", action="store_true", help="also score the whole catalogue grid (demo.prompt_match_grid)")
     parser.add_argument("--autoencoder-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override an AutoencoderHyperparameters entry")
     args = parser.parse_args()
@@ -137,13 +146,19 @@ def main() -> None:
         results: dict[str, list[dict]] = {name: [] for name, _ in variants}
         # spawned, not forked: a fork of a process whose OpenMP pool has run deadlocks in torch
         with ProcessPoolExecutor(max_workers=args.workers or len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(one_seed, root, name, overrides, seed, args.threads, args.device, guidances)
+            futures = [pool.submit(one_seed, root, name, overrides, seed, args.threads, args.device, guidances, args.grid)
                        for name, overrides, seed in jobs]
             for future in futures:
                 result = future.result()
                 results[result["variant"]].append(result)
                 print(json.dumps({"event": "seed", **result}), flush=True)
     for name, overrides in variants:
+        if args.grid:
+            grid = [result["grid"] for result in results[name]]
+            print(json.dumps({"metric": "demo.prompt_match_grid", "value": round(sum(grid) / len(grid), 3), "unit": "share",
+                              "config": {"variant": name, "overrides": overrides, "guidance": guidances[0], "images": count,
+                                         "threads": args.threads, "seeds": seeds, "rates": grid},
+                              "machine": machine, "commit": commit}))
         for guidance in guidances:
             rates = [result["guidance"][f"{guidance:g}"]["rate"] for result in results[name]]
             print(json.dumps({"metric": "demo.prompt_match_rate_min", "value": min(rates), "unit": "share",
