@@ -7,7 +7,7 @@ AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME, while S3 and EventBridge stay on moto (AWS_E
 
     service.py            LocalSageMaker, start_local_sagemaker: the server and what it holds
     protocol.py           the JSON 1.1 and Runtime REST wire protocols (SageMakerApp)
-    shape_checks.py       each request against botocore's model: what AWS refuses, refused here
+    shape_checks.py       each request against botocore's model, as AWS checks it first
     training_jobs.py      training jobs in the API, their states and events
     training_run.py       one job's run: containers per instance, attempts, retries
     endpoints.py          models, endpoint configs, endpoints, InvokeEndpoint in the API

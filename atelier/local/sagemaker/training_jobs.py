@@ -27,7 +27,7 @@ from atelier.local.sagemaker.tags import ResourceTags, checked_tags
 from atelier.local.sagemaker.training_instances import Instance, LossTrigger, job_instances
 from atelier.local.sagemaker.training_requests import normalise_request
 from atelier.local.sagemaker.training_run import JobRun
-from atelier.local.sagemaker.validation import ApiError, check_name, page, require, validation_error
+from atelier.local.sagemaker.validation import ApiError, page, validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class TrainingJobs:
     # --- API -------------------------------------------------------------------------------------
 
     def create(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = check_name(require(request, "TrainingJobName"), "trainingJobName")
+        name = request["TrainingJobName"]
         normalised = normalise_request(request)
         tags = checked_tags(request.get("Tags"))
         arn = self._settings.arn("training-job", name)
@@ -142,7 +142,7 @@ class TrainingJobs:
         return {"TrainingJobArn": arn}
 
     def describe(self, request: dict[str, Any]) -> dict[str, Any]:
-        job = self._get(require(request, "TrainingJobName"))
+        job = self._get(request["TrainingJobName"])
         with self._lock:
             return job.describe()
 
@@ -160,7 +160,7 @@ class TrainingJobs:
         return {"TrainingJobSummaries": items, **({"NextToken": token} if token else {})}
 
     def stop(self, request: dict[str, Any]) -> dict[str, Any]:
-        job = self._get(require(request, "TrainingJobName"))
+        job = self._get(request["TrainingJobName"])
         with self._lock:
             status = job.status
         if status in TERMINAL:
