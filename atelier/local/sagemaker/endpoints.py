@@ -27,7 +27,7 @@ from atelier.local.sagemaker.validation import (
     check_model_environment_size,
     check_volume_key,
     not_emulated,
-    page,
+    listing,
     validation_error,
 )
 
@@ -74,17 +74,7 @@ class Hosting:
     def list_models(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             summaries = [model.summary() for model in self._models.values()]
-        if request.get("NameContains"):
-            summaries = [s for s in summaries if request["NameContains"] in s["ModelName"]]
-        # botocore sends timestamps as epoch seconds
-        if request.get("CreationTimeBefore") is not None:
-            summaries = [s for s in summaries if s["CreationTime"].timestamp() < float(request["CreationTimeBefore"])]
-        if request.get("CreationTimeAfter") is not None:
-            summaries = [s for s in summaries if s["CreationTime"].timestamp() > float(request["CreationTimeAfter"])]
-        sort_key = "ModelName" if request.get("SortBy") == "Name" else "CreationTime"
-        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
-        items, token = page(summaries, request)
-        return {"Models": items, **({"NextToken": token} if token else {})}
+        return listing(summaries, request, "Model", "Models", "Descending")
 
     def delete_model(self, request: dict[str, Any]) -> dict[str, Any]:
         model = self._model(request["ModelName"])
@@ -163,6 +153,8 @@ class Hosting:
         with self._lock:
             self._refuse_when_closing()
             endpoint = self._endpoint(endpoint.name)
+            # API reference, DescribeEndpoint.EndpointStatus: a Failed endpoint takes DeleteEndpoint only;
+            # one Creating or Updating is refused as AWS refuses it ("Cannot update in-progress endpoint")
             if endpoint.status != "InService":
                 state = "failed" if endpoint.status == "Failed" else "in-progress"
                 raise validation_error(f'Cannot update {state} endpoint "{endpoint.arn}".')
@@ -190,14 +182,7 @@ class Hosting:
     def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             summaries = [endpoint.summary() for endpoint in self._endpoints.values()]
-        if request.get("NameContains"):
-            summaries = [s for s in summaries if request["NameContains"] in s["EndpointName"]]
-        if request.get("StatusEquals"):
-            summaries = [s for s in summaries if s["EndpointStatus"] == request["StatusEquals"]]
-        sort_key = {"Name": "EndpointName", "Status": "EndpointStatus"}.get(request.get("SortBy", ""), "CreationTime")
-        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
-        items, token = page(summaries, request)
-        return {"Endpoints": items, **({"NextToken": token} if token else {})}
+        return listing(summaries, request, "Endpoint", "Endpoints", "Descending")
 
     # --- runtime ----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from atelier.local.sagemaker.validation import page, validation_error
 
-MAX_TAGS = 50
+MAX_TAGS = 50  # per resource ("Tagging AWS resources")
 LIST_PAGE_SIZE = 50  # ListTags' MaxResults is at least 50 (botocore's model)
 RESERVED_PREFIX = "aws:"
 

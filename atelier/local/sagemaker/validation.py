@@ -68,6 +68,24 @@ def page(items: list[dict[str, Any]], request: Mapping[str, Any], default_size: 
     return items[start:end], (str(end) if end < len(items) else None)
 
 
+def listing(summaries: list[dict[str, Any]], request: Mapping[str, Any], kind: str, key: str,
+            default_order: str) -> dict[str, Any]:
+    """A List* answer: NameContains, StatusEquals, CreationTimeBefore/After, SortBy, SortOrder (Ascending by
+    default for ListTrainingJobs, Descending for ListModels and ListEndpoints, as their API references say), paged."""
+    if request.get("NameContains"):
+        summaries = [s for s in summaries if request["NameContains"] in s[f"{kind}Name"]]
+    if request.get("StatusEquals"):
+        summaries = [s for s in summaries if s.get(f"{kind}Status") == request["StatusEquals"]]
+    if request.get("CreationTimeBefore") is not None:  # botocore sends timestamps as epoch seconds
+        summaries = [s for s in summaries if s["CreationTime"].timestamp() < float(request["CreationTimeBefore"])]
+    if request.get("CreationTimeAfter") is not None:
+        summaries = [s for s in summaries if s["CreationTime"].timestamp() > float(request["CreationTimeAfter"])]
+    sort_key = {"Name": f"{kind}Name", "Status": f"{kind}Status"}.get(request.get("SortBy", ""), "CreationTime")
+    summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", default_order) == "Descending")
+    items, token = page(summaries, request)
+    return {key: items, **({"NextToken": token} if token else {})}
+
+
 def check_volume_key(instance_type: str, key: str | None, member: str) -> None:
     """SageMaker refuses a KMS key for the volumes of an instance type with instance store (API reference,
     ResourceConfig.VolumeKmsKeyId and CreateEndpointConfig.KmsKeyId; core/training/instance_types.py)."""
