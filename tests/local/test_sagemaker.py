@@ -19,6 +19,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 from PIL import Image
 
@@ -316,14 +317,28 @@ def test_job_name_must_match_the_sagemaker_pattern(sm: Any, name: str) -> None:
     assert "regular expression pattern" in message
 
 
-@pytest.mark.parametrize("member", ["StoppingCondition", "ResourceConfig", "AlgorithmSpecification"])
+@pytest.mark.parametrize("member", ["RoleArn", "ResourceConfig", "AlgorithmSpecification"])
 def test_required_members_are_checked(sm: Any, member: str) -> None:
+    # RoleArn: botocore's model; the others the model leaves optional (AlgorithmName, InstanceGroups: not emulated)
     request = training_request("incomplete")
     del request[member]
+    unchecked = boto3.client("sagemaker", region_name=REGION, config=Config(parameter_validation=False))
 
-    code, _ = error_of(lambda: sm.create_training_job(**request))
+    code, _ = error_of(lambda: unchecked.create_training_job(**request))
 
     assert code == "ValidationException"
+
+
+def test_a_job_without_a_stopping_condition_gets_a_day(sm: Any, s3: Any) -> None:
+    # botocore's model leaves StoppingCondition optional; API reference: MaxRuntimeInSeconds defaults to 1 day
+    put_shards(s3, "shards/a.tar")
+    request = training_request("no-limit")
+    del request["StoppingCondition"]
+
+    sm.create_training_job(**request)
+
+    assert sm.describe_training_job(TrainingJobName="no-limit")["StoppingCondition"] == {"MaxRuntimeInSeconds": 86400}
+    wait_for_job(sm, "no-limit", "Completed", "Failed")
 
 
 def test_describe_and_stop_of_unknown_job_are_validation_exceptions(sm: Any) -> None:

@@ -278,8 +278,6 @@ CANARY_50 = {"Type": "CANARY", "WaitIntervalInSeconds": 0, "CanarySize": {"Type"
     (blue_green({"Type": "LINEAR", "WaitIntervalInSeconds": 0, "LinearStepSize": {"Type": "CAPACITY_PERCENT",
                                                                                    "Value": 5}}),
      "LinearStepSize 5% must be 10-50% of the variant's total instance count (1)."),
-    (blue_green(ALL_AT_ONCE, alarms=("nobody-made-me",)),
-     "The following CloudWatch alarms in the AutoRollbackConfiguration do not exist: nobody-made-me."),
 ])
 def test_bad_deployment_configs_are_validation_exceptions(sm: Any, s3: Any, config: dict, message: str) -> None:
     put_model(s3, sm, "v1", "v1")
@@ -288,16 +286,6 @@ def test_bad_deployment_configs_are_validation_exceptions(sm: Any, s3: Any, conf
     assert error_of(lambda: unchecked.create_endpoint(EndpointName="atelier", EndpointConfigName="v1",
                                                       DeploymentConfig=config)) == ("ValidationException", message)
     assert error_of(lambda: sm.describe_endpoint(EndpointName="atelier"))[0] == "ValidationException"
-
-
-def test_deployment_config_and_retain_deployment_config_exclude_each_other(sm: Any, s3: Any) -> None:
-    serving(sm, s3, ("v1", {}), ("v2", {}))
-
-    assert error_of(lambda: sm.update_endpoint(EndpointName="atelier", EndpointConfigName="v2",
-                                               DeploymentConfig=blue_green(ALL_AT_ONCE),
-                                               RetainDeploymentConfig=True)) == (
-        "ValidationException", "DeploymentConfig cannot be specified when RetainDeploymentConfig is true.")
-    assert sm.describe_endpoint(EndpointName="atelier")["EndpointStatus"] == "InService"
 
 
 # --- metrics ------------------------------------------------------------------------------------

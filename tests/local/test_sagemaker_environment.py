@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from atelier.local.sagemaker.validation import MODEL_ENVIRONMENT, ApiError, check_environment
+from atelier.local.sagemaker.shape_checks import check_shape
+from atelier.local.sagemaker.validation import ApiError, sagemaker_model
 from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
     FAKE_IMAGE,
     ROLE,
@@ -94,12 +95,14 @@ def test_a_model_environment_over_32_kb_in_total_is_refused(sm: Any) -> None:
     assert [model["ModelName"] for model in sm.list_models()["Models"]] == ["at-32kb"]
 
 
-@pytest.mark.parametrize("environment", [["A", "1"], "A=1", {"A": 1}, {1: "A"}, {"A": None}])
-def test_anything_but_a_map_of_strings_is_refused(environment: Any) -> None:
-    # botocore refuses these before sending; the local service must still not take them from another client
+@pytest.mark.parametrize("environment, expected", [(["A", "1"], "map"), ("A=1", "map"), ({"A": 1}, "string"),
+                                                   ({1: "A"}, "string"), ({"A": None}, "string")])
+def test_anything_but_a_map_of_strings_is_refused(environment: Any, expected: str) -> None:
+    # botocore refuses these before sending; the local service must still not take them from another client.
+    # AWS's JSON protocol fails a value of the wrong type in its deserializer, before any validation.
+    shape = sagemaker_model().operation_model("CreateModel").input_shape
     with pytest.raises(ApiError) as caught:
-        check_environment(environment, "primaryContainer.environment", MODEL_ENVIRONMENT)
+        check_shape(shape, {"ModelName": "m", "PrimaryContainer": {"Image": FAKE_IMAGE, "Environment": environment}})
 
     assert (caught.value.code, caught.value.message) == (
-        "ValidationException", "1 validation error detected: Value at 'primaryContainer.environment' failed to "
-        "satisfy constraint: Member must be a map of strings to strings")
+        "SerializationException", f"Unexpected value type at 'primaryContainer.environment': expected {expected}")

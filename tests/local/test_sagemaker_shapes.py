@@ -92,14 +92,33 @@ def test_every_broken_constraint_is_reported_at_once() -> None:
         "equal to 30")
 
 
-def test_environment_maps_are_left_to_check_environment() -> None:
-    # check_environment gives these their own messages, without the values (they may be secrets)
+def test_environment_values_are_left_out_of_messages() -> None:
+    # an Environment value may be a secret: its errors name the member, not the value
     request = training_request("env", Environment={"BAD-KEY": "secret"}, hyperparameters={"x": "p" * 2501})
 
-    message = refusal("CreateTrainingJob", request)
+    assert refusal("CreateTrainingJob", request) == (
+        "2 validation errors detected: Value '{steps=2, x=" + "p" * 2501 + "}' at 'hyperParameters' failed to satisfy "
+        "constraint: Map value must satisfy constraint: [Member must have length less than or equal to 2500]; Value "
+        "at 'environment' failed to satisfy constraint: Map keys must satisfy constraint: [Member must satisfy "
+        "regular expression pattern: [a-zA-Z_][a-zA-Z0-9_]*]")
 
-    assert message is not None and message.startswith("1 validation error detected: ")
-    assert "'hyperParameters'" in message and "secret" not in message
+
+def test_a_missing_required_member_is_refused_with_the_others() -> None:
+    request = training_request("no-role", RetryStrategy={"MaximumRetryAttempts": 31})
+    del request["RoleArn"]
+
+    assert refusal("CreateTrainingJob", request) == (
+        "2 validation errors detected: Value null at 'roleArn' failed to satisfy constraint: Member must not be null; "
+        "Value '31' at 'retryStrategy.maximumRetryAttempts' failed to satisfy constraint: Member must have value less "
+        "than or equal to 30")
+
+
+def test_tag_text_outside_its_unicode_pattern_is_refused() -> None:
+    # TagValue's pattern is Java-only (\p{L}\p{Z}\p{N}); its stand-in checks the same classes
+    assert refusal("AddTags", {"ResourceArn": "arn:aws:sagemaker:us-east-1:123456789012:model/m",
+                               "Tags": [{"Key": "ok é 1", "Value": "semi;colon"}]}) == (
+        "1 validation error detected: Value 'semi;colon' at 'tags.1.member.value' failed to satisfy constraint: "
+        "Member must satisfy regular expression pattern: ([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)")
 
 
 def test_well_formed_requests_pass() -> None:

@@ -31,10 +31,6 @@ class ContainerProcess:
                 self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
 
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
     def poll(self) -> int | None:
         return self._popen.poll()
 

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from atelier.local.sagemaker.aws_clients import AwsClients
+from atelier.local.sagemaker.deployment_config import check_deployment_config
 from atelier.local.sagemaker.documents import utc_now
 from atelier.local.sagemaker.hosting_reports import ENDPOINT_EVENT, HostingReports
 from atelier.local.sagemaker.hosting_resources import Endpoint, EndpointConfig, Invocation, Model
@@ -22,17 +23,14 @@ from atelier.local.sagemaker.settings import Settings
 from atelier.local.sagemaker.tags import ResourceTags, checked_tags
 from atelier.local.sagemaker.telemetry import Telemetry
 from atelier.local.sagemaker.validation import (
-    MAX_MODEL_ENVIRONMENT_BYTES,
-    MODEL_ENVIRONMENT,
-    MODEL_NAME_PATTERN,
     ApiError,
-    check_environment,
-    check_name,
+    check_model_environment_size,
     check_volume_key,
-    page,
-    require,
+    not_emulated,
+    listing,
     validation_error,
 )
+
 
 class Hosting:
     """The hosting half of the SageMaker API and the SageMaker Runtime's InvokeEndpoint."""
@@ -54,15 +52,12 @@ class Hosting:
     # --- models ----------------------------------------------------------------------------------
 
     def create_model(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = check_name(require(request, "ModelName"), "modelName", MODEL_NAME_PATTERN)
-        if "PrimaryContainer" not in request:
-            raise validation_error("The local SageMaker supports models with a PrimaryContainer only")
-        require(request, "PrimaryContainer.Image")
+        name = request["ModelName"]
+        if not (request.get("PrimaryContainer") or {}).get("Image"):
+            raise not_emulated("a model without PrimaryContainer.Image (Containers, ModelPackageName)")
         if request["PrimaryContainer"].get("ModelDataUrl"):
             S3Uri.parse(request["PrimaryContainer"]["ModelDataUrl"], "ModelDataUrl")
-        if request["PrimaryContainer"].get("Environment") is not None:
-            check_environment(request["PrimaryContainer"]["Environment"], "primaryContainer.environment",
-                              MODEL_ENVIRONMENT, MAX_MODEL_ENVIRONMENT_BYTES)
+        check_model_environment_size(request["PrimaryContainer"].get("Environment") or {})
         tags = checked_tags(request.get("Tags"))
         model = Model(name, self._settings.arn("model", name), request)
         with self._lock:
@@ -74,25 +69,15 @@ class Hosting:
         return {"ModelArn": model.arn}
 
     def describe_model(self, request: dict[str, Any]) -> dict[str, Any]:
-        return self._model(require(request, "ModelName")).describe()
+        return self._model(request["ModelName"]).describe()
 
     def list_models(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             summaries = [model.summary() for model in self._models.values()]
-        if request.get("NameContains"):
-            summaries = [s for s in summaries if request["NameContains"] in s["ModelName"]]
-        # botocore sends timestamps as epoch seconds
-        if request.get("CreationTimeBefore") is not None:
-            summaries = [s for s in summaries if s["CreationTime"].timestamp() < float(request["CreationTimeBefore"])]
-        if request.get("CreationTimeAfter") is not None:
-            summaries = [s for s in summaries if s["CreationTime"].timestamp() > float(request["CreationTimeAfter"])]
-        sort_key = "ModelName" if request.get("SortBy") == "Name" else "CreationTime"
-        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
-        items, token = page(summaries, request)
-        return {"Models": items, **({"NextToken": token} if token else {})}
+        return listing(summaries, request, "Model", "Models", "Descending")
 
     def delete_model(self, request: dict[str, Any]) -> dict[str, Any]:
-        model = self._model(require(request, "ModelName"))
+        model = self._model(request["ModelName"])
         name = model.name
         with self._lock:
             self._models.pop(name, None)
@@ -103,14 +88,11 @@ class Hosting:
     # --- endpoint configs -------------------------------------------------------------------------
 
     def create_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = check_name(require(request, "EndpointConfigName"), "endpointConfigName")
-        variants = require(request, "ProductionVariants")
-        if not variants:
-            raise validation_error("1 validation error detected: Value '[]' at 'productionVariants' failed to satisfy "
-                                   "constraint: Member must have length greater than or equal to 1")
-        for variant in variants:  # its ranges (startup health-check timeout): shape_checks, before this
-            require(variant, "VariantName")
-            self._model(require(variant, "ModelName"))
+        name, variants = request["EndpointConfigName"], request["ProductionVariants"]
+        for variant in variants:
+            if not variant.get("ModelName"):
+                raise not_emulated("a production variant without ModelName (inference components)")
+            self._model(variant["ModelName"])
             if variant.get("InstanceType"):  # serverless variants have none
                 check_volume_key(variant["InstanceType"], request.get("KmsKeyId"), "KmsKeyId")
         tags = checked_tags(request.get("Tags"))
@@ -124,10 +106,10 @@ class Hosting:
         return {"EndpointConfigArn": config.arn}
 
     def describe_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
-        return self._config(require(request, "EndpointConfigName")).describe()
+        return self._config(request["EndpointConfigName"]).describe()
 
     def delete_endpoint_config(self, request: dict[str, Any]) -> dict[str, Any]:
-        config = self._config(require(request, "EndpointConfigName"))
+        config = self._config(request["EndpointConfigName"])
         name = config.name
         with self._lock:
             self._configs.pop(name, None)
@@ -138,10 +120,10 @@ class Hosting:
     # --- endpoints --------------------------------------------------------------------------------
 
     def create_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = check_name(require(request, "EndpointName"), "endpointName")
-        config = self._config(require(request, "EndpointConfigName"))
+        name = request["EndpointName"]
+        config = self._config(request["EndpointConfigName"])
         # Kept for later updates (RetainDeploymentConfig); a create itself is never blue/green.
-        deployment_config = self._rollout.checked_config(request.get("DeploymentConfig"), config.instance_count)
+        deployment_config = check_deployment_config(request.get("DeploymentConfig"), config.instance_count)
         tags = checked_tags(request.get("Tags"))
         endpoint = Endpoint(name, self._settings.arn("endpoint", name), config.name,
                             deployment_config=deployment_config)
@@ -158,22 +140,21 @@ class Hosting:
 
     def describe_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            return self._endpoint(require(request, "EndpointName")).describe()
+            return self._endpoint(request["EndpointName"]).describe()
 
     def update_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
-        config = self._config(require(request, "EndpointConfigName"))
-        endpoint = self._endpoint(require(request, "EndpointName"))
-        if request.get("DeploymentConfig") is not None and request.get("RetainDeploymentConfig"):
-            raise validation_error("DeploymentConfig cannot be specified when RetainDeploymentConfig is true.")
+        config = self._config(request["EndpointConfigName"])
+        endpoint = self._endpoint(request["EndpointName"])
         retained = self._config(endpoint.config_name) if request.get("RetainAllVariantProperties") else config
         if request.get("RetainDeploymentConfig"):
             deployment_config = endpoint.deployment_config
         else:
-            deployment_config = self._rollout.checked_config(request.get("DeploymentConfig"),
-                                                             retained.instance_count)
+            deployment_config = check_deployment_config(request.get("DeploymentConfig"), retained.instance_count)
         with self._lock:
             self._refuse_when_closing()
             endpoint = self._endpoint(endpoint.name)
+            # API reference, DescribeEndpoint.EndpointStatus: a Failed endpoint takes DeleteEndpoint only;
+            # one Creating or Updating is refused as AWS refuses it ("Cannot update in-progress endpoint")
             if endpoint.status != "InService":
                 state = "failed" if endpoint.status == "Failed" else "in-progress"
                 raise validation_error(f'Cannot update {state} endpoint "{endpoint.arn}".')
@@ -186,7 +167,7 @@ class Hosting:
 
     def delete_endpoint(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            endpoint = self._endpoint(require(request, "EndpointName"))
+            endpoint = self._endpoint(request["EndpointName"])
             del self._endpoints[endpoint.name]
             endpoint.deleted.set()  # a deployment in flight stops its new container itself
             endpoint.status, endpoint.deployment, endpoint.last_modified = "Deleting", None, utc_now()
@@ -201,14 +182,7 @@ class Hosting:
     def list_endpoints(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             summaries = [endpoint.summary() for endpoint in self._endpoints.values()]
-        if request.get("NameContains"):
-            summaries = [s for s in summaries if request["NameContains"] in s["EndpointName"]]
-        if request.get("StatusEquals"):
-            summaries = [s for s in summaries if s["EndpointStatus"] == request["StatusEquals"]]
-        sort_key = {"Name": "EndpointName", "Status": "EndpointStatus"}.get(request.get("SortBy", ""), "CreationTime")
-        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
-        items, token = page(summaries, request)
-        return {"Endpoints": items, **({"NextToken": token} if token else {})}
+        return listing(summaries, request, "Endpoint", "Endpoints", "Descending")
 
     # --- runtime ----------------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ class SageMakerApp:
             "ListEndpoints": hosting.list_endpoints,
             "AddTags": tags.add_tags, "ListTags": tags.list_tags, "DeleteTags": tags.delete_tags,
         }
-        # what botocore does not check before sending (max, pattern, enum), AWS checks before the operation
+        # botocore's model of each operation: AWS checks a request against it before the operation runs
         self.input_shapes = {name: sagemaker_model().operation_model(name).input_shape for name in self._operations}
         self._hosting = hosting
 

@@ -20,19 +20,12 @@ from datetime import datetime
 from typing import Any
 
 from atelier.local.sagemaker.aws_clients import AwsClients
-from atelier.local.sagemaker.deployment_config import (
-    alarm_names,
-    check_deployment_config,
-    execution_timeout,
-    routing_type,
-    traffic_plan,
-)
+from atelier.local.sagemaker.deployment_config import alarm_names, execution_timeout, routing_type, traffic_plan
 from atelier.local.sagemaker.documents import utc_now
 from atelier.local.sagemaker.hosting_reports import HostingReports
 from atelier.local.sagemaker.hosting_resources import Endpoint, EndpointConfig, Model, variant_summary
 from atelier.local.sagemaker.serving import DeployFailure, Server, Supervisor
 from atelier.local.sagemaker.settings import Settings
-from atelier.local.sagemaker.validation import validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +73,8 @@ class Deployment:
 
 
 class Rollout:
-    """Runs each endpoint's deployments: its DeploymentConfig checked, the new container launched,
-    traffic shifted and baked, then the old container retired, or the new one on a rollback.
+    """Runs each endpoint's deployments: the new container launched, traffic shifted and baked, then
+    the old container retired, or the new one on a rollback.
 
     Endpoint fields change under the hosting lock, the one InvokeEndpoint routes under, so an
     invocation sees a deployment's share and its switch-over whole.
@@ -95,20 +88,6 @@ class Rollout:
         self._supervisor = supervisor
         self._reports = reports
         self._find_model = find_model
-
-    def checked_config(self, config: Any, instance_count: int) -> dict[str, Any] | None:
-        """A DeploymentConfig as the API checks it, its rollback alarms included (they must exist)."""
-        if config is None:
-            return None
-        check_deployment_config(config, instance_count)
-        names = alarm_names(config)
-        if names:
-            known = self._alarm_states(names)
-            missing = [name for name in names if name not in known]
-            if missing:
-                raise validation_error(f"The following CloudWatch alarms in the AutoRollbackConfiguration do not "
-                                       f"exist: {', '.join(missing)}.")
-        return config
 
     def start(self, endpoint: Endpoint, deployment: Deployment) -> None:
         """Run the deployment in the background: the endpoint's deployment is `deployment` already."""

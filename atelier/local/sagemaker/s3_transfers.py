@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atelier.local.sagemaker.validation import validation_error
+from atelier.local.sagemaker.validation import not_emulated
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class S3Uri:
     def parse(cls, uri: str, member: str = "S3Uri") -> S3Uri:
         match = re.fullmatch(r"s3://([^/]+)/?(.*)", uri or "")
         if not match:
-            raise validation_error(f"Invalid {member} '{uri}': expected s3://bucket/key")
+            raise not_emulated(f"{member} '{uri}' (s3:// URIs only)")
         return cls(match[1], match[2])
 
     def join(self, *parts: str) -> S3Uri:

@@ -95,12 +95,6 @@ class LocalSageMaker:
         finally:  # whatever happened to the jobs, no serving container may outlive the stack
             self.hosting.close(grace_seconds)
 
-    def __enter__(self) -> LocalSageMaker:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
 
 def start_local_sagemaker(settings: Settings | None = None, session: boto3.session.Session | None = None,
                           host: str = "127.0.0.1", port: int = 0, **options: Any) -> LocalSageMaker:

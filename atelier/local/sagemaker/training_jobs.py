@@ -27,7 +27,7 @@ from atelier.local.sagemaker.tags import ResourceTags, checked_tags
 from atelier.local.sagemaker.training_instances import Instance, LossTrigger, job_instances
 from atelier.local.sagemaker.training_requests import normalise_request
 from atelier.local.sagemaker.training_run import JobRun
-from atelier.local.sagemaker.validation import ApiError, check_name, page, require, validation_error
+from atelier.local.sagemaker.validation import ApiError, listing, validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -109,28 +109,28 @@ class TrainingJobs:
     """The training-job half of the SageMaker API, and the runner behind it."""
 
     def __init__(self, settings: Settings, clients: AwsClients, tags: ResourceTags):
-        self._settings = settings
-        self._clients = clients
+        self.settings = settings
+        self.clients = clients
         self._tags = tags
         self._jobs: dict[str, TrainingJob] = {}
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # guards every job's fields against the API threads
         self._closing = False
         self._close_grace = settings.stop_grace_seconds
 
     # --- API -------------------------------------------------------------------------------------
 
     def create(self, request: dict[str, Any]) -> dict[str, Any]:
-        name = check_name(require(request, "TrainingJobName"), "trainingJobName")
+        name = request["TrainingJobName"]
         normalised = normalise_request(request)
         tags = checked_tags(request.get("Tags"))
-        arn = self._settings.arn("training-job", name)
-        with self._lock:
+        arn = self.settings.arn("training-job", name)
+        with self.lock:
             if self._closing:
                 raise ApiError("ServiceUnavailable", "The local SageMaker is shutting down", 503)
-            if name in self._jobs:
+            if name in self._jobs:  # API reference, CreateTrainingJob: unique in a Region of an account
                 raise ApiError("ResourceInUse", "Training job names must be unique within an AWS account and "
                                f"region, and a training job with this name already exists ({arn})")
-            root = self._settings.state_dir / "jobs" / name
+            root = self.settings.state_dir / "jobs" / name
             job = TrainingJob(name, arn, normalised, root)
             job.transitions.append(transition("Starting", job.creation_time))
             self._jobs[name] = job
@@ -142,28 +142,20 @@ class TrainingJobs:
         return {"TrainingJobArn": arn}
 
     def describe(self, request: dict[str, Any]) -> dict[str, Any]:
-        job = self._get(require(request, "TrainingJobName"))
-        with self._lock:
+        job = self._get(request["TrainingJobName"])
+        with self.lock:
             return job.describe()
 
     def list_jobs(self, request: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
+        with self.lock:
             summaries = [job.summary() for job in self._jobs.values()]
-        if request.get("NameContains"):
-            summaries = [s for s in summaries if request["NameContains"] in s["TrainingJobName"]]
-        if request.get("StatusEquals"):
-            summaries = [s for s in summaries if s["TrainingJobStatus"] == request["StatusEquals"]]
-        sort_key = {"Name": "TrainingJobName", "Status": "TrainingJobStatus"}.get(
-            request.get("SortBy", "CreationTime"), "CreationTime")
-        summaries.sort(key=lambda s: s[sort_key], reverse=request.get("SortOrder") == "Descending")
-        items, token = page(summaries, request)
-        return {"TrainingJobSummaries": items, **({"NextToken": token} if token else {})}
+        return listing(summaries, request, "TrainingJob", "TrainingJobSummaries", "Ascending")
 
     def stop(self, request: dict[str, Any]) -> dict[str, Any]:
-        job = self._get(require(request, "TrainingJobName"))
-        with self._lock:
+        job = self._get(request["TrainingJobName"])
+        with self.lock:
             status = job.status
-        if status in TERMINAL:
+        if status in TERMINAL:  # AWS's answer for a job that has ended
             raise validation_error(f"The request was rejected because the training job is in status {status}.")
         self.begin_stop(job, "Stopped")
         return {}
@@ -171,9 +163,9 @@ class TrainingJobs:
     def close(self, grace_seconds: float) -> None:
         """Stop every running job (as StopTrainingJob would, with a shorter grace) and wait for its
         runner to finish."""
-        with self._lock:
+        with self.lock:
             self._closing = True
-            self._close_grace = min(grace_seconds, self._settings.stop_grace_seconds)
+            self._close_grace = min(grace_seconds, self.settings.stop_grace_seconds)
             running = [(job, job.thread) for job in self._jobs.values() if job.thread and job.thread.is_alive()]
         for job, _ in running:
             self.begin_stop(job, "Stopped")
@@ -192,7 +184,7 @@ class TrainingJobs:
         (or on the next ones to start); ValueError when the job is not InProgress. With `once`, at
         the first moment once() holds after a checkpoint upload instead (training_instances.LossTrigger)."""
         job = self._get(name)
-        with self._lock:
+        with self.lock:
             if job.status != "InProgress":
                 raise ValueError(f"training job {name} is {job.status}: it has no instance to lose")
             if host not in [instance.host for instance in job.instances]:
@@ -210,23 +202,10 @@ class TrainingJobs:
             return log_tail(instances[0].log_path, lines)
         return "\n".join(f"==> {i.host} <==\n{log_tail(i.log_path, lines)}" for i in instances)
 
-    @property
-    def settings(self) -> Settings:
-        return self._settings
-
-    @property
-    def clients(self) -> AwsClients:
-        return self._clients
-
-    @property
-    def lock(self) -> threading.RLock:
-        """Guards every job's fields against the API threads."""
-        return self._lock
-
     def begin_stop(self, job: TrainingJob, cause: str) -> None:
         """Move an InProgress job to Stopping and tell its runner; a no-op once it is stopping."""
         with job.publish_lock:
-            with self._lock:
+            with self.lock:
                 if job.status != "InProgress":
                     return
                 job.stop_cause = cause
@@ -240,7 +219,7 @@ class TrainingJobs:
         """Record a status change and put its event; False when the job has moved past it already
         (a stop request overtook the runner)."""
         with job.publish_lock:
-            with self._lock:
+            with self.lock:
                 if job.status in TERMINAL or (job.status == "Stopping" and status == "InProgress"):
                     return False
                 self._change(job, status, secondary, message)
@@ -253,14 +232,14 @@ class TrainingJobs:
     def announce(self, job: TrainingJob) -> None:
         """Put the event for the state a job was created in."""
         with job.publish_lock:
-            with self._lock:
+            with self.lock:
                 snapshot = job.describe()
             self._emit(job, snapshot)
 
     # --- internals ---------------------------------------------------------------------------------
 
     def _get(self, name: str) -> TrainingJob:
-        with self._lock:
+        with self.lock:
             job = self._jobs.get(name)
         if job is None:
             # What SageMaker answers for an unknown job (not ResourceNotFound, despite the model).
@@ -291,7 +270,7 @@ class TrainingJobs:
         entry = {"Source": EVENT_SOURCE, "DetailType": EVENT_DETAIL_TYPE, "Resources": [job.arn],
                  "Detail": json.dumps(detail)}
         try:
-            response = self._clients.get("events").put_events(Entries=[entry])
+            response = self.clients.get("events").put_events(Entries=[entry])
             if response.get("FailedEntryCount"):
                 logger.warning("event for %s not accepted: %s", job.name, response["Entries"])
         except Exception:  # a down event bus must not break the job

@@ -26,7 +26,6 @@ from atelier.local.sagemaker.training_instances import (
     materialise_channels,
     write_layout,
 )
-from atelier.local.sagemaker.training_requests import DEFAULT_MAX_RUNTIME
 
 if TYPE_CHECKING:  # for annotations only: training_jobs imports this module
     from atelier.local.sagemaker.training_jobs import TrainingJob, TrainingJobs
@@ -172,7 +171,7 @@ class JobRun:
 
     def _supervise(self, containers: dict[str, ContainerProcess]) -> Exit:
         job, instances = self._job, {i.host: i for i in self._job.instances}
-        max_runtime = job.request["StoppingCondition"].get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
+        max_runtime = job.request["StoppingCondition"]["MaxRuntimeInSeconds"]
         deadline = (job.start_time or job.creation_time).timestamp() + max_runtime
         running = dict(containers)
         while running:
