@@ -122,6 +122,16 @@ def test_a_run_trains_the_transformer_and_saves_the_family_s_pipeline(trained_fa
     assert list((trained_family["health"] / "validation").glob("step-*.png"))
 
 
+def test_a_checkpoint_s_denoiser_loads_with_the_family_s_class(trained_family):
+    pipeline = DiffusionPipeline.from_pretrained(trained_family["model_dir"])
+    last = trained_family["model_dir"].parent / "ckpt" / "step-00000003"
+
+    ema = type(pipeline.transformer).from_pretrained(last / "ema_unet")  # the saved pipeline holds the EMA weights
+
+    assert json.loads((last / "unet" / "config.json").read_text())["_class_name"] == type(pipeline.transformer).__name__
+    assert all(torch.equal(ema.state_dict()[name], value) for name, value in pipeline.transformer.state_dict().items())
+
+
 def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family):
     """The tokenizers and text encoders saved with the model give the embeddings the run trained on."""
     saved = from_pretrained(trained_family["model_dir"])

@@ -2,9 +2,10 @@
 
     <checkpoint-dir>/
       step-00000200/
-        unet/                   config.json + diffusion_pytorch_model.safetensors (full weights,
-                                loadable with UNet2DConditionModel.from_pretrained; of a LoRA run, the
-                                adapter's parameters alone, by parameter name: trainer/models/lora.py)
+        unet/                   the denoiser: config.json + diffusion_pytorch_model.safetensors (full weights,
+                                loadable with its class's from_pretrained, UNet2DConditionModel or the
+                                family's transformer; of a LoRA run, the adapter's parameters alone, by
+                                parameter name: trainer/models/lora.py)
         ema_unet/               the EMA weights, the same way (when EMA is on)
         training_state.pt       the caller's state (trainer.jobs.train: RunState.to_dict(), trainer/runtime/run_state.py:
                                 step, stage, args, loss history, corrupt samples, shards seen, draws), the
@@ -80,10 +81,12 @@ def restore_rng_states(states: dict) -> None:
 
 
 def save_unet(directory: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
-    """A UNet directory from its config and full weights (works for sharded models too)."""
+    """A denoiser directory from its config (with `_class_name`, take_snapshot's) and full weights
+    (works for sharded models too)."""
     directory.mkdir(parents=True, exist_ok=True)
     fields = {key: value for key, value in config.items() if not key.startswith("_")}
-    config_json = {"_class_name": "UNet2DConditionModel", "_diffusers_version": diffusers.__version__, **fields}
+    config_json = {"_class_name": config.get("_class_name", "UNet2DConditionModel"),
+                   "_diffusers_version": diffusers.__version__, **fields}
     (directory / "config.json").write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
     save_file({name: tensor.contiguous() for name, tensor in weights.items()}, directory / WEIGHTS_NAME)
 
@@ -189,7 +192,7 @@ def first_verified(directories: list[Path], trusted: Path | None = None) -> tupl
 class Snapshot:
     """One checkpoint's contents, copied off the training state: writing it may overlap later steps."""
     step: int
-    config: dict  # the UNet's
+    config: dict  # the denoiser's, with its `_class_name`
     weights: dict[str, torch.Tensor]  # full, on the CPU (complete on rank 0)
     ema_weights: dict[str, torch.Tensor] | None
     training_state: dict  # the caller's state, the optimizer, lr scheduler and EMA counters
@@ -207,8 +210,16 @@ def take_snapshot(processes: Processes, unet, optimizer, lr_schedule, ema: EMA |
     torch.save(rng_states(), rng)
     training_state = copy.deepcopy({**state, "lr_scheduler": lr_schedule.state_dict(),
                                     "ema": ema.state_dict() if ema else None})
-    return Snapshot(state["step"], dict(unet.config), weights, ema_weights,
+    config = {**dict(unet.config), "_class_name": model_class_name(unet)}
+    return Snapshot(state["step"], config, weights, ema_weights,
                     {**training_state, "optimizer": optimizer_state}, every_rank(rng.getvalue()))
+
+
+def model_class_name(model) -> str:
+    """The diffusers class under DDP's, FSDP's or torch.compile's wrapper: what from_pretrained reads."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return type(model).__name__
 
 
 def owned(tree):
