@@ -441,6 +441,10 @@ def _serve_environment(raw: str) -> dict[str, str]:
     if long := sorted(name for name, value in values.items() if len(value) > serve_environment.MAX_VALUE_CHARS):
         raise ConfigError(f"SERVE_ENVIRONMENT: {long} longer than SageMaker's "
                           f"{serve_environment.MAX_VALUE_CHARS} characters")
+    try:  # each value as the model server parses it at start
+        serve_environment.ServeSettings.from_env(values)
+    except ValueError as error:
+        raise ConfigError(f"SERVE_ENVIRONMENT: {error}") from error
     return values
 
 
