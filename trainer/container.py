@@ -35,15 +35,15 @@ from pathlib import Path
 
 import torch
 
-from contracts import s3_layout
+from contracts import recipe, s3_layout
 from trainer.jobs import autoencoder, encode, evaluate, train
 from trainer.runtime import cluster
 from trainer.serve import server as serve
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
-TASKS = ("train", "evaluate", "encode", "autoencoder")  # the `task` hyperparameter
-CONTAINER_HYPERPARAMETERS = ("task", "cpu-threads")  # the container's own, not the task's arguments
+TASKS = recipe.TASKS  # the `task` hyperparameter
+CONTAINER_HYPERPARAMETERS = recipe.CONTAINER_HYPERPARAMETERS  # the container's own, not the task's arguments
 
 
 def opt_ml() -> Path:
@@ -86,7 +86,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
 
 def job_task(root: Path) -> str:
     """The `task` hyperparameter: `train` (also when absent), `evaluate`, `encode` or `autoencoder`."""
-    task = hyperparameters(root).get("task", "train")
+    task = hyperparameters(root).get(recipe.TASK, "train")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: the hyperparameter `task` is one of {', '.join(TASKS)}")
     return task
@@ -94,13 +94,7 @@ def job_task(root: Path) -> str:
 
 def cpu_threads(root: Path) -> int | None:
     """The `cpu-threads` hyperparameter: a whole number >= 1, or None when absent."""
-    raw = hyperparameters(root).get("cpu-threads")
-    if raw is None:
-        return None
-    text = str(raw).strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise ValueError(f"the hyperparameter `cpu-threads` is a whole number of threads >= 1, not {raw!r}")
-    return int(text)
+    return recipe.cpu_threads(hyperparameters(root).get(recipe.CPU_THREADS))
 
 
 def hyperparameter_argv(root: Path) -> list[str]:

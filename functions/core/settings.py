@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from contracts import model_presets, serve_environment
+from contracts import model_presets, recipe, serve_environment
+from contracts.recipe_jobs import AutoencoderOptions
 from core.errors import ConfigError
 from core.ingest.images import KNOWN_FORMATS, DecodePolicy
 from core.pack.lanes import MAX_LANES
@@ -270,9 +271,20 @@ class TrainingSettings:
             check_sharding(settings.quota, stage, gpus)
             if refusal := model_presets.resolution_refusal(stage.hyperparameters):  # before any job is paid for
                 raise ConfigError(f"stage {stage.name!r}: {refusal}")
+            # every value the trainer would refuse, by its own recipe; the request adds the `pretrained` channel
+            if refusal := recipe.refusal(stage.hyperparameters, added=_channels(settings.pretrained_uri, "pretrained")):
+                raise ConfigError(f"stage {stage.name!r}: {refusal}")
             if settings.encode_instance_type:
                 check_encodable(stage)
+        if settings.autoencoder_instance_type and (
+                refusal := recipe.refusal(settings.autoencoder_hyperparameters, AutoencoderOptions)):
+            raise ConfigError(f"TRAINING_AUTOENCODER_HYPERPARAMETERS: {refusal}")
         return settings
+
+
+def _channels(uri: str, name: str) -> dict[str, str]:
+    """The hyperparameter a job request adds for a channel (core.training.job_requests.model_inputs)."""
+    return {name: name} if uri else {}
 
 
 def _brake(env: Mapping[str, str]) -> BrakeSettings:
@@ -429,6 +441,10 @@ def _serve_environment(raw: str) -> dict[str, str]:
     if long := sorted(name for name, value in values.items() if len(value) > serve_environment.MAX_VALUE_CHARS):
         raise ConfigError(f"SERVE_ENVIRONMENT: {long} longer than SageMaker's "
                           f"{serve_environment.MAX_VALUE_CHARS} characters")
+    try:  # each value as the model server parses it at start
+        serve_environment.ServeSettings.from_env(values)
+    except ValueError as error:
+        raise ConfigError(f"SERVE_ENVIRONMENT: {error}") from error
     return values
 
 

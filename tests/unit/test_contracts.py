@@ -1,6 +1,7 @@
 """Every name that crosses a boundary is spelled once, in functions/contracts/: no table key prefix,
 tag or S3 prefix is written as a literal anywhere else, and what the trainer takes from contracts
-needs nothing beyond the standard library (trainer/Dockerfile copies it into the image)."""
+needs nothing beyond the standard library and the image's own requirements (trainer/Dockerfile copies it into
+the image)."""
 
 from __future__ import annotations
 
@@ -140,7 +141,13 @@ def contracts_the_trainer_imports() -> set[str]:
     return names
 
 
-def test_what_the_trainer_takes_from_contracts_needs_only_the_standard_library() -> None:
+def image_requirements() -> set[str]:
+    """The distributions trainer/requirements.txt installs into the image (torch: the base's)."""
+    lines = (REPO / "trainer" / "requirements.txt").read_text().splitlines()
+    return {re.split(r"[<>=!~\[ ]", line.strip())[0].lower() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def test_what_the_trainer_takes_from_contracts_needs_only_the_standard_library_and_pydantic() -> None:
     imported, outside, left = set(), {}, sorted(contracts_the_trainer_imports())
     while left:  # and what those contracts modules import of contracts, in turn
         module = left.pop()
@@ -151,7 +158,9 @@ def test_what_the_trainer_takes_from_contracts_needs_only_the_standard_library()
                  if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         left += sorted({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                         and n.module.startswith("contracts.")} - imported - set(left))
-        outside[module] = sorted(tops - set(sys.stdlib_module_names) - {"__future__", "contracts"})
+        # pydantic: the training recipe's models (contracts.recipe), which the image installs
+        outside[module] = sorted(tops - set(sys.stdlib_module_names) - {"__future__", "contracts"} - {"pydantic"})
 
-    assert "contracts.shard_members" in imported
+    assert "contracts.shard_members" in imported and "contracts.recipe" in imported
+    assert "pydantic" in image_requirements()
     assert outside == {module: [] for module in imported}

@@ -24,14 +24,19 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from contracts.recipe import RunStage, first_error
 from trainer.data.buckets import check_resolution
 
 RUNS_DIR = Path(__file__).resolve().parents[1] / "configs" / "runs"
-STAGE_FIELDS = {"resolution", "batch_size", "learning_rate", "steps", "warmup_steps", "final_lr_fraction"}
+STAGE_FIELDS = set(RunStage.model_fields)
 
 
 @dataclass(frozen=True)
 class Stage:
+    """A run config's stage (contracts.recipe.RunStage, where its fields are typed and checked), placed in its run."""
+
     resolution: int
     batch_size: int  # images per micro-batch per process
     learning_rate: float
@@ -55,11 +60,10 @@ class RunPlan:
             unknown = set(fields) - STAGE_FIELDS
             if unknown:
                 raise ValueError(f"stage {number}: unknown fields {sorted(unknown)}; a stage has {sorted(STAGE_FIELDS)}")
-            stage = Stage(**fields, first_step=first)
-            if min(stage.resolution, stage.batch_size, stage.steps) <= 0 or stage.learning_rate <= 0:
-                raise ValueError(f"stage {number}: resolution, batch_size, steps and learning_rate must be positive")
-            if not 0 < stage.final_lr_fraction <= 1:
-                raise ValueError(f"stage {number}: final_lr_fraction must lie in (0, 1], got {stage.final_lr_fraction}")
+            try:  # the recipe's types and bounds (contracts.recipe.RunStage)
+                stage = Stage(**RunStage.model_validate(fields).model_dump(), first_step=first)
+            except ValidationError as error:
+                raise ValueError(f"stage {number}: {first_error(error)}") from None
             try:  # here, before any data is read, not at the stage's first batch
                 check_resolution(stage.resolution, size_multiple)
             except ValueError as error:

@@ -40,13 +40,13 @@ from diffusers import AutoencoderKL
 from PIL import Image
 from torch.optim.lr_scheduler import LambdaLR
 
-from contracts import model_presets
+from contracts.recipe_jobs import AutoencoderOptions
 from trainer.data.eval_set import find_eval_shards, read_eval_samples
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions
 from trainer.data.stages import plan_from_args
-from trainer.jobs.hyperparameters import boolean
+from trainer.jobs.hyperparameters import add_options, checked
 from trainer.models.loading import read_preset
 from trainer.objectives.numerics import autocast
 from trainer.report.write import write_report
@@ -248,31 +248,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-data-dir", default=env.get("SM_OUTPUT_DATA_DIR"),
                         help="reconstructions.png (default $SM_OUTPUT_DATA_DIR, else <model-dir>/health)")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints go here (SageMaker: /opt/ml/checkpoints)")
-    parser.add_argument("--resume", default="latest", help="'latest' (if any), 'none', or a checkpoint directory")
-    parser.add_argument("--model-config", default=model_presets.DEFAULT, help="the preset whose `vae` architecture is trained")
-    parser.add_argument("--pretrained", default=None,
-                        help="the lineage's base, accepted so every job of a lineage takes the same arguments (unused: "
-                             "this job runs because the base has no VAE)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and data order")
-    parser.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the VAE's sample size)")
-    parser.add_argument("--aspect-buckets", type=boolean, default=True, help="batch by aspect ratio (else centre squares)")
-    parser.add_argument("--random-crop", type=boolean, default=True, help="random crops inside the bucket")
-    parser.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per step")
-    parser.add_argument("--learning-rate", type=float, default=1e-4, help="AdamW's, after warm-up")
-    parser.add_argument("--lr-warmup-steps", type=int, default=0, help="linear warm-up")
-    parser.add_argument("--kl-weight", type=float, default=1e-6, help="weight of the KL term (SD's VAE: 1e-6)")
-    parser.add_argument("--reconstruction-loss", default="l1", choices=["l1", "mse"],
-                        help="l1 (SD's VAE: sharper edges) or mse (what PSNR scores)")
-    parser.add_argument("--initial-logvar", type=float, default=-6.0, help="the posterior's log-variance at step 0")
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
-    parser.add_argument("--max-eval-samples", type=int, default=64, help="held-out images the PSNR is measured on")
-    parser.add_argument("--scaling-batches", type=int, default=8, help="training batches the latents' std is measured on")
-    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader processes")
-    parser.add_argument("--log-every", type=int, default=50, help="also at the last step; each line measures PSNR")
-    parser.add_argument("--checkpoint-every", type=int, default=500, help="also at the last step")
-    parser.add_argument("--keep-checkpoints", type=int, default=2, help="the newest K step directories are kept")
-    return parser.parse_args(argv)
+    add_options(parser, AutoencoderOptions)  # the recipe (contracts.recipe_jobs); the paths above are not in it
+    return checked(parser, AutoencoderOptions, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from contracts import model_presets
+from contracts.recipe_jobs import EncodeOptions
 from contracts.s3_layout import INDEXES
 from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
@@ -56,7 +56,7 @@ from trainer.data.latents import latent_dir, models_identity
 from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
 from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, ShardReader, index_shards, load_exclusions
-from trainer.jobs.hyperparameters import auto_or_boolean, boolean
+from trainer.jobs.hyperparameters import add_options, checked
 from trainer.jobs.latent_writer import ShardWriter
 from trainer.models.bundle import Models
 from trainer.models.loading import load_models
@@ -236,18 +236,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--index-dir", default=env.get("SM_CHANNEL_INDEXES"),
                         help="the shards' sample tables (default $SM_CHANNEL_INDEXES, else <train-dir>/indexes)")
     parser.add_argument("--output-dir", required=True, help="latent shards go to <output-dir>/<identity>-r<resolution>/")
-    parser.add_argument("--model-config", default=model_presets.DEFAULT, help="a preset in trainer/configs/, as the training job's")
-    parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")
-    parser.add_argument("--vae", default=None, help="an AutoencoderKL directory, channel or model.tar.gz, as the training job's")
-    parser.add_argument("--seed", type=int, default=0, help="random init of a preset (the training job's seed)")
-    parser.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
-    parser.add_argument("--aspect-buckets", type=boolean, default=True, help="as the training job's")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per VAE call")
-    parser.add_argument("--num-workers", type=int, default=4, help="processes decoding images")
-    parser.add_argument("--compile", type=auto_or_boolean, default="auto",
-                        help="torch.compile the VAE encoder, every call padded to --batch-size so each bucket shape "
-                             "compiles once: true, false, or auto (on a GPU)")
-    return parser.parse_args(argv)
+    add_options(parser, EncodeOptions)  # the recipe (contracts.recipe_jobs); the paths above are not in it
+    return checked(parser, EncodeOptions, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from concurrent.futures import Future
 import torch
 from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
-COMPILE_MODES = ("off", "default", "max-autotune")
-SCHEDULERS = ("default", "dpmpp")
+from contracts.serve_environment import COMPILE_MODES, SCHEDULERS  # the settings' choices, a contract
+
 NO_CUDA = "skipped: no CUDA device (compile and CUDA graphs are for the GPU endpoint)"
 
 

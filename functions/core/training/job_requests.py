@@ -18,6 +18,8 @@ from typing import Any
 from contracts import job_tags, s3_layout
 from contracts.container_paths import CHECKPOINT_LOCAL_PATH, TENSORBOARD_LOCAL_PATH
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
+from contracts.recipe import STAGE_CONTAINER_HYPERPARAMETERS
+from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
 from core.settings import Stage, TrainingSettings
 from core.training.instance_types import has_instance_store
 from core.training.pretrained import AUTOENCODER_SUFFIX
@@ -32,13 +34,11 @@ PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of 
 VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
 ENCODE_SUFFIX = "-enc"
-# the container's own settings (trainer/container.py) a stage's helper jobs run with too
-STAGE_CONTAINER_HYPERPARAMETERS = ("cpu-threads",)
-# the stage hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them)
-ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resolution", "aspect-buckets",
-                          *STAGE_CONTAINER_HYPERPARAMETERS)
+# the stage hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them),
+# and the container's own settings (trainer/container.py) it runs with too: the recipe marks them (contracts.recipe_jobs)
+ENCODE_HYPERPARAMETERS = (*EncodeOptions.stage_flags(), *STAGE_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
-AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution", *STAGE_CONTAINER_HYPERPARAMETERS)
+AUTOENCODER_STAGE_HYPERPARAMETERS = (*AutoencoderOptions.stage_flags(), *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
 def stage_hyperparameters(stage: Stage, steps_target: int, first_step: int = 1) -> dict[str, str]:
