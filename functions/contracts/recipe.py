@@ -14,7 +14,8 @@ container, never from a recipe. tests/trainer/test_recipe.py fails when a flag h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -226,11 +227,26 @@ def first_error(error: ValidationError) -> str:
     return f"{name}: {message}" if first["type"] == "missing" else f"{name} {first['input']!r}: {message}"
 
 
+def unknown_refusal(names: Iterable[str], options: type[Options] = TrainOptions) -> str | None:
+    """Why a job refuses hyperparameters by these names: any that is none of its flags, the container's own,
+    a container path, or the SageMaker SDK's (`sagemaker_*`); None if there is none (a typo is never ignored)."""
+    unknown = sorted(name for name in names if name not in options.flags() and not name.startswith("sagemaker_")
+                     and name not in (*CONTAINER_HYPERPARAMETERS, *TRAIN_PATHS))
+    if not unknown:
+        return None
+    near = difflib.get_close_matches(unknown[0], sorted(options.flags()), n=1)
+    return (f"hyperparameter {unknown[0]!r} is not an option of the job" + (f" (did you mean {near[0]!r}?)" if near else "")
+            + (f"; nor are {', '.join(map(repr, unknown[1:]))}" if len(unknown) > 1 else ""))
+
+
 def refusal(hyperparameters: Mapping[str, str], options: type[Options] = TrainOptions,
             added: Mapping[str, str] | None = None) -> str | None:
     """Why a job with these (SageMaker, string) hyperparameters would refuse to start; None if it would not.
     Each of `options`' flags is parsed as the job parses it, and the container's `cpu-threads`; `added` are the
-    hyperparameters the job request adds (the `pretrained` channel). Other names are left to the job."""
+    hyperparameters the job request adds (the `pretrained` channel). A name that is none of the job's flags
+    is refused as the job's parser would refuse it (the SageMaker SDK's own `sagemaker_*` names aside)."""
+    if unknown := unknown_refusal(hyperparameters, options):
+        return unknown
     known = {name: value for name, value in {**hyperparameters, **(added or {})}.items() if name in options.flags()}
     try:
         options.model_validate(known)

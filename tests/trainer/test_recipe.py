@@ -87,6 +87,7 @@ def test_what_a_helper_job_takes_from_its_stage_is_typed_as_the_training_option(
     ({"compile": "sometimes"}, ["compile", "expected true or false, got 'sometimes'"]),
     ({"strategy": "zero"}, ["strategy", "'zero'"]),  # a type or a choice: argparse's words, the same name and value
     ({"batch-size": "four"}, ["batch-size", "'four'"]),
+    ({"lerning-rate": "1e-4"}, ["lerning-rate"]),  # argparse's "unrecognized arguments"; the Lambda names the nearest
 ])
 def test_the_lambda_refuses_what_the_trainer_refuses(hyperparameters, words, tmp_path, capsys, monkeypatch):
     # GIVEN hyperparameters the trainer refuses at start (SM_HPS, all strings, as SageMaker passes them)
@@ -102,7 +103,8 @@ def test_the_lambda_refuses_what_the_trainer_refuses(hyperparameters, words, tmp
 
 
 def test_the_lambda_takes_what_the_trainer_takes():
-    assert recipe.refusal({"seed": "3", "compile": "True", "batch-size": "8", "cpu-threads": "2", "other": "x"}) is None
+    assert recipe.refusal({"seed": "3", "compile": "True", "batch-size": "8", "cpu-threads": "2", "task": "train",
+                           "sagemaker_program": "x"}) is None
     assert recipe.refusal({"train": "lora"}, added={"pretrained": "pretrained"}) is None
 
 

@@ -283,11 +283,28 @@ def test_hyperparameters_aws_would_refuse_fail_the_function_at_start(hyperparame
 
 
 def test_hyperparameters_at_the_limits_are_taken() -> None:
+    # the evaluation job's (not a recipe yet, so any name): the limits alone decide
     hyperparameters = {f"h{i}": "v" * 2500 for i in range(99)} | {"k" * 256: "1"}
+
+    settings = DeploySettings.from_env({**DEPLOY_ENV, "EVAL_HYPERPARAMETERS": json.dumps(hyperparameters)})
+
+    assert settings.eval_hyperparameters == hyperparameters
+
+
+def test_a_training_value_at_the_limit_is_taken() -> None:
+    hyperparameters = {"validation-prompts": "|".join(["a red circle on a blue background"] * 75)[:2500]}
 
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": json.dumps(hyperparameters)})
 
-    assert settings.stages[0].hyperparameters == hyperparameters
+    assert settings.stages[0].hyperparameters == hyperparameters and len(hyperparameters["validation-prompts"]) == 2500
+
+
+def test_a_hyperparameter_the_trainer_does_not_know_fails_the_function_at_start_naming_the_nearest() -> None:
+    hyperparameters = {"lerning-rate": "1e-4", "batch-size": "2", "sagemaker_program": "train"}
+
+    with pytest.raises(ConfigError, match=re.escape("'lerning-rate' is not an option of the job (did you mean "
+                                                    "'learning-rate'?)")):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": json.dumps(hyperparameters)})
 
 
 # --- training: the new variables ------------------------------------------------------------------

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 
+from contracts import recipe
 from contracts.recipe import WHERE, TrainOptions
 from trainer.jobs.hyperparameters import add_options, checked
 
@@ -33,6 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Inside a SageMaker training-toolkit image the hyperparameters arrive as SM_HPS, all strings;
     # argparse converts string defaults with each argument's type.
     hyperparameters = json.loads(env.get("SM_HPS", "{}"))
+    if recipe.unknown_refusal(hyperparameters):  # set_defaults would keep a misspelt name as an attribute nothing reads
+        unknown = [f"--{name} {value}" for name, value in hyperparameters.items()
+                   if recipe.unknown_refusal([name])]
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")  # argparse's words for the same on the command line
     parser.set_defaults(**{
         name.replace("-", "_"): str(value)
         for name, value in hyperparameters.items()
