@@ -19,7 +19,7 @@ from rich.table import Table
 from atelier import client
 from atelier.progress import output_flags
 from contracts import pipeline_table, s3_layout
-from contracts.messages import DEFAULT_NEAR_DUPLICATES, NearDuplicates
+from contracts.messages import DEFAULT_NEAR_DUPLICATES, ImportShard, NearDuplicates
 from core import aws
 from core.ingest.uploads import PARTNER_PATTERN
 
@@ -72,7 +72,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     done = {s.source for s in (earlier or import_tar.BatchReport(batch_id=batch_id)).shards}
     start_batch(table, batch_id, args.partner, args.license, args.source, len(sources), args.near_duplicates)
     todo = [(bucket, key) for bucket, key in sources if f"s3://{bucket}/{key}" not in done]
-    send_messages(outputs["ImportQueueUrl"], [import_tar.ImportShard(
+    send_messages(outputs["ImportQueueUrl"], [ImportShard(
         batch_id=batch_id, bucket=bucket, key=key, partner=args.partner, license=args.license,
         near_duplicates=args.near_duplicates) for bucket, key in todo])
     errors.print(f"import {batch_id}: {len(sources)} shards, {len(todo)} queued ({len(sources) - len(todo)} done before)")
@@ -159,7 +159,7 @@ def start_batch(table: str, batch_id: str, partner: str, license_id: str, source
         aws.update_item(table, pipeline_table.import_batch_pk(batch_id), "SET shards_total = :t", {":t": total})
 
 
-def send_messages(queue_url: str, messages: list["import_tar.ImportShard"]) -> None:
+def send_messages(queue_url: str, messages: list["ImportShard"]) -> None:
     sqs = boto3.client("sqs")
     for start in range(0, len(messages), 10):
         chunk = messages[start:start + 10]

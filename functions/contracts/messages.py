@@ -175,3 +175,22 @@ class Manifest(Frozen):
     @property
     def new_shards(self) -> tuple[ShardRef, ...]:
         return tuple(s for s in self.shards if s.role == "new")
+
+
+IMPORT_BATCH_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # an import batch's id: also a key prefix and a table key part
+
+
+class ImportShard(Frozen):
+    """The ImportQueue message: one source tar of one import batch."""
+
+    batch_id: str = Field(pattern=IMPORT_BATCH_PATTERN)
+    bucket: str
+    key: str
+    partner: str
+    license: str
+    # absent from messages queued before the option existed: they did what the default does
+    near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from core import telemetry
 from core.errors import BadMessage
-from core.pack.import_tar import ImportShard, import_shard
+from contracts.messages import ImportShard
+from core.pack.import_tar import import_shard
 from core.settings import ImportSettings
 
 logger = Logger()

@@ -21,7 +21,8 @@ from atelier.local.runtime import sqs_event
 from contracts.messages import LeftOut, Manifest, Sample
 from core import aws
 from core.pack import import_tar, seal
-from core.pack.import_tar import ImportShard, import_shard
+from contracts.messages import ImportShard
+from core.pack.import_tar import import_shard
 from core.partners.licensing import Revocation, revoke
 from core.provenance import Affected, affected_by, lineage_of
 from core.settings import ImportSettings, TrainingSettings

@@ -101,6 +101,32 @@ def test_no_trainer_module_imports_itself_back() -> None:
     assert import_cycles(trainer_import_graph()) == []
 
 
+def functions_import_graph() -> dict[str, set[str]]:
+    """The Lambdas' shared core and contracts; a module's import of its own package (`from core.aws import
+    clients` in a sibling) is the package's layout, not a loop through another module."""
+    root = REPO / "functions"
+    paths = {".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
+             for package in ("core", "contracts") for path in sorted((root / package).rglob("*.py"))}
+    return {module: {imported for imported in trainer_imports(path, set(paths))
+                     if imported != module and not module.startswith(imported + ".")}
+            for module, path in paths.items()}
+
+
+def test_no_core_or_contracts_module_imports_itself_back() -> None:
+    assert import_cycles(functions_import_graph()) == []
+
+
+def test_the_walk_sees_the_core_s_imports_and_the_settings_loop_it_once_had() -> None:
+    graph = functions_import_graph()
+
+    assert {"core.settings", "core.ingest.images"} <= graph["core.ingest.metadata"]
+    assert "contracts.messages" in graph["core.reliability.dead_letters"]
+    looped = {**graph, "core.reliability.dead_letters": graph["core.reliability.dead_letters"] | {"core.pack.import_tar"}}
+    assert ["core.ingest.metadata", "core.pack.import_tar", "core.reliability.dead_letters", "core.settings"] in \
+        [[m for m in cycle if m in {"core.ingest.metadata", "core.pack.import_tar", "core.reliability.dead_letters",
+                                    "core.settings"}] for cycle in import_cycles(looped)]
+
+
 def test_the_walk_sees_the_trainer_s_imports_and_a_cycle_through_them() -> None:
     graph = trainer_import_graph()
 

@@ -31,7 +31,7 @@ from aws_lambda_powertools import Logger
 from pydantic import BaseModel, Field
 
 from contracts import pipeline_table, shard_members
-from contracts.messages import DEFAULT_NEAR_DUPLICATES, Frozen, NearDuplicates, Sample, Sidecar, UploadRef
+from contracts.messages import DEFAULT_NEAR_DUPLICATES, ImportShard, NearDuplicates, Sample, Sidecar, UploadRef
 from core import aws, telemetry
 from core.errors import RejectedUpload
 from core.ingest import dedup, metadata
@@ -41,7 +41,6 @@ from core.partners import licensing
 from core.settings import ImportSettings
 
 logger = Logger(child=True)
-BATCH_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 DUPLICATE_REASONS = ("duplicate", "near_duplicate")
 # img2dataset's per-sample fields its tools read back (its docs, "Output format"), kept verbatim
 SOURCE_FIELDS = ("url", "key", "status", "original_width", "original_height", "exif")
@@ -55,25 +54,9 @@ TRANSACTION_ITEMS = 100
 LISTED_NEAR_DUPLICATES = 100
 
 
-class ImportShard(Frozen):
-    """The ImportQueue message: one source tar of one import batch."""
-
-    batch_id: str = Field(pattern=BATCH_PATTERN)
-    bucket: str
-    key: str
-    partner: str
-    license: str
-    # absent from messages queued before the option existed: they did what the default does
-    near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-    @property
-    def record_pk(self) -> str:
-        """Its import record's key, in the table's layout."""
-        return pipeline_table.import_shard_pk(self.batch_id, self.uri)
+def record_pk(message: ImportShard) -> str:
+    """The message's import record's key, in the table's layout."""
+    return pipeline_table.import_shard_pk(message.batch_id, message.uri)
 
 
 class NearDuplicate(BaseModel):
@@ -195,7 +178,7 @@ def read_samples(stream: IO[bytes], max_member_bytes: int, damage: list[str],
 def import_shard(message: ImportShard, settings: ImportSettings) -> ShardReport:
     """Import one source tar exactly once into the pipeline; its report."""
     table = settings.ingest.table
-    item = aws.get_item(table, message.record_pk)
+    item = aws.get_item(table, record_pk(message))
     if item and item.get("status") == "done":
         return _published(ShardReport.model_validate_json(item["report"]))
     if item is None:
@@ -443,7 +426,7 @@ def _commit(message: ImportShard, report: ShardReport, written: list[segments.Wr
     """The import record and the seal record, both or neither; the winner's record if another
     delivery committed first (its segments are then garbage for the lifecycle rule)."""
     table = settings.ingest.table
-    item = {"pk": message.record_pk, "kind": "import-shard", "status": "committed", "report": report.model_dump_json(),
+    item = {"pk": record_pk(message), "kind": "import-shard", "status": "committed", "report": report.model_dump_json(),
             "gsi1pk": pipeline_table.import_batch_pk(message.batch_id), "gsi1sk": message.uri}
     puts = [item]
     if written:
@@ -455,9 +438,9 @@ def _commit(message: ImportShard, report: ShardReport, written: list[segments.Wr
                      "import_batch": message.batch_id})
     if aws.transact_updates(table, [], puts):
         return item
-    winner = aws.get_item(table, message.record_pk)
+    winner = aws.get_item(table, record_pk(message))
     if winner is None:  # the seal record exists without ours: a shard id taken by something else
-        raise RuntimeError(f"{pipeline_table.pack_shard_pk(report.shard_id or '')} exists without {message.record_pk}")
+        raise RuntimeError(f"{pipeline_table.pack_shard_pk(report.shard_id or '')} exists without {record_pk(message)}")
     return winner
 
 
@@ -493,7 +476,7 @@ def _count(message: ImportShard, report: ShardReport, settings: ImportSettings) 
     values = {f":c{i}": n for i, n in enumerate(counters.values())}
     add = "ADD " + ", ".join(f"#c{i} :c{i}" for i in range(len(counters)))
     aws.transact_updates(settings.ingest.table, [
-        (message.record_pk, "SET #s = :done", "#s = :committed", {":done": "done", ":committed": "committed"}),
+        (record_pk(message), "SET #s = :done", "#s = :committed", {":done": "done", ":committed": "committed"}),
         (pipeline_table.import_batch_pk(message.batch_id), add, "attribute_exists(pk) OR attribute_not_exists(pk)",
          values),
     ], [], names=names)

@@ -163,7 +163,7 @@ def sample(body: str) -> None:
 
 def import_shard(body: str) -> None:
     """ImportQueue -> ImportFunction."""
-    from core.pack.import_tar import ImportShard  # imported here: the rest of core.pack.import_tar is the import stage
+    from contracts.messages import ImportShard
     ImportShard.model_validate_json(body)
 
 
