@@ -41,7 +41,7 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class Decision:
+class GateVerdict:
     passed: bool
     reason: str
 
@@ -78,24 +78,24 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def decide(candidate: Scores, production: Scores | None, thresholds: Thresholds) -> Decision:
+def decide(candidate: Scores, production: Scores | None, thresholds: Thresholds) -> GateVerdict:
     """Pass only a finite loss under the absolute bound that is not worse than production's."""
     if candidate.val_loss is None:
-        return Decision(False, "validation loss is not finite")
+        return GateVerdict(False, "validation loss is not finite")
     if candidate.val_loss > thresholds.max_loss:
-        return Decision(False, f"validation loss {candidate.val_loss:.4f} is above the limit {thresholds.max_loss:g}")
+        return GateVerdict(False, f"validation loss {candidate.val_loss:.4f} is above the limit {thresholds.max_loss:g}")
     if production is None or production.val_loss is None:
-        return Decision(True, f"validation loss {candidate.val_loss:.4f} within the limit; "
+        return GateVerdict(True, f"validation loss {candidate.val_loss:.4f} within the limit; "
                               "no production model to compare")
     if production.eval_set != candidate.eval_set:
-        return Decision(False, "production was scored on another evaluation set")  # the caller re-evaluates
+        return GateVerdict(False, "production was scored on another evaluation set")  # the caller re-evaluates
     ratio = candidate.val_loss / production.val_loss if production.val_loss > 0 else math.inf
     if ratio > thresholds.max_loss_ratio:
-        return Decision(False, f"validation loss {candidate.val_loss:.4f} is {ratio:.3f}x production's "
+        return GateVerdict(False, f"validation loss {candidate.val_loss:.4f} is {ratio:.3f}x production's "
                                f"{production.val_loss:.4f} (limit {thresholds.max_loss_ratio:g}x)")
     if candidate.clip_score is not None and production.clip_score is not None:
         if candidate.clip_score < production.clip_score - thresholds.min_clip_delta:
-            return Decision(False, f"CLIP score {candidate.clip_score:.2f} trails production's "
+            return GateVerdict(False, f"CLIP score {candidate.clip_score:.2f} trails production's "
                                    f"{production.clip_score:.2f} by more than {thresholds.min_clip_delta:g}")
     clip = "" if candidate.clip_score is None else f", CLIP {candidate.clip_score:.2f}"
-    return Decision(True, f"validation loss {candidate.val_loss:.4f} is {ratio:.3f}x production's{clip}")
+    return GateVerdict(True, f"validation loss {candidate.val_loss:.4f} is {ratio:.3f}x production's{clip}")

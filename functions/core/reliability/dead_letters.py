@@ -71,7 +71,7 @@ class Letter:
 
 
 @dataclass(frozen=True)
-class Decision:
+class LetterDecision:
     action: Action
     reason: str  # for HOLD: the last error; otherwise what the evidence was
     wait_s: float = 0.0  # for WAIT: until the backoff has passed
@@ -118,29 +118,29 @@ def is_tick(body: str) -> bool:
 
 
 def judge(letter: Letter, contract: Callable[[str], None], ledger: Ledger, policy: RedrivePolicy,
-          now: float) -> Decision:
+          now: float) -> LetterDecision:
     """What to do with one dead letter now (the module docstring gives the order of the evidence)."""
     if letter.attributes.get(VERDICT_ATTRIBUTE) == POISON:
-        return Decision(Action.HOLD, letter.attributes.get(ERROR_ATTRIBUTE, "held as poison"))
+        return LetterDecision(Action.HOLD, letter.attributes.get(ERROR_ATTRIBUTE, "held as poison"))
     try:
         contract(letter.body)
     except (BadMessage, ValidationError, ValueError) as exc:
-        return Decision(Action.HOLD, _clip(f"poison: does not match its queue's contract: {exc}"))
+        return LetterDecision(Action.HOLD, _clip(f"poison: does not match its queue's contract: {exc}"))
     if is_tick(letter.body):
         # Ticks are not counted: each is its own attempt, and a schedule that keeps failing shows
         # as a steady count of dropped ticks (ScheduleTicksDroppedAlarm), not as one poison tick.
-        return Decision(Action.DROP, "a schedule's tick: the next tick does its work")
+        return LetterDecision(Action.DROP, "a schedule's tick: the next tick does its work")
     error = last_error(letter.attributes)
     redrives = ledger.redrives if now - ledger.last_redrive_at <= policy.memory_s else 0
     if redrives >= policy.cap:
-        return Decision(Action.HOLD, _clip(
+        return LetterDecision(Action.HOLD, _clip(
             f"poison: failed again after {redrives} automatic redrives, each after its queue's full retries; "
             f"last error: {error or 'none recorded (SQS keeps no error; see the consumer logs)'}"))
     due = ledger.last_redrive_at + backoff_s(redrives, policy, identity(letter.body)) if redrives else now
     kind = failure_kind(error)
     if now < due:
-        return Decision(Action.WAIT, f"{kind}: redrive {redrives + 1} of {policy.cap} after its backoff", due - now)
-    return Decision(Action.REDRIVE, f"{kind}: redrive {redrives + 1} of {policy.cap}" + (f" ({error})" if error else ""))
+        return LetterDecision(Action.WAIT, f"{kind}: redrive {redrives + 1} of {policy.cap} after its backoff", due - now)
+    return LetterDecision(Action.REDRIVE, f"{kind}: redrive {redrives + 1} of {policy.cap}" + (f" ({error})" if error else ""))
 
 
 def _clip(reason: str) -> str:

@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from contracts import pipeline_table
 from core import aws, telemetry
 from core.reliability import dead_letters
-from core.reliability.dead_letters import Action, Decision, Ledger, Letter
+from core.reliability.dead_letters import Action, Ledger, LetterDecision, Letter
 from core.settings import DeadLetterQueue, RedriveSettings
 
 logger = Logger(child=True)
@@ -75,7 +75,7 @@ def _one_queue(name: str, queue: DeadLetterQueue, settings: RedriveSettings, hol
     contract = dead_letters.CONTRACTS[queue.contract]
     url = sqs.get_queue_url(QueueName=queue.name)["QueueUrl"]
     source_url = sqs.get_queue_url(QueueName=queue.source)["QueueUrl"] if queue.source else ""
-    poison: dict[str, list[tuple[dict[str, Any], Decision, Ledger]]] = {}  # by identity
+    poison: dict[str, list[tuple[dict[str, Any], LetterDecision, Ledger]]] = {}  # by identity
     # Poison ones stay hidden until every message was seen: a marked copy is sent after the loop.
     while time_left_s() > 0:
         batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=RECEIVE_MAX, VisibilityTimeout=hold_s,
@@ -105,7 +105,7 @@ def _one_queue(name: str, queue: DeadLetterQueue, settings: RedriveSettings, hol
         logger.warning("poison messages held", extra={"queue": name, "count": len(poison)})
 
 
-def _hold(name: str, url: str, key: str, copies: list[tuple[dict[str, Any], Decision, Ledger]]) -> None:
+def _hold(name: str, url: str, key: str, copies: list[tuple[dict[str, Any], LetterDecision, Ledger]]) -> None:
     """Leave exactly one marked, visible copy of a poison message. A run that died between marking a
     copy and deleting the unmarked one left both: the extra copies (same identity) are deleted."""
     sqs = aws.client("sqs")
@@ -127,7 +127,7 @@ def _hold(name: str, url: str, key: str, copies: list[tuple[dict[str, Any], Deci
 
 
 def _act(name: str, urls: tuple[str, str], settings: RedriveSettings, message: dict[str, Any], key: str,
-         ledger: Ledger, decision: Decision, at: float) -> None:
+         ledger: Ledger, decision: LetterDecision, at: float) -> None:
     (url, source_url), sqs, receipt = urls, aws.client("sqs"), message["ReceiptHandle"]
     if decision.action is Action.WAIT:
         sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt,
