@@ -223,7 +223,7 @@ def test_a_sealer_overtaken_mid_compose_finishes_without_an_error(stack, setting
     # GIVEN a second sealer (two packers run at once on AWS) that, as the first sends its first part,
     # completes the upload, announces the shard and deletes its segments (the first one's lease has
     # run out: settings_for leases seals for 0 s)
-    from atelier.local.moto_server import patch_multipart_gone
+    from atelier.local.moto_shim import patch_multipart_gone
     from core.pack import seal
     patch_multipart_gone()
     real_part, overtaken = seal._part, []

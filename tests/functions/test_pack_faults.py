@@ -25,7 +25,7 @@ import boto3
 import moto.s3.models
 import pytest
 
-from atelier.local.moto_server import patch_multipart_gone
+from atelier.local.moto_shim import patch_multipart_gone
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table
 from contracts.messages import Sample, ShardSealed
