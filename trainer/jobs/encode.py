@@ -55,6 +55,7 @@ from trainer.data.images import crop_to_bucket, decode_image
 from trainer.data.latents import latent_dir, models_identity
 from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
+from trainer.data.captions import read_captions
 from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, ShardReader, index_shards, load_exclusions
 from trainer.jobs.hyperparameters import auto_or_boolean, boolean
 from trainer.jobs.latent_writer import ShardWriter
@@ -207,7 +208,8 @@ def main(args: argparse.Namespace) -> dict:
     if processes.world_size > 1:
         raise ValueError("trainer.jobs.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
     print(json.dumps({"event": "imported"}), flush=True)  # the job's fixed costs show in its log
-    models = load_models(args.model_config, args.pretrained, args.seed, args.vae)
+    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, tokenizer=args.tokenizer,
+                         captions=lambda: read_captions(args.train_dir, args.manifest, args.index_dir))
     identity = models_identity(models)
     models.frozen_to(processes.device)
     print(json.dumps({"event": "models", "identity": identity}), flush=True)
@@ -239,6 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-config", default=model_presets.DEFAULT, help="a preset in trainer/configs/, as the training job's")
     parser.add_argument("--pretrained", default=None, help="a local diffusers pipeline directory or channel, as the training job's")
     parser.add_argument("--vae", default=None, help="an AutoencoderKL directory, channel or model.tar.gz, as the training job's")
+    parser.add_argument("--tokenizer", default=None, help="the tokenizer folders, as the training job's (without: learned "
+                        "from the shards' captions, as the training job on the same image shards learns them)")
     parser.add_argument("--seed", type=int, default=0, help="random init of a preset (the training job's seed)")
     parser.add_argument("--resolution", type=int, default=None, help="bucket area as a square side (default: the model's)")
     parser.add_argument("--aspect-buckets", type=boolean, default=True, help="as the training job's")

@@ -40,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model.add_argument("--vae", default=None,
                        help="an AutoencoderKL (the autoencoder job's model: a directory, channel or model.tar.gz); "
                             "replaces the base's")
+    model.add_argument("--tokenizer", default=None,
+                       help="the pipeline's tokenizer subfolders for text encoders the base does not bring (a tokenizer "
+                            "job's model: a directory, channel or model.tar.gz); without it they are learned from the "
+                            "training shards' captions at start (trainer/models/text_tokenizers.py)")
     model.add_argument("--init-unet", default=None, choices=["pretrained", "random"],
                        help="fine-tune the base's UNet, or train one from scratch on its frozen parts "
                             "(default: the base's UNet when it has one)")
