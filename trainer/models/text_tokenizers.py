@@ -71,7 +71,7 @@ def resolve(preset: dict, folder: Path | None, captions: Callable[[], Iterable[s
     if folder is not None:
         tokenizers = load(folder, preset)
         report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).is_file() else {}
-        return tokenizers, {"source": "tokenizer channel", **report}
+        return tokenizers, {**report, "source": "tokenizer channel"}  # its figures: the tokenizer job's captions
     texts = list(captions()) if captions else []
     tokenizers = learn(preset, texts)
     return tokenizers, {"source": "learned from the training captions" if captions else "no captions (bytes)",

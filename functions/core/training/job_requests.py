@@ -40,6 +40,8 @@ ENCODE_HYPERPARAMETERS = ("model-config", "pretrained", "vae", "seed", "resoluti
                           *STAGE_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
 AUTOENCODER_STAGE_HYPERPARAMETERS = ("model-config", "seed", "resolution", *STAGE_CONTAINER_HYPERPARAMETERS)
+# ... and those trainer/jobs/tokenizer.py takes (the preset names the text encoders its tokenizers serve)
+TOKENIZER_STAGE_HYPERPARAMETERS = ("model-config", *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
 def stage_hyperparameters(stage: Stage, steps_target: int, first_step: int = 1) -> dict[str, str]:
@@ -240,7 +242,8 @@ def tokenizer_job_request(training_job: str, manifest_uri: str, manifest_digest:
     stage's model-config needs, learned from the captions of the training job's shards less its exclusions.
     No model channel: a tokenizer is learned from captions alone."""
     stage = settings.stages[stage_index]
-    hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in ("model-config",)}, "task": "tokenizer"}
+    hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in TOKENIZER_STAGE_HYPERPARAMETERS},
+                       "task": "tokenizer"}
     return _job_request(tokenizer_job_name(training_job), manifest_uri, hyperparameters,
                         (settings.tokenizer_instance_type, 1), s3_layout.TOKENIZER,
                         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
