@@ -11,9 +11,11 @@ from typing import Callable
 
 import pytest
 
+from atelier.cli_provenance import model_parts
 from contracts.s3_layout import output_key
 from core import aws
 
+from core.provenance import stored_lineage
 from core.settings import TrainingSettings
 from core.training.starter import Decision
 from tests.functions.test_autoencoder_jobs import (ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels,  # noqa: F401
@@ -156,3 +158,5 @@ def test_lineage_json_names_the_lineage_s_tokenizer(tokenizing: TrainingSettings
     assert stored["tokenizer"] == {"source": "tokenizer-job", "uri": tokenizer_of(tokenizing, name),
                                    "tokenizer_job": f"{name}-tok"}
     assert [item["name"] for item in stored["manifests"][0]["jobs"]] == [name]  # the helper job is no training job
+    assert model_parts(stored_lineage(name, tokenizing))[-1] == (
+        f"tokenizer: {tokenizer_of(tokenizing, name)} (tokenizer job {name}-tok)")

@@ -75,7 +75,7 @@ from trainer.jobs.step import StepSettings, Trainee, train_step
 from trainer.jobs.train_args import parse_args
 from trainer.models import lora
 from trainer.models.families import check_flow_run
-from trainer.models.loading import load_models
+from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import caption_ids
 from trainer.objectives.diffusion import zero_terminal_snr
 from trainer.report.write import write_report
@@ -147,6 +147,10 @@ def main(args: argparse.Namespace) -> dict:
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
     # models: the same initial weights on every rank; the UNet built on the device (trainer/models/loading.py)
+    if not args.pretrained:  # a preset's resolution is checked first: learning its tokenizers reads the shards
+        multiple, default_resolution = preset_geometry(args.model_config)
+        plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
+                       args.lr_warmup_steps, default_resolution, args.lr_final_fraction, args.first_step, multiple)
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device,
                          args.tokenizer, training_captions(args, processes))
     lora.adapt(models, args)  # --train lora: the base frozen, an adapter's parameters alone train (trainer/models/lora.py)

@@ -146,6 +146,19 @@ def read_preset(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def preset_geometry(name: str) -> tuple[int, int]:
+    """(size multiple, default resolution) of a preset's VAE and denoiser, from its configs alone (as
+    `Models.size_multiple` and `default_resolution` compute them), so a run checks its resolution before
+    it reads any shard (learning a tokenizer reads the shards' captions)."""
+    preset = read_preset(name)
+    vae_scale = 2 ** (len(preset["vae"].get("block_out_channels", [0])) - 1)
+    if "transformer" in preset:
+        denoiser = preset["transformer"]
+        return vae_scale * denoiser.get("patch_size", 2), denoiser["sample_size"] * vae_scale
+    denoiser = preset["unet"]
+    return vae_scale * 2 ** (len(denoiser["block_out_channels"]) - 1), denoiser["sample_size"] * vae_scale
+
+
 def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.device = CPU,
                 tokenizers: dict | None = None) -> Models:
     """Fresh weights for the preset's architecture; the same seed gives the same weights on the same kind
