@@ -42,7 +42,7 @@ def tokenizing(configure: Callable[..., TrainingSettings]) -> TrainingSettings:
 
 
 def tokenizer_of(settings: TrainingSettings, name: str) -> str:
-    return f"s3://{settings.models_bucket}/tokenizer/{name}-tok/output/model.tar.gz"
+    return f"s3://{settings.models_bucket}/tokenizers/{name}-tok/output/model.tar.gz"
 
 
 def tokenized(sagemaker: FakeSageMaker, settings: TrainingSettings, name: str) -> Decision:
@@ -61,7 +61,7 @@ def test_without_a_base_the_first_claim_starts_only_the_tokenizer_job(tokenizing
     assert request["HyperParameters"] == {"task": "tokenizer", "model-config": "tiny"}
     assert channels(request) == {"train": manifest_uri(tokenizing, name)}
     assert (request["ResourceConfig"]["InstanceType"], request["ResourceConfig"]["InstanceCount"]) == ("ml.m5.xlarge", 1)
-    assert request["OutputDataConfig"]["S3OutputPath"] == f"s3://{tokenizing.models_bucket}/tokenizer/"
+    assert request["OutputDataConfig"]["S3OutputPath"] == f"s3://{tokenizing.models_bucket}/tokenizers/"
     assert tags(request)["atelier:role"] == "tokenizer" and tags(request)["atelier:training-job"] == name
     assert (job(tokenizing, name)["tokenizer"], lineage(tokenizing)["tokenizer"]) == (True, True)
 

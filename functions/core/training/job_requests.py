@@ -245,7 +245,7 @@ def tokenizer_job_request(training_job: str, manifest_uri: str, manifest_digest:
     hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in TOKENIZER_STAGE_HYPERPARAMETERS},
                        "task": "tokenizer"}
     return _job_request(tokenizer_job_name(training_job), manifest_uri, hyperparameters,
-                        (settings.tokenizer_instance_type, 1), s3_layout.TOKENIZER,
+                        (settings.tokenizer_instance_type, 1), s3_layout.TOKENIZERS,
                         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
                             f"{settings.lineage}{TOKENIZER_SUFFIX}")),
                         _helper_tags(training_job, "tokenizer", manifest_digest, stage_index, settings), settings,
