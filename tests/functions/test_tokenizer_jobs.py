@@ -15,6 +15,7 @@ from atelier.cli_provenance import model_parts
 from contracts.s3_layout import output_key
 from core import aws
 
+from core.deploy.events import JobState
 from core.provenance import stored_lineage
 from core.settings import TrainingSettings
 from core.training.starter import Decision
@@ -160,3 +161,10 @@ def test_lineage_json_names_the_lineage_s_tokenizer(tokenizing: TrainingSettings
     assert [item["name"] for item in stored["manifests"][0]["jobs"]] == [name]  # the helper job is no training job
     assert model_parts(stored_lineage(name, tokenizing))[-1] == (
         f"tokenizer: {tokenizer_of(tokenizing, name)} (tokenizer job {name}-tok)")
+
+
+def test_the_deploy_stage_knows_a_tokenizer_job_for_a_helper_and_serves_nothing_of_it() -> None:
+    state = JobState(name="j-tok", status="Completed", model_data_url="s3://m/tokenizers/j-tok/output/model.tar.gz",
+                     failure_reason=None, tags=(("atelier:role", "tokenizer"), ("atelier:final-stage", "false")))
+
+    assert (state.unidentified, state.final_stage, state.is_evaluation) == ("", False, False)

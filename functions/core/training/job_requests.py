@@ -248,5 +248,5 @@ def tokenizer_job_request(training_job: str, manifest_uri: str, manifest_digest:
                         (settings.tokenizer_instance_type, 1), s3_layout.TOKENIZERS,
                         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
                             f"{settings.lineage}{TOKENIZER_SUFFIX}")),
-                        _helper_tags(training_job, "tokenizer", manifest_digest, stage_index, settings), settings,
+                        _helper_tags(training_job, job_tags.TOKENIZER, manifest_digest, stage_index, settings), settings,
                         exclusions_uri, indexes_uri=indexes_uri)

@@ -16,14 +16,14 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table
+from contracts import job_tags, pipeline_table
 from core import aws
 from core.settings import TrainingSettings
 from core.training.job_requests import tokenizer_job_name, tokenizer_job_request
 from core.training.pretrained import PretrainedBase
 
 logger = Logger(child=True)
-ROLE = "tokenizer"  # the job record's role, and the claimed job's flag
+ROLE = job_tags.TOKENIZER  # the job record's role and its tag's, and the claimed job's flag
 
 
 def needs_tokenizer(lineage: dict[str, Any], base: PretrainedBase | None, settings: TrainingSettings) -> bool:
