@@ -63,7 +63,7 @@ def cmd_lineage_resume(args: argparse.Namespace) -> int:
 
 
 def model_parts(found: Lineage) -> list[str]:
-    """The pretrained base and the VAE the model started from, one line each."""
+    """The pretrained base and the VAE the model started from, one line each (and the lineage's tokenizer job's)."""
     base = found.pretrained
     lines = [f"base: {base.uri} ({base.kind}, {base.objects} objects, {base.size} bytes, "
              f"{'sha256' if base.kind == 'prefix' else 'ETag'} {base.digest})" if base else "base: none (random parts)"]
@@ -75,6 +75,9 @@ def model_parts(found: Lineage) -> list[str]:
                      else "VAE: the lineage's autoencoder job has not completed yet")
     else:
         lines.append("VAE: the base's" if vae.source == "base" else "VAE: random (frozen)")
+    if found.tokenizer is not None and found.tokenizer.source == "tokenizer-job":  # else the base's, or the job's own
+        lines.append(f"tokenizer: {found.tokenizer.uri} (tokenizer job {found.tokenizer.tokenizer_job})"
+                     if found.tokenizer.uri else "tokenizer: the lineage's tokenizer job has not completed yet")
     return lines
 
 

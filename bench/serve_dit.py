@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "functions")]
 
 from diffusers import AutoencoderKL, DiffusionPipeline  # noqa: E402
 
-from trainer.models import families  # noqa: E402
+from trainer.models import families, text_tokenizers  # noqa: E402
 from trainer.models.loading import read_preset  # noqa: E402
 from trainer.objectives.flow_matching import FlowSettings  # noqa: E402
 from trainer.serve.generation import generate, load_pipeline  # noqa: E402
@@ -51,7 +51,8 @@ def build(preset_name: str, folder: Path, resolution: int) -> None:
     family = families.family_named(preset["family"])
     preset["text_encoders"] = {role: config for role, config in preset["text_encoders"].items() if role != "t5"}
     with torch.device("cuda"):
-        encoders, tokenizers = families.build_text_parts(family, preset, seed=0)
+        encoders, tokenizers = families.build_text_parts(family, preset, seed=0,
+                                                        tokenizers=text_tokenizers.learn(preset, []))
         transformer = family.transformer_class(**preset["transformer"])
         vae = AutoencoderKL(**preset["vae"])
     # the server warms up (compiles) at the model's default size, as a trained model's is its last stage's

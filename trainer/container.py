@@ -11,7 +11,8 @@ trainer wrote there itself is kept) and the exit status is 1. With the hyperpara
 hyperparameters as its arguments: a SageMaker training job that scores a candidate model and writes
 <root>/model/evaluation.json. With `task=encode`, trainer.jobs.encode turns the `train` channel's image
 shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig uploads them to S3). With
-`task=autoencoder`, trainer.jobs.autoencoder trains the lineage's VAE from scratch into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
+`task=autoencoder`, trainer.jobs.autoencoder trains the lineage's VAE from scratch into <root>/model; with
+`task=tokenizer`, trainer.jobs.tokenizer learns the lineage's caption tokenizers into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 The hyperparameter `cpu-threads=N`, for any task, caps the job's CPU threads (torch's and OpenMP's) at N;
 absent, torch takes every core. A small model on a CPU gains little from a second thread (the demo's
@@ -36,7 +37,7 @@ from pathlib import Path
 import torch
 
 from contracts import recipe, s3_layout
-from trainer.jobs import autoencoder, encode, evaluate, train
+from trainer.jobs import autoencoder, encode, evaluate, tokenizer, train
 from trainer.runtime import cluster
 from trainer.serve import server as serve
 
@@ -85,7 +86,7 @@ def sagemaker_environment(root: Path) -> dict[str, str]:
 
 
 def job_task(root: Path) -> str:
-    """The `task` hyperparameter: `train` (also when absent), `evaluate`, `encode` or `autoencoder`."""
+    """The `task` hyperparameter: `train` (also when absent), `evaluate`, `encode`, `autoencoder` or `tokenizer`."""
     task = hyperparameters(root).get(recipe.TASK, "train")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: the hyperparameter `task` is one of {', '.join(TASKS)}")
@@ -164,6 +165,8 @@ def run_job(root: Path) -> None:
         encode.main(parse_quietly(encode.parse_args, argv))
     elif task == "autoencoder":
         autoencoder.main(parse_quietly(autoencoder.parse_args, training_argv(root)))
+    elif task == "tokenizer":
+        tokenizer.main(parse_quietly(tokenizer.parse_args, hyperparameter_argv(root)))
     else:
         run_training(root)
 

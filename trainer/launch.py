@@ -55,15 +55,17 @@ def build_request(args: argparse.Namespace, settings: TrainingSettings, manifest
     exclusions_uri = rich_manifest_uri(args.manifest) if manifest.exclude else ""
     first_step = max(1, steps - settings.stages[args.stage].steps + 1)  # the stage's warm-up counts from there
     return training_job_request(args.job_name, args.manifest, manifest.digest, args.stage, steps, settings,
-                                exclusions_uri, vae_uri=args.vae_uri, first_step=first_step)
+                                exclusions_uri, vae_uri=args.vae_uri, first_step=first_step,
+                                tokenizer_uri=getattr(args, "tokenizer_uri", None) or "")
 
 
-def lineage_vae(settings: TrainingSettings, boto_session: Any) -> str:
-    """The VAE the lineage trained itself (its autoencoder job's model.tar.gz), "" if it has none."""
+def lineage_vae(settings: TrainingSettings, boto_session: Any, attribute: str = "vae_uri") -> str:
+    """The VAE the lineage trained itself (its autoencoder job's model.tar.gz), "" if it has none; with
+    `attribute="tokenizer_uri"`, its tokenizer job's."""
     key = {"pk": {"S": pipeline_table.lineage_pk(settings.lineage)}}
     item = boto_session.client("dynamodb").get_item(TableName=settings.table, Key=key,
-                                                    ProjectionExpression="vae_uri").get("Item", {})
-    return item.get("vae_uri", {}).get("S", "")
+                                                    ProjectionExpression=attribute).get("Item", {})
+    return item.get(attribute, {}).get("S", "")
 
 
 def launch(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,6 +75,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from(args, session.boto_session)
     if args.vae_uri is None:  # as the pipeline's job would: the lineage's own VAE, when it trained one
         args.vae_uri = lineage_vae(settings, session.boto_session)
+    if args.tokenizer_uri is None:  # and its own tokenizers, when a tokenizer job learned them
+        args.tokenizer_uri = lineage_vae(settings, session.boto_session, "tokenizer_uri")
     request = build_request(args, settings, read_manifest(args.manifest, session.boto_session))
     session.sagemaker_client.create_training_job(**request)
     print(f"started {args.job_name}: {request['ResourceConfig']['InstanceCount']} x "
@@ -95,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vae-uri", default=None,
                         help="the VAE channel: an autoencoder job's model.tar.gz (default: the lineage's own, read "
                              "from the pipeline table, if it trained one; '' for none)")
+    parser.add_argument("--tokenizer-uri", default=None,
+                        help="the tokenizer channel: a tokenizer job's model.tar.gz (default: the lineage's own, as for "
+                             "--vae-uri; '' for none)")
     parser.add_argument("--wait", action="store_true", help="stream the job's logs until it ends")
     return parser.parse_args(argv)
 

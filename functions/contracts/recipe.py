@@ -25,7 +25,7 @@ from contracts import model_presets
 # The container's own hyperparameters (trainer/container.py), never a job's arguments; a stage's encode and
 # autoencoder jobs take its `cpu-threads` too (core/training/job_requests.py).
 TASK, CPU_THREADS = "task", "cpu-threads"
-TASKS = ("train", "evaluate", "encode", "autoencoder")  # the values of `task`
+TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
 CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS)
 STAGE_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
 # trainer.jobs.train's flags that name where the container put things (the SM_* environment, the container's
@@ -109,6 +109,10 @@ class TrainOptions(Options):
                                     "it lacks comes from --model-config", MODEL)
     vae: str | None = option(None, "an AutoencoderKL (the autoencoder job's model: a directory, channel or "
                              "model.tar.gz); replaces the base's", MODEL)
+    tokenizer: str | None = option(None, "the pipeline's tokenizer subfolders for text encoders the base does not "
+                                   "bring (a tokenizer job's model: a directory, channel or model.tar.gz); without it "
+                                   "they are learned from the training shards' captions at start "
+                                   "(trainer/models/text_tokenizers.py)", MODEL)
     init_unet: Literal["pretrained", "random"] | None = option(
         None, "fine-tune the base's UNet, or train one from scratch on its frozen parts (default: the base's UNet "
         "when it has one)", MODEL)

@@ -29,6 +29,8 @@ class EncodeOptions(Options):
                                     from_stage=True)
     vae: str | None = option(None, "an AutoencoderKL directory, channel or model.tar.gz, as the training job's",
                              from_stage=True)
+    tokenizer: str | None = option(None, "the tokenizer folders, as the training job's (without: learned from the "
+                                   "shards' captions, as the training job on the same image shards learns them)")
     seed: int = option(0, "random init of a preset (the training job's seed)", from_stage=True)
     resolution: int | None = option(None, "bucket area as a square side (default: the model's)", from_stage=True)
     aspect_buckets: Flag = option(True, "as the training job's", from_stage=True)

@@ -32,6 +32,7 @@ CHECKPOINTS = "checkpoints/"  # <lineage>/: one checkpoint prefix per lineage (<
 ENCODED = "encoded/"  # <job>/latents/<encoder identity>-r<res>/<shard path>: an encode job's latent shards
 LATENTS = "latents/"  # below an encode job's checkpoint prefix, locally and in S3 (trainer/jobs/encode.py)
 AUTOENCODER = "autoencoder/"  # the autoencoder jobs' S3OutputPath: <job>-ae/output/model.tar.gz
+TOKENIZERS = "tokenizers/"  # the tokenizer jobs' S3OutputPath: <job>-tok/output/model.tar.gz
 TENSORBOARD = "tensorboard/"  # <job>/: a training job's TensorBoard event files
 # <file>: compiled shapes; at the bucket's root, the ones every lineage's training jobs read
 # (core.training.compile_caches), and below a checkpoint prefix, the ones a lineage's jobs write (trainer/speed/compile_cache.py)

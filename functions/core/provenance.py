@@ -25,7 +25,7 @@ LINEAGE_SCHEMA = 2  # 2: the pretrained base and the VAE
 NOT_STARTED = ("Queued",)  # a queued manifest has trained nothing yet
 # jobs run for a training job on its manifest (its encode job, the lineage's autoencoder job): what they
 # learned from is its manifest, so they are no model of their own here
-HELPER_ROLES = ("encode", "autoencoder")
+HELPER_ROLES = ("encode", "autoencoder", "tokenizer")
 
 
 class Places(Protocol):
@@ -150,6 +150,15 @@ class VaeSource(Frozen):
     autoencoder_job: str = ""
 
 
+class TokenizerSource(Frozen):
+    """Where the model's caption tokenizers came from."""
+
+    # the lineage's tokenizer job, the base, or learned by the training job from its own captions
+    source: Literal["tokenizer-job", "base", "learned"]
+    uri: str = ""  # tokenizer-job: its model.tar.gz ("" while it has not completed)
+    tokenizer_job: str = ""
+
+
 class Lineage(Frozen):
     """lineage.json: everything one model learned from, and the pretrained parts it started from."""
 
@@ -162,6 +171,7 @@ class Lineage(Frozen):
     samples: tuple[SampleSource, ...]  # each once, sorted by sha256
     pretrained: PretrainedBase | None = None  # the base (PretrainedModelUri) the job was claimed with
     vae: VaeSource | None = None  # None: recorded before schema 2
+    tokenizer: TokenizerSource | None = None  # None: recorded before tokenizer jobs
 
     def covered_by(self, revocation: Revocation) -> list[SampleSource]:
         return [s for s in self.samples if revocation.covers(s.partner, s.license, s.sha256)]
@@ -219,7 +229,8 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
     base = PretrainedBase.model_validate_json(job["pretrained"]) if job.get("pretrained") else None
     return Lineage(job=job_name, lineage=job.get("lineage", ""), manifest=str(job.get("digest", "")),
                    artifact=s3_layout.output_uri(places.models_bucket, job_name, s3_layout.MODEL_ARCHIVE),
-                   manifests=tuple(sources), samples=samples, pretrained=base, vae=vae_source(job, base))
+                   manifests=tuple(sources), samples=samples, pretrained=base, vae=vae_source(job, base),
+                   tokenizer=tokenizer_source(job, base))
 
 
 def vae_source(job: dict[str, Any], base: PretrainedBase | None) -> VaeSource:
@@ -227,6 +238,14 @@ def vae_source(job: dict[str, Any], base: PretrainedBase | None) -> VaeSource:
     if job.get("autoencoder"):
         return VaeSource(source="autoencoder", uri=job.get("vae_uri", ""), autoencoder_job=job.get("autoencoder_job", ""))
     return VaeSource(source="base" if base and base.has_vae else "random")
+
+
+def tokenizer_source(job: dict[str, Any], base: PretrainedBase | None) -> TokenizerSource:
+    """The job's tokenizers: its lineage's tokenizer job's (core.training.tokenizer_job), the base's, or learned by the job."""
+    if job.get("tokenizer"):
+        return TokenizerSource(source="tokenizer-job", uri=job.get("tokenizer_uri", ""),
+                               tokenizer_job=job.get("tokenizer_job", ""))
+    return TokenizerSource(source="base" if base and base.has_tokenizer else "learned")
 
 
 def _sample_source(key: str, partner: str, shard_ids: set[str], sequences: set[int], record: Sample | None) -> SampleSource:

@@ -226,6 +226,9 @@ class TrainingSettings:
     # before its first job (core.training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
     autoencoder_instance_type: str = ""
     autoencoder_hyperparameters: dict[str, str] = field(default_factory=dict)
+    # Where a lineage gets no tokenizer from its base, a tokenizer job on this instance type learns one from
+    # its first job's captions (core.training.tokenizer_job); the template sets it from AutoencoderInstanceType.
+    tokenizer_instance_type: str = ""
     eval_data_uri: str = ""  # s3://<data>/<EvalDataPrefix>: the autoencoder job's `validation` channel
     brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.training.failure_brake)
 
@@ -259,6 +262,7 @@ class TrainingSettings:
             autoencoder_hyperparameters=_hyperparameters(env.get("TRAINING_AUTOENCODER_HYPERPARAMETERS") or "{}",
                                                          "TRAINING_AUTOENCODER_HYPERPARAMETERS"),
             eval_data_uri=env.get("TRAINING_EVAL_DATA_URI", "").strip(),
+            tokenizer_instance_type=env.get("TRAINING_TOKENIZER_INSTANCE_TYPE", "").strip(),
             brake=_brake(env),
         )
         if bool(settings.subnets) != bool(settings.security_groups):

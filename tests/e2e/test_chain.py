@@ -1,4 +1,4 @@
-"""The whole chain on the local stack: upload -> ingest -> pack -> autoencoder -> encode -> training
+"""The whole chain on the local stack: upload -> ingest -> pack -> autoencoder, tokenizer -> encode -> training
 -> deploy -> image, with the demo's defaults (the procedural catalogue, samconfig.toml [local]).
 
 One stack, one run (training is the slow part); each test reads one stage's outcome from it. The
@@ -89,11 +89,12 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     stack, _, _ = chain
     sagemaker = boto3.client("sagemaker")
     every = sagemaker.list_training_jobs()["TrainingJobSummaries"]
-    jobs = [j for j in every if not j["TrainingJobName"].endswith(("-eval", "-enc", "-ae"))]
-    # one training job, the autoencoder and encode jobs before it (samconfig [local]) and the gate's evaluation
+    jobs = [j for j in every if not j["TrainingJobName"].endswith(("-eval", "-enc", "-ae", "-tok"))]
+    # one training job, the autoencoder, tokenizer and encode jobs before it (samconfig [local]) and the gate's evaluation
     assert [j["TrainingJobStatus"] for j in jobs] == ["Completed"]
     name = jobs[0]["TrainingJobName"]
-    assert sorted(j["TrainingJobName"] for j in every) == sorted([name, f"{name}-ae", f"{name}-enc", f"{name}-eval"])
+    assert sorted(j["TrainingJobName"] for j in every) == sorted([name, f"{name}-ae", f"{name}-tok", f"{name}-enc",
+                                                                  f"{name}-eval"])
     assert sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")["TrainingJobStatus"] == "Completed"
     job = sagemaker.describe_training_job(TrainingJobName=name)
     encode = sagemaker.describe_training_job(TrainingJobName=f"{name}-enc")
@@ -168,6 +169,23 @@ def test_the_autoencoder_job_trained_the_vae_every_later_job_used(chain: Any) ->
     # reconstructions of held-out pictures beat the untrained VAE's and an all-zeros guess by far
     assert record["held_out"] and record["psnr_db"] >= 20 and record["psnr_db"] > record["psnr_db_initial"] + 8
     assert record["psnr_db"] > record["psnr_db_zeros"] + 8
+
+
+def test_the_tokenizer_job_learned_the_tokenizer_every_later_job_used_from_the_captions(chain: Any) -> None:
+    sagemaker = boto3.client("sagemaker")
+    name = next(j["TrainingJobName"] for j in sagemaker.list_training_jobs()["TrainingJobSummaries"]
+                if j["TrainingJobName"].endswith("-tok"))
+    learned = sagemaker.describe_training_job(TrainingJobName=name)["ModelArtifacts"]["S3ModelArtifacts"]
+    training = name.removesuffix("-tok")
+    for job in (f"{training}-enc", training):
+        request = sagemaker.describe_training_job(TrainingJobName=job)
+        channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
+        assert channels["tokenizer"] == learned and request["HyperParameters"]["tokenizer"] == "tokenizer"
+    bucket, key = learned.removeprefix("s3://").split("/", 1)
+    with tarfile.open(fileobj=io.BytesIO(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())) as tar:
+        figures = json.load(tar.extractfile("tokenization.json"))["tokenizers"]["tokenizer"]
+    # the demo's captions are short and their few words repeat: each is one token, none is cut
+    assert figures["captions"] > 0 and figures["tokens_per_word"] <= 1.6 and figures["cut_share"] == 0
 
 
 def test_the_model_draws_the_prompts_colours_and_an_untrained_one_does_not(chain: Any, tmp_path: Path) -> None:

@@ -18,16 +18,16 @@ from atelier.local.stack import LocalStack, StackOptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=35)]
 REPO = Path(__file__).resolve().parents[2]
-# an option only the trainer checks: every job fails at start, the same way, as a bad
-# hyperparameter would on AWS
+# a VAE channel the job does not have: only the container can see that, so every job fails at start, the
+# same way, as a hyperparameter naming a missing channel would on AWS (the function checks every value it can)
 FAILING = {"TrainingQuota": "1", "ShardMaxSamples": "4", "EncodeInstanceType": "", "AutoencoderInstanceType": "",
            "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32",
-                                                  "lora-rank": "0", "num-workers": "0"}),
+                                                  "vae": "elsewhere", "num-workers": "0"}),
            "TrainingMaxConsecutiveFailures": "2", "TrainingFailureBackoffSeconds": "2",
            "TrainingRetrySchedule": "rate(1 minute)"}
 
 
-CAUSE = "--lora-rank and --lora-alpha must be >= 1"
+CAUSE = "elsewhere is neither a directory nor a channel (no SM_CHANNEL_ELSEWHERE)"
 
 
 def wait_for(reached: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -23,8 +23,10 @@ from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import ShardReader, index_shards
 from trainer.data.stages import RunPlan
+from trainer.data.captions import NoCaptions, read_captions
 from trainer.jobs import train
 from trainer.jobs.encode import encode_shards
+from trainer.models import text_tokenizers
 from trainer.models.loading import load_models
 from trainer.models.text import caption_ids
 from trainer.objectives.diffusion import diffusion_loss
@@ -35,8 +37,17 @@ RESOLUTION = 32
 
 
 @pytest.fixture(scope="module")
-def models():
-    return load_models("tiny", None, seed=0)
+def models(shards_dir):
+    """The tiny preset (seed 0) with tokenizers learned from the shards' captions, as a job without --tokenizer learns them."""
+    return load_models("tiny", None, seed=0, captions=lambda: read_captions(shards_dir))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, models) -> Path:
+    """The models' tokenizers saved as a tokenizer job saves them: what latent shards' runs take as --tokenizer."""
+    root = tmp_path_factory.mktemp("tokenizer")
+    text_tokenizers.save(dict(zip(["tokenizer"], models.tokenizers)), root)
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +110,11 @@ def test_a_step_on_latent_shards_gives_the_image_shards_loss_exactly(encoded, sh
 
 
 def test_training_on_latent_shards_logs_the_losses_and_ends_with_the_weights_of_image_shards(tmp_path, encoded, shards_dir,
-                                                                                              train_args):
+                                                                                              train_args, tokenizer_dir):
     records = {}
-    for kind, channel in (("image", shards_dir), ("latent", encoded["dir"])):
+    for kind, channel, tokenizer in (("image", shards_dir, []), ("latent", encoded["dir"], ["--tokenizer", str(tokenizer_dir)])):
         args = train_args(channel, tmp_path / kind / "model", tmp_path / kind / "checkpoints", "--steps", "2",
-                          "--caption-dropout", "0.5", "--final-weights", "trained")
+                          "--caption-dropout", "0.5", "--final-weights", "trained", *tokenizer)
         records[kind] = train.main(args)
     assert [h["loss"] for h in records["latent"]["history"]] == [h["loss"] for h in records["image"]["history"]]
     weights = [load_file(tmp_path / kind / "model" / "unet" / "diffusion_pytorch_model.safetensors") for kind in records]
@@ -176,13 +187,21 @@ def test_latent_shards_are_indexed_from_their_tables_as_walking_them_would(encod
         assert getattr(index, column).tolist() == getattr(walked, column).tolist(), column
 
 
-def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution(tmp_path, encoded, train_args):
-    other = train_args(encoded["dir"], tmp_path / "m1", tmp_path / "c1", "--steps", "1", "--seed", "1")
+def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution(tmp_path, encoded, train_args,
+                                                                                 tokenizer_dir):
+    tokenizer = ("--tokenizer", str(tokenizer_dir))
+    other = train_args(encoded["dir"], tmp_path / "m1", tmp_path / "c1", "--steps", "1", "--seed", "1", *tokenizer)
     with pytest.raises(LatentShardsError, match="encoded by models .* not by this run's"):
         train.main(other)
-    wrong_size = train_args(encoded["dir"], tmp_path / "m2", tmp_path / "c2", "--steps", "1", "--resolution", "64")
+    wrong_size = train_args(encoded["dir"], tmp_path / "m2", tmp_path / "c2", "--steps", "1", "--resolution", "64",
+                            *tokenizer)
     with pytest.raises(LatentShardsError, match=r"latent shards at 32 px, but the run's stages are at \[64\] px"):
         train.main(wrong_size)
+
+
+def test_latent_shards_without_their_tokenizer_are_refused_before_training(tmp_path, encoded, train_args):
+    with pytest.raises(NoCaptions, match="give the tokenizer they were encoded with"):
+        train.main(train_args(encoded["dir"], tmp_path / "m", tmp_path / "c", "--steps", "1"))
 
 
 def test_random_crops_need_image_shards(encoded, models):

@@ -17,7 +17,7 @@ from trainer import container
 from trainer.data import eval_set
 from trainer.jobs import evaluate, scoring
 from trainer.models.loading import load_models
-from trainer.models.tokenizer import build_tokenizer
+from trainer.models.tokenizer import learn_clip
 
 FAST = ["--timesteps", "100,500,900", "--max-samples", "4", "--steps", "2", "--guidance", "3"]
 
@@ -45,7 +45,7 @@ def damaged_model(tmp_path_factory, trained) -> Path:
 def clip_dir(tmp_path_factory) -> Path:
     """A tiny random CLIPModel with trainer/models/tokenizer.py's tokenizer and a 32 px image processor, saved."""
     root = tmp_path_factory.mktemp("channel-clip")
-    tokenizer = build_tokenizer()
+    tokenizer = learn_clip(["a red circle on a blue background", "a green square on a white background"] * 2)
     layers = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 2}
     text = {**layers, "vocab_size": len(tokenizer), "max_position_embeddings": 77, "bos_token_id": tokenizer.bos_token_id,
             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}

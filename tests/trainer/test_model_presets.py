@@ -52,3 +52,10 @@ def test_a_job_off_the_size_multiple_stops_before_it_reads_any_shard(job: str, t
     # THEN the job stops on the resolution, not on the missing shards it would have read first
     with pytest.raises(ValueError, match="resolution 36 is not a multiple of 8, the model's size multiple"):
         run(args)
+
+
+def test_the_geometry_read_from_a_preset_s_configs_is_its_models_the_table_s() -> None:
+    from contracts.model_presets import SIZE_MULTIPLES
+    from trainer.models.loading import preset_geometry
+
+    assert {name: preset_geometry(name)[0] for name in SIZE_MULTIPLES} == SIZE_MULTIPLES

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from contracts.metrics import METRIC_DEFINITIONS
 from trainer.jobs import step, train
 from trainer.jobs.encode import encode_shards
+from trainer.models import text_tokenizers
 from trainer.models.loading import load_models
 from trainer.objectives import diffusion as objective
 from trainer.runtime.checkpoints import CheckpointError, checkpoint_to_resume, load_checkpoint
@@ -561,12 +562,15 @@ def test_compile_compiles_the_vae_encoder_on_image_shards_only(kind, tmp_path, s
         compile_vae_encoder(models, channels_last, backend="aot_eager")  # traced for real; no C++ compiler needed
 
     monkeypatch.setattr(train, "compile_vae_encoder", recording)
-    train_dir = shards_dir
-    if kind == "latent":
+    train_dir, tokenizer = shards_dir, []
+    if kind == "latent":  # encoded with tokenizers learned from no captions, which the run then takes as --tokenizer
         models = load_models("tiny", None, seed=0)
         train_dir = encode_shards(shards_dir, tmp_path / "latents", models, 32, torch.device("cpu"), batch_size=2,
                                   num_workers=0)["dir"]
-    args = train_args(train_dir, tmp_path / "model", tmp_path / "checkpoints", "--steps", "1", "--compile", "true")
+        text_tokenizers.save({"tokenizer": models.tokenizers[0]}, tmp_path / "tokenizer")
+        tokenizer = ["--tokenizer", str(tmp_path / "tokenizer")]
+    args = train_args(train_dir, tmp_path / "model", tmp_path / "checkpoints", "--steps", "1", "--compile", "true",
+                      *tokenizer)
     train.main(args)
 
     assert compiled == (["UNet2DConditionModel", "vae encoder"] if kind == "image" else ["UNet2DConditionModel"])

@@ -9,6 +9,7 @@ import torch
 from diffusers import (DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
                        PixArtSigmaPipeline, StableDiffusion3Pipeline)
 
+from trainer.data.captions import read_captions
 from trainer.data.eval_set import EvalSample
 from trainer.jobs import train
 from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
@@ -132,10 +133,11 @@ def test_a_checkpoint_s_denoiser_loads_with_the_family_s_class(trained_family):
     assert all(torch.equal(ema.state_dict()[name], value) for name, value in pipeline.transformer.state_dict().items())
 
 
-def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family):
-    """The tokenizers and text encoders saved with the model give the embeddings the run trained on."""
+def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family, shards_dir):
+    """The tokenizers (learned from the shards' captions) and text encoders saved with the model give the
+    embeddings the run trained on."""
     saved = from_pretrained(trained_family["model_dir"])
-    fresh = load_models(trained_family["preset"], None, seed=0)
+    fresh = load_models(trained_family["preset"], None, seed=0, captions=lambda: read_captions(shards_dir))
     captions = ["a red dog on a blue background", ""]
     trained_on = condition(fresh.family, fresh.text_pipeline(), captions, CPU)
     pipeline = DiffusionPipeline.from_pretrained(trained_family["model_dir"])

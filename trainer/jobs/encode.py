@@ -55,11 +55,12 @@ from trainer.data.images import crop_to_bucket, decode_image
 from trainer.data.latents import latent_dir, models_identity
 from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
+from trainer.data.captions import read_captions
 from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, ShardReader, index_shards, load_exclusions
 from trainer.jobs.hyperparameters import add_options, checked
 from trainer.jobs.latent_writer import ShardWriter
 from trainer.models.bundle import Models
-from trainer.models.loading import load_models
+from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import token_ids
 from trainer.objectives.numerics import autocast
 from trainer.runtime import distributed
@@ -207,7 +208,10 @@ def main(args: argparse.Namespace) -> dict:
     if processes.world_size > 1:
         raise ValueError("trainer.jobs.encode runs as one process (SageMaker: one host, or ShardedByS3Key across hosts)")
     print(json.dumps({"event": "imported"}), flush=True)  # the job's fixed costs show in its log
-    models = load_models(args.model_config, args.pretrained, args.seed, args.vae)
+    if not args.pretrained:  # a preset's resolution is checked first: learning its tokenizers reads the shards
+        check_resolution(args.resolution or preset_geometry(args.model_config)[1], preset_geometry(args.model_config)[0])
+    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, tokenizer=args.tokenizer,
+                         captions=lambda: read_captions(args.train_dir, args.manifest, args.index_dir))
     identity = models_identity(models)
     models.frozen_to(processes.device)
     print(json.dumps({"event": "models", "identity": identity}), flush=True)

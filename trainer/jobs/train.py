@@ -64,6 +64,7 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from trainer.data.captions import read_captions
 from trainer.data.latents import check_latent_shards
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
@@ -74,7 +75,7 @@ from trainer.jobs.step import StepSettings, Trainee, train_step
 from trainer.jobs.train_args import parse_args
 from trainer.models import lora
 from trainer.models.families import check_flow_run
-from trainer.models.loading import load_models
+from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import caption_ids
 from trainer.objectives.diffusion import zero_terminal_snr
 from trainer.report.write import write_report
@@ -119,6 +120,17 @@ def cuda_graphs_for(args, resolutions: list[int], processes: distributed.Process
     return args.cuda_graphs
 
 
+def training_captions(args: argparse.Namespace, processes):
+    """The captions a tokenizer is learned from when neither the base nor --tokenizer brings one: every
+    shard of the host, so each rank learns the same; several hosts (their own shards each) need --tokenizer."""
+    def captions():
+        if processes.world_size > processes.local_world_size:
+            raise ValueError("several hosts would learn different tokenizers from their own shards: give --tokenizer "
+                             "(the pipeline's tokenizer job writes one)")
+        return read_captions(args.train_dir, args.manifest, args.index_dir)
+    return captions
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -135,7 +147,12 @@ def main(args: argparse.Namespace) -> dict:
     health_dir = Path(args.output_data_dir) if args.output_data_dir else Path(args.model_dir) / "health"
 
     # models: the same initial weights on every rank; the UNet built on the device (trainer/models/loading.py)
-    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device)
+    if not args.pretrained:  # a preset's resolution is checked first: learning its tokenizers reads the shards
+        multiple, default_resolution = preset_geometry(args.model_config)
+        plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
+                       args.lr_warmup_steps, default_resolution, args.lr_final_fraction, args.first_step, multiple)
+    models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device,
+                         args.tokenizer, training_captions(args, processes))
     lora.adapt(models, args)  # --train lora: the base frozen, an adapter's parameters alone train (trainer/models/lora.py)
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
@@ -274,6 +291,7 @@ def main(args: argparse.Namespace) -> dict:
         adapter = save_model(models, weights, plan.stages[-1].resolution, model_dir, args.pretrained)
         if adapter is not None:  # a LoRA run's model is its base and the adapter: the record names the base
             record["base"] = adapter["base"]
+        record["tokenizer"] = models.tokenization  # where the tokenizers came from, and the captions cut at the context
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
         draw_loss_curve(state.loss_history, health_dir / "loss.png")
         write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it

@@ -35,6 +35,7 @@ class Models:
     family: Family | None = None  # a transformer family (trainer/families.py); None: the UNet family
     flow: FlowSettings | None = None  # a transformer family's flow-matching settings
     text_folders: list[tuple[str, str]] = field(default_factory=list)  # (encoder, tokenizer) subfolders, in order
+    tokenization: dict = field(default_factory=dict)  # where the tokenizers came from, how captions tokenize
     base: Path | None = None  # the --pretrained folder the parts came from (unpacked when it was a model.tar.gz)
     _text_pipeline: object = field(default=None, repr=False)
 

@@ -34,7 +34,6 @@ from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEule
 from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel)
 
 from trainer.objectives.flow_matching import TIMESTEP_SCALE
-from trainer.models.tokenizer import build_t5_tokenizer, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -104,29 +103,30 @@ class Conditioning:
 # ---------------------------------------------------------------- building and loading
 
 
-def build_text_parts(family: Family, preset: dict, seed: int) -> tuple[dict, dict]:
-    """({subfolder: encoder}, {subfolder: tokenizer}) with fresh weights from the preset's configs."""
+def build_text_parts(family: Family, preset: dict, seed: int, tokenizers: dict) -> tuple[dict, dict]:
+    """({subfolder: encoder}, {subfolder: tokenizer}) with fresh weights from the preset's configs, for
+    `tokenizers` by subfolder (trainer/models/text_tokenizers.py: learned, or the tokenizer channel's)."""
     configs = preset.get("text_encoders", {})
     missing = [part.role for part in family.text_parts if part.required and part.role not in configs]
     if missing:
         raise ValueError(f"a {family.name} preset needs text_encoders {', '.join(missing)}")
-    encoders, tokenizers = {}, {}
+    encoders = {}
     for part in family.text_parts:
         if part.role not in configs:
             continue
         torch.manual_seed(seed)
+        tokenizer = tokenizers[part.tokenizer]
+        config = {**configs[part.role], "vocab_size": len(tokenizer)}  # the tokenizer's ids, never more
         if part.encoder_class is T5EncoderModel:
-            tokenizer = build_t5_tokenizer(family.max_length)
-            encoder = T5EncoderModel(T5Config(**configs[part.role], vocab_size=len(tokenizer),
-                                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            encoder = T5EncoderModel(T5Config(**config, pad_token_id=tokenizer.pad_token_id,
+                                              eos_token_id=tokenizer.eos_token_id,
                                               decoder_start_token_id=tokenizer.pad_token_id))
         else:
-            tokenizer = build_tokenizer()
             encoder = CLIPTextModelWithProjection(CLIPTextConfig(
-                **configs[part.role], vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-        encoders[part.encoder], tokenizers[part.tokenizer] = encoder, tokenizer
-    return encoders, tokenizers
+                **config, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id))
+        encoders[part.encoder] = encoder
+    return encoders, {part.tokenizer: tokenizers[part.tokenizer] for part in family.text_parts if part.role in configs}
 
 
 def load_text_parts(family: Family, base: Path) -> tuple[dict, dict]:

@@ -8,7 +8,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 import torch
@@ -17,8 +17,7 @@ from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextM
 
 from contracts.s3_layout import MODEL_ARCHIVE
 from trainer.models.bundle import CPU, Models
-from trainer.models import families, lora
-from trainer.models.tokenizer import build_tokenizer
+from trainer.models import families, lora, text_tokenizers
 from trainer.models.families import Family
 from trainer.objectives.flow_matching import FlowSettings
 
@@ -34,7 +33,8 @@ COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2
 
 
 def load_models(model_config: str, pretrained: str | None, seed: int, vae: str | None = None,
-                init_unet: str | None = None, device: torch.device = CPU) -> Models:
+                init_unet: str | None = None, device: torch.device = CPU, tokenizer: str | None = None,
+                captions: Callable[[], Iterable[str]] | None = None) -> Models:
     """The run's models: each component from `pretrained` (a pipeline, or some of its subfolders) where
     it has one, the VAE from `vae` when given, the rest built from the preset `model_config` with `seed`.
 
@@ -43,17 +43,29 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     The UNet is on `device`, the one that trains it (from_preset); the frozen parts stay on the CPU
     until `Models.frozen_to`. Everything is checked to fit together before any data is read: a bad base
     fails the job at start.
+
+    Text encoders the base does not bring are built with the tokenizers of `tokenizer` (a folder or
+    channel holding the pipeline's tokenizer subfolders: a tokenizer job's output), else with tokenizers
+    learned from `captions()` (trainer/models/text_tokenizers.py), which is only called then.
     """
     base = resolve_pretrained(pretrained) if pretrained else None
     family = preset_family(model_config, base)
-    models = (transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device) if family
-              else unet_models(model_config, base, pretrained, seed, vae, init_unet, device))
+    tokenizers = _tokenizer_source(tokenizer, captions)
+    models = (transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device, tokenizers)
+              if family else unet_models(model_config, base, pretrained, seed, vae, init_unet, device, tokenizers))
     models.base = base
     return models
 
 
+TokenizerSource = Callable[[dict], tuple[dict, dict]]  # preset -> ({subfolder: tokenizer}, what the record says)
+
+
+def _tokenizer_source(tokenizer: str | None, captions: Callable[[], Iterable[str]] | None) -> TokenizerSource:
+    return lambda preset: text_tokenizers.resolve(preset, channel_path(tokenizer) if tokenizer else None, captions)
+
+
 def unet_models(model_config: str, base: Path | None, pretrained: str | None, seed: int, vae: str | None,
-                init_unet: str | None, device: torch.device) -> Models:
+                init_unet: str | None, device: torch.device, tokenizers: TokenizerSource | None = None) -> Models:
     """The UNet family's models: each part from `base` where it has one, the rest from the preset."""
     found = set(base_components(base)) if base else set()
     if init_unet == "pretrained" and "unet" not in found:
@@ -61,7 +73,10 @@ def unet_models(model_config: str, base: Path | None, pretrained: str | None, se
     from_base = {name for name in found if name != "unet" or init_unet != "random"}
     if vae:
         from_base.add("vae")  # given separately: the preset's is never built
-    models = from_preset(model_config, seed, skip=from_base, device=device)
+    learned, tokenization = (tokenizers or _tokenizer_source(None, None))(read_preset(model_config)) \
+        if "text_encoder" not in found else ({}, {"source": f"--pretrained {pretrained}"})
+    models = from_preset(model_config, seed, skip=from_base, device=device, tokenizers=learned)
+    models.tokenization = tokenization
     if "vae" in found and not vae:
         models.vae = AutoencoderKL.from_pretrained(base, subfolder="vae")
     if "unet" in from_base:
@@ -131,7 +146,21 @@ def read_preset(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.device = CPU) -> Models:
+def preset_geometry(name: str) -> tuple[int, int]:
+    """(size multiple, default resolution) of a preset's VAE and denoiser, from its configs alone (as
+    `Models.size_multiple` and `default_resolution` compute them), so a run checks its resolution before
+    it reads any shard (learning a tokenizer reads the shards' captions)."""
+    preset = read_preset(name)
+    vae_scale = 2 ** (len(preset["vae"].get("block_out_channels", [0])) - 1)
+    if "transformer" in preset:
+        denoiser = preset["transformer"]
+        return vae_scale * denoiser.get("patch_size", 2), denoiser["sample_size"] * vae_scale
+    denoiser = preset["unet"]
+    return vae_scale * 2 ** (len(denoiser["block_out_channels"]) - 1), denoiser["sample_size"] * vae_scale
+
+
+def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.device = CPU,
+                tokenizers: dict | None = None) -> Models:
     """Fresh weights for the preset's architecture; the same seed gives the same weights on the same kind
     of device. Components named in `skip` (the ones a base brings) are not built and are None until the
     caller fills them.
@@ -142,28 +171,32 @@ def from_preset(name: str, seed: int, skip: Collection[str] = (), device: torch.
     that device's generator, so a CUDA-built UNet is not the CPU-built one of the same seed. Every rank
     of a job has the same kind of GPU, so the ranks still agree. The frozen parts are always drawn on
     the CPU: latent shards name the VAE and text encoders by their weights (trainer/data/latents.py), and
-    the encode job that wrote them may have run on another device."""
+    the encode job that wrote them may have run on another device.
+
+    The text encoders are built for `tokenizers` ({subfolder: tokenizer}, trainer/models/text_tokenizers.py;
+    None: learned from no captions, byte-level, as tests build them)."""
     preset = read_preset(name)
+    if tokenizers is None and "text_encoder" not in skip:
+        tokenizers = text_tokenizers.learn(preset, [])
     torch.manual_seed(seed)
-    tokenizers, text_encoders = [], []
-    for key, model_class in (("text_encoder", CLIPTextModel), ("text_encoder_2", CLIPTextModelWithProjection)):
+    chosen, text_encoders = [], []
+    for (key, folder), model_class in zip(text_tokenizers.UNET_TEXT_PARTS, (CLIPTextModel, CLIPTextModelWithProjection)):
         if key not in preset or "text_encoder" in skip:
             continue
-        tokenizer = build_tokenizer()
+        tokenizer = tokenizers[folder]
         text_config = CLIPTextConfig(
-            **preset[key],
-            vocab_size=len(tokenizer),  # the vocabulary is the tokenizer's, never the preset's
+            **{**preset[key], "vocab_size": len(tokenizer)},  # the tokenizer's ids, never more
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        tokenizers.append(tokenizer)
+        chosen.append(tokenizer)
         text_encoders.append(model_class(text_config))
     # each part seeded on its own: a preset UNet is the same whether or not a base brings the rest
     return Models(
         vae=None if "vae" in skip else seeded(seed, AutoencoderKL, preset["vae"]),
         text_encoders=text_encoders,
-        tokenizers=tokenizers,
+        tokenizers=chosen,
         denoiser=None if "unet" in skip else seeded(seed, UNet2DConditionModel, preset["unet"], device),
         noise_scheduler=DDPMScheduler(**preset["scheduler"]),
     )
@@ -255,7 +288,8 @@ def preset_family(model_config: str, base: Path | None) -> Family | None:
 
 
 def transformer_models(family: Family, model_config: str | None, base: Path | None, pretrained: str | None, seed: int,
-                       vae: str | None, init: str | None, device: torch.device) -> Models:
+                       vae: str | None, init: str | None, device: torch.device,
+                       tokenizers: TokenizerSource | None = None) -> Models:
     """A transformer family's models: each part from `base` where it has one (the transformer unless
     `init` is `random`), the VAE from `vae` when given, the rest built from the preset with `seed`."""
     preset = read_preset(model_config) if model_config else {}
@@ -264,9 +298,11 @@ def transformer_models(family: Family, model_config: str | None, base: Path | No
         raise BaseModelError(f"--init-unet pretrained, but the base {pretrained} has no transformer/ to fine-tune")
     try:
         if base is not None and has(family.text_parts[0].encoder):
-            encoders, tokenizers = families.load_text_parts(family, base)
+            encoders, loaded = families.load_text_parts(family, base)
+            tokenization = {"source": f"--pretrained {pretrained}"}
         else:
-            encoders, tokenizers = families.build_text_parts(family, preset, seed)
+            learned, tokenization = (tokenizers or _tokenizer_source(None, None))(preset)
+            encoders, loaded = families.build_text_parts(family, preset, seed, learned)
         if has("transformer") and init != "random":
             transformer = families.load_transformer(family, base).to(device)
         else:
@@ -277,8 +313,9 @@ def transformer_models(family: Family, model_config: str | None, base: Path | No
         raise BaseModelError(f"{family.name} model from {pretrained or model_config}: {error}") from None
     folders = [(part.encoder, part.tokenizer) for part in family.text_parts if part.encoder in encoders]
     models = Models(vae=autoencoder, text_encoders=[encoders[e] for e, _ in folders],
-                    tokenizers=[tokenizers[t] for _, t in folders], denoiser=transformer, noise_scheduler=None,
+                    tokenizers=[loaded[t] for _, t in folders], denoiser=transformer, noise_scheduler=None,
                     family=family, flow=FlowSettings.from_preset(preset.get("flow")), text_folders=folders)
+    models.tokenization = tokenization
     origin = (lambda name: f"--pretrained {pretrained}" if has(name) else f"{model_config} (random)")
     models.sources = {"vae": f"--vae {vae}" if vae else origin("vae"), "text_encoder": origin(family.text_parts[0].encoder),
                       "transformer": origin("transformer") if init != "random" else f"{model_config} (random)",

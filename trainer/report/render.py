@@ -287,7 +287,8 @@ def autoencoder_section(record: dict | None, reconstructions: str | None) -> str
     return (_table(rows) if record else '<p class="none">no autoencoder.json</p>') + "".join(curves) + "<br>" + picture
 
 
-def run_data(record: dict, history: list[dict] | None = None, autoencoder: dict | None = None) -> dict:
+def run_data(record: dict, history: list[dict] | None = None, autoencoder: dict | None = None,
+             tokenization: dict | None = None) -> dict:
     """What the page shows of a run's record (atelier-training.json) and of an autoencoder job's
     (autoencoder.json, less its args)."""
     run = {"steps": record.get("steps"), "final_loss": record.get("final_loss"), "weights": record.get("weights"),
@@ -296,7 +297,17 @@ def run_data(record: dict, history: list[dict] | None = None, autoencoder: dict 
            "history": history if history is not None else record.get("history") or []}
     if autoencoder:
         run["autoencoder"] = {k: v for k, v in autoencoder.items() if k != "args"}
+    if record.get("tokenizer") or tokenization:
+        run["tokenizer"] = record.get("tokenizer") or tokenization
     return run
+
+
+def tokenizer_section(tokenization: dict) -> str:
+    """Where the tokenizers came from and, per pipeline folder, how the captions tokenized (trainer/models/text_tokenizers.py)."""
+    rows = {k: v for k, v in tokenization.items() if k != "tokenizers"}
+    for name, figures in (tokenization.get("tokenizers") or {}).items():
+        rows[name] = ", ".join(f"{_label(k)} {v}" for k, v in figures.items())
+    return _table(rows)
 
 
 def run_from_page(page: str) -> dict | None:
@@ -315,7 +326,9 @@ def _run_sections(run: dict, grids: list[tuple[str, str]]) -> str:
     summary = {"steps": run.get("steps"), "final loss": run.get("final_loss"), "weights": run.get("weights"),
                "mean throughput (img/s)": mean("img_per_s"), "mean data-wait share": mean("data_wait_share"),
                "skipped steps": run.get("skipped_steps"), "corrupt samples": run.get("corrupt_samples"),
-               "shards seen": run.get("shards_seen"), "stages": run.get("stages")}
+               "shards seen": run.get("shards_seen"), "stages": run.get("stages"),
+               "captions cut at the context length": max((f.get("cut_share") or 0 for f in (run.get("tokenizer") or {})
+                                                          .get("tokenizers", {}).values()), default=None)}
     curves = [svg_curve(list(zip(steps, [h.get("loss") for h in history])), "training loss (log scale)", log_y=True,
                         y_title="loss"),
               svg_curve(list(zip(steps, [h.get("img_per_s") for h in history])), "throughput", "#2a7d2e",
@@ -333,7 +346,8 @@ def render(job: str, run: dict, grids: list[tuple[str, str]], evaluation: dict |
     """The page, from plain data (`run`: run_data; `grids`: (label, data URI) per checkpoint;
     `reconstructions`: an autoencoder job's picture as a data URI)."""
     autoencoder = run.get("autoencoder")
-    trained = run.get("steps") is not None or run.get("history") or not (autoencoder or reconstructions)
+    trained = run.get("steps") is not None or run.get("history") or not (autoencoder or reconstructions
+                                                                        or run.get("tokenizer"))
     carried = json.dumps(run, separators=(",", ":")).replace("<", "\\u003c")  # nothing in it can end the block
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Training report: {html.escape(job)}'
             f"</title><style>{STYLE}</style>{RUN_DATA}{carried}</script></head>"
@@ -341,6 +355,7 @@ def render(job: str, run: dict, grids: list[tuple[str, str]], evaluation: dict |
             + (_run_sections(run, grids) if trained else "")
             + (f"<h2>Autoencoder</h2>{autoencoder_section(autoencoder, reconstructions)}"
                if autoencoder or reconstructions else "")
+            + (f"<h2>Tokenizer</h2>{tokenizer_section(run['tokenizer'])}" if run.get("tokenizer") else "")
             + f"<h2>Evaluation gate</h2>{gate_section(evaluation)}"
             f"<h2>Lineage</h2>{lineage_section(lineage)}"
             "</body></html>")

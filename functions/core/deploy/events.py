@@ -19,7 +19,7 @@ EVALUATE_SOURCE, EVALUATE_REQUEST = "atelier.cli", "Evaluate Model"  # `atelier 
 ROLLBACK_REQUEST = "Roll Back Endpoint"  # `atelier rollback` puts this event (source EVALUATE_SOURCE)
 ROLE_TAG, CANDIDATE_TAG, TRAINING_JOB_TAG = job_tags.ROLE, job_tags.CANDIDATE, job_tags.TRAINING_JOB
 FINAL_STAGE_TAG, MANIFEST_TAG = job_tags.FINAL_STAGE, job_tags.MANIFEST
-ROLES = (job_tags.ENCODE, job_tags.AUTOENCODER, job_tags.EVALUATION)
+ROLES = (job_tags.ENCODE, job_tags.AUTOENCODER, job_tags.TOKENIZER, job_tags.EVALUATION)
 ARTEFACT_SUFFIX = f"/output/{s3_layout.MODEL_ARCHIVE}"
 
 

@@ -81,7 +81,7 @@ def write_latent_manifest(training_job: str, settings: TrainingSettings) -> tupl
 
 
 def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, pretrained_uri: str,
-          vae_uri: str, settings: TrainingSettings, indexes_uri: str = "") -> bool:
+          vae_uri: str, settings: TrainingSettings, indexes_uri: str = "", tokenizer_uri: str = "") -> bool:
     """Record and create the training job's encode job; False when one of its name exists."""
     name = encode_job_name(training_job)
     aws.put_item_if_absent(settings.table, {
@@ -90,7 +90,7 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
     stage = int(job.get("stage", 0))
     if aws.create_training_job(encode_job_request(training_job, manifest_uri, job["digest"], stage, settings,
                                                   exclusions_uri, pretrained_uri=pretrained_uri, vae_uri=vae_uri,
-                                                  indexes_uri=indexes_uri)):
+                                                  indexes_uri=indexes_uri, tokenizer_uri=tokenizer_uri)):
         logger.info("encode job started", extra={"job": name, "stage": settings.stages[stage].name})
         return True
     return False

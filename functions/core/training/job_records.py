@@ -18,7 +18,7 @@ NOT_CARRIED = frozenset({"settled", "failure_reason", "model_data", "latents", "
 
 
 def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, autoencoder: bool,
-                base: PretrainedBase | None, settings: TrainingSettings) -> dict[str, Any]:
+                base: PretrainedBase | None, settings: TrainingSettings, tokenizer: bool = False) -> dict[str, Any]:
     """The record a claim creates for the manifest's first job (stage 0)."""
     return {**pipeline_table.job_item(name, s3_layout.manifest_key(name), [s.shard_id for s in manifest.new_shards],
                                       _now()),
@@ -28,7 +28,7 @@ def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, aut
             "sequence": manifest.sequence, "excludes": manifest.excluded,
             "indexes": any(s.table_key for s in manifest.shards),  # manifests.write_files wrote its indexes manifest
             # decided once: a settings change never strands a claimed job
-            "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder,
+            "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder, "tokenizer": tokenizer,
             "pretrained": base.model_dump_json() if base else ""}
 
 
@@ -68,6 +68,7 @@ class Inputs:
     exclusions_uri: str
     pretrained_uri: str  # the base it was claimed with ("": none)
     vae_uri: str = ""  # the lineage's VAE, once its autoencoder job has made one
+    tokenizer_uri: str = ""  # the lineage's tokenizers, once its tokenizer job has learned them
     indexes_uri: str = ""  # the ManifestFile of its shards' sample tables ("": none has one)
 
 

@@ -22,7 +22,7 @@ from contracts.recipe import STAGE_CONTAINER_HYPERPARAMETERS
 from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
 from core.settings import Stage, TrainingSettings
 from core.training.instance_types import has_instance_store
-from core.training.pretrained import AUTOENCODER_SUFFIX
+from core.training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
 
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
@@ -32,6 +32,7 @@ MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion lis
 INDEXES_CHANNEL = "indexes"
 PRETRAINED_CHANNEL = "pretrained"  # the base: a diffusers pipeline (or some of its folders), or its model.tar.gz
 VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
+TOKENIZER_CHANNEL = "tokenizer"  # the lineage's tokenizer job's model.tar.gz: the pipeline's tokenizer folders
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
 ENCODE_SUFFIX = "-enc"
 # the stage hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them),
@@ -39,6 +40,8 @@ ENCODE_SUFFIX = "-enc"
 ENCODE_HYPERPARAMETERS = (*EncodeOptions.stage_flags(), *STAGE_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
 AUTOENCODER_STAGE_HYPERPARAMETERS = (*AutoencoderOptions.stage_flags(), *STAGE_CONTAINER_HYPERPARAMETERS)
+# ... and those trainer/jobs/tokenizer.py takes (the preset names the text encoders its tokenizers serve)
+TOKENIZER_STAGE_HYPERPARAMETERS = ("model-config", *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
 def stage_hyperparameters(stage: Stage, steps_target: int, first_step: int = 1) -> dict[str, str]:
@@ -68,10 +71,10 @@ def indexes_channel(uri: str) -> dict[str, Any]:
                                             "S3DataDistributionType": "FullyReplicated"}}}
 
 
-def model_inputs(pretrained_uri: str, vae_uri: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The channels and hyperparameters that bring a job its pretrained parts (either may be empty)."""
+def model_inputs(pretrained_uri: str, vae_uri: str, tokenizer_uri: str = "") -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The channels and hyperparameters that bring a job its pretrained parts (any may be empty)."""
     channels, hyperparameters = [], {}
-    for name, uri in ((PRETRAINED_CHANNEL, pretrained_uri), (VAE_CHANNEL, vae_uri)):
+    for name, uri in ((PRETRAINED_CHANNEL, pretrained_uri), (VAE_CHANNEL, vae_uri), (TOKENIZER_CHANNEL, tokenizer_uri)):
         if uri:
             channels.append(file_channel(name, uri))
             hyperparameters[name] = name  # the trainer resolves a channel name to /opt/ml/input/data/<name>
@@ -156,13 +159,14 @@ def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
 def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                          steps_target: int, settings: TrainingSettings, exclusions_uri: str = "", *,
                          pretrained_uri: str | None = None, vae_uri: str = "", first_step: int = 1,
-                         indexes_uri: str = "", compile_cache: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                         indexes_uri: str = "", compile_cache: list[dict[str, Any]] | None = None,
+                         tokenizer_uri: str = "") -> dict[str, Any]:
     """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins (and
     `indexes_uri`, if any, their sample tables), and `exclusions_uri` (if any) is the manifest JSON for
     the `manifest` channel. The job trains the lineage's steps `first_step` to `steps_target`.
     `compile_cache`: the shared compiled shapes' channel, where there is one (core.training.compile_caches.channels)."""
     stage = settings.stages[stage_index]
-    channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
+    channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri, tokenizer_uri)
     channels += compile_cache or []
     request = _job_request(
         name, manifest_uri, {**stage_hyperparameters(stage, steps_target, first_step), **model_hyperparameters},
@@ -188,12 +192,12 @@ def encode_job_name(training_job: str) -> str:
 
 def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
                        settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
-                       vae_uri: str = "", indexes_uri: str = "") -> dict[str, Any]:
+                       vae_uri: str = "", indexes_uri: str = "", tokenizer_uri: str = "") -> dict[str, Any]:
     """The training image with task=encode on one encode instance, for the stage's resolution and
     models; its latent shards reach S3 through CheckpointConfig (trainer/jobs/encode.py). It reads the
     training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
     stage = settings.stages[stage_index]
-    channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri)
+    channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri, tokenizer_uri)
     hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS},
                        **model_hyperparameters}
     return _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
@@ -226,3 +230,23 @@ def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_diges
                             f"{settings.lineage}{AUTOENCODER_SUFFIX}")),
                         _helper_tags(training_job, "autoencoder", manifest_digest, stage_index, settings), settings,
                         exclusions_uri, channels, AUTOENCODER_METRIC_DEFINITIONS, indexes_uri)
+
+
+def tokenizer_job_name(training_job: str) -> str:
+    return f"{training_job}{TOKENIZER_SUFFIX}"
+
+
+def tokenizer_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+                          settings: TrainingSettings, exclusions_uri: str = "", indexes_uri: str = "") -> dict[str, Any]:
+    """The training image with task=tokenizer on one instance (trainer/jobs/tokenizer.py): the tokenizers the
+    stage's model-config needs, learned from the captions of the training job's shards less its exclusions.
+    No model channel: a tokenizer is learned from captions alone."""
+    stage = settings.stages[stage_index]
+    hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in TOKENIZER_STAGE_HYPERPARAMETERS},
+                       "task": "tokenizer"}
+    return _job_request(tokenizer_job_name(training_job), manifest_uri, hyperparameters,
+                        (settings.tokenizer_instance_type, 1), s3_layout.TOKENIZERS,
+                        s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
+                            f"{settings.lineage}{TOKENIZER_SUFFIX}")),
+                        _helper_tags(training_job, job_tags.TOKENIZER, manifest_digest, stage_index, settings), settings,
+                        exclusions_uri, indexes_uri=indexes_uri)

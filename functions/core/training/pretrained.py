@@ -20,6 +20,8 @@ from core import aws
 
 BASES_PREFIX = "bases/"  # in the models bucket: where `atelier base add` uploads a base
 AUTOENCODER_SUFFIX = "-ae"  # `<training job>-ae`, and its checkpoints at checkpoints/<lineage>-ae/
+TOKENIZER_SUFFIX = "-tok"  # `<training job>-tok`: the lineage's tokenizer job
+TOKENIZER_CONFIG = "tokenizer/tokenizer_config.json"  # a prefix base holds a tokenizer when this is under it
 BASE_RECORD = "atelier-base.json"  # written by `atelier base add` beside the base's files
 VAE_CONFIG = "vae/config.json"  # a prefix base holds a VAE when this is under it
 # A pipeline's part folders, each recognised by its config file (diffusers' save_pretrained layout).
@@ -48,6 +50,7 @@ class PretrainedBase(Frozen):
     size: int  # bytes, all objects together
     objects: int
     has_vae: bool  # a prefix with vae/config.json; an archive is taken to hold one (the trainer checks)
+    has_tokenizer: bool = True  # a prefix with tokenizer/tokenizer_config.json; an archive, as for the VAE
 
 
 def check_uri(uri: str, name: str = "PretrainedModelUri") -> str:
@@ -89,4 +92,5 @@ def describe_base(uri: str) -> PretrainedBase:
     if not objects:
         raise BaseMissing(f"PretrainedModelUri {uri}: no objects under it (upload one with `atelier base add DIR`)")
     return PretrainedBase(uri=uri, kind="prefix", digest=listing_digest(objects), size=sum(o[1] for o in objects),
-                          objects=len(objects), has_vae=any(o[0] == VAE_CONFIG for o in objects))
+                          objects=len(objects), has_vae=any(o[0] == VAE_CONFIG for o in objects),
+                          has_tokenizer=any(o[0] == TOKENIZER_CONFIG for o in objects))

@@ -27,6 +27,10 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   model.tar.gz as the lineage's `vae_uri` (create-only), and every encode and training job of the
   lineage reads that as the channel `vae` (`vae=vae`). A failed or stopped autoencoder job fails its
   training job as a failed encode job does; the lineage's next job trains a VAE again.
+- The lineage's tokenizers (core.training.tokenizer_job), the same way: when the base brings no
+  tokenizer/, a tokenizer job `<job>-tok` (task=tokenizer) learns them from the job's captions; its
+  model.tar.gz becomes the lineage's `tokenizer_uri`, every encode and training job's channel
+  `tokenizer`. core.training.lineage_parts sequences both parts (the VAE first).
 - Compiled shapes (core.training.compile_caches): a training job's end publishes the files its
   compile left in the lineage's checkpoints to one shared prefix, and every training job reads that
   prefix as its `compile-cache` channel, so a shape compiles once for all lineages.
@@ -42,7 +46,7 @@ and the CreateTrainingJob requests (core.training.job_requests).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,9 +57,10 @@ from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws, telemetry
 from core.partners import attribution
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage, manifests
+from core.training import (autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage,
+                           lineage_parts, manifests, tokenizer_job)
 from core.training.job_records import Inputs
-from core.training.job_requests import autoencoder_job_name, encode_job_name, training_job_request
+from core.training.job_requests import encode_job_name, training_job_request
 from core.training.pretrained import PretrainedBase, describe_base
 
 logger = Logger(child=True)
@@ -70,7 +75,7 @@ class JobNameCollision(RuntimeError):
 @dataclass(frozen=True)
 class Decision:
     # waiting | started | queued | already-claimed | busy | not-ours; a helper job's end:
-    # encoded | encode-failed | autoencoded | autoencoder-failed
+    # encoded | encode-failed | autoencoded | autoencoder-failed | tokenized | tokenizer-failed
     action: str
     job_name: str | None = None
     pending: int = 0
@@ -95,8 +100,8 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
         return Decision("not-ours", name)
     if job.get("role") == encode_job.ROLE:
         return on_encode_finished(job, status, reason, settings)
-    if job.get("role") == autoencoder_job.ROLE:
-        return on_autoencoder_finished(job, status, reason, settings)
+    if part := lineage_parts.part_of(job.get("role")):
+        return on_part_finished(part, job, status, reason, settings)
     if job_records.record_end(job, status, reason, settings.table):
         _settle(job, status, settings)
         _apply_brake(name, status, reason, settings)  # once per job: before `advance` reads it
@@ -128,21 +133,19 @@ def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, set
     return Decision("encoded", training_job)
 
 
-def on_autoencoder_finished(job: dict[str, Any], status: str, reason: str | None,
-                            settings: TrainingSettings) -> Decision:
-    """The lineage's autoencoder job ended: Completed, its model.tar.gz becomes the lineage's VAE and
-    the training job goes on (its encode job first, when encoding); anything else fails the training
-    job (its shards return to pending, and the lineage's next job trains a VAE again)."""
-    name, training_job = pipeline_table.job_name(job["pk"]), job["for_job"]
+def on_part_finished(part: lineage_parts.Part, job: dict[str, Any], status: str, reason: str | None,
+                     settings: TrainingSettings) -> Decision:
+    """The lineage's autoencoder or tokenizer job ended: Completed, its model.tar.gz becomes the lineage's
+    part and the training job goes on (its next part's job, or its encode job, first); anything else fails
+    the training job (its shards return to pending, and the lineage's next job makes the part again)."""
+    training_job = job["for_job"]
     job_records.record_end(job, status, reason, settings.table)
-    vae_uri = autoencoder_job.artefact(name) if status == "Completed" else ""
-    if not vae_uri:
-        why = "no ModelArtifacts" if status == "Completed" else reason or "no reason given"
-        on_job_finished(training_job, "Failed", f"autoencoder job {name} {status}: {why}", settings)
-        return Decision("autoencoder-failed", training_job)
-    autoencoder_job.store_vae(name, vae_uri, settings)  # create-only: a redelivered event changes nothing
+    failure = lineage_parts.store(part, job, status, reason, settings)
+    if failure:
+        on_job_finished(training_job, "Failed", failure, settings)
+        return Decision(part.failed, training_job)
     advance(settings)
-    return Decision("autoencoded", training_job)
+    return Decision(part.done, training_job)
 
 
 # --- orchestration: the lineage's one job at a time ---------------------------------------------
@@ -258,11 +261,12 @@ def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, bas
     and (at the lineage's first claim) whether the lineage trains its own VAE."""
     sequence, steps_done = int(lock["sequence"]), int(lock["steps_done"])
     autoencoder = autoencoder_job.needs_autoencoder(lock, base, settings)
+    tokenizer = tokenizer_job.needs_tokenizer(lock, base, settings)
     shard_updates = [(pipeline_table.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk, gsi1sk",
                       "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
                      for s in manifest.new_shards]
-    lineage_update = lineage.claim_update(settings.lineage, name, sequence, queue, autoencoder, base)
-    job = job_records.claimed_job(manifest, name, queue, steps_done, autoencoder, base, settings)
+    lineage_update = lineage.claim_update(settings.lineage, name, sequence, queue, autoencoder, base, tokenizer)
+    job = job_records.claimed_job(manifest, name, queue, steps_done, autoencoder, base, settings, tokenizer)
     return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
                                 names={"#s": "status", **lineage.CLAIM_NAMES})
 
@@ -344,12 +348,12 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     if job is None or job.get("status") not in ("Requested", "InProgress"):
         return
     stage = int(job.get("stage", 0))
-    inputs = job_records.inputs_of(name, job, settings)
-    if job.get("autoencoder"):
-        inputs = replace(inputs, vae_uri=autoencoder_job.vae_for(name, job, settings))
-        if not inputs.vae_uri:
-            _ensure_autoencoder(name, job, inputs, settings)
-            return
+    inputs, part = lineage_parts.missing(name, job, job_records.inputs_of(name, job, settings), settings)
+    if part is not None:  # the lineage's VAE or tokenizers first
+        if not part.begin(name, job, inputs, settings):
+            _settle_if_ended(part.job_name(name), name, inputs.manifest_uri,
+                             lambda record, *end: on_part_finished(part, record, *end), settings)
+        return
     if job.get("encode") and not job.get("latents"):
         _ensure_encoding(name, job, inputs, settings)
         return
@@ -359,7 +363,8 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
                                    inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri,
                                    first_step=job_records.first_step(job, stage, settings), indexes_uri=indexes_uri,
-                                   compile_cache=compile_caches.channels(settings.models_bucket))
+                                   compile_cache=compile_caches.channels(settings.models_bucket),
+                                   tokenizer_uri=inputs.tokenizer_uri)
     if aws.create_training_job(request):
         logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
                                                    "latents": bool(job.get("latents")), "vae": inputs.vae_uri})
@@ -369,14 +374,8 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
 
 def _ensure_encoding(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
     if not encode_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri,
-                            inputs.vae_uri, settings, inputs.indexes_uri):
+                            inputs.vae_uri, settings, inputs.indexes_uri, inputs.tokenizer_uri):
         _settle_if_ended(encode_job_name(name), name, inputs.manifest_uri, on_encode_finished, settings)
-
-
-def _ensure_autoencoder(name: str, job: dict[str, Any], inputs: Inputs, settings: TrainingSettings) -> None:
-    if not autoencoder_job.start(name, job, inputs.manifest_uri, inputs.exclusions_uri, inputs.pretrained_uri,
-                                 settings, inputs.indexes_uri):
-        _settle_if_ended(autoencoder_job_name(name), name, inputs.manifest_uri, on_autoencoder_finished, settings)
 
 
 def _settle_if_ended(preceding: str, name: str, manifest_uri: str,

@@ -1,0 +1,147 @@
+"""Tokens per word of a tokenizer learned from captions, on captions over words it never saw.
+
+Nothing is downloaded: a procedural language stands in for captions. Its words are pronounceable
+(onset, vowel, coda syllables), Zipf-distributed, and built as captions' words are: a root of one to
+three syllables, often with a suffix, sometimes a prefix; captions follow a small grammar of
+function words (one syllable, frequent) around content words. The tokenizer
+(trainer/models/tokenizer.py, CLIP's format and default 49,408-id ceiling, as a from-scratch preset
+builds it) is learned from `--captions` training captions, then measured on captions made of the same
+grammar whose every content word never occurs in the training captions:
+
+- `value` (`train.tokens_per_word_unseen`): unseen words as a language makes them, drawn from its own
+  distribution and kept only if training never had them (new compositions of known roots and affixes,
+  and rare roots); tokens over all words of those captions, function words included, BOS/EOS not.
+- `unseen_content_word`: the same, over the unseen content words alone.
+- `novel_roots`: the hardest case, content words on roots from a disjoint set training never drew from.
+- `seen_heldout`: held-out captions of the training distribution (what most captions of a job are).
+
+    .venv/bin/python bench/tokenizer_unseen.py [--captions 50000] [--test 2000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the repo and the Lambda code
+
+from bench.stamp import commit  # noqa: E402
+from trainer.models.tokenizer import CLIP_VOCAB_SIZE, learn_clip  # noqa: E402
+
+ONSETS = "b c d f g h k l m n p r s t v w z br tr st pl kr gl sh ch th sp".split()
+VOWELS = "a e i o u ai ou ea ee oo".split()
+CODAS = ["", "", "", "n", "r", "s", "l", "t", "k", "m"]
+
+
+class Language:
+    """A procedural caption language: function words, roots (a training set and a disjoint one), affixes."""
+
+    def __init__(self, seed: int, roots: int = 6000, function_words: int = 30):
+        rng = random.Random(seed)
+        self.function = self._distinct(rng, function_words, 1, 1, set())
+        self.suffixes = self._distinct(rng, 12, 1, 1, set(self.function))
+        self.prefixes = self._distinct(rng, 5, 1, 1, set(self.function) | set(self.suffixes))
+        taken = set(self.function) | set(self.suffixes) | set(self.prefixes)
+        all_roots = self._distinct(rng, 2 * roots, 1, 3, taken)
+        self.roots, self.novel_roots = all_roots[:roots], all_roots[roots:]
+        # cumulative Zipf weights, computed once (random.choices would sum them at every draw)
+        self.root_weights = list(itertools.accumulate(1 / (rank + 1) for rank in range(roots)))
+        self.function_weights = list(itertools.accumulate(1 / (rank + 1) ** 0.8 for rank in range(function_words)))
+
+    @staticmethod
+    def _syllable(rng: random.Random) -> str:
+        onset = rng.choice(ONSETS) if rng.random() < 0.85 else ""
+        return onset + rng.choice(VOWELS) + rng.choice(CODAS)
+
+    def _distinct(self, rng: random.Random, count: int, low: int, high: int, taken: set[str]) -> list[str]:
+        words: list[str] = []
+        while len(words) < count:
+            word = "".join(self._syllable(rng) for _ in range(rng.choices(range(low, high + 1),
+                                                                          [0.45, 0.4, 0.15][:high - low + 1])[0]))
+            if word not in taken and len(word) > 1:
+                taken.add(word)
+                words.append(word)
+        return words
+
+    def content_word(self, rng: random.Random, roots: list[str] | None = None) -> str:
+        root = rng.choice(roots) if roots else rng.choices(self.roots, cum_weights=self.root_weights)[0]
+        prefix = rng.choice(self.prefixes) if rng.random() < 0.15 else ""
+        suffix = rng.choice(self.suffixes) if rng.random() < 0.5 else ""
+        return prefix + root + suffix
+
+    def caption(self, rng: random.Random, content=None) -> str:
+        """6-14 words: a function word, then one or two content words, and again."""
+        words: list[str] = []
+        target = rng.randint(6, 14)
+        while len(words) < target:
+            words.append(rng.choices(self.function, cum_weights=self.function_weights)[0])
+            for _ in range(rng.randint(1, 2)):
+                words.append(content(rng) if content else self.content_word(rng))
+        return " ".join(words)
+
+
+def tokens_per_word(tokenizer, captions: list[str], only=None) -> float:
+    """Tokens (BOS and EOS left out) per word of the captions, or of their words `only` picks."""
+    words = [word for caption in captions for word in caption.split() if only is None or only(word)]
+    encoded = tokenizer.backend_tokenizer.encode_batch(words, add_special_tokens=False)
+    return sum(len(encoding.ids) for encoding in encoded) / len(words)
+
+
+def measure(captions: int, test: int, seed: int, vocab_size: int = CLIP_VOCAB_SIZE) -> dict:
+    """The figures for a tokenizer learned from `captions` training captions, over `test` captions of each kind."""
+    language = Language(seed)
+    rng = random.Random(seed + 1)
+    training = [language.caption(rng) for _ in range(captions)]
+    seen = {word for caption in training for word in caption.split()}
+    started = time.perf_counter()
+    tokenizer = learn_clip(training, vocab_size)
+    learn_s = time.perf_counter() - started
+
+    def unseen(rng: random.Random) -> str:
+        while (word := language.content_word(rng)) in seen:
+            pass
+        return word
+    test_rng = random.Random(seed + 2)
+    heldout = [language.caption(test_rng) for _ in range(test)]
+    over_unseen = [language.caption(test_rng, unseen) for _ in range(test)]
+    over_novel = [language.caption(test_rng, lambda r: language.content_word(r, language.novel_roots))
+                  for _ in range(test)]
+    assert not any(word in seen for c in over_unseen for word in c.split() if word not in language.function)
+    content = (lambda word: word not in language.function)
+    return {"value": round(tokens_per_word(tokenizer, over_unseen), 3),
+            "unseen_content_word": round(tokens_per_word(tokenizer, over_unseen, content), 3),
+            "novel_roots": round(tokens_per_word(tokenizer, over_novel), 3),
+            "novel_roots_content_word": round(tokens_per_word(tokenizer, over_novel, content), 3),
+            "seen_heldout": round(tokens_per_word(tokenizer, heldout), 3),
+            "vocab_size": len(tokenizer), "training_words": sum(len(c.split()) for c in training),
+            "distinct_training_words": len(seen), "learn_s": round(learn_s, 2)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--captions", type=int, default=50000, help="training captions")
+    parser.add_argument("--test", type=int, default=2000, help="test captions of each kind")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab-size", type=int, default=CLIP_VOCAB_SIZE, help="the tokenizer's ceiling")
+    args = parser.parse_args(argv)
+    figures = measure(args.captions, args.test, args.seed, args.vocab_size)
+    import tokenizers
+    line = {"metric": "train.tokens_per_word_unseen", "unit": "tokens/word", **figures,
+            "config": {"captions": args.captions, "test": args.test, "seed": args.seed, "vocab_ceiling": args.vocab_size,
+                       "format": "clip-bpe"},
+            "commit": commit(), "machine": f"{platform.machine()}, nproc {os.cpu_count()}, no GPU",
+            "versions": {"python": platform.python_version(), "tokenizers": tokenizers.__version__}}
+    print(json.dumps(line), flush=True)
+    return line
+
+
+if __name__ == "__main__":
+    main()

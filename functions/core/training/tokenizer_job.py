@@ -1,0 +1,74 @@
+"""A lineage's own caption tokenizers: the tokenizer job that learns them, and where the lineage keeps them.
+
+Decided once per lineage, at its first claim (`needs_tokenizer`): when the base (PretrainedModelUri)
+brings no tokenizer, the lineage's first job waits for a tokenizer job `<job>-tok` (the training image
+with task=tokenizer, trainer/jobs/tokenizer.py) on that job's image shards. Its model.tar.gz (the
+pipeline's tokenizer folders) becomes the lineage's `tokenizer_uri` (create-only: a lineage's token ids
+never change, or its frozen text encoders would read other captions), and every encode and training job of
+the lineage reads it as the channel `tokenizer`. core.training.lineage_parts sequences it beside the
+autoencoder job; this module holds what it does to the table and to SageMaker.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from aws_lambda_powertools import Logger
+
+from contracts import job_tags, pipeline_table
+from core import aws
+from core.settings import TrainingSettings
+from core.training.job_requests import tokenizer_job_name, tokenizer_job_request
+from core.training.pretrained import PretrainedBase
+
+logger = Logger(child=True)
+ROLE = job_tags.TOKENIZER  # the job record's role and its tag's, and the claimed job's flag
+
+
+def needs_tokenizer(lineage: dict[str, Any], base: PretrainedBase | None, settings: TrainingSettings) -> bool:
+    """Whether the lineage learns its own tokenizers: as recorded at its first claim, else decided now."""
+    if "tokenizer" in lineage:
+        return bool(lineage["tokenizer"])
+    if int(lineage.get("sequence", 0)) > 0:  # it trained before this was decided: its token ids stay
+        return False
+    return bool(settings.tokenizer_instance_type) and not (base and base.has_tokenizer)
+
+
+def tokenizer_for(name: str, job: dict[str, Any], settings: TrainingSettings) -> str:
+    """The lineage's tokenizers for a job that needs them, recorded on the job when it first learns
+    them; "" while the lineage has none yet (its tokenizer job has not completed)."""
+    if job.get("tokenizer_uri"):
+        return str(job["tokenizer_uri"])
+    lineage = aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
+    if not lineage.get("tokenizer_uri"):
+        return ""
+    aws.update_item(settings.table, pipeline_table.job_pk(name), "SET tokenizer_uri = :u, tokenizer_job = :t",
+                    {":u": lineage["tokenizer_uri"], ":t": lineage.get("tokenizer_job", "")},
+                    condition="attribute_exists(pk) AND attribute_not_exists(tokenizer_uri)")
+    return str(lineage["tokenizer_uri"])
+
+
+def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, settings: TrainingSettings,
+          indexes_uri: str = "") -> bool:
+    """Record and create the training job's tokenizer job; False when one of its name exists."""
+    name = tokenizer_job_name(training_job)
+    aws.put_item_if_absent(settings.table, {
+        "pk": pipeline_table.job_pk(name), "kind": "job", "role": ROLE, "for_job": training_job, "status": "Requested",
+        "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    request = tokenizer_job_request(training_job, manifest_uri, job["digest"], int(job.get("stage", 0)), settings,
+                                    exclusions_uri, indexes_uri)
+    if aws.create_training_job(request):
+        logger.info("tokenizer job started", extra={"job": name, "training_job": training_job})
+        return True
+    return False
+
+
+def store_tokenizer(name: str, tokenizer_uri: str, settings: TrainingSettings) -> bool:
+    """The lineage's tokenizers, once: False when it has them already (those stay)."""
+    stored = aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage),
+                             "SET tokenizer_uri = :u, tokenizer_job = :t",
+                             {":u": tokenizer_uri, ":t": name}, condition="attribute_not_exists(tokenizer_uri)")
+    if stored:
+        logger.info("lineage tokenizer learned", extra={"job": name, "tokenizer": tokenizer_uri})
+    return stored
