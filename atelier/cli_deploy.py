@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from atelier import client
+from atelier import client, operator_requests
 from contracts import pipeline_table, s3_layout
 from core import aws
 
@@ -40,7 +40,7 @@ def _number(value: float | None, form: str = "{:.4f}") -> str:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     with console.status("rollback requested; waiting for DeployFunction's answer") as status:
-        result = client.rollback(client.stack_outputs(args.stack), args.to, args.reason, args.timeout,
+        result = operator_requests.rollback(client.stack_outputs(args.stack), args.to, args.reason, args.timeout,
                                  lambda waited: status.update(f"rollback requested; waiting for DeployFunction's "
                                                               f"answer ({waited:.0f} s)"))
     if args.json:
@@ -52,7 +52,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     outputs = client.stack_outputs(args.stack)
-    result = client.evaluate(outputs, args.model)
+    result = operator_requests.evaluate(outputs, args.model)
     if args.wait:
         result["status"] = _wait_for_decision(outputs, args.model, result["attempt"], args.timeout)
     if args.json:

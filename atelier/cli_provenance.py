@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from atelier import client
+from atelier import client, operator_requests
 from contracts import s3_layout
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def cmd_lineage_resume(args: argparse.Namespace) -> int:
     """`atelier lineage resume NAME`: lift the failure brake of a halted (or backing-off) lineage."""
     if not args.name:
         raise SystemExit("atelier lineage resume: name the lineage (TrainingLineage; `atelier status` shows it)")
-    result = client.resume_lineage(client.stack_outputs(args.stack), args.name)
+    result = operator_requests.resume_lineage(client.stack_outputs(args.stack), args.name)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

@@ -21,7 +21,7 @@ from core.settings import TrainingSettings
 from core.training import autoencoder_job, manifests
 from core.training.manifests import job_name_for
 from core.training.pretrained import BaseMissing
-from core.training.starter import Decision, advance, resume
+from core.training.starter import Decision, resume
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     TWO_STAGES,
     FakeSageMaker,
@@ -376,7 +376,7 @@ def test_the_job_records_the_base_and_its_digest_when_claimed(configure: Callabl
 
 def test_a_changed_base_halts_the_lineage_before_any_job_until_it_is_set_back(
         configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, stack) -> None:
-    from atelier import client
+    from atelier import client, operator_requests
     uri = put_base(configure(), PIPELINE)
     settings = configure(TRAINING_PRETRAINED_MODEL_URI=uri)
     first = seal(settings, 1, 2)[1].job_name
@@ -397,7 +397,7 @@ def test_a_changed_base_halts_the_lineage_before_any_job_until_it_is_set_back(
 
     # WHEN the base is set back and the lineage resumed, the manifest is claimed with the first digest
     put_base(settings, {"text_encoder/config.json": PIPELINE["text_encoder/config.json"]})
-    client.resume_lineage(stack.outputs, "main")
+    operator_requests.resume_lineage(stack.outputs, "main")
     second = resume(settings).job_name  # StartTrainingFunction, given the CLI's event
     assert len(sagemaker.created) == 2 and json.loads(job(settings, second)["pretrained"])["digest"] == digest
 

@@ -411,17 +411,17 @@ def test_a_request_for_an_unknown_model_is_a_bad_message(settings: DeploySetting
 
 def test_the_cli_asks_the_deploy_function_only_for_an_eval_failed_model(settings: DeploySettings, stack: Provisioned,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from atelier import client
+    from atelier import client, operator_requests
     sent: list[tuple] = []
     monkeypatch.setattr(aws, "put_event", lambda *args: sent.append(args))
     on_job_state(completed(), settings)
     with pytest.raises(client.PipelineError, match="is evaluating: only an eval-failed model"):
-        client.evaluate(stack.outputs, JOB)
+        operator_requests.evaluate(stack.outputs, JOB)
     with pytest.raises(client.PipelineError, match="no model 'atelier-nope'"):
-        client.evaluate(stack.outputs, "atelier-nope")
+        operator_requests.evaluate(stack.outputs, "atelier-nope")
     on_job_state(evaluation_finished(settings, JOB, 0.1, status="Failed"), settings)
 
-    result = client.evaluate(stack.outputs, JOB)
+    result = operator_requests.evaluate(stack.outputs, JOB)
 
     assert sent == [("default", "atelier.cli", "Evaluate Model", json.dumps({"model": JOB}))]
     assert (result["attempt"], result["previous_reason"]) == (0, f"evaluation {JOB}-eval Failed: AlgorithmError: no eval shards")

@@ -1150,7 +1150,7 @@ def test_the_backoff_doubles_with_each_failure_in_a_row(configure: Callable[...,
 def test_three_model_failures_in_a_row_halt_the_lineage_until_it_is_resumed(
         configure: Callable[..., TrainingSettings], sagemaker: FakeSageMaker, clock: list[float],
         stack: Provisioned) -> None:
-    from atelier import client
+    from atelier import client, operator_requests
     settings = configure(TRAINING_MAX_CONSECUTIVE_FAILURES="3")  # backoff 0 (tests/conftest.py)
     name = seal(settings, 1, 2)[1].job_name
     decisions = []
@@ -1170,7 +1170,7 @@ def test_three_model_failures_in_a_row_halt_the_lineage_until_it_is_resumed(
     assert held.startswith("halted after 3 failed jobs in a row") and "(attempt 2)" in held
 
     # WHEN an operator resumes it (`atelier lineage resume main`)
-    resumed = client.resume_lineage(stack.outputs, "main")
+    resumed = operator_requests.resume_lineage(stack.outputs, "main")
 
     # THEN the CLI changed nothing itself: StartTrainingFunction, given its event, lifts the brake and
     # starts the next job; the failures stay on record

@@ -28,7 +28,7 @@ from decimal import Decimal
 from typing import IO, Any, Iterator, Literal
 
 from aws_lambda_powertools import Logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from contracts import pipeline_table, shard_members
 from contracts.messages import DEFAULT_NEAR_DUPLICATES, ImportShard, NearDuplicates, Sample, Sidecar, UploadRef
