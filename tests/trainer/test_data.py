@@ -126,6 +126,20 @@ def test_a_batch_is_a_pure_function_of_seed_step_and_rank(shards_dir):
     assert keys_of(step_batches(shards_dir, steps=9, seed=1)) != first
 
 
+def test_with_keys_the_batches_do_not_depend_on_how_the_samples_were_packed():
+    # GIVEN the same 40 samples in two layouts (which shard, and where, follows the uploads' arrival)
+    keys, aspects = np.array([f"{n:064x}" for n in range(40)]), np.ones(40)
+    plan = RunPlan([{"resolution": 32, "batch_size": 4, "learning_rate": 1e-4, "steps": 10}])
+    layout = np.random.default_rng(3).permutation(40)
+
+    def batches(rows: np.ndarray, **keyed) -> np.ndarray:
+        return keys[rows][BatchPlan(aspects[rows], plan, 0, 0, 1, 8, False, **keyed).epoch_batches(0, 0)[0]]
+
+    # THEN with the keys both draw the same samples in the same batches; without them, not
+    assert (batches(np.arange(40), keys=keys) == batches(layout, keys=keys[layout])).all()
+    assert not (batches(np.arange(40)) == batches(layout)).all()
+
+
 def test_loader_workers_split_the_batches_and_keep_the_step_order(shards_dir):
     dataset = step_batches(shards_dir, steps=6)
     with_workers = [batch["key"] for batch in make_loader(dataset, 2)]

@@ -7,6 +7,10 @@ last one filled up from the start of its bucket) and shuffles the batches. Optim
 micro-batch m map to a position in that sequence, so a batch is a pure function of (seed, step,
 rank): a resumed job reads exactly what the uninterrupted job would have, with no loader state, and
 a job resumed on another number of GPUs simply draws its own sequence.
+
+Given the samples' keys, the shuffle runs over them in key order, not in the order the shards hold
+them: which shard a sample was packed into, and where, depends on when its upload arrived, so without
+the keys the same samples and seed would train differently from one packing to the next.
 """
 
 from dataclasses import dataclass
@@ -43,8 +47,10 @@ class BatchPlan:
     """Which samples make each micro-batch: a pure function of (seed, rank, step, micro-batch)."""
 
     def __init__(self, aspects: np.ndarray, plan: RunPlan, seed: int, rank: int, accumulation: int,
-                 size_multiple: int, aspect_buckets: bool):
+                 size_multiple: int, aspect_buckets: bool, keys: np.ndarray | None = None):
         self.aspects, self.plan, self.seed, self.rank = aspects, plan, seed, rank
+        # rows in key order: the shuffle's input does not depend on how the samples were packed
+        self.canonical = np.argsort(keys, kind="stable") if keys is not None else np.arange(len(aspects))
         self.accumulation, self.size_multiple, self.aspect_buckets = accumulation, size_multiple, aspect_buckets
 
     @lru_cache(maxsize=8)
@@ -58,7 +64,7 @@ class BatchPlan:
         _, assignment = self.stage_buckets(stage)
         batch_size = self.plan.stages[stage].batch_size
         rng = np.random.default_rng([self.seed, self.rank, stage, epoch, 0])
-        order = rng.permutation(len(self.aspects))
+        order = self.canonical[rng.permutation(len(self.aspects))]
         batches, buckets = [], []
         for bucket in np.unique(assignment):
             members = order[assignment[order] == bucket]

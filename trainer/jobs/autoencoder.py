@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> dict:
     index = index_shards(args.train_dir, 0, 1, load_exclusions(args.manifest), args.index_dir)
     if index.latent:
         raise ValueError(f"{args.train_dir} holds latent shards; an autoencoder trains on images")
-    batch_plan = BatchPlan(index.aspect, plan, args.seed, 0, 1, size_multiple, args.aspect_buckets)
+    batch_plan = BatchPlan(index.aspect, plan, args.seed, 0, 1, size_multiple, args.aspect_buckets, keys=index.key)
     batches = iter(make_loader(StepBatches(index, batch_plan, step + 1, plan.total_steps, 0.0, args.random_crop, None),
                                args.num_workers))
     eval_shards = find_eval_shards(args.validation_dir) if args.validation_dir else []

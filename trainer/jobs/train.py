@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> dict:
     if compiling and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
         compile_vae_encoder(models)
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
-                           args.aspect_buckets)
+                           args.aspect_buckets, keys=index.key)
     dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop,
                           empty_ids)
     batches = iter(make_loader(dataset, args.num_workers))
