@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import tarfile
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -723,6 +724,22 @@ def tiny_shard(first: int, count: int) -> bytes:
     return shard.getvalue()
 
 
+def lineage_tokenizer(s3: Any, shards: list[bytes]) -> str:
+    """The tokenizer job's folders for these shards, under an S3 prefix (the `tokenizer` channel)."""
+    from trainer.jobs import tokenizer as tokenizer_job
+    with tempfile.TemporaryDirectory() as work:
+        for number, shard in enumerate(shards):
+            (Path(work) / "shards").mkdir(exist_ok=True)
+            (Path(work) / "shards" / f"s-{number}.tar").write_bytes(shard)
+        tokenizer_job.main(tokenizer_job.parse_args(["--train-dir", f"{work}/shards", "--model-dir", f"{work}/model",
+                                                     "--model-config", "tiny"]))
+        for path in sorted((Path(work) / "model").rglob("*")):
+            if path.is_file() and "health" not in path.relative_to(Path(work) / "model").parts:
+                s3.put_object(Bucket="data", Key=f"tokenizers/e2e/{path.relative_to(Path(work) / 'model')}",
+                              Body=path.read_bytes())
+    return "s3://data/tokenizers/e2e/"
+
+
 def trainer_events(log: Path) -> list[dict[str, Any]]:
     """The trainer's JSON log lines (rank 0 logs, so algo-1's log holds them)."""
     events = []
@@ -746,9 +763,14 @@ def test_the_trainer_on_two_instances_resumes_after_losing_one(sm: Any, s3: Any,
         "trainer-e2e", CheckpointConfig={"S3Uri": "s3://models/checkpoints/e2e/"},
         StoppingCondition={"MaxRuntimeInSeconds": 600}))
     request["AlgorithmSpecification"]["TrainingImage"] = TRAINER_IMAGE
+    # the lineage's tokenizer, as its tokenizer job leaves it: each host sees only its own shards' captions
+    request["InputDataConfig"].append({**request["InputDataConfig"][0], "ChannelName": "tokenizer", "DataSource": {
+        "S3DataSource": {**request["InputDataConfig"][0]["DataSource"]["S3DataSource"],
+                         "S3Uri": lineage_tokenizer(s3, [tiny_shard(0, 4), tiny_shard(4, 4)]),
+                         "S3DataDistributionType": "FullyReplicated"}}})
     request["HyperParameters"] = {"steps": "4", "batch-size": "2", "resolution": "32", "checkpoint-every": "1",
                                   "keep-checkpoints": "4", "seed": "0", "model-config": "tiny", "num-workers": "0",
-                                  "log-every": "1", "validation-prompts": ""}
+                                  "log-every": "1", "validation-prompts": "", "tokenizer": "tokenizer"}
     sm.create_training_job(**request)
 
     # WHEN the leader's instance is lost once a whole checkpoint has reached S3 (each instance uploads its
