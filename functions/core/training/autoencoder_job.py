@@ -37,15 +37,22 @@ def needs_autoencoder(lineage: dict[str, Any], base: PretrainedBase | None, sett
 def vae_for(name: str, job: dict[str, Any], settings: TrainingSettings) -> str:
     """The lineage's VAE for a job that needs one, recorded on the job when it first learns it;
     "" while the lineage has none yet (its autoencoder job has not completed)."""
-    if job.get("vae_uri"):
-        return str(job["vae_uri"])
+    return recorded_part(name, job, settings, "vae_uri", "autoencoder_job")
+
+
+def recorded_part(name: str, job: dict[str, Any], settings: TrainingSettings, uri_field: str, job_field: str) -> str:
+    """A lineage part's URI (`uri_field`: its VAE, its tokenizers) for job `name`: the job's own record, else the
+    lineage's, then written on the job once (create-only, with the part's job `job_field`); "" while the lineage
+    has none yet."""
+    if job.get(uri_field):
+        return str(job[uri_field])
     lineage = aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
-    if not lineage.get("vae_uri"):
+    if not lineage.get(uri_field):
         return ""
-    aws.update_item(settings.table, pipeline_table.job_pk(name), "SET vae_uri = :u, autoencoder_job = :a",
-                    {":u": lineage["vae_uri"], ":a": lineage.get("autoencoder_job", "")},
-                    condition="attribute_exists(pk) AND attribute_not_exists(vae_uri)")
-    return str(lineage["vae_uri"])
+    aws.update_item(settings.table, pipeline_table.job_pk(name), f"SET {uri_field} = :u, {job_field} = :j",
+                    {":u": lineage[uri_field], ":j": lineage.get(job_field, "")},
+                    condition=f"attribute_exists(pk) AND attribute_not_exists({uri_field})")
+    return str(lineage[uri_field])
 
 
 def validation_uri(settings: TrainingSettings) -> str:

@@ -20,6 +20,7 @@ from contracts import job_tags, pipeline_table
 from core import aws
 from core.settings import TrainingSettings
 from core.training.job_requests import tokenizer_job_name, tokenizer_job_request
+from core.training.autoencoder_job import recorded_part
 from core.training.pretrained import PretrainedBase
 
 logger = Logger(child=True)
@@ -38,15 +39,7 @@ def needs_tokenizer(lineage: dict[str, Any], base: PretrainedBase | None, settin
 def tokenizer_for(name: str, job: dict[str, Any], settings: TrainingSettings) -> str:
     """The lineage's tokenizers for a job that needs them, recorded on the job when it first learns
     them; "" while the lineage has none yet (its tokenizer job has not completed)."""
-    if job.get("tokenizer_uri"):
-        return str(job["tokenizer_uri"])
-    lineage = aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
-    if not lineage.get("tokenizer_uri"):
-        return ""
-    aws.update_item(settings.table, pipeline_table.job_pk(name), "SET tokenizer_uri = :u, tokenizer_job = :t",
-                    {":u": lineage["tokenizer_uri"], ":t": lineage.get("tokenizer_job", "")},
-                    condition="attribute_exists(pk) AND attribute_not_exists(tokenizer_uri)")
-    return str(lineage["tokenizer_uri"])
+    return recorded_part(name, job, settings, "tokenizer_uri", "tokenizer_job")
 
 
 def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_uri: str, settings: TrainingSettings,
