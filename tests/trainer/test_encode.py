@@ -3,11 +3,7 @@
 import io
 import json
 import os
-import shutil
 import struct
-import tarfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +13,6 @@ from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
-from trainer import container
 from trainer.data.latents import LatentShardsError, latent_dir, models_identity
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
@@ -31,6 +26,8 @@ from trainer.models.loading import load_models
 from trainer.models.text import caption_ids
 from trainer.objectives.diffusion import diffusion_loss
 from trainer.objectives.numerics import step_generator
+
+from tests.trainer.encode_helpers import members_of
 
 CPU = torch.device("cpu")
 RESOLUTION = 32
@@ -63,11 +60,6 @@ def batches(channel, models, steps=3, dropout=0.0, latent=False):
     empty_ids = caption_ids(models, [""])[0].numpy() if latent else None
     return list(make_loader(StepBatches(index, BatchPlan(index.aspect, plan, 0, 0, 1, models.size_multiple, True),
                                         1, steps, dropout, False, empty_ids), 0))
-
-
-def members_of(path) -> dict[str, bytes]:
-    with tarfile.open(path) as tar:
-        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
 
 
 def test_latent_shards_mirror_the_image_shards_under_the_identity_and_resolution(encoded, shards_dir, models, samples):
@@ -211,63 +203,6 @@ def test_random_crops_need_image_shards(encoded, models):
         StepBatches(index, BatchPlan(index.aspect, plan, 0, 0, 1, 8, True), 1, 1, 0.0, True)
 
 
-@pytest.fixture
-def saved_environment():
-    """The container exports SM_* into os.environ; the environment comes back as it was."""
-    before = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(before)
-
-
-def test_the_container_runs_an_encode_job_into_the_checkpoint_directory(tmp_path, monkeypatch, saved_environment, shards_dir,
-                                                                        models, encoded):
-    # GIVEN a SageMaker job with task=encode and the image shards as its train channel
-    root = tmp_path / "opt-ml"
-    config = root / "input" / "config"
-    config.mkdir(parents=True)
-    (config / "hyperparameters.json").write_text(json.dumps({"task": "encode", "model-config": "tiny", "seed": "0",
-                                                             "resolution": "32", "num-workers": "0"}))
-    (config / "inputdataconfig.json").write_text(json.dumps({"train": {"TrainingInputMode": "FastFile"}}))
-    shutil.copytree(shards_dir, root / "input" / "data" / "train")
-    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
-    # WHEN the image's entrypoint runs `train`
-    assert container.main(["train"]) == 0
-    # THEN the latent shards are under the checkpoint directory CheckpointConfig uploads, as encode_shards wrote them
-    target = root / "checkpoints" / "latents" / f"{models_identity(models)[:16]}-r32"
-    assert json.loads((target / "encoding.json").read_text())["samples_encoded"] == 6
-    written, expected = members_of(target / "shard-a.tar"), members_of(f"{encoded['dir']}/shard-a.tar")
-    assert written.keys() == expected.keys()
-    assert all(torch.equal(load_safetensors(written[name])["latent_dist"], load_safetensors(expected[name])["latent_dist"])
-               for name in written if name.endswith(".safetensors"))
-
-
-def test_the_container_s_encode_job_skips_what_its_manifest_channel_excludes(tmp_path, monkeypatch, saved_environment,
-                                                                             shards_dir, samples):
-    # GIVEN an encode job whose `manifest` channel (the training job's manifest JSON) excludes a sample of shard-b
-    revoked = sorted(sample["key"] for sample in samples[3:])[0]
-    root = tmp_path / "opt-ml"
-    config = root / "input" / "config"
-    config.mkdir(parents=True)
-    (config / "hyperparameters.json").write_text(json.dumps({"task": "encode", "model-config": "tiny", "seed": "0",
-                                                             "resolution": "32", "num-workers": "0"}))
-    (config / "inputdataconfig.json").write_text(json.dumps({"train": {"TrainingInputMode": "FastFile"},
-                                                             "manifest": {"TrainingInputMode": "File"}}))
-    shutil.copytree(shards_dir, root / "input" / "data" / "train")
-    (root / "input" / "data" / "manifest").mkdir(parents=True)
-    (root / "input" / "data" / "manifest" / "atelier-x.json").write_text(json.dumps(
-        {"bucket": "b", "prefix": "shards/", "shards": [], "exclude": {"shard-b": [revoked]}}))
-    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
-
-    # WHEN the image's entrypoint runs `train`
-    assert container.main(["train"]) == 0
-
-    # THEN the latent twin of shard-b has no member of the excluded sample, and the summary counts it
-    [target] = (root / "checkpoints" / "latents").iterdir()
-    assert not any(name.startswith(f"{revoked}.") for name in members_of(target / "nested" / "shard-b.tar"))
-    summary = json.loads((target / "encoding.json").read_text())
-    assert (summary["samples_encoded"], summary["samples_excluded"]) == (5, 1)
-
 
 def test_the_identity_is_the_same_in_another_process():
     # the encode job and the training job are two processes: a set's order (diffusers'
@@ -278,164 +213,8 @@ def test_the_identity_is_the_same_in_another_process():
             "print(models_identity(load_models('tiny', None, 0)))")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     identities = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo,
-                                 env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in (1, 2, 3)}
+                                 env={**os.environ, "PYTHONHASHSEED": str(seed),  # this checkout's code, as pytest's
+                                      "PYTHONPATH": os.pathsep.join([os.path.join(repo, "functions"), repo])}
+                                 ).stdout.strip() for seed in (1, 2, 3)}
 
     assert len(identities) == 1 and len(identities.pop()) == 64
-
-
-def test_one_sample_is_always_written_as_the_same_bytes():
-    """safetensors writes its metadata in a hash order that changes per call; the latent file must not."""
-    from safetensors.torch import load
-
-    from contracts.shard_members import LATENTS
-    from trainer.data.latents import sample_members
-    latent_dist = torch.arange(8 * 4 * 4, dtype=torch.float32).reshape(8, 4, 4)
-    written = {dict(sample_members("k", latent_dist, [64, 64, 0, 0, 64, 64], torch.tensor([1, 2, 3]), b"{}",
-                                   "identity", 64, (64, 64)))[f"k.{LATENTS}"] for _ in range(20)}
-    assert len(written) == 1
-    data = written.pop()
-    assert torch.equal(load(data)["latent_dist"], latent_dist)
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-    assert header["__metadata__"] == {"bucket": "64x64", "encoder": "identity", "resolution": "64"}
-    assert list(header["__metadata__"]) == ["bucket", "encoder", "resolution"]
-
-
-def test_padded_calls_take_the_whole_batch_and_give_the_same_latents(tmp_path, shards_dir, models, monkeypatch):
-    """A compiled encode (trainer.jobs.encode --compile) pads short groups to the batch size, so each bucket
-    shape compiles once; the padding's latents are dropped and the others are the unpadded ones."""
-    from safetensors.torch import load as load_safetensors
-    shapes, real_encode = [], models.vae.encode
-
-    def recording(pixels, *args, **kwargs):
-        shapes.append(tuple(pixels.shape))
-        return real_encode(pixels, *args, **kwargs)
-
-    monkeypatch.setattr(models.vae, "encode", recording)
-    plain = encode_shards(shards_dir, tmp_path / "plain", models, RESOLUTION, CPU, batch_size=4, num_workers=0)
-    plain_shapes, shapes[:] = list(shapes), []
-    padded = encode_shards(shards_dir, tmp_path / "padded", models, RESOLUTION, CPU, batch_size=4, num_workers=0, padded=True)
-
-    assert any(shape[0] < 4 for shape in plain_shapes)  # three samples a shard: short groups exist
-    assert {shape[0] for shape in shapes} == {4} and padded["padded"] and padded["samples_encoded"] == plain["samples_encoded"]
-    for tar in Path(plain["dir"]).rglob("*.tar"):
-        ours, theirs = members_of(tar), members_of(Path(padded["dir"]) / tar.relative_to(plain["dir"]))
-        assert list(ours) == list(theirs)
-        for name in ours:
-            if name.endswith(".safetensors"):
-                for key, value in load_safetensors(ours[name]).items():
-                    torch.testing.assert_close(load_safetensors(theirs[name])[key], value, atol=1e-5, rtol=1e-4)
-            else:
-                assert ours[name] == theirs[name]
-
-
-def test_encode_compiles_by_default_on_a_gpu_only():
-    from trainer.jobs.encode import parse_args
-    assert parse_args(["--train-dir", "x", "--output-dir", "y"]).compile == "auto"
-    assert parse_args(["--train-dir", "x", "--output-dir", "y", "--compile", "false"]).compile is False
-
-
-def test_a_latent_shard_is_a_ustar_tar_with_the_packers_fixed_headers(tmp_path):
-    from trainer.jobs.latent_writer import write_tar
-    # GIVEN a member name outside ASCII (a PAX tar would give it an extended header of its own)
-    name = "clé.ids.npy"
-    write_tar(tmp_path / "s.tar", [(name, b"123")])
-    header = (tmp_path / "s.tar").read_bytes()[:tarfile.BLOCKSIZE]
-    info = tarfile.TarInfo.frombuf(header, "utf-8", "strict")
-    # THEN the first block is the member's own ustar header, as core.pack.shards writes one
-    assert (header[156:157], header[257:265]) == (tarfile.REGTYPE, b"ustar\x0000")
-    assert (info.name, info.size, info.mode, info.mtime, info.uid, info.gid, info.uname) == (name, 3, 0o644, 0, 0, 0, "")
-
-
-def files_under(folder) -> dict[str, bytes]:
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(Path(folder).rglob("*")) if path.is_file()}
-
-
-def test_an_error_while_writing_a_shard_fails_the_job_and_leaves_only_the_shards_written_before(tmp_path, monkeypatch,
-                                                                                               encoded, shards_dir, models):
-    # GIVEN a tar writer that fails in the middle of the second shard (three samples, three members each, whose
-    # headers are made twice: for the shard's sample table, then for the tar)
-    from contracts import shard_members
-    headers, real_tarinfo = [], shard_members.tarinfo
-
-    def failing(name, size):
-        headers.append(name)
-        if len(headers) == 2 * 9 + 9 + 2:
-            raise OSError("disk full")
-        return real_tarinfo(name, size)
-
-    monkeypatch.setattr(shard_members, "tarinfo", failing)
-    # WHEN the shards are encoded
-    with pytest.raises(OSError, match="disk full"):
-        encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=0)
-    # THEN the first shard (nested/shard-b.tar, in sorted order) is there whole with its table, and nothing of the
-    # second, not even its temporary file or its table
-    written = files_under(latent_dir(tmp_path, models_identity(models), RESOLUTION))
-    assert written == {name: data for name, data in files_under(encoded["dir"]).items() if "shard-b" in name}
-    assert sorted(written) == ["indexes/shard-b.table", "nested/shard-b.tar"]
-
-
-def test_the_shards_are_the_same_bytes_however_slow_the_writer_and_wherever_captions_are_tokenized(tmp_path, monkeypatch,
-                                                                                                   encoded, shards_dir,
-                                                                                                   models):
-    # GIVEN a writer thread slower than the VAE, and loader workers that tokenize the captions
-    from trainer.jobs import latent_writer
-    real_sample_members = latent_writer.sample_members
-
-    def slow(*args):
-        time.sleep(0.05)
-        return real_sample_members(*args)
-
-    monkeypatch.setattr(latent_writer, "sample_members", slow)
-    # WHEN the shards are encoded
-    result = encode_shards(shards_dir, tmp_path, models, RESOLUTION, CPU, batch_size=2, num_workers=2)
-    # THEN every file is byte for byte what the unhurried single-process encode wrote
-    assert files_under(result["dir"]) == files_under(encoded["dir"])
-    assert result["samples_encoded"] == encoded["samples_encoded"] == 6
-
-
-def test_the_main_thread_waits_for_the_writer_rather_than_queueing_more_than_depth_groups(tmp_path, monkeypatch):
-    # GIVEN a writer of depth 2 whose thread is busy with a first group until released
-    from trainer.jobs import latent_writer
-    running, release = threading.Event(), threading.Event()
-    monkeypatch.setattr(latent_writer, "sample_members", lambda *args: running.set() or release.wait(timeout=60) or [])
-    group = {"rows": [0], "time_ids": [[32, 32, 0, 0, 32, 32]], "ids": torch.zeros(1, 1, 77, dtype=torch.int64),
-             "records": [None], "bucket": (32, 32)}
-    handed = []
-
-    def hand_over(writer, count):
-        for number in range(count):
-            writer.add(0, ["k"], group, torch.zeros(1, 8, 4, 4), None)
-            handed.append(number)
-
-    with latent_writer.ShardWriter({0: tmp_path / "s.tar"}, "identity", RESOLUTION, tmp_path / "indexes", depth=2) as writer:
-        try:
-            hand_over(writer, 1)
-            assert running.wait(timeout=60)
-            # WHEN the main thread hands over four more groups
-            feeder = threading.Thread(target=hand_over, args=(writer, 4), daemon=True)
-            feeder.start()
-            feeder.join(timeout=1)
-            # THEN two wait in the queue and the third waits for room
-            assert feeder.is_alive() and len(handed) == 3
-        finally:
-            release.set()
-        feeder.join(timeout=60)
-    assert len(handed) == 5
-
-
-def test_the_summary_says_how_long_the_main_thread_waited_on_the_loader_and_on_the_writer(shards_dir, tmp_path, models,
-                                                                                            monkeypatch):
-    # GIVEN a loader whose every group takes 0.2 s to read (the workers are what bounds this encode)
-    from trainer.jobs import encode
-    read = encode.ImageGroups.__getitem__
-
-    def slowly(self, item):
-        time.sleep(0.2)
-        return read(self, item)
-
-    monkeypatch.setattr(encode.ImageGroups, "__getitem__", slowly)
-    # WHEN the shards are encoded two samples a call (three samples a shard: four groups)
-    summary = encode_shards(shards_dir, tmp_path / "out", models, RESOLUTION, CPU, batch_size=2, num_workers=0)
-    # THEN the summary puts the wait on the loader, not on the writer
-    assert summary["loader_wait_s"] >= 4 * 0.2
-    assert summary["writer_wait_s"] < 0.2 <= summary["loader_wait_s"] <= summary["seconds"]
