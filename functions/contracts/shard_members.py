@@ -3,8 +3,10 @@ writes into a latent shard, and what the trainer reads (docs/pack.md).
 
 A sample is the consecutive members of a tar sharing a key (webdataset's rule: the name up to the
 first dot of its basename), each named `<key>.<extension>`. An image shard's sample is an image,
-its metadata record and its caption; a latent shard's is the latents, the caption's token ids and
-the same record. Every tar is POSIX ustar with fixed headers (mtime 0, uid/gid 0, mode 0644, no
+its metadata record and its caption; a latent shard's is the latents, the caption's token ids (a UNet's)
+or its text embeddings (a transformer family's) and the same record. A family's latent shard also
+opens with one member that is no sample: the empty caption's embeddings (`EMPTY_CAPTION_KEY`), which
+caption dropout trains on; indexes leave it out. Every tar is POSIX ustar with fixed headers (mtime 0, uid/gid 0, mode 0644, no
 user names), so the same members in the same order are the same bytes.
 """
 
@@ -18,6 +20,8 @@ CAPTION = "txt"
 IMAGE_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 LATENTS = "latents.safetensors"  # the VAE's posterior for the sample's bucket, with its header metadata
 IDS = "ids.npy"  # the caption's token ids, one row per text encoder
+TEXT = "text.safetensors"  # a transformer family's caption embeddings (its pipeline's encode_prompt), bf16
+EMPTY_CAPTION_KEY = "_empty-caption"  # the key of a family latent shard's first member: the empty caption's TEXT
 # what the importer takes from a source tar (img2dataset's and other webdatasets'), in order of
 # preference; the image's format is sniffed by the decoder, never taken from the name
 SOURCE_IMAGES = ("jpg", "jpeg", "png", "webp", "tif", "tiff", "bmp", "gif")

@@ -23,7 +23,7 @@ from wids.wids_mmtar import MMIndexedTar
 
 from contracts.aspect_buckets import bucket_ratio
 from contracts.shard_index import padded
-from contracts.shard_members import CAPTION, IDS, IMAGE_FORMATS, LATENTS, RECORD
+from contracts.shard_members import CAPTION, EMPTY_CAPTION_KEY, IDS, IMAGE_FORMATS, LATENTS, RECORD, TEXT
 from trainer.data.tables import ShardRows
 
 
@@ -57,7 +57,10 @@ def _walk(path: str, exclude: frozenset[str]) -> tuple[list[tuple[int, str, floa
             return [], [f"{name}: repeated member names, which wids would pair with the wrong members"], 0, set()
         rows, problems, skipped, encodings = [], [], 0, set()
         for number, members in enumerate(shard.samples):
-            if exclude and splitname(tar.by_index[members[0]][0])[0] in exclude:  # the key, from the header alone
+            key = splitname(tar.by_index[members[0]][0])[0]  # from the header alone
+            if key == EMPTY_CAPTION_KEY:  # a family latent shard's empty caption: no sample to train on
+                continue
+            if exclude and key in exclude:
                 skipped += 1
                 continue
             row = sample_row(tar, members)
@@ -87,8 +90,8 @@ def sample_row(tar: MMIndexedTar, members: list[int]) -> tuple[str, float, tuple
             return f"{member_name}: cut off (the shard ends inside it)"
         spans[extension[1:].lower()] = member
     if LATENTS in spans:
-        if IDS not in spans:
-            return f"{key}: needs {IDS} beside {LATENTS}; has {sorted(spans)}"
+        if IDS not in spans and TEXT not in spans:
+            return f"{key}: needs {IDS} or {TEXT} beside {LATENTS}; has {sorted(spans)}"
         header = latent_header(tar.get_at_index(spans[LATENTS])[1])
         if header is None:
             return f"{key}.{LATENTS}: no readable header with encoder, resolution and bucket"

@@ -26,6 +26,7 @@ them; the shards themselves stay as packed (immutable, their digests valid). Eac
 """
 
 import json
+import tarfile
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -160,6 +161,13 @@ class ShardReader:
         offset = int(self.index.offset[row])
         span = self._files[number].read(offset, int(self.index.size[row]))
         return span_members(span, offset, str(self.index.key[row]), bytes(self.index.digest[row]))
+
+    def read_head(self, number: int) -> tuple[str, bytes]:
+        """(name, data) of shard `number`'s first member: two reads (a family latent shard's empty caption)."""
+        if number not in self._files:
+            self._files[number] = tables.open_file(self.index.shards[number])
+        info = tarfile.TarInfo.frombuf(self._files[number].read(0, tarfile.BLOCKSIZE), "utf-8", "strict")
+        return info.name, self._files[number].read(tarfile.BLOCKSIZE, info.size)
 
 
 def sample_source(record: bytes | None) -> tuple[str, str]:

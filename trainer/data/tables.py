@@ -24,6 +24,7 @@ import numpy as np
 from wids.wids import splitname
 
 from contracts.s3_layout import INDEX_TABLE
+from contracts.shard_members import EMPTY_CAPTION_KEY
 from contracts.shard_index import BLOCK, TableHeader, columns, member_line, padded, sample_digest
 
 NO_DIGEST = bytes(32)  # the digest column of a shard without a table
@@ -108,6 +109,8 @@ def table_rows(table: Path, shard: str, shard_id: str, exclude: frozenset[str]) 
     if problem:
         raise ShardIndexError(f"{table} does not describe {shard}: {problem}")
     keys, excluded = _keys(rows["key"]), 0
+    if len(keys) and keys[0] == EMPTY_CAPTION_KEY:  # a family latent shard's empty caption: no sample to train on
+        keys, rows = keys[1:], rows[1:]
     if exclude:
         kept = ~np.isin(keys, list(exclude))
         keys, rows, excluded = keys[kept], rows[kept], int(len(kept) - kept.sum())

@@ -1,4 +1,4 @@
-"""Encode image shards into latent shards once, so training runs the UNet alone.
+"""Encode image shards into latent shards once, so training runs the denoiser alone.
 
 Runbook
 -------
@@ -24,7 +24,10 @@ $SM_CHANNEL_MANIFEST) are dropped while indexing, exactly as trainer/data/shards
 never read or decoded, and absent from the latent shard, which then holds fewer samples than its
 image shard. The trainer applies the same list to the latent shards again (same keys, same shard ids).
 
-What a latent shard holds, and the identity of the models that wrote it: trainer/data/latents.py.
+What a latent shard holds, and the identity of the models that wrote it: trainer/data/latents.py. For a
+transformer family (`--model-config tiny-sd3`, a `--pretrained` SD3 or PixArt pipeline) the main thread
+also runs the family's `encode_prompt` on each group's captions, and every shard gets the empty caption's
+embeddings first; the summary's `text_s` is the time that took (bench/encode_text.py measures it).
 
 Who does what, so that the GPU is never waiting on Python: the loader's worker processes read,
 decode, crop and tokenize; the main thread only hands the pixels to the VAE and queues the copy of
@@ -52,7 +55,7 @@ from contracts.recipe_jobs import EncodeOptions
 from contracts.s3_layout import INDEXES
 from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
-from trainer.data.latents import latent_dir, models_identity
+from trainer.data.latents import empty_caption_member, latent_dir, models_identity
 from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
 from trainer.data.captions import read_captions
@@ -60,6 +63,7 @@ from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, Shar
 from trainer.jobs.hyperparameters import add_options, checked
 from trainer.jobs.latent_writer import ShardWriter
 from trainer.models.bundle import Models
+from trainer.models.families import condition
 from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import token_ids
 from trainer.objectives.numerics import autocast
@@ -72,7 +76,8 @@ from trainer.speed.vae_compile import compile_vae_encoder
 
 class ImageGroups(Dataset):
     """Item i: a group of samples of one shard and one bucket, decoded and cropped as the trainer does
-    online, with their captions' token ids (the tokenizers run in the loader's workers, beside the GPU)."""
+    online, with their captions and their token ids (the tokenizers, if any, run in the loader's workers,
+    beside the GPU; a transformer family's pipeline tokenizes on its own)."""
 
     def __init__(self, index: ShardIndex, groups: list[tuple[tuple[int, int], list[int]]], tokenizers: list):
         self.index, self.groups, self.tokenizers, self.reader = index, groups, tokenizers, ShardReader(index)
@@ -98,7 +103,8 @@ class ImageGroups(Dataset):
         return {"bucket": bucket, "rows": [entry[0] for entry in loaded],
                 "pixel_values": torch.stack([entry[1] for entry in loaded]) if loaded else None,
                 "time_ids": [entry[2] for entry in loaded],
-                "ids": token_ids(self.tokenizers, [entry[3] for entry in loaded]) if loaded else None,
+                "ids": token_ids(self.tokenizers, [entry[3] for entry in loaded]) if loaded and self.tokenizers else None,
+                "captions": [entry[3] for entry in loaded],
                 "records": [entry[4] for entry in loaded], "corrupt": corrupt}
 
 
@@ -118,18 +124,29 @@ def groups_of(index: ShardIndex, assignment: np.ndarray, sizes: list, batch_size
 # ---------------------------------------------------------------- encoding
 
 
-def to_host(latents: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """The latents on the CPU, and the event after which they are there (None: they are already).
+def to_host(latents: torch.Tensor, text: dict[str, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, dict | None, torch.cuda.Event | None]:
+    """The latents (and a family's `text` embeddings) on the CPU, and the event after which they are there
+    (None: they are already).
 
-    From a GPU, a copy into pinned memory queued behind the VAE's kernels, so the main thread does not
+    From a GPU, copies into pinned memory queued behind the kernels, so the main thread does not
     wait for them; the event blocks rather than spins, leaving the CPU to the loader's workers."""
     if latents.device.type == "cpu":
-        return latents, None
-    host = torch.empty(latents.shape, dtype=latents.dtype, pin_memory=True)
-    host.copy_(latents, non_blocking=True)
+        return latents, text, None
+    hosts = {}
+    for name, tensor in {"": latents, **(text or {})}.items():
+        hosts[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        hosts[name].copy_(tensor, non_blocking=True)
     copied = torch.cuda.Event(blocking=True)
     copied.record()
-    return host, copied
+    return hosts.pop(""), hosts if text is not None else None, copied
+
+
+def caption_embeddings(models: Models, captions: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+    """A transformer family's conditioning of `captions`, by the names its pipeline gives them: exactly the
+    online path's call (trainer/objectives/diffusion.py)."""
+    with torch.no_grad(), autocast(device):
+        return condition(models.family, models.text_pipeline(), captions, device).tensors()
 
 
 def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,
@@ -152,19 +169,23 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     index = index_shards(train_dir, exclude=exclude, index_dir=index_dir)
     if index.latent:
         raise ValueError(f"{train_dir} holds latent shards already")
+    family = models.family is not None  # its embeddings are stored, and every shard opens with the empty caption's
+    head = [empty_caption_member({name: tensor[0].cpu() for name, tensor in caption_embeddings(models, [""], device).items()},
+                                 identity)] if family else []
     sizes, assignment = buckets_of(index.aspect, resolution, models.size_multiple, aspect_buckets)
     outputs = {shard: target / Path(path).relative_to(Path(train_dir)) for shard, path in enumerate(index.shards)}
     work = [(shard, groups) for shard, groups in groups_of(index, assignment, sizes, batch_size) if not outputs[shard].is_file()]
     flat = [group for _, groups in work for group in groups]
     shard_of_group = [shard for shard, groups in work for _ in groups]
-    loader = DataLoader(ImageGroups(index, flat, models.tokenizers), batch_size=None, num_workers=num_workers,
+    loader = DataLoader(ImageGroups(index, flat, [] if family else models.tokenizers), batch_size=None, num_workers=num_workers,
                         prefetch_factor=4 if num_workers else None, pin_memory=device.type == "cuda")
     groups_left = defaultdict(int)
     for shard in shard_of_group:
         groups_left[shard] += 1
     corrupt, encoded = list(index.problems), 0
     waited = {"loader": 0.0, "writer": 0.0}  # the main thread blocked on the workers, on the writer: what bounds it
-    with ShardWriter(outputs, identity, resolution, target / INDEXES) as writer:
+    text_s = 0.0  # the main thread in the family's encode_prompt
+    with ShardWriter(outputs, identity, resolution, target / INDEXES, head=head) as writer:
         groups = iter(loader)
         for shard in shard_of_group:
             asked = time.perf_counter()
@@ -180,9 +201,14 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
                 with torch.no_grad(), autocast(device):  # exactly the online path's call (trainer/objectives/diffusion.py)
                     pixel_values = pixel_values.to(device, non_blocking=True)
                     parameters = models.vae.encode(pixel_values.to(models.vae.dtype)).latent_dist.parameters
-                latents, copied = to_host(parameters[:len(group["rows"])])
+                text = None
+                if family:
+                    asked = time.perf_counter()
+                    text = caption_embeddings(models, group["captions"], device)
+                    text_s += time.perf_counter() - asked
+                latents, text, copied = to_host(parameters[:len(group["rows"])], text)
                 asked = time.perf_counter()
-                writer.add(shard, [str(index.key[row]) for row in group["rows"]], group, latents, copied)
+                writer.add(shard, [str(index.key[row]) for row in group["rows"]], group, latents, copied, text)
                 waited["writer"] += time.perf_counter() - asked
                 encoded += len(group["rows"])
             groups_left[shard] -= 1
@@ -191,7 +217,8 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     return {"identity": identity, "resolution": resolution, "dir": str(target), "shards": len(index.shards),
             "shards_written": len(work), "samples_encoded": encoded, "samples_excluded": index.excluded, "corrupt": corrupt,
             "seconds": round(time.perf_counter() - started, 2), "padded": padded,
-            "loader_wait_s": round(waited["loader"], 2), "writer_wait_s": round(waited["writer"], 2)}
+            "loader_wait_s": round(waited["loader"], 2), "writer_wait_s": round(waited["writer"], 2),
+            **({"text_s": round(text_s, 2)} if family else {})}
 
 
 def pad_batch(pixel_values: torch.Tensor, size: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ import queue
 import tarfile
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -62,8 +62,10 @@ class ShardWriter:
     and every job after it is dropped.
     """
 
-    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, index_dir: Path, depth: int = 8):
+    def __init__(self, outputs: Mapping[int, Path], identity: str, resolution: int, index_dir: Path, depth: int = 8,
+                 head: Sequence[tuple[str, bytes]] = ()):
         self.outputs, self.identity, self.resolution, self.index_dir = outputs, identity, resolution, index_dir
+        self.head = list(head)  # what every shard opens with: a family's empty caption (trainer/data/latents.py)
         self.pending: dict[int, dict[int, tuple]] = defaultdict(dict)  # shard -> row -> (its members, aspect), until whole
         self.jobs: queue.Queue[tuple[Callable, tuple] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
@@ -72,11 +74,12 @@ class ShardWriter:
         self.thread.start()
 
     def add(self, shard: int, keys: list[str], group: dict, latents: torch.Tensor,
-            copied: torch.cuda.Event | None) -> None:
+            copied: torch.cuda.Event | None, text: dict[str, torch.Tensor] | None = None) -> None:
         """A group's samples (`keys`, its `rows`, `time_ids`, `ids`, `records`, `bucket`); `latents`, one
-        per sample, may be read once `copied` (if any) has completed."""
+        per sample, and a family's `text` embeddings by name, one row per sample, may be read once `copied`
+        (if any) has completed."""
         self._submit(self._add, shard, keys, group["rows"], latents, copied, group["time_ids"], group["ids"],
-                     group["records"], group["bucket"])
+                     group["records"], group["bucket"], text)
 
     def finish(self, shard: int) -> None:
         """The shard is whole: written with its samples in the image shard's order."""
@@ -111,19 +114,23 @@ class ShardWriter:
                     self.error = error
 
     def _add(self, shard: int, keys: list[str], rows: list[int], latents: torch.Tensor, copied: torch.cuda.Event | None,
-             time_ids: list, ids: torch.Tensor, records: list, bucket: tuple[int, int]) -> None:
+             time_ids: list, ids: torch.Tensor | None, records: list, bucket: tuple[int, int], text: dict | None) -> None:
         if copied is not None:
             copied.synchronize()
         for number, (key, row) in enumerate(zip(keys, rows)):
-            self.pending[shard][row] = (sample_members(key, latents[number], time_ids[number], ids[number], records[number],
-                                                       self.identity, self.resolution, bucket), bucket[0] / bucket[1])
+            self.pending[shard][row] = (sample_members(
+                key, latents[number], time_ids[number], None if ids is None else ids[number], records[number],
+                self.identity, self.resolution, bucket, None if text is None else {name: tensor[number] for name, tensor
+                                                                                   in text.items()}),
+                bucket[0] / bucket[1])
 
     def _finish(self, shard: int) -> None:
         samples = self.pending.pop(shard, {})
         if not samples:  # a shard of nothing but corrupt samples gets no latent shard
             return
-        members = [member for row in sorted(samples) for member in samples[row][0]]
+        members = self.head + [member for row in sorted(samples) for member in samples[row][0]]
         aspects = {sample_key(written[0][0]): aspect for written, aspect in samples.values()}
+        aspects.update({sample_key(name): 1.0 for name, _ in self.head})  # no sample, but a table row holds an aspect
         shard_id = shard_id_of(str(self.outputs[shard]))
         table = self.index_dir / f"{shard_id}{INDEX_TABLE}"
         write_table(table, table_of_members(shard_id, members, aspects, (self.identity, self.resolution)))

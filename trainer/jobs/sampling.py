@@ -49,6 +49,7 @@ def save_model(models: Models, weights: dict[str, torch.Tensor], resolution: int
     models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
     if lora.adapter_config(models.denoiser) is not None:
         return lora.save_adapter(models, weights, model_dir, pretrained)
+    models.load_text_encoders()  # a family trained on stored embeddings: its text encoders, on the CPU, for the pipeline
     final_unet = sampling_unet(models, weights, torch.device("cpu"))
     final_unet.register_to_config(sample_size=resolution // models.vae_scale_factor)
     build_pipeline(models, final_unet, resolution).save_pretrained(model_dir)
@@ -57,8 +58,11 @@ def save_model(models: Models, weights: dict[str, torch.Tensor], resolution: int
 
 def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
                  loss_history: list, health_dir: Path, board: Board) -> None:
-    """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes)."""
+    """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes). A family trained on
+    stored embeddings has no text encoder to read the prompts with: no grid."""
     prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
+    if models.family is not None and not models.text_encoders:
+        prompts = []
     weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
     if processes.rank == 0:
         draw_loss_curve(loss_history, health_dir / "loss.png")

@@ -36,7 +36,8 @@ RunState (trainer/runtime/run_state.py). The step, shared with bench/train_timin
 Provenance (docs/provenance.md): `--manifest` (default $SM_CHANNEL_MANIFEST) lists samples the loader never
 reads; `draws` in atelier-training.json counts the samples drawn per partner and license, over all ranks and jobs.
 
-Families: a preset's `family` (trainer/models/families.py) trains a UNet, or an SD3 / PixArt transformer with flow matching.
+Families: a preset's `family` (trainer/models/families.py) trains a UNet, or an SD3 / PixArt transformer with flow matching;
+on latent shards a family trains on the text embeddings they hold and loads no text encoder (trainer/data/latents.py).
 Fine-tuning: `--pretrained <pipeline> --train lora` trains a LoRA adapter on the base's attention alone (UNet, SD3:
 trainer/models/lora.py); `<model-dir>` then holds the base's pipeline files, `pytorch_lora_weights.safetensors` and
 `atelier-lora.json` (the base's digest), and each checkpoint the adapter alone.
@@ -151,8 +152,11 @@ def main(args: argparse.Namespace) -> dict:
         multiple, default_resolution = preset_geometry(args.model_config)
         plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
                        args.lr_warmup_steps, default_resolution, args.lr_final_fraction, args.first_step, multiple)
+    # this process's samples, indexed first: a transformer family on latent shards loads no text encoder at all
+    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
+                         load_exclusions(args.manifest), args.index_dir)
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device,
-                         args.tokenizer, training_captions(args, processes))
+                         args.tokenizer, training_captions(args, processes), text_encoders=not index.latent)
     lora.adapt(models, args)  # --train lora: the base frozen, an adapter's parameters alone train (trainer/models/lora.py)
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
@@ -194,18 +198,17 @@ def main(args: argparse.Namespace) -> dict:
         log(rank, event="resumed", checkpoint=str(resume_from), step=state.step, stage=state.stage)
     step = plan.check_resumed(state.step)  # a plan starting at a later step goes on from the step before it
 
-    # data: this process's samples, and batches that are a pure function of (seed, step, rank)
-    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size,
-                         load_exclusions(args.manifest), args.index_dir)
-    if index.latent:  # latent shards (trainer/jobs/encode.py): the VAE never runs
+    # data: batches that are a pure function of (seed, step, rank)
+    if index.latent:  # latent shards (trainer/jobs/encode.py): the VAE never runs, nor a family's text encoders
         check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
-        empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
+        if models.family is None:
+            empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
     if compiling and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
         compile_vae_encoder(models)
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets, keys=index.key)
     dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop,
-                          empty_ids)
+                          empty_ids, embeddings=index.latent and models.family is not None)
     batches = iter(make_loader(dataset, args.num_workers))
     state.corrupt.update(index.problems)
     log(rank, event="data", kind="latent" if index.latent else "image", samples=len(index), shards=len(index.shards),

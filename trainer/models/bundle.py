@@ -11,6 +11,7 @@ Only the denoiser trains. The VAE and text encoders are frozen: they map images 
 to embeddings, and training them too would move the target under the UNet.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,11 @@ class Models:
     text_folders: list[tuple[str, str]] = field(default_factory=list)  # (encoder, tokenizer) subfolders, in order
     tokenization: dict = field(default_factory=dict)  # where the tokenizers came from, how captions tokenize
     base: Path | None = None  # the --pretrained folder the parts came from (unpacked when it was a model.tar.gz)
+    # a transformer family's text encoders, described without their weights (trainer/data/latents.py hashes it):
+    # {"files": {subfolder: folder}} from a base, or {"built": {subfolder: config}, "seed": s} from a preset
+    text_origin: dict = field(default_factory=dict)
+    # a family trained from stored embeddings holds no text encoder; this builds or loads them (on the CPU) to save them
+    text_loader: Callable[[], dict] | None = field(default=None, repr=False)
     _text_pipeline: object = field(default=None, repr=False)
 
     @property
@@ -75,6 +81,13 @@ class Models:
     def _text_parts(self) -> tuple[dict, dict]:
         return ({encoder: model for (encoder, _), model in zip(self.text_folders, self.text_encoders)},
                 {tokenizer: model for (_, tokenizer), model in zip(self.text_folders, self.tokenizers)})
+
+    def load_text_encoders(self) -> None:
+        """The text encoders of a family trained without them (latent shards with its embeddings), on the CPU:
+        the saved pipeline holds them. Nothing to do when they are here."""
+        if self.text_loader is not None and not self.text_encoders:
+            encoders = self.text_loader()
+            self.text_encoders = [encoders[encoder].requires_grad_(False).eval() for encoder, _ in self.text_folders]
 
     def frozen_to(self, device: torch.device) -> None:
         """VAE and text encoders on the device; in bf16 on a GPU, where they only run forward."""

@@ -99,40 +99,58 @@ class Conditioning:
         return Conditioning(*(None if part is None else part.repeat_interleave(count, dim=0)
                               for part in (self.context, self.pooled, self.mask)))
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Its parts by the names the family's pipeline gives and takes them (what latent shards store)."""
+        return {name: getattr(self, part) for part, name in STORED_NAMES.items() if getattr(self, part) is not None}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "Conditioning":
+        return cls(**{part: tensors[name] for part, name in STORED_NAMES.items() if name in tensors})
+
+
+STORED_NAMES = {"context": "prompt_embeds", "pooled": "pooled_prompt_embeds", "mask": "prompt_attention_mask"}
+
 
 # ---------------------------------------------------------------- building and loading
 
 
-def build_text_parts(family: Family, preset: dict, seed: int, tokenizers: dict) -> tuple[dict, dict]:
-    """({subfolder: encoder}, {subfolder: tokenizer}) with fresh weights from the preset's configs, for
-    `tokenizers` by subfolder (trainer/models/text_tokenizers.py: learned, or the tokenizer channel's)."""
+def text_configs(family: Family, preset: dict, tokenizers: dict) -> dict:
+    """{subfolder: (encoder class, config)} of the preset's text encoders as built for `tokenizers` (by
+    subfolder; trainer/models/text_tokenizers.py: learned, or the tokenizer channel's)."""
     configs = preset.get("text_encoders", {})
     missing = [part.role for part in family.text_parts if part.required and part.role not in configs]
     if missing:
         raise ValueError(f"a {family.name} preset needs text_encoders {', '.join(missing)}")
-    encoders = {}
+    built = {}
     for part in family.text_parts:
         if part.role not in configs:
             continue
-        torch.manual_seed(seed)
         tokenizer = tokenizers[part.tokenizer]
         config = {**configs[part.role], "vocab_size": len(tokenizer)}  # the tokenizer's ids, never more
         if part.encoder_class is T5EncoderModel:
-            encoder = T5EncoderModel(T5Config(**config, pad_token_id=tokenizer.pad_token_id,
-                                              eos_token_id=tokenizer.eos_token_id,
-                                              decoder_start_token_id=tokenizer.pad_token_id))
+            built[part.encoder] = (part.encoder_class, T5Config(
+                **config, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                decoder_start_token_id=tokenizer.pad_token_id))
         else:
-            encoder = CLIPTextModelWithProjection(CLIPTextConfig(
+            built[part.encoder] = (part.encoder_class, CLIPTextConfig(
                 **config, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id))
-        encoders[part.encoder] = encoder
-    return encoders, {part.tokenizer: tokenizers[part.tokenizer] for part in family.text_parts if part.role in configs}
+    return built
 
 
-def load_text_parts(family: Family, base: Path) -> tuple[dict, dict]:
-    """The text encoders and tokenizers a base pipeline folder holds for this family (an encoder never
-    comes without its tokenizer)."""
-    encoders, tokenizers = {}, {}
+def build_text_parts(family: Family, preset: dict, seed: int, tokenizers: dict) -> tuple[dict, dict]:
+    """({subfolder: encoder}, {subfolder: tokenizer}) with fresh weights (drawn on the CPU from `seed`, each
+    encoder on its own) from the preset's configs, for `tokenizers` by subfolder."""
+    encoders = {}
+    for folder, (encoder_class, config) in text_configs(family, preset, tokenizers).items():
+        torch.manual_seed(seed)
+        encoders[folder] = encoder_class(config)
+    return encoders, {part.tokenizer: tokenizers[part.tokenizer] for part in family.text_parts if part.encoder in encoders}
+
+
+def base_text_parts(family: Family, base: Path) -> list[TextPart]:
+    """The family's text parts a base pipeline folder holds (an encoder never comes without its tokenizer)."""
+    parts = []
     for part in family.text_parts:
         if not (base / part.encoder / "config.json").is_file():
             if part.required:
@@ -140,9 +158,27 @@ def load_text_parts(family: Family, base: Path) -> tuple[dict, dict]:
             continue
         if not (base / part.tokenizer).is_dir():
             raise ValueError(f"the base {base} has {part.encoder}/ but no {part.tokenizer}/: its token ids are unknown")
-        encoders[part.encoder] = part.encoder_class.from_pretrained(base, subfolder=part.encoder)
-        tokenizers[part.tokenizer] = AutoTokenizer.from_pretrained(base, subfolder=part.tokenizer)
-    return encoders, tokenizers
+        parts.append(part)
+    return parts
+
+
+def load_text_parts(family: Family, base: Path) -> tuple[dict, dict]:
+    """The text encoders and tokenizers a base pipeline folder holds for this family."""
+    parts = base_text_parts(family, base)
+    return ({part.encoder: part.encoder_class.from_pretrained(base, subfolder=part.encoder) for part in parts},
+            load_tokenizers(family, base))
+
+
+def load_tokenizers(family: Family, base: Path) -> dict:
+    """The tokenizers of the base's text parts, without their encoders."""
+    return {part.tokenizer: AutoTokenizer.from_pretrained(base, subfolder=part.tokenizer)
+            for part in base_text_parts(family, base)}
+
+
+def load_text_configs(family: Family, base: Path) -> dict:
+    """{subfolder: config} of the base's text encoders, read from their config.json alone (no weights)."""
+    return {part.encoder: part.encoder_class.config_class.from_pretrained(base / part.encoder)
+            for part in base_text_parts(family, base)}
 
 
 def load_transformer(family: Family, base: Path):
@@ -154,28 +190,29 @@ def load_vae(base: Path) -> AutoencoderKL:
 
 
 def check_fits(family: Family, transformer, vae: AutoencoderKL, encoders: dict, source: str) -> None:
-    """The parts fit: the transformer reads the VAE's latents and the text encoders' widths."""
+    """The parts fit: the transformer reads the VAE's latents and the text encoders' widths (`encoders`: their
+    configs by subfolder, so the check needs no weights)."""
     config = transformer.config
     if config.in_channels != vae.config.latent_channels:
         raise ValueError(f"the transformer takes {config.in_channels} latent channels but the VAE makes "
                          f"{vae.config.latent_channels} ({source})")
     if family is SD3:
         clips = [encoders[name] for name in ("text_encoder", "text_encoder_2")]
-        pooled = sum(encoder.config.projection_dim for encoder in clips)
+        pooled = sum(encoder.projection_dim for encoder in clips)
         if pooled != config.pooled_projection_dim:
             raise ValueError(f"the transformer's pooled_projection_dim is {config.pooled_projection_dim} but the CLIP "
                              f"projections give {pooled} ({source})")
-        widths = [sum(encoder.config.hidden_size for encoder in clips)]
+        widths = [sum(encoder.hidden_size for encoder in clips)]
         if "text_encoder_3" in encoders:
-            widths.append(encoders["text_encoder_3"].config.d_model)
+            widths.append(encoders["text_encoder_3"].d_model)
         if max(widths) > config.joint_attention_dim or widths[-1] != config.joint_attention_dim and len(widths) == 2:
             raise ValueError(f"the transformer's joint_attention_dim is {config.joint_attention_dim} but the text "
                              f"encoders give widths {widths} ({source})")
         if vae.config.shift_factor is None:
             raise ValueError(f"an SD3 model's VAE needs a shift_factor ({source})")
-    elif encoders["text_encoder"].config.d_model != config.caption_channels:
+    elif encoders["text_encoder"].d_model != config.caption_channels:
         raise ValueError(f"the transformer's caption_channels is {config.caption_channels} but T5 gives "
-                         f"{encoders['text_encoder'].config.d_model} ({source})")
+                         f"{encoders['text_encoder'].d_model} ({source})")
 
 
 # ---------------------------------------------------------------- conditioning, prediction, pipeline

@@ -34,7 +34,7 @@ COMPONENTS = ("vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2
 
 def load_models(model_config: str, pretrained: str | None, seed: int, vae: str | None = None,
                 init_unet: str | None = None, device: torch.device = CPU, tokenizer: str | None = None,
-                captions: Callable[[], Iterable[str]] | None = None) -> Models:
+                captions: Callable[[], Iterable[str]] | None = None, text_encoders: bool = True) -> Models:
     """The run's models: each component from `pretrained` (a pipeline, or some of its subfolders) where
     it has one, the VAE from `vae` when given, the rest built from the preset `model_config` with `seed`.
 
@@ -47,12 +47,16 @@ def load_models(model_config: str, pretrained: str | None, seed: int, vae: str |
     Text encoders the base does not bring are built with the tokenizers of `tokenizer` (a folder or
     channel holding the pipeline's tokenizer subfolders: a tokenizer job's output), else with tokenizers
     learned from `captions()` (trainer/models/text_tokenizers.py), which is only called then.
+
+    `text_encoders` False: a transformer family's text encoders are neither loaded nor built (it trains on
+    the embeddings latent shards hold); their configs are still checked, and `Models.load_text_encoders`
+    brings them when the pipeline is saved. The UNet family always has its own (its latent shards hold ids).
     """
     base = resolve_pretrained(pretrained) if pretrained else None
     family = preset_family(model_config, base)
     tokenizers = _tokenizer_source(tokenizer, captions)
-    models = (transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device, tokenizers)
-              if family else unet_models(model_config, base, pretrained, seed, vae, init_unet, device, tokenizers))
+    models = (transformer_models(family, model_config, base, pretrained, seed, vae, init_unet, device, tokenizers,
+                                 text_encoders) if family else unet_models(model_config, base, pretrained, seed, vae, init_unet, device, tokenizers))
     models.base = base
     return models
 
@@ -289,32 +293,40 @@ def preset_family(model_config: str, base: Path | None) -> Family | None:
 
 def transformer_models(family: Family, model_config: str | None, base: Path | None, pretrained: str | None, seed: int,
                        vae: str | None, init: str | None, device: torch.device,
-                       tokenizers: TokenizerSource | None = None) -> Models:
+                       tokenizers: TokenizerSource | None = None, text_encoders: bool = True) -> Models:
     """A transformer family's models: each part from `base` where it has one (the transformer unless
-    `init` is `random`), the VAE from `vae` when given, the rest built from the preset with `seed`."""
+    `init` is `random`), the VAE from `vae` when given, the rest built from the preset with `seed`; the
+    text encoders only described (`Models.text_origin`) unless `text_encoders`."""
     preset = read_preset(model_config) if model_config else {}
     has = (lambda name: base is not None and (base / name / "config.json").is_file())
     if init == "pretrained" and not has("transformer"):
         raise BaseModelError(f"--init-unet pretrained, but the base {pretrained} has no transformer/ to fine-tune")
     try:
         if base is not None and has(family.text_parts[0].encoder):
-            encoders, loaded = families.load_text_parts(family, base)
+            configs, loaded = families.load_text_configs(family, base), families.load_tokenizers(family, base)
+            origin = {"files": {folder: base / folder for folder in configs}}
+            load_text = (lambda: families.load_text_parts(family, base)[0])
             tokenization = {"source": f"--pretrained {pretrained}"}
         else:
             learned, tokenization = (tokenizers or _tokenizer_source(None, None))(preset)
-            encoders, loaded = families.build_text_parts(family, preset, seed, learned)
+            configs = {folder: config for folder, (_, config) in families.text_configs(family, preset, learned).items()}
+            loaded = {part.tokenizer: learned[part.tokenizer] for part in family.text_parts if part.encoder in configs}
+            origin = {"built": configs, "seed": seed}
+            load_text = (lambda: families.build_text_parts(family, preset, seed, learned)[0])
+        encoders = load_text() if text_encoders else {}
         if has("transformer") and init != "random":
             transformer = families.load_transformer(family, base).to(device)
         else:
             transformer = seeded(seed, family.transformer_class, preset["transformer"], device)
         autoencoder = load_vae(vae) if vae else families.load_vae(base) if has("vae") else seeded(seed, AutoencoderKL, preset["vae"])
-        families.check_fits(family, transformer, autoencoder, encoders, pretrained or model_config)
+        families.check_fits(family, transformer, autoencoder, configs, pretrained or model_config)
     except (KeyError, ValueError) as error:
         raise BaseModelError(f"{family.name} model from {pretrained or model_config}: {error}") from None
-    folders = [(part.encoder, part.tokenizer) for part in family.text_parts if part.encoder in encoders]
-    models = Models(vae=autoencoder, text_encoders=[encoders[e] for e, _ in folders],
+    folders = [(part.encoder, part.tokenizer) for part in family.text_parts if part.encoder in configs]
+    models = Models(vae=autoencoder, text_encoders=[encoders[e] for e, _ in folders if e in encoders],
                     tokenizers=[loaded[t] for _, t in folders], denoiser=transformer, noise_scheduler=None,
-                    family=family, flow=FlowSettings.from_preset(preset.get("flow")), text_folders=folders)
+                    family=family, flow=FlowSettings.from_preset(preset.get("flow")), text_folders=folders,
+                    text_origin=origin, text_loader=load_text)
     models.tokenization = tokenization
     origin = (lambda name: f"--pretrained {pretrained}" if has(name) else f"{model_config} (random)")
     models.sources = {"vae": f"--vae {vae}" if vae else origin("vae"), "text_encoder": origin(family.text_parts[0].encoder),

@@ -13,8 +13,9 @@ Options:
   noise (v-prediction only).
 
 A batch brings `pixel_values` (image shards: the VAE encodes them), `latent_dist` (latent shards: the
-posterior trainer/jobs/encode.py stored) or `latents` (already sampled and scaled), and `caption` or
-`input_ids` (token ids, latent shards).
+posterior trainer/jobs/encode.py stored) or `latents` (already sampled and scaled), and `caption`,
+`input_ids` (token ids, a UNet's latent shards) or `prompt_embeds` and the rest of a transformer family's
+stored conditioning (its latent shards: no text encoder runs).
 
 Every random draw of a micro-batch (VAE posterior sample, noise, timesteps) comes from a generator
 seeded by (seed, step, rank, micro-batch): a step computes the same loss whether or not the job
@@ -29,7 +30,7 @@ from diffusers import DDPMScheduler
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
 from trainer.models.bundle import Models
-from trainer.models.families import Conditioning, condition, predict
+from trainer.models.families import STORED_NAMES, Conditioning, condition, predict
 from trainer.objectives import flow_matching
 from trainer.objectives.flow_matching import sample_timesteps
 from trainer.models.text import encode_captions, encode_token_ids
@@ -99,11 +100,18 @@ def flow_inputs(models: Models, batch: dict, device: torch.device, generator: to
     """A transformer family's micro-batch: latents, conditioning, logit-normal timesteps shifted for the
     bucket's resolution, and the velocity target (trainer/objectives/flow_matching.py)."""
     if "input_ids" in batch:
-        raise ValueError(f"a {models.family.name} model trains on image shards (captions encoded by its own "
-                         "pipeline); latent shards hold UNet token ids")
+        raise ValueError(f"these latent shards hold a UNet's token ids; a {models.family.name} model trains on its "
+                         "own pipeline's embeddings: encode the image shards with its models (trainer.jobs.encode)")
     with torch.no_grad(), autocast(device):
         latents = image_latents(models, batch, device, generator)
-        conditioning = condition(models.family, models.text_pipeline(), batch["caption"], device)
+        if STORED_NAMES["context"] in batch:  # latent shards: what encode_prompt gave, stored in bf16
+            conditioning = Conditioning.from_tensors({name: batch[name].to(device, non_blocking=True) for name
+                                                      in STORED_NAMES.values() if name in batch})
+            conditioning.context = conditioning.context.float()  # as the online path's (autocast casts it on a GPU)
+            if conditioning.pooled is not None:
+                conditioning.pooled = conditioning.pooled.float()
+        else:
+            conditioning = condition(models.family, models.text_pipeline(), batch["caption"], device)
     noise = torch.randn(latents.shape, generator=generator, device=device)
     resolution = round((latents.shape[-2] * latents.shape[-1]) ** 0.5) * models.vae_scale_factor
     t = sample_timesteps(models.flow, latents.shape[0], resolution, device, generator)
