@@ -14,6 +14,8 @@ trained on the embeddings it is served with:
 - SD3: CLIP-L's and CLIP-G's penultimate hidden states side by side, zero-padded to the T5 width and
   followed by T5's last hidden state (zeros without a T5), plus both CLIPs' pooled projections.
 - PixArt: T5's last hidden state and its attention mask.
+On latent shards the encode job has stored these (trainer/data/latents.py) and training loads no text
+encoder; `text_configs`/`load_text_configs` give their configs without weights, so the parts are still checked.
 
 The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last stage's shift.
 PixArtSigmaPipeline reads `init_noise_sigma` and calls `scale_model_input`, which the flow-matching
