@@ -1,5 +1,5 @@
 """Start the pipeline's training job by hand, from a notebook or a terminal:
-the same request the StartTrainingFunction builds (core.training.job_requests.training_job_request), sent with
+the same request the StartTrainingFunction builds (core.start_training.job_requests.training_job_request), sent with
 the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
 
     pip install -e ".[functions,launch]"   # from a checkout: the request builder is functions/core
@@ -26,7 +26,7 @@ from typing import Any
 from contracts import pipeline_table
 from contracts.messages import Manifest
 from core.settings import TrainingSettings
-from core.training.job_requests import training_job_request
+from core.start_training.job_requests import training_job_request
 
 
 def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettings:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from contracts import model_presets
 
 # The container's own hyperparameters (trainer/container.py), never a job's arguments; a stage's encode and
-# autoencoder jobs take its `cpu-threads` too (core/training/job_requests.py).
+# autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py).
 TASK, CPU_THREADS = "task", "cpu-threads"
 TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
 CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS)

@@ -3,7 +3,7 @@ job (trainer/jobs/autoencoder.py), as contracts.recipe types the training job's.
 
 A field marked `from_stage` is one the job shares with the training stage it serves: the start-training
 function copies those, and only those, from the stage's hyperparameters into the job's
-(core/training/job_requests.py), since the latents and the VAE must match what the stage trains on.
+(core/start_training/job_requests.py), since the latents and the VAE must match what the stage trains on.
 The rest are the job's own (an encode job's batch size is images per VAE call, not the stage's).
 tests/trainer/test_recipe.py holds each `from_stage` field to the training option of the same name.
 """

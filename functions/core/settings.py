@@ -13,10 +13,10 @@ from contracts.recipe_jobs import AutoencoderOptions
 from core.errors import ConfigError
 from core.ingest.images import KNOWN_FORMATS, DecodePolicy
 from core.pack.lanes import MAX_LANES
-from core.reliability.dead_letters import CONTRACTS, RedrivePolicy
-from core.training.failure_brake import BrakeSettings
-from core.training.instance_types import GPUS_PER_INSTANCE
-from core.training.pretrained import AUTOENCODER_SUFFIX, check_uri
+from core.redrive.dead_letters import CONTRACTS, RedrivePolicy
+from core.start_training.failure_brake import BrakeSettings
+from core.start_training.instance_types import GPUS_PER_INSTANCE
+from core.start_training.pretrained import AUTOENCODER_SUFFIX, check_uri
 
 
 # Tuning knobs rather than deploy-time choices: template.yaml passes none of them and each takes this
@@ -219,18 +219,18 @@ class TrainingSettings:
     # An encode job (trainer/jobs/encode.py) on this instance type turns each stage's image shards into
     # latent shards before the stage trains; empty: the stage trains on the image shards (VAE online).
     encode_instance_type: str = ""
-    # Pretrained parts (core.training.pretrained): the `pretrained` channel of every encode and training job;
+    # Pretrained parts (core.start_training.pretrained): the `pretrained` channel of every encode and training job;
     # empty: every part is built at random from the stage's model-config.
     pretrained_uri: str = ""
     # Where a lineage gets no VAE from its base, an autoencoder job on this instance type trains one
-    # before its first job (core.training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
+    # before its first job (core.start_training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
     autoencoder_instance_type: str = ""
     autoencoder_hyperparameters: dict[str, str] = field(default_factory=dict)
     # Where a lineage gets no tokenizer from its base, a tokenizer job on this instance type learns one from
-    # its first job's captions (core.training.tokenizer_job); the template sets it from AutoencoderInstanceType.
+    # its first job's captions (core.start_training.tokenizer_job); the template sets it from AutoencoderInstanceType.
     tokenizer_instance_type: str = ""
     eval_data_uri: str = ""  # s3://<data>/<EvalDataPrefix>: the autoencoder job's `validation` channel
-    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.training.failure_brake)
+    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.start_training.failure_brake)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
@@ -287,7 +287,7 @@ class TrainingSettings:
 
 
 def _channels(uri: str, name: str) -> dict[str, str]:
-    """The hyperparameter a job request adds for a channel (core.training.job_requests.model_inputs)."""
+    """The hyperparameter a job request adds for a channel (core.start_training.job_requests.model_inputs)."""
     return {name: name} if uri else {}
 
 
@@ -545,13 +545,13 @@ class ImportSettings:
 class DeadLetterQueue:
     # Queue names, not URLs: the same on AWS, under moto and in events/env.json (`sam local invoke`)
     name: str
-    contract: str  # core.reliability.dead_letters.CONTRACTS: what its messages' consumer parses
+    contract: str  # core.redrive.dead_letters.CONTRACTS: what its messages' consumer parses
     source: str = ""  # the queue it redrives to; empty: it holds events, re-put on the bus
 
 
 @dataclass(frozen=True)
 class RedriveSettings:
-    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.reliability.redrive)."""
+    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.redrive.redriver)."""
 
     table: str
     event_bus: str

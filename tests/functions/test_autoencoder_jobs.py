@@ -18,10 +18,10 @@ from contracts.s3_layout import output_key
 from core import aws
 from core.provenance import stored_lineage
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, manifests
-from core.training.manifests import job_name_for
-from core.training.pretrained import BaseMissing
-from core.training.starter import Decision, resume
+from core.start_training import autoencoder_job, manifests
+from core.start_training.manifests import job_name_for
+from core.start_training.pretrained import BaseMissing
+from core.start_training.starter import Decision, resume
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     TWO_STAGES,
     FakeSageMaker,

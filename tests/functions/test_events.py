@@ -92,15 +92,16 @@ def name_versions(event: dict, versions: dict[str, str]) -> None:
 def arrange_import(event: dict, stack: Provisioned) -> None:
     """The staged tar each message names (two samples, one caption missing) and its batch record."""
     from core import aws
-    from core.pack import import_tar
+    from contracts.messages import ImportShard
+    from core.import_shard import records
     from tests.functions.import_helpers import webdataset_tar
     pictures = [encode(picture("circle", "red", "blue"), "png"), encode(picture("square", "white", "black"), "jpg")]
     for record in event["Records"]:
-        message = import_tar.ImportShard.model_validate_json(record["body"])
+        message = ImportShard.model_validate_json(record["body"])
         body = webdataset_tar([{"__key__": b"000000", "png": pictures[0], "txt": b"a red circle on a blue background"},
                                {"__key__": b"000001", "jpg": pictures[1]}])
         boto3.client("s3").put_object(Bucket=message.bucket, Key=message.key, Body=body)
-        aws.put_item(stack.outputs["PipelineTableName"], import_tar.batch_item(
+        aws.put_item(stack.outputs["PipelineTableName"], records.batch_item(
             message.batch_id, message.partner, message.license, "events/import_shard.json", 1))
 
 
@@ -133,7 +134,7 @@ def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
     from contracts import pipeline_table
     from contracts.messages import Manifest, ShardRef
     from core import aws
-    from core.training.manifests import manifest_file
+    from core.start_training.manifests import manifest_file
     table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
     autoencoder_job = event["detail"]["TrainingJobName"]
     job = autoencoder_job.removesuffix("-ae")

@@ -18,7 +18,7 @@ from core import aws
 from core.deploy.events import JobState
 from core.provenance import stored_lineage
 from core.settings import TrainingSettings
-from core.training.starter import Decision
+from core.start_training.starter import Decision
 from tests.functions.test_autoencoder_jobs import (ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels,  # noqa: F401
                                                    put_base, vae_of)
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)

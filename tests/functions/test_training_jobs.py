@@ -25,9 +25,9 @@ from contracts import pipeline_table
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws
 from core.settings import TrainingSettings
-from core.training import manifests, starter
-from core.training.manifests import job_name_for, manifest_file
-from core.training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed, resume
+from core.start_training import manifests, starter
+from core.start_training.manifests import job_name_for, manifest_file
+from core.start_training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed, resume
 from tests.support import ACCOUNT, REGION, load_event
 
 pytestmark = pytest.mark.slow(seconds=20)
@@ -1098,7 +1098,7 @@ def test_the_handler_counts_an_encode_job_s_end_and_starts_its_training_job(enco
     assert sagemaker.created == [f"{name}-enc", name]
 
 
-# --- the brake on failing jobs (core.training.failure_brake) -------------------------------------------------
+# --- the brake on failing jobs (core.start_training.failure_brake) -------------------------------------------------
 
 NOW = 1_800_000_000.0
 MODEL_FAILURE = "AlgorithmError: unrecognized arguments: --learning-rat 1e-4"

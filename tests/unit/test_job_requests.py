@@ -1,4 +1,4 @@
-"""core.training.job_requests with pretrained parts: the autoencoder job's request, and the `pretrained` and
+"""core.start_training.job_requests with pretrained parts: the autoencoder job's request, and the `pretrained` and
 `vae` channels of encode and training jobs; PretrainedModelUri as the settings parse it.
 
 The orchestration (which job starts when, the lineage's VAE) is in tests/functions/test_autoencoder_jobs.py.
@@ -17,8 +17,8 @@ from botocore.validate import validate_parameters
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS
 from core.errors import ConfigError
 from core.settings import Stage, TrainingSettings
-from core.training.job_requests import autoencoder_job_request, encode_job_request, training_job_request
-from core.training.pretrained import listing_digest
+from core.start_training.job_requests import autoencoder_job_request, encode_job_request, training_job_request
+from core.start_training.pretrained import listing_digest
 from tests.unit.test_settings import TRAINING_ENV
 from tests.unit.test_training import DIGEST, MANIFEST_URI, SETTINGS, TWO_STAGES
 

@@ -12,7 +12,7 @@ import pytest
 
 from contracts.messages import Manifest, ShardRef
 from core.settings import TrainingSettings
-from core.training.job_requests import training_job_request
+from core.start_training.job_requests import training_job_request
 from trainer import launch
 
 

@@ -24,7 +24,7 @@ from core.settings import (
     TrainingSettings,
     check_sharding,
 )
-from core.training.instance_types import GPUS_PER_INSTANCE
+from core.start_training.instance_types import GPUS_PER_INSTANCE
 from tests.support import IMAGES
 
 REPO = Path(__file__).resolve().parents[2]

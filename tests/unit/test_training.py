@@ -1,4 +1,4 @@
-"""core.training.starter, the pure half: choosing shards (new and replay), naming jobs, the job request.
+"""core.start_training.starter, the pure half: choosing shards (new and replay), naming jobs, the job request.
 
 The orchestration against moto (claims, the lineage lock and queue, job ends, stages) is in
 tests/functions/test_training_jobs.py.
@@ -17,8 +17,8 @@ from botocore.validate import validate_parameters
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from contracts.metrics import METRIC_DEFINITIONS
 from core.settings import Stage, TrainingSettings
-from core.training.job_requests import stage_hyperparameters, training_job_request
-from core.training.manifests import job_name_for, manifest_file, manifest_from, replay_shards
+from core.start_training.job_requests import stage_hyperparameters, training_job_request
+from core.start_training.manifests import job_name_for, manifest_file, manifest_from, replay_shards
 
 DATA = "atelier-data-123456789012-us-east-1"
 MODELS = "atelier-models-123456789012-us-east-1"

@@ -31,7 +31,7 @@ from contracts import s3_layout
 
 SUFFIX = s3_layout.COMPILE_CACHE_SUFFIX
 LINEAGE_FOLDER = s3_layout.COMPILE_CACHE.rstrip("/")  # below the checkpoint dir: CheckpointConfig syncs it
-CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel: every lineage's files (core/training/compile_caches.py)
+CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel: every lineage's files (core/start_training/compile_caches.py)
 
 
 @dataclass(frozen=True)

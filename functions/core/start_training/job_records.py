@@ -11,7 +11,7 @@ from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
 from core.settings import TrainingSettings
-from core.training.pretrained import PretrainedBase
+from core.start_training.pretrained import PretrainedBase
 
 # what a stage's record does not inherit from the one before it: that one's end and outputs
 NOT_CARRIED = frozenset({"settled", "failure_reason", "model_data", "latents", "latent_indexes"})

@@ -17,21 +17,21 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   under `s3://<models>/encoded/<job>/`; on its Completed event every shard's latent twin is checked
   and listed in `manifests/<job>.latents.manifest`, the training job's `train` channel. An encode job
   that fails, or leaves a shard out, fails its training job (the shards return to pending). It gets
-  the training job's `manifest` channel too: an excluded sample is never encoded (core.training.encode_job).
-- Pretrained parts (PretrainedModelUri, core.training.pretrained): every encode, training and autoencoder job
+  the training job's `manifest` channel too: an excluded sample is never encoded (core.start_training.encode_job).
+- Pretrained parts (PretrainedModelUri, core.start_training.pretrained): every encode, training and autoencoder job
   reads the base as the channel `pretrained` (hyperparameter `pretrained=pretrained`); a job records
   the base it was claimed with (URI and digest), which its lineage.json carries.
-- The lineage's VAE (core.training.autoencoder_job), decided once per lineage at its first claim: when the
+- The lineage's VAE (core.start_training.autoencoder_job), decided once per lineage at its first claim: when the
   base brings none (no base, or a prefix without vae/config.json), the job waits first for an
   autoencoder job `<job>-ae` (task=autoencoder) on its image shards; its Completed event stores its
   model.tar.gz as the lineage's `vae_uri` (create-only), and every encode and training job of the
   lineage reads that as the channel `vae` (`vae=vae`). A failed or stopped autoencoder job fails its
   training job as a failed encode job does; the lineage's next job trains a VAE again.
-- The lineage's tokenizers (core.training.tokenizer_job), the same way: when the base brings no
+- The lineage's tokenizers (core.start_training.tokenizer_job), the same way: when the base brings no
   tokenizer/, a tokenizer job `<job>-tok` (task=tokenizer) learns them from the job's captions; its
   model.tar.gz becomes the lineage's `tokenizer_uri`, every encode and training job's channel
-  `tokenizer`. core.training.lineage_parts sequences both parts (the VAE first).
-- Compiled shapes (core.training.compile_caches): a training job's end publishes the files its
+  `tokenizer`. core.start_training.lineage_parts sequences both parts (the VAE first).
+- Compiled shapes (core.start_training.compile_caches): a training job's end publishes the files its
   compile left in the lineage's checkpoints to one shared prefix, and every training job reads that
   prefix as its `compile-cache` channel, so a shape compiles once for all lineages.
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
@@ -39,8 +39,8 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
 
 This module is the orchestration; what it builds lives beside it: the manifest, its licensing screen
-and its files (core.training.manifests), the lineage's and the job's records (core.training.lineage, job_records)
-and the CreateTrainingJob requests (core.training.job_requests).
+and its files (core.start_training.manifests), the lineage's and the job's records (core.start_training.lineage, job_records)
+and the CreateTrainingJob requests (core.start_training.job_requests).
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws, telemetry
 from core.partners import attribution
 from core.settings import TrainingSettings
-from core.training import (autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage,
+from core.start_training import (autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage,
                            lineage_parts, manifests, tokenizer_job)
-from core.training.job_records import Inputs
-from core.training.job_requests import encode_job_name, training_job_request
-from core.training.pretrained import PretrainedBase, describe_base
+from core.start_training.job_records import Inputs
+from core.start_training.job_requests import encode_job_name, training_job_request
+from core.start_training.pretrained import PretrainedBase, describe_base
 
 logger = Logger(child=True)
 ENDED = frozenset({"Completed", "Failed", "Stopped"})

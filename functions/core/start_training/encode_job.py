@@ -4,7 +4,7 @@ With EncodeInstanceType set, each stage's training job waits for `<job>-enc` (th
 task=encode, trainer/jobs/encode.py), which writes the manifest's shards as latent shards under
 `s3://<models>/encoded/<job>/latents/<encoder identity>-r<res>/` through its CheckpointConfig, each with
 its sample table in `indexes/` below that folder. On its Completed event `write_latent_manifest` checks
-that every shard has its twin and lists them, and their tables; core.training.starter sequences these steps.
+that every shard has its twin and lists them, and their tables; core.start_training.starter sequences these steps.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
 from core.settings import TrainingSettings
-from core.training.job_requests import encode_job_name, encode_job_request
+from core.start_training.job_requests import encode_job_name, encode_job_request
 
 logger = Logger(child=True)
 ROLE = "encode"  # the job record's role

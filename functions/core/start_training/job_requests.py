@@ -1,5 +1,5 @@
 """CreateTrainingJob requests of the start-training stage: the training job, its encode job and the
-lineage's autoencoder job (the protocol that orders them is core.training.starter's; docs/training-jobs.md).
+lineage's autoencoder job (the protocol that orders them is core.start_training.starter's; docs/training-jobs.md).
 
 Every job reads its `train` channel (a ManifestFile, FastFile, ShardedByS3Key), where they have them
 its shards' sample tables as `indexes` (a ManifestFile, FastFile, FullyReplicated: each instance
@@ -21,8 +21,8 @@ from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
 from contracts.recipe import STAGE_CONTAINER_HYPERPARAMETERS
 from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
 from core.settings import Stage, TrainingSettings
-from core.training.instance_types import has_instance_store
-from core.training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
+from core.start_training.instance_types import has_instance_store
+from core.start_training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
 
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
@@ -130,7 +130,7 @@ def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], ins
 
 def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
     """The job's outputs, and its ML storage volume unless it is instance store, for which AWS
-    refuses a VolumeKmsKeyId (core/training/instance_types.py): the hardware encrypts those."""
+    refuses a VolumeKmsKeyId (core/start_training/instance_types.py): the hardware encrypts those."""
     if not kms_key:
         return
     request["OutputDataConfig"]["KmsKeyId"] = kms_key
@@ -164,7 +164,7 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
     """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins (and
     `indexes_uri`, if any, their sample tables), and `exclusions_uri` (if any) is the manifest JSON for
     the `manifest` channel. The job trains the lineage's steps `first_step` to `steps_target`.
-    `compile_cache`: the shared compiled shapes' channel, where there is one (core.training.compile_caches.channels)."""
+    `compile_cache`: the shared compiled shapes' channel, where there is one (core.start_training.compile_caches.channels)."""
     stage = settings.stages[stage_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri, tokenizer_uri)
     channels += compile_cache or []
