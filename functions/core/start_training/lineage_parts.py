@@ -26,7 +26,7 @@ class Part:
     uri_for: Callable[[str, dict[str, Any], TrainingSettings], str]  # "" until the lineage has it
     begin: Callable[[str, dict[str, Any], Inputs, TrainingSettings], bool]  # False: a job of its name exists
     keep: Callable[[str, str, TrainingSettings], bool]  # create-only on the lineage
-    done: str  # the Decision actions of its end
+    done: str  # the StartDecision actions of its end
     failed: str
 
 
