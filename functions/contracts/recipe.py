@@ -3,7 +3,7 @@
 `TrainOptions` is trainer.jobs.train's options: each field a flag (its alias, the kebab-case name that is
 also the SageMaker hyperparameter's), with its type, default, choices and help. The trainer builds its
 argparse parser from it and checks the parsed values with it (trainer/jobs/train_args.py); the
-start-training function checks every run-plan stage's hyperparameters with the same model when it starts
+start-training function checks every run-plan job's hyperparameters with the same model when it starts
 (`refusal`, core/settings.py), so a value the trainer would refuse fails before any job is paid for.
 `RunStage` is one stage of a run config (trainer/configs/runs/, trainer/data/stages.py). The encode and
 autoencoder jobs' options are in contracts.recipe_jobs; the container's own hyperparameters are here.
@@ -22,12 +22,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from contracts import model_presets
 
-# The container's own hyperparameters (trainer/container.py), never a job's arguments; a stage's encode and
-# autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py).
+# The container's own hyperparameters (trainer/container.py), never a job's arguments; a run-plan job's encode
+# and autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py).
 TASK, CPU_THREADS = "task", "cpu-threads"
 TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
 CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS)
-STAGE_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
+PLANNED_JOB_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
 # trainer.jobs.train's flags that name where the container put things (the SM_* environment, the container's
 # --checkpoint-dir): declared here so that they are known not to be recipe fields
 TRAIN_PATHS = ("train-dir", "model-dir", "output-data-dir", "checkpoint-dir", "index-dir", "manifest")
@@ -65,11 +65,11 @@ Flag = Annotated[bool, BeforeValidator(flag)]
 AutoFlag = Annotated[bool | Literal["auto"], BeforeValidator(auto_or_flag)]
 
 
-def option(default: Any, help: str, group: str | None = None, *, from_stage: bool = False, flag: str | None = None) -> Any:
+def option(default: Any, help: str, group: str | None = None, *, from_training_job: bool = False, flag: str | None = None) -> Any:
     """A recipe field: its default, its help (argparse's, and the docs'), the argparse group it is listed in,
-    (an encode or autoencoder job's) whether it is taken from the training stage it serves, and its flag where
+    (an encode or autoencoder job's) whether it is taken from the training job it serves, and its flag where
     that is not the field's name in kebab case."""
-    extra = {key: value for key, value in (("group", group), ("from_stage", from_stage)) if value}
+    extra = {key: value for key, value in (("group", group), ("from_training_job", from_training_job)) if value}
     return Field(default, alias=flag, description=help, json_schema_extra=extra or None)
 
 
@@ -89,9 +89,9 @@ class Options(BaseModel):
         return {field.alias for field in cls.model_fields.values()}
 
     @classmethod
-    def stage_flags(cls) -> tuple[str, ...]:
-        """The flags a helper job takes from its training stage's hyperparameters."""
-        return tuple(f.alias for f in cls.model_fields.values() if (f.json_schema_extra or {}).get("from_stage"))
+    def training_job_flags(cls) -> tuple[str, ...]:
+        """The flags a helper job takes from its training job's hyperparameters."""
+        return tuple(f.alias for f in cls.model_fields.values() if (f.json_schema_extra or {}).get("from_training_job"))
 
 
 WHERE, MODEL, RUN, SYSTEM, DATA, HEALTH = ("where", "model", "run (a single stage unless --run-config)", "system",

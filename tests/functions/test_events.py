@@ -160,11 +160,11 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     s3.put_object(Bucket=stack.outputs["DataBucketName"], Key="eval/heldout.tar", Body=bytes(1024))  # EvalDataPrefix
     job = load_event("deploy_job_completed")["detail"]
     s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
-    stage_tags = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.STAGE: "main"}
-    sagemaker_job(job["TrainingJobName"], f"s3://{models}/training/", {**stage_tags, job_tags.FINAL_STAGE: "true"})
+    stage_tags = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.PLANNED_JOB: "main"}
+    sagemaker_job(job["TrainingJobName"], f"s3://{models}/training/", {**stage_tags, job_tags.FINAL_PLANNED_JOB: "true"})
     if name == "deploy_encode_job_completed":
         sagemaker_job(event["detail"]["TrainingJobName"], f"s3://{models}/encoded/", {
-            **stage_tags, job_tags.FINAL_STAGE: "false", job_tags.ROLE: job_tags.ENCODE,
+            **stage_tags, job_tags.FINAL_PLANNED_JOB: "false", job_tags.ROLE: job_tags.ENCODE,
             job_tags.TRAINING_JOB: job["TrainingJobName"]})
     if name == "deploy_evaluate_request":  # a candidate whose evaluation failed
         from contracts import pipeline_table
@@ -235,7 +235,7 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
                                                        "job": e["detail"]["TrainingJobName"].removesuffix("-ae")},
     # an encode job's end, its tags read from SageMaker: never a candidate
     "deploy_encode_job_completed": lambda e: {"action": "recorded", "model": None,
-                                              "reason": "Completed, final stage False"},
+                                              "reason": "Completed, final run-plan job False"},
     # a candidate (its tags read from SageMaker): its evaluation job starts
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
     # an eval-failed model evaluated again on an operator's request (`atelier evaluate`)
@@ -243,7 +243,7 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     # `atelier rollback` where nothing was deployed yet: refused, an answer rather than an error to retry
     "deploy_rollback_request": lambda e: {"action": "refused", "model": None,
                                           "reason": Matching(r"endpoint \S+ has no deployed model to roll back")},
-    "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final stage True"},
+    "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final run-plan job True"},
     # the evaluation passed the gate: the first model creates the endpoint
     "deploy_evaluation_completed": lambda e: {"action": "created", "model": e["detail"]["Tags"]["atelier:candidate"],
                                               "reason": ""},

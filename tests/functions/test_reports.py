@@ -83,7 +83,7 @@ def train(stages: Stages, samples: list[Sample], ended: int) -> str:
     artefact = f"s3://{stages.deploy.models_bucket}/training/{job}/output/model.tar.gz"
     digest = aws.get_item(stages.training.table, pipeline_table.job_pk(job))["digest"]  # the tags it was started with
     on_job_state(JobState(name=job, status="Completed", model_data_url=artefact, failure_reason=None, ended_at=ended,
-                          tags=((job_tags.FINAL_STAGE, "true"), (job_tags.MANIFEST, digest))), stages.deploy)
+                          tags=((job_tags.FINAL_PLANNED_JOB, "true"), (job_tags.MANIFEST, digest))), stages.deploy)
     return job
 
 

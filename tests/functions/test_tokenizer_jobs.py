@@ -167,4 +167,4 @@ def test_the_deploy_stage_knows_a_tokenizer_job_for_a_helper_and_serves_nothing_
     state = JobState(name="j-tok", status="Completed", model_data_url="s3://m/tokenizers/j-tok/output/model.tar.gz",
                      failure_reason=None, tags=(("atelier:role", "tokenizer"), ("atelier:final-stage", "false")))
 
-    assert (state.unidentified, state.final_stage, state.is_evaluation) == ("", False, False)
+    assert (state.unidentified, state.final_planned_job, state.is_evaluation) == ("", False, False)

@@ -72,7 +72,7 @@ def test_a_flag_the_recipe_lacks_is_caught():
 
 @pytest.mark.parametrize("options", [EncodeOptions, AutoencoderOptions])
 def test_what_a_helper_job_takes_from_its_stage_is_typed_as_the_training_option(options):
-    shared = options.stage_flags()
+    shared = options.training_job_flags()
     train = {field.alias: field for field in TrainOptions.model_fields.values()}
 
     assert shared and set(shared) <= set(train)

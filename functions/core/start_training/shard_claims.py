@@ -38,7 +38,7 @@ def mark_trained(job: dict[str, Any], settings: TrainingSettings) -> None:
                         "SET #s = :trained, gsi1pk = :p, gsi1sk = :k, #ref = :ref",
                         {":trained": "trained", ":p": pipeline_table.TRAINED_SHARDS, ":k": shard.shard_id,
                          ":ref": shard.model_dump_json()}, names={"#s": "status", "#ref": "ref"})
-    target = job_records.steps_target(job, len(settings.stages) - 1, settings)
+    target = job_records.steps_target(job, len(settings.run_plan) - 1, settings)
     aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET steps_done = :t", {":t": target})
 
 

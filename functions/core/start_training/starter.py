@@ -1,4 +1,4 @@
-"""Start-training stage: count sealed shards; at the quota, run one job (per run-plan stage) on
+"""Start-training stage: count sealed shards; at the quota, run one job (per run-plan job) on
 exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
 
 - Shards wait in the sparse `SHARDS#pending` index. Claiming a manifest is one DynamoDB
@@ -9,10 +9,10 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   event re-issues the same CreateTrainingJob, answered ResourceInUse: a no-op once checked to be
   the same manifest, an error if it is another.
 - A job's end (the SageMaker state-change event) releases the lock: Completed marks its new shards
-  trained and starts the next stage or the next manifest; Failed and Stopped return its shards to
+  trained and starts the next run-plan job or the next manifest; Failed and Stopped return its shards to
   pending, so the next job takes them. A Completed job's lineage and attribution are written
   beside its model (core.partners.attribution).
-- Latent shards (when an encode instance type is set): before a stage's training job, an encode
+- Latent shards (when an encode instance type is set): before each training job, an encode
   job `<job>-enc` (the training image, task=encode) writes the manifest's shards as latent shards
   under `s3://<models>/encoded/<job>/`; on its Completed event every shard's latent twin is checked
   and listed in `manifests/<job>.latents.manifest`, the training job's `train` channel. An encode job
@@ -271,9 +271,9 @@ def _start_queued(name: str, settings: TrainingSettings) -> StartDecision:
 
 def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> None:
     name = pipeline_table.job_name(job["pk"])
-    stage = int(job.get("stage", 0))
-    if status == "Completed" and stage + 1 < len(settings.stages):
-        _start_next_stage(job, stage + 1, settings)
+    plan_index = int(job.get("stage", 0))
+    if status == "Completed" and plan_index + 1 < len(settings.run_plan):
+        _start_next_planned_job(job, plan_index + 1, settings)
         return
     if status == "Completed":
         shard_claims.mark_trained(job, settings)
@@ -283,10 +283,10 @@ def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> Non
                     {":empty": "", ":job": name}, condition="running_job = :job")
 
 
-def _start_next_stage(job: dict[str, Any], stage: int, settings: TrainingSettings) -> None:
-    """The next stage resumes the lineage's checkpoints on the same manifest, with its own instances."""
-    name = job_records.next_stage_name(job, stage)
-    aws.put_item_if_absent(settings.table, job_records.next_stage(job, stage))
+def _start_next_planned_job(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> None:
+    """The next run-plan job resumes the lineage's checkpoints on the same manifest, with its own instances."""
+    name = job_records.next_planned_job_name(job, plan_index)
+    aws.put_item_if_absent(settings.table, job_records.next_planned_job(job, plan_index))
     aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :next",
                     {":next": name, ":job": pipeline_table.job_name(job["pk"])}, condition="running_job = :job")
     _ensure_started(name, settings)
@@ -309,7 +309,7 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     job = aws.get_item(settings.table, pipeline_table.job_pk(name))
     if job is None or job.get("status") not in ("Requested", "InProgress"):
         return
-    stage = int(job.get("stage", 0))
+    plan_index = int(job.get("stage", 0))
     inputs, part = lineage_parts.missing(name, job, job_records.inputs_of(name, job, settings), settings)
     if part is not None:  # the lineage's VAE or tokenizers first
         if not part.begin(name, job, inputs, settings):
@@ -321,14 +321,14 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
         return
     train_uri = job.get("latents") or inputs.manifest_uri
     indexes_uri = job.get("latent_indexes", "") if job.get("latents") else inputs.indexes_uri
-    steps_target = job_records.steps_target(job, stage, settings)
-    request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
+    steps_target = job_records.steps_target(job, plan_index, settings)
+    request = training_job_request(name, train_uri, job["digest"], plan_index, steps_target, settings,
                                    inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri,
-                                   first_step=job_records.first_step(job, stage, settings), indexes_uri=indexes_uri,
+                                   first_step=job_records.first_step(job, plan_index, settings), indexes_uri=indexes_uri,
                                    compile_cache=compile_caches.channels(settings.models_bucket),
                                    tokenizer_uri=inputs.tokenizer_uri)
     if aws.create_training_job(request):
-        logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
+        logger.info("training job started", extra={"job": name, "planned_job": settings.run_plan[plan_index].name,
                                                    "latents": bool(job.get("latents")), "vae": inputs.vae_uri})
         return
     _check_ours(name, name, train_uri, settings)
