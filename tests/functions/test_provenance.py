@@ -32,7 +32,7 @@ from tests.functions.pack_helpers import sealed_record, settings_for
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 from trainer.jobs import encode
 
 TAKEDOWN_AT = "2026-12-01T10:00:00+00:00"

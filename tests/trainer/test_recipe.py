@@ -10,7 +10,7 @@ import json
 import pytest
 
 from contracts import recipe
-from contracts.recipe import RunStage, TrainOptions, dest
+from contracts.recipe import Phase, TrainOptions, dest
 from contracts.recipe_jobs import AUTOENCODER_PATHS, ENCODE_PATHS, AutoencoderOptions, EncodeOptions
 from tests.support import REPO
 from trainer.jobs import autoencoder, encode, train_args
@@ -110,5 +110,5 @@ def test_the_lambda_takes_what_the_trainer_takes():
 
 def test_every_run_preset_s_stages_are_recipe_stages():
     for path in sorted((REPO / "trainer" / "configs" / "runs").glob("*.json")):
-        stages = json.loads(path.read_text())["stages"]
-        assert [RunStage.model_validate(stage).model_dump(exclude_defaults=True) for stage in stages] == stages, path
+        stages = json.loads(path.read_text())["phases"]
+        assert [Phase.model_validate(stage).model_dump(exclude_defaults=True) for stage in stages] == stages, path

@@ -73,7 +73,7 @@ def latent_dir(output_dir: str | Path, identity: str, resolution: int) -> Path:
 
 def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int], identity: str | None = None) -> None:
     """Latent shards must come from these models (`identity`, if already known), at the resolution of
-    every stage that reads them."""
+    every phase that reads them."""
     if models.family is not None:
         raise LatentShardsError(f"latent shards carry UNet token ids; a {models.family.name} model trains on image shards "
                                 "for now (its captions encoded by its own pipeline)")
@@ -83,7 +83,7 @@ def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int]
             raise LatentShardsError(f"latent shards encoded by models {encoder[:16]}, not by this run's {identity[:16]}: "
                                     "encode the image shards again with these models (python -m trainer.jobs.encode)")
         if {resolution} != resolutions:
-            raise LatentShardsError(f"latent shards at {resolution} px, but the run's stages are at {sorted(resolutions)} px")
+            raise LatentShardsError(f"latent shards at {resolution} px, but the run's phases are at {sorted(resolutions)} px")
 
 
 def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids: torch.Tensor, record: bytes | None,

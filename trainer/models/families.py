@@ -15,7 +15,7 @@ trained on the embeddings it is served with:
   followed by T5's last hidden state (zeros without a T5), plus both CLIPs' pooled projections.
 - PixArt: T5's last hidden state and its attention mask.
 
-The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last stage's shift.
+The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last phase's shift.
 PixArtSigmaPipeline reads `init_noise_sigma` and calls `scale_model_input`, which the flow-matching
 Euler scheduler lacks, so PixArt saves `DPMSolverMultistepScheduler` in its flow mode
 (`use_flow_sigmas`, `prediction_type="flow_prediction"`, the same shift): the sampler diffusers
