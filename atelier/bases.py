@@ -19,7 +19,7 @@ import boto3
 
 from atelier.client import PipelineError
 from core import aws
-from core.training.pretrained import BASE_RECORD, BASES_PREFIX, COMPONENT_CONFIGS
+from core.start_training.pretrained import BASE_RECORD, BASES_PREFIX, COMPONENT_CONFIGS
 
 BASE_SCHEMA = 1
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # one key segment PretrainedModelUri accepts

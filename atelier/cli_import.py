@@ -23,8 +23,8 @@ from contracts.messages import DEFAULT_NEAR_DUPLICATES, ImportShard, NearDuplica
 from core import aws
 from core.ingest.uploads import PARTNER_PATTERN
 
-if TYPE_CHECKING:  # core.pack.import_tar needs the functions extra (Powertools, Pillow): imported when used
-    from core.pack import import_tar
+if TYPE_CHECKING:  # core.import_shard needs the functions extra (Powertools, Pillow): imported when used
+    from core.import_shard import records
 
 console = Console()
 errors = Console(stderr=True)
@@ -57,19 +57,19 @@ def register(commands: argparse._SubParsersAction) -> None:
 # --- commands -----------------------------------------------------------------------------------
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from core.pack import import_tar
+    from core.import_shard import records
     outputs = client.stack_outputs(args.stack)
     table = outputs["PipelineTableName"]
     check_license(table, args.partner, args.license)
     batch_id = args.batch or default_batch_id(args.source, args.partner, args.license, args.near_duplicates)
-    earlier = import_tar.batch_report(table, batch_id)
+    earlier = records.batch_report(table, batch_id)
     if earlier is not None and earlier.near_duplicates != args.near_duplicates:
         raise client.PipelineError(f"batch {batch_id} imports with --near-duplicates {earlier.near_duplicates}: "
                                    "give that, or another --batch")
     sources = list_sources(args.source, outputs, batch_id)
     if not sources:
         raise client.PipelineError(f"no .tar shards under {args.source}")
-    done = {s.source for s in (earlier or import_tar.BatchReport(batch_id=batch_id)).shards}
+    done = {s.source for s in (earlier or records.BatchReport(batch_id=batch_id)).shards}
     start_batch(table, batch_id, args.partner, args.license, args.source, len(sources), args.near_duplicates)
     todo = [(bucket, key) for bucket, key in sources if f"s3://{bucket}/{key}" not in done]
     send_messages(outputs["ImportQueueUrl"], [ImportShard(
@@ -84,9 +84,9 @@ def cmd_import_report(args: argparse.Namespace) -> int:
 
 
 def _show(outputs: dict[str, str], batch_id: str, args: argparse.Namespace) -> int:
-    from core.pack import import_tar
+    from core.import_shard import records
     report = (wait_for(outputs, batch_id, quiet=args.quiet or args.json) if args.wait
-              else import_tar.batch_report(outputs["PipelineTableName"], batch_id))
+              else records.batch_report(outputs["PipelineTableName"], batch_id))
     if report is None:
         raise client.PipelineError(f"no import batch {batch_id!r}")
     if args.json:
@@ -153,8 +153,8 @@ def list_sources(source: str, outputs: dict[str, str], batch_id: str) -> list[tu
 def start_batch(table: str, batch_id: str, partner: str, license_id: str, source: str, total: int,
                 near_duplicates: NearDuplicates = DEFAULT_NEAR_DUPLICATES) -> None:
     """The batch record; a rerun keeps its counters and only updates the shard count."""
-    from core.pack import import_tar
-    if not aws.put_item_if_absent(table, import_tar.batch_item(batch_id, partner, license_id, source, total,
+    from core.import_shard import records
+    if not aws.put_item_if_absent(table, records.batch_item(batch_id, partner, license_id, source, total,
                                                             near_duplicates)):
         aws.update_item(table, pipeline_table.import_batch_pk(batch_id), "SET shards_total = :t", {":t": total})
 
@@ -170,11 +170,11 @@ def send_messages(queue_url: str, messages: list["ImportShard"]) -> None:
 
 
 def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0,
-             quiet: bool = False) -> "import_tar.BatchReport | None":
+             quiet: bool = False) -> "records.BatchReport | None":
     """Follow the batch until every shard is counted (or failed for good into ImportDLQ); `quiet`: no bar."""
-    from core.pack import import_tar
+    from core.import_shard import records
     table = outputs["PipelineTableName"]
-    report = import_tar.batch_report(table, batch_id, with_shards=False)
+    report = records.batch_report(table, batch_id, with_shards=False)
     if report is None:
         return None
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -195,8 +195,8 @@ def wait_for(outputs: dict[str, str], batch_id: str, poll_s: float = 2.0,
             if report.complete or report.finished + failed >= report.shards_total:
                 break
             time.sleep(poll_s)
-            report = import_tar.batch_report(table, batch_id, with_shards=False) or report
-    return import_tar.batch_report(table, batch_id)
+            report = records.batch_report(table, batch_id, with_shards=False) or report
+    return records.batch_report(table, batch_id)
 
 
 def dead_letters(outputs: dict[str, str]) -> int:
@@ -207,14 +207,14 @@ def dead_letters(outputs: dict[str, str]) -> int:
     return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def report_json(report: "import_tar.BatchReport") -> dict:
+def report_json(report: "records.BatchReport") -> dict:
     value = report.model_dump(mode="json")
     value["shards"] = [s.model_dump(mode="json") for s in report.shards]
     value["complete"] = report.complete
     return value
 
 
-def report_table(report: "import_tar.BatchReport") -> Table:
+def report_table(report: "records.BatchReport") -> Table:
     table = Table(title=f"Import {report.batch_id} ({report.partner}, {report.license})")
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -241,9 +241,9 @@ def report_table(report: "import_tar.BatchReport") -> Table:
     return table
 
 
-def near_duplicate_table(report: "import_tar.BatchReport") -> Table:
+def near_duplicate_table(report: "records.BatchReport") -> Table:
     """Which samples were near duplicates, and of what (each tar's report names its first
-    core.pack.import_tar.LISTED_NEAR_DUPLICATES; the UPLOAD# and SAMPLE# records name them all)."""
+    core.pack.records.LISTED_NEAR_DUPLICATES; the UPLOAD# and SAMPLE# records name them all)."""
     listed = [(shard.source.rsplit("/", 1)[-1], near) for shard in report.shards for near in shard.near_duplicate_samples]
     verb = "flagged" if report.near_duplicates == "flag" else "left out"
     table = Table(title=f"Near duplicates, {verb} ({len(listed)} of {report.samples_near_duplicate} listed)")

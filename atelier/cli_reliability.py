@@ -23,7 +23,7 @@ def _when(text: str) -> datetime:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from core.reliability import audit
+    from atelier import audit
     outputs = client.stack_outputs(args.stack)
     until = args.until or datetime.now(timezone.utc)
     since = args.since or until - DEFAULT_WINDOW

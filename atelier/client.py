@@ -334,7 +334,7 @@ def models(outputs: dict[str, str]) -> list[dict[str, Any]]:
 
 def lineage_summary(item: dict[str, Any]) -> dict[str, Any]:
     """A lineage's brake for `atelier status`."""
-    from core.training import failure_brake
+    from core.start_training import failure_brake
     brake = failure_brake.Brake.from_item(item)
     return {"name": pipeline_table.lineage_name(item["pk"]), "running_job": item.get("running_job") or None,
             "held": failure_brake.hold(brake, time.time()), "model_failures": brake.model_failures,

@@ -7,7 +7,7 @@ idempotent). A DLQ of EventBridge deliveries (StartTrainingDLQ, DeployDLQ, the s
 events: each is put on the bus again, and deleted only once EventBridge accepted it (a body that is
 not an event stays). Every rule matching the event fires again; their functions are idempotent.
 
-This is the person's tool. RedriveFunction (core.reliability.redrive) already empties every DLQ of transient
+This is the person's tool. RedriveFunction (core.redrive.redriver) already empties every DLQ of transient
 failures on a schedule and leaves only poison, marked with `atelier.error` (shown by `peek`); a
 redrive from here drops those marks but keeps the message's ledger count (`REDRIVE#`), so a message
 that fails again after its last automatic redrive is held again.
@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from atelier.client import PipelineError
 from core import aws
-from core.reliability import dead_letters
+from core.redrive import dead_letters
 
 OUTPUT_SUFFIX = "DLQUrl"
 RECEIVE_MAX = 10

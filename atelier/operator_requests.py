@@ -33,8 +33,8 @@ def evaluate(outputs: dict[str, str], model: str) -> dict[str, Any]:
 def resume_lineage(outputs: dict[str, str], name: str) -> dict[str, Any]:
     """Ask StartTrainingFunction to lift a lineage's failure brake and start what is due
     (`atelier lineage resume NAME`); the failures stay on record. What it was is read here."""
-    from core.training import failure_brake
-    from core.training.starter import RESUME_REQUEST, RESUME_SOURCE
+    from core.start_training import failure_brake
+    from core.start_training.starter import RESUME_REQUEST, RESUME_SOURCE
     table = outputs["PipelineTableName"]
     record = aws.get_item(table, pipeline_table.lineage_pk(name))
     if record is None:

@@ -162,7 +162,7 @@ def report_data(bucket: str, folder: str) -> tuple[dict[str, Any] | None, list[t
 
 def fetch_tensorboard(outputs: dict[str, str], job: str, folder: Path) -> tuple[str, int]:
     """The job's TensorBoard event files (TensorBoardOutputConfig) into `folder`: their S3 prefix and count."""
-    from core.training.job_requests import tensorboard_uri
+    from core.start_training.job_requests import tensorboard_uri
     bucket = outputs["ModelsBucketName"]
     uri = tensorboard_uri(bucket, job)
     prefix = uri.removeprefix(f"s3://{bucket}/")

@@ -7,7 +7,7 @@ Prints one JSON line per figure:
 - load.uploads_per_s: N / (first upload -> last upload's sample sealed);
 - load.p50_upload_to_shard_s, load.p99_upload_to_shard_s: from the end of an upload's PUT to the
   `sealed_at` of the shard that holds its sample (the index says which);
-- load.lost, load.duplicated: the audit's violations (core.reliability.audit), plus any upload still pending;
+- load.lost, load.duplicated: the audit's violations (atelier.audit), plus any upload still pending;
 - load.peak_rss_mib: peak RSS (VmHWM) of each runtime process (workers, moto), and their sum;
 - load.dlq_messages: what the DLQs hold at the end.
 
@@ -36,7 +36,7 @@ from atelier.local import traffic  # noqa: E402
 from atelier.local.stack import LocalStack, StackOptions  # noqa: E402
 from contracts import pipeline_table
 from core import aws
-from core.reliability import audit
+from atelier import audit
 
 PARTNER = "load"
 # samconfig.toml [local] otherwise, whose pack settings (8 samples a batch and a shard) make the demo's

@@ -56,7 +56,7 @@ from trainer.data.loader import StepBatches  # noqa: E402
 from trainer.data.plan import BatchPlan  # noqa: E402
 from trainer.data.scan import aspect_from_metadata  # noqa: E402
 from trainer.data.shards import ShardIndex, index_shards  # noqa: E402
-from trainer.data.stages import RunPlan  # noqa: E402
+from trainer.data.phases import RunPlan  # noqa: E402
 
 BLOCK = 512
 IMAGE_BYTES = 250_000  # the seeds' shards: 25 GB of about 10^5 samples

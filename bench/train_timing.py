@@ -118,7 +118,7 @@ def run_config(bench: Bench, config: Configuration, steps: int, warmup: int, fir
     import torch
     from torch.optim.lr_scheduler import LambdaLR
 
-    from trainer.data.stages import plan_from_args
+    from trainer.data.phases import plan_from_args
     from trainer.jobs.step import StepSettings, Trainee, train_step
     from trainer.runtime import distributed
     from trainer.runtime.ema import EMA

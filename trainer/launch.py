@@ -1,5 +1,5 @@
 """Start the pipeline's training job by hand, from a notebook or a terminal:
-the same request the StartTrainingFunction builds (core.training.job_requests.training_job_request), sent with
+the same request the StartTrainingFunction builds (core.start_training.job_requests.training_job_request), sent with
 the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
 
     pip install -e ".[functions,launch]"   # from a checkout: the request builder is functions/core
@@ -26,7 +26,7 @@ from typing import Any
 from contracts import pipeline_table
 from contracts.messages import Manifest
 from core.settings import TrainingSettings
-from core.training.job_requests import training_job_request
+from core.start_training.job_requests import training_job_request
 
 
 def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettings:
@@ -48,12 +48,12 @@ def read_manifest(manifest_uri: str, boto_session: Any) -> Manifest:
 
 
 def build_request(args: argparse.Namespace, settings: TrainingSettings, manifest: Manifest) -> dict[str, Any]:
-    """Exactly the pipeline's request for this manifest and stage, with its exclusion list (takedowns,
+    """Exactly the pipeline's request for this manifest and run-plan job, with its exclusion list (takedowns,
     license terms) as the `manifest` channel when it has one, so a job started by hand skips what the
     pipeline's would."""
-    steps = args.steps or settings.stages[args.stage].steps
+    steps = args.steps or settings.run_plan[args.stage].steps
     exclusions_uri = rich_manifest_uri(args.manifest) if manifest.exclude else ""
-    first_step = max(1, steps - settings.stages[args.stage].steps + 1)  # the stage's warm-up counts from there
+    first_step = max(1, steps - settings.run_plan[args.stage].steps + 1)  # the run-plan job's warm-up counts from there
     return training_job_request(args.job_name, args.manifest, manifest.digest, args.stage, steps, settings,
                                 exclusions_uri, vae_uri=args.vae_uri, first_step=first_step,
                                 tokenizer_uri=getattr(args, "tokenizer_uri", None) or "")
@@ -93,9 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--settings-from-function", help="the deployed StartTrainingFunction's name")
     source.add_argument("--env-json", help="a JSON file of the StartTrainingFunction's variables")
-    parser.add_argument("--stage", type=int, default=0, help="which run-plan stage to run")
-    parser.add_argument("--steps", type=int, default=0, help="the lineage step total to train to, the stage's steps being "
-                        "its last (default: the stage's)")
+    parser.add_argument("--stage", type=int, default=0, help="which run-plan job to run (its index)")
+    parser.add_argument("--steps", type=int, default=0, help="the lineage step total to train to, the run-plan job's steps being "
+                        "its last (default: the job's)")
     parser.add_argument("--vae-uri", default=None,
                         help="the VAE channel: an autoencoder job's model.tar.gz (default: the lineage's own, read "
                              "from the pipeline table, if it trained one; '' for none)")

@@ -3,15 +3,15 @@ by the stages after it: the deploy stage, provenance, the CLI."""
 
 from __future__ import annotations
 
-# on every job the start-training stage creates (core.training.job_requests)
+# on every job the start-training stage creates (core.start_training.job_requests)
 MANIFEST = "atelier:manifest"  # the digest of the manifest it trains on
 LINEAGE = "atelier:lineage"
-STAGE = "atelier:stage"  # the run-plan stage's name
-FINAL_STAGE = "atelier:final-stage"  # "true" on the job whose model is a deploy candidate
+PLANNED_JOB = "atelier:stage"  # the run-plan job's name (the tag keeps its first spelling: recorded jobs carry it)
+FINAL_PLANNED_JOB = "atelier:final-stage"  # "true" on the run plan's last job, the one whose model is a deploy candidate
 # on an encode, autoencoder, tokenizer or evaluation job: what it is, and the training job it runs for
 ROLE = "atelier:role"
 ENCODE, AUTOENCODER, EVALUATION = "encode", "autoencoder", "evaluation"  # the values of ROLE
-TOKENIZER = "tokenizer"  # ... and the lineage's tokenizer job's (core.training.tokenizer_job)
+TOKENIZER = "tokenizer"  # ... and the lineage's tokenizer job's (core.start_training.tokenizer_job)
 TRAINING_JOB = "atelier:training-job"  # also on every SageMaker model the deploy stage creates
 # on an evaluation job (core.deploy.requests): the model it judges, and what it is compared with
 CANDIDATE = "atelier:candidate"

@@ -80,7 +80,7 @@ class Sample(Frozen):
     content_height: int = 0
     reencoded: str | None = None  # why the stored bytes are not the upload's
     # The source dataset's own fields, verbatim (img2dataset's url, key, original_width, ...:
-    # core.pack.import_tar.SOURCE_FIELDS); the shard's .json carries them at its top level (core.pack.shards).
+    # core.import_shard.source_tar.SOURCE_FIELDS); the shard's .json carries them at its top level (core.pack.shards).
     # Left out of the JSON when empty: an upload's record (and the shard bytes made from it) is unchanged.
     source_fields: dict[str, str | int | float | bool | None] = Field(default={}, exclude_if=lambda fields: not fields)
 

@@ -5,7 +5,7 @@ times the denoiser's: the UNet's (2 per down block after the first) or a transfo
 
 StartTrainingFunction checks every run-plan stage against this table when it starts, before any job is
 paid for (core/settings.py); the trainer checks the same rule where it reads its plan, with the size
-multiple of the models it loaded (trainer/data/stages.py). tests/trainer/test_model_presets.py computes
+multiple of the models it loaded (trainer/data/phases.py). tests/trainer/test_model_presets.py computes
 the multiple from every preset and fails when this table and the presets disagree.
 """
 

@@ -79,7 +79,7 @@ def pack_shard_pk(shard_id: str) -> str:
 
 
 def job_pk(job_name: str) -> str:
-    """A job the pipeline started: core.training.starter's, but for `model_data` (core.deploy.records)."""
+    """A job the pipeline started: core.start_training.starter's, but for `model_data` (core.deploy.records)."""
     return f"{JOB_PREFIX}{job_name}"
 
 
@@ -88,7 +88,7 @@ def job_name(pk: str) -> str:
 
 
 def lineage_pk(lineage: str) -> str:
-    """A lineage's lock, sequence, queue, brake and VAE (core.training.starter)."""
+    """A lineage's lock, sequence, queue, brake and VAE (core.start_training.starter)."""
     return f"{LINEAGE_PREFIX}{lineage}"
 
 
@@ -112,7 +112,7 @@ def partner_pk(partner_id: str) -> str:
 
 
 def import_batch_pk(batch_id: str) -> str:
-    """An import batch (core.pack.import_tar); also the gsi1 partition of its source tars."""
+    """An import batch (core.import_shard.records); also the gsi1 partition of its source tars."""
     return f"{IMPORT_PREFIX}{batch_id}"
 
 
@@ -141,7 +141,7 @@ REDRIVE_PREFIX = "REDRIVE#"  # RedriveFunction may write only these items (templ
 
 
 def redrive_pk(queue: str, identity: str) -> str:
-    """The redrive ledger of one dead letter: how often it was redriven, and when (core.reliability.redrive)."""
+    """The redrive ledger of one dead letter: how often it was redriven, and when (core.redrive.redriver)."""
     return f"{REDRIVE_PREFIX}{queue}#{identity}"
 
 

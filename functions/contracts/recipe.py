@@ -3,9 +3,9 @@
 `TrainOptions` is trainer.jobs.train's options: each field a flag (its alias, the kebab-case name that is
 also the SageMaker hyperparameter's), with its type, default, choices and help. The trainer builds its
 argparse parser from it and checks the parsed values with it (trainer/jobs/train_args.py); the
-start-training function checks every run-plan stage's hyperparameters with the same model when it starts
+start-training function checks every run-plan job's hyperparameters with the same model when it starts
 (`refusal`, core/settings.py), so a value the trainer would refuse fails before any job is paid for.
-`RunStage` is one stage of a run config (trainer/configs/runs/, trainer/data/stages.py). The encode and
+`Phase` is one phase of a run config (trainer/configs/runs/, trainer/data/phases.py). The encode and
 autoencoder jobs' options are in contracts.recipe_jobs; the container's own hyperparameters are here.
 
 Not recipe fields: the container paths (TRAIN_PATHS), which come from the SM_* environment or the
@@ -22,12 +22,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from contracts import model_presets
 
-# The container's own hyperparameters (trainer/container.py), never a job's arguments; a stage's encode and
-# autoencoder jobs take its `cpu-threads` too (core/training/job_requests.py).
+# The container's own hyperparameters (trainer/container.py), never a job's arguments; a run-plan job's encode
+# and autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py).
 TASK, CPU_THREADS = "task", "cpu-threads"
 TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
 CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS)
-STAGE_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
+PLANNED_JOB_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
 # trainer.jobs.train's flags that name where the container put things (the SM_* environment, the container's
 # --checkpoint-dir): declared here so that they are known not to be recipe fields
 TRAIN_PATHS = ("train-dir", "model-dir", "output-data-dir", "checkpoint-dir", "index-dir", "manifest")
@@ -65,11 +65,11 @@ Flag = Annotated[bool, BeforeValidator(flag)]
 AutoFlag = Annotated[bool | Literal["auto"], BeforeValidator(auto_or_flag)]
 
 
-def option(default: Any, help: str, group: str | None = None, *, from_stage: bool = False, flag: str | None = None) -> Any:
+def option(default: Any, help: str, group: str | None = None, *, from_training_job: bool = False, flag: str | None = None) -> Any:
     """A recipe field: its default, its help (argparse's, and the docs'), the argparse group it is listed in,
-    (an encode or autoencoder job's) whether it is taken from the training stage it serves, and its flag where
+    (an encode or autoencoder job's) whether it is taken from the training job it serves, and its flag where
     that is not the field's name in kebab case."""
-    extra = {key: value for key, value in (("group", group), ("from_stage", from_stage)) if value}
+    extra = {key: value for key, value in (("group", group), ("from_training_job", from_training_job)) if value}
     return Field(default, alias=flag, description=help, json_schema_extra=extra or None)
 
 
@@ -89,12 +89,12 @@ class Options(BaseModel):
         return {field.alias for field in cls.model_fields.values()}
 
     @classmethod
-    def stage_flags(cls) -> tuple[str, ...]:
-        """The flags a helper job takes from its training stage's hyperparameters."""
-        return tuple(f.alias for f in cls.model_fields.values() if (f.json_schema_extra or {}).get("from_stage"))
+    def training_job_flags(cls) -> tuple[str, ...]:
+        """The flags a helper job takes from its training job's hyperparameters."""
+        return tuple(f.alias for f in cls.model_fields.values() if (f.json_schema_extra or {}).get("from_training_job"))
 
 
-WHERE, MODEL, RUN, SYSTEM, DATA, HEALTH = ("where", "model", "run (a single stage unless --run-config)", "system",
+WHERE, MODEL, RUN, SYSTEM, DATA, HEALTH = ("where", "model", "run (a single phase unless --run-config)", "system",
                                            "data", "checkpoints and health")
 
 
@@ -130,15 +130,15 @@ class TrainOptions(Options):
     ema_decay: float = option(0.9999, "EMA of the UNet weights (0: no EMA)", MODEL)
     final_weights: Literal["ema", "trained"] = option("ema", "what the saved pipeline holds", MODEL)
 
-    run_config: str | None = option(None, "stages preset in trainer/configs/runs/, or a .json path", RUN)
+    run_config: str | None = option(None, "phases preset in trainer/configs/runs/, or a .json path", RUN)
     steps: int | None = option(None, "the run's last step, counting resumed ones (default 1000)", RUN)
     first_step: int = option(1, "the run's first step; warm-up and cosine count from it", RUN)
     batch_size: int | None = option(None, "images per micro-batch per process (default 4)", RUN)
     resolution: int | None = option(None, "bucket area as a square side (default: the model's)", RUN)
     learning_rate: float | None = option(None, "AdamW's, after warm-up (default 1e-4)", RUN)
-    lr_warmup_steps: int = option(0, "linear warm-up of a single-stage run", RUN)
+    lr_warmup_steps: int = option(0, "linear warm-up of a single-phase run", RUN)
     lr_final_fraction: float = option(1.0, "below 1: a cosine from the warm-up's end down to this share of the "
-                                      "rate (single stage)", RUN)
+                                      "rate (single phase)", RUN)
     gradient_accumulation: int = option(1, "micro-batches per optimizer step", RUN)
     max_grad_norm: float = option(1.0, "gradient clipping (inf: measure only)", RUN)
     seed: int = option(0, "model init, data order, noise", RUN)
@@ -151,7 +151,7 @@ class TrainOptions(Options):
                                "preset and resolution). Minutes of compiling per shape unless --compile-cache holds it",
                                SYSTEM)
     compile_cache: str | None = option(None, "directory of compiled-shape files, read at start and written after "
-                                       "each stage's first step (default <checkpoint-dir>/compile-cache; also read: "
+                                       "each phase's first step (default <checkpoint-dir>/compile-cache; also read: "
                                        "$SM_CHANNEL_COMPILE_CACHE; 'none': off)", SYSTEM)
     cuda_graphs: AutoFlag = option("auto", "replay the UNet's forward and backward from a CUDA graph per shape "
                                    "(trainer/speed/cuda_graphs.py; one process on a GPU): true, false, or auto (where "
@@ -199,10 +199,10 @@ class TrainOptions(Options):
         return self
 
 
-class RunStage(BaseModel):
-    """One stage of a run config (`{"stages": [...]}` in trainer/configs/runs/): its resolution, batch size,
+class Phase(BaseModel):
+    """One phase of a run config (`{"phases": [...]}` in trainer/configs/runs/): its resolution, batch size,
     learning rate and steps; the learning rate warms up over `warmup_steps`, then with `final_lr_fraction`
-    below 1 follows a cosine down to that share of itself (trainer/data/stages.py)."""
+    below 1 follows a cosine down to that share of itself (trainer/data/phases.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     resolution: int  # the bucket area as a square side; a multiple of the models' size multiple (checked where they load)
@@ -213,7 +213,7 @@ class RunStage(BaseModel):
     final_lr_fraction: float = 1.0  # 1: constant after warm-up
 
     @model_validator(mode="after")
-    def _positive(self) -> "RunStage":
+    def _positive(self) -> "Phase":
         if min(self.resolution, self.batch_size, self.steps) <= 0 or self.learning_rate <= 0:
             raise ValueError("resolution, batch_size, steps and learning_rate must be positive")
         if not 0 < self.final_lr_fraction <= 1:

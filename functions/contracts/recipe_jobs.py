@@ -1,11 +1,11 @@
-"""The options of a training stage's helper jobs, the encode job (trainer/jobs/encode.py) and the autoencoder
+"""The options of a training job's helper jobs, the encode job (trainer/jobs/encode.py) and the autoencoder
 job (trainer/jobs/autoencoder.py), as contracts.recipe types the training job's.
 
-A field marked `from_stage` is one the job shares with the training stage it serves: the start-training
-function copies those, and only those, from the stage's hyperparameters into the job's
-(core/training/job_requests.py), since the latents and the VAE must match what the stage trains on.
-The rest are the job's own (an encode job's batch size is images per VAE call, not the stage's).
-tests/trainer/test_recipe.py holds each `from_stage` field to the training option of the same name.
+A field marked `from_training_job` is one the job shares with the training job it serves: the start-training
+function copies those, and only those, from the training job's hyperparameters into its own
+(core/start_training/job_requests.py), since the latents and the VAE must match what the training job trains on.
+The rest are the job's own (an encode job's batch size is images per VAE call, not the training job's).
+tests/trainer/test_recipe.py holds each `from_training_job` field to the training option of the same name.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ class EncodeOptions(Options):
     """trainer.jobs.encode's options."""
 
     preset: str = option(model_presets.DEFAULT, "a preset in trainer/configs/, as the training job's",
-                         from_stage=True, flag="model-config")
+                         from_training_job=True, flag="model-config")
     pretrained: str | None = option(None, "a local diffusers pipeline directory or channel, as the training job's",
-                                    from_stage=True)
+                                    from_training_job=True)
     vae: str | None = option(None, "an AutoencoderKL directory, channel or model.tar.gz, as the training job's",
-                             from_stage=True)
+                             from_training_job=True)
     tokenizer: str | None = option(None, "the tokenizer folders, as the training job's (without: learned from the "
                                    "shards' captions, as the training job on the same image shards learns them)")
-    seed: int = option(0, "random init of a preset (the training job's seed)", from_stage=True)
-    resolution: int | None = option(None, "bucket area as a square side (default: the model's)", from_stage=True)
-    aspect_buckets: Flag = option(True, "as the training job's", from_stage=True)
+    seed: int = option(0, "random init of a preset (the training job's seed)", from_training_job=True)
+    resolution: int | None = option(None, "bucket area as a square side (default: the model's)", from_training_job=True)
+    aspect_buckets: Flag = option(True, "as the training job's", from_training_job=True)
     batch_size: int = option(16, "images per VAE call")
     num_workers: int = option(4, "processes decoding images")
     compile: AutoFlag = option("auto", "torch.compile the VAE encoder, every call padded to --batch-size so each "
@@ -41,16 +41,16 @@ class EncodeOptions(Options):
 
 
 class AutoencoderOptions(Options):
-    """trainer.jobs.autoencoder's options; TRAINING_AUTOENCODER_HYPERPARAMETERS set those not from the stage."""
+    """trainer.jobs.autoencoder's options; TRAINING_AUTOENCODER_HYPERPARAMETERS set those not from the training job."""
 
     resume: str = option("latest", "'latest' (if any), 'none', or a checkpoint directory")
-    preset: str = option(model_presets.DEFAULT, "the preset whose `vae` architecture is trained", from_stage=True,
+    preset: str = option(model_presets.DEFAULT, "the preset whose `vae` architecture is trained", from_training_job=True,
                          flag="model-config")
     pretrained: str | None = option(None, "the lineage's base, accepted so every job of a lineage takes the same "
                                     "arguments (unused: this job runs because the base has no VAE)")
-    seed: int = option(0, "weights and data order", from_stage=True)
+    seed: int = option(0, "weights and data order", from_training_job=True)
     resolution: int | None = option(None, "bucket area as a square side (default: the VAE's sample size)",
-                                    from_stage=True)
+                                    from_training_job=True)
     aspect_buckets: Flag = option(True, "batch by aspect ratio (else centre squares)")
     random_crop: Flag = option(True, "random crops inside the bucket")
     steps: int = option(2000, "optimizer steps")

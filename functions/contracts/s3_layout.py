@@ -20,7 +20,7 @@ EVAL = "eval/"  # the held-out evaluation shards (the template's EvalDataPrefix 
 
 MANIFEST_JSON = ".json"  # the Manifest itself (the jobs' `manifest` channel, for its exclusion list)
 MANIFEST_FILE = ".manifest"  # its SageMaker ManifestFile: the `train` channel
-LATENTS_MANIFEST = ".latents.manifest"  # the ManifestFile of its latent twins (core.training.encode_job)
+LATENTS_MANIFEST = ".latents.manifest"  # the ManifestFile of its latent twins (core.start_training.encode_job)
 WIDS_LIST = ".wids.json"  # its shard list as wids opens it
 INDEXES_MANIFEST = ".indexes.manifest"  # the ManifestFile of its shards' sample tables: the jobs' `indexes` channel
 LATENT_INDEXES_MANIFEST = ".latents.indexes.manifest"  # ... and of its latent twins' tables
@@ -35,7 +35,7 @@ AUTOENCODER = "autoencoder/"  # the autoencoder jobs' S3OutputPath: <job>-ae/out
 TOKENIZERS = "tokenizers/"  # the tokenizer jobs' S3OutputPath: <job>-tok/output/model.tar.gz
 TENSORBOARD = "tensorboard/"  # <job>/: a training job's TensorBoard event files
 # <file>: compiled shapes; at the bucket's root, the ones every lineage's training jobs read
-# (core.training.compile_caches), and below a checkpoint prefix, the ones a lineage's jobs write (trainer/speed/compile_cache.py)
+# (core.start_training.compile_caches), and below a checkpoint prefix, the ones a lineage's jobs write (trainer/speed/compile_cache.py)
 COMPILE_CACHE = "compile-cache/"
 COMPILE_CACHE_SUFFIX = ".compile-cache"  # one compiled shape's file
 

@@ -19,7 +19,7 @@ from contracts import pipeline_table, s3_layout
 from contracts.messages import Frozen, LeftOut, Manifest, Sample, ShardRef
 from core import aws
 from core.partners.licensing import Revocation, Rules
-from core.training.pretrained import PretrainedBase
+from core.start_training.pretrained import PretrainedBase
 
 LINEAGE_SCHEMA = 2  # 2: the pretrained base and the VAE
 NOT_STARTED = ("Queued",)  # a queued manifest has trained nothing yet
@@ -234,14 +234,14 @@ def lineage_of(job_name: str, places: Places) -> Lineage:
 
 
 def vae_source(job: dict[str, Any], base: PretrainedBase | None) -> VaeSource:
-    """The job's VAE: its lineage's autoencoder's (core.training.autoencoder_job), the base's, or a random one."""
+    """The job's VAE: its lineage's autoencoder's (core.start_training.autoencoder_job), the base's, or a random one."""
     if job.get("autoencoder"):
         return VaeSource(source="autoencoder", uri=job.get("vae_uri", ""), autoencoder_job=job.get("autoencoder_job", ""))
     return VaeSource(source="base" if base and base.has_vae else "random")
 
 
 def tokenizer_source(job: dict[str, Any], base: PretrainedBase | None) -> TokenizerSource:
-    """The job's tokenizers: its lineage's tokenizer job's (core.training.tokenizer_job), the base's, or learned by the job."""
+    """The job's tokenizers: its lineage's tokenizer job's (core.start_training.tokenizer_job), the base's, or learned by the job."""
     if job.get("tokenizer"):
         return TokenizerSource(source="tokenizer-job", uri=job.get("tokenizer_uri", ""),
                                tokenizer_job=job.get("tokenizer_job", ""))

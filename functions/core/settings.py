@@ -13,10 +13,10 @@ from contracts.recipe_jobs import AutoencoderOptions
 from core.errors import ConfigError
 from core.ingest.images import KNOWN_FORMATS, DecodePolicy
 from core.pack.lanes import MAX_LANES
-from core.reliability.dead_letters import CONTRACTS, RedrivePolicy
-from core.training.failure_brake import BrakeSettings
-from core.training.instance_types import GPUS_PER_INSTANCE
-from core.training.pretrained import AUTOENCODER_SUFFIX, check_uri
+from core.redrive.dead_letters import CONTRACTS, RedrivePolicy
+from core.start_training.failure_brake import BrakeSettings
+from core.start_training.instance_types import GPUS_PER_INSTANCE
+from core.start_training.pretrained import AUTOENCODER_SUFFIX, check_uri
 
 
 # Tuning knobs rather than deploy-time choices: template.yaml passes none of them and each takes this
@@ -183,7 +183,7 @@ def _lanes(count: int) -> int:
 
 
 @dataclass(frozen=True)
-class Stage:
+class PlannedJob:
     """One job of a run plan: its instances and the hyperparameters it overrides."""
 
     name: str
@@ -214,29 +214,29 @@ class TrainingSettings:
     subnets: tuple[str, ...]
     security_groups: tuple[str, ...]
     kms_key: str
-    stages: tuple[Stage, ...]  # one job per stage, chained; a plain run is one stage
+    run_plan: tuple[PlannedJob, ...]  # its jobs, chained; a plain run is one job
     use: str = "commercial"  # what the models are for; partner terms may allow only some uses (core.partners.licensing)
-    # An encode job (trainer/jobs/encode.py) on this instance type turns each stage's image shards into
-    # latent shards before the stage trains; empty: the stage trains on the image shards (VAE online).
+    # An encode job (trainer/jobs/encode.py) on this instance type turns each run-plan job's image shards into
+    # latent shards before the job trains; empty: the job trains on the image shards (VAE online).
     encode_instance_type: str = ""
-    # Pretrained parts (core.training.pretrained): the `pretrained` channel of every encode and training job;
-    # empty: every part is built at random from the stage's model-config.
+    # Pretrained parts (core.start_training.pretrained): the `pretrained` channel of every encode and training job;
+    # empty: every part is built at random from the run-plan job's model-config.
     pretrained_uri: str = ""
     # Where a lineage gets no VAE from its base, an autoencoder job on this instance type trains one
-    # before its first job (core.training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
+    # before its first job (core.start_training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
     autoencoder_instance_type: str = ""
     autoencoder_hyperparameters: dict[str, str] = field(default_factory=dict)
     # Where a lineage gets no tokenizer from its base, a tokenizer job on this instance type learns one from
-    # its first job's captions (core.training.tokenizer_job); the template sets it from AutoencoderInstanceType.
+    # its first job's captions (core.start_training.tokenizer_job); the template sets it from AutoencoderInstanceType.
     tokenizer_instance_type: str = ""
     eval_data_uri: str = ""  # s3://<data>/<EvalDataPrefix>: the autoencoder job's `validation` channel
-    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.training.failure_brake)
+    brake: BrakeSettings = BrakeSettings()  # backoff and circuit breaker on failing jobs (core.start_training.failure_brake)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TrainingSettings":
         base = _hyperparameters(_require(env, "TRAINING_HYPERPARAMETERS"))
-        default_stage = Stage("main", _require(env, "TRAINING_INSTANCE_TYPE"),
-                              int(_bounded("TRAINING_INSTANCE_COUNT", _int(env, "TRAINING_INSTANCE_COUNT"), 1)), {})
+        default_job = PlannedJob("main", _require(env, "TRAINING_INSTANCE_TYPE"),
+                                 int(_bounded("TRAINING_INSTANCE_COUNT", _int(env, "TRAINING_INSTANCE_COUNT"), 1)), {})
         settings = cls(
             table=_require(env, "PIPELINE_TABLE"),
             data_bucket=_require(env, "DATA_BUCKET"),
@@ -254,7 +254,7 @@ class TrainingSettings:
             subnets=_list(env.get("TRAINING_SUBNETS", "")),
             security_groups=_list(env.get("TRAINING_SECURITY_GROUPS", "")),
             kms_key=env.get("TRAINING_KMS_KEY", ""),
-            stages=_run_plan(env.get("TRAINING_RUN_PLAN", "") or "[]", base, default_stage),
+            run_plan=_run_plan(env.get("TRAINING_RUN_PLAN", "") or "[]", base, default_job),
             use=env.get("TRAINING_USE", "") or "commercial",  # a TrainingUse parameter may set it
             encode_instance_type=env.get("TRAINING_ENCODE_INSTANCE_TYPE", "").strip(),
             pretrained_uri=_pretrained_uri(env.get("TRAINING_PRETRAINED_MODEL_URI", "").strip()),
@@ -271,15 +271,15 @@ class TrainingSettings:
             raise ConfigError(f"TRAINING_LINEAGE={settings.lineage!r} must not end in {AUTOENCODER_SUFFIX!r}: lineage X "
                               f"keeps its autoencoder's checkpoints at checkpoints/X{AUTOENCODER_SUFFIX}/")
         gpus = int(_bounded("TRAINING_GPUS_PER_INSTANCE", _int(env, "TRAINING_GPUS_PER_INSTANCE"), 0))
-        for stage in settings.stages:
-            check_sharding(settings.quota, stage, gpus)
-            if refusal := model_presets.resolution_refusal(stage.hyperparameters):  # before any job is paid for
-                raise ConfigError(f"stage {stage.name!r}: {refusal}")
+        for planned in settings.run_plan:
+            check_sharding(settings.quota, planned, gpus)
+            if refusal := model_presets.resolution_refusal(planned.hyperparameters):  # before any job is paid for
+                raise ConfigError(f"run-plan job {planned.name!r}: {refusal}")
             # every value the trainer would refuse, by its own recipe; the request adds the `pretrained` channel
-            if refusal := recipe.refusal(stage.hyperparameters, added=_channels(settings.pretrained_uri, "pretrained")):
-                raise ConfigError(f"stage {stage.name!r}: {refusal}")
+            if refusal := recipe.refusal(planned.hyperparameters, added=_channels(settings.pretrained_uri, "pretrained")):
+                raise ConfigError(f"run-plan job {planned.name!r}: {refusal}")
             if settings.encode_instance_type:
-                check_encodable(stage)
+                check_encodable(planned)
         if settings.autoencoder_instance_type and (
                 refusal := recipe.refusal(settings.autoencoder_hyperparameters, AutoencoderOptions)):
             raise ConfigError(f"TRAINING_AUTOENCODER_HYPERPARAMETERS: {refusal}")
@@ -287,7 +287,7 @@ class TrainingSettings:
 
 
 def _channels(uri: str, name: str) -> dict[str, str]:
-    """The hyperparameter a job request adds for a channel (core.training.job_requests.model_inputs)."""
+    """The hyperparameter a job request adds for a channel (core.start_training.job_requests.model_inputs)."""
     return {name: name} if uri else {}
 
 
@@ -310,18 +310,18 @@ def _list(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
 
-def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ...]:
+def _run_plan(raw: str, base: dict[str, str], default: PlannedJob) -> tuple[PlannedJob, ...]:
     """TRAINING_RUN_PLAN: `[{"name", "instance_type"?, "instance_count"?, "hyperparameters"?}, ...]`;
-    empty: one stage with the base instance settings."""
+    empty: one job with the base instance settings."""
     try:
         plan = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"TRAINING_RUN_PLAN is not JSON: {exc}") from exc
     if not isinstance(plan, list):
-        raise ConfigError("TRAINING_RUN_PLAN must be a JSON list of stages")
+        raise ConfigError("TRAINING_RUN_PLAN must be a JSON list of jobs")
     if not plan:
-        return (Stage(default.name, default.instance_type, default.instance_count, dict(base)),)
-    stages = []
+        return (PlannedJob(default.name, default.instance_type, default.instance_count, dict(base)),)
+    jobs = []
     for index, item in enumerate(plan):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise ConfigError(f"TRAINING_RUN_PLAN[{index}] needs a name")
@@ -330,38 +330,38 @@ def _run_plan(raw: str, base: dict[str, str], default: Stage) -> tuple[Stage, ..
         count = item.get("instance_count", default.instance_count)
         if not isinstance(count, int) or count < 1:
             raise ConfigError(f"TRAINING_RUN_PLAN[{index}].instance_count must be a whole number >= 1")
-        stages.append(Stage(item["name"], str(item.get("instance_type", default.instance_type)), count,
-                            {**base, **overrides}))
-    return tuple(stages)
+        jobs.append(PlannedJob(item["name"], str(item.get("instance_type", default.instance_type)), count,
+                               {**base, **overrides}))
+    return tuple(jobs)
 
 
-def check_encodable(stage: Stage) -> None:
-    """Latent shards hold one centred crop per sample at the stage's resolution (trainer/jobs/encode.py):
-    a stage they cannot serve is refused here, when the function starts, before any encode job is paid for."""
-    if stage.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
-        raise ConfigError(f"stage {stage.name!r} asks for random-crop, which needs image shards: "
+def check_encodable(planned: PlannedJob) -> None:
+    """Latent shards hold one centred crop per sample at the job's resolution (trainer/jobs/encode.py):
+    a run-plan job they cannot serve is refused here, when the function starts, before any encode job is paid for."""
+    if planned.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
+        raise ConfigError(f"run-plan job {planned.name!r} asks for random-crop, which needs image shards: "
                           "set TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty or drop random-crop")
-    if stage.hyperparameters.get("run-config"):
-        raise ConfigError(f"stage {stage.name!r} sets run-config, several resolutions in one job, but its encode job "
-                          "writes latents at one: give each resolution its own TRAINING_RUN_PLAN stage, or set "
+    if planned.hyperparameters.get("run-config"):
+        raise ConfigError(f"run-plan job {planned.name!r} sets run-config, several resolutions in one job, but its encode job "
+                          "writes latents at one: give each resolution its own TRAINING_RUN_PLAN job, or set "
                           "TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty to train on image shards")
 
 
-def check_sharding(quota: int, stage: Stage, gpus_override: int) -> None:
+def check_sharding(quota: int, planned: PlannedJob, gpus_override: int) -> None:
     """ShardedByS3Key gives each instance quota/instances shards; each of its GPUs reads whole
     shards, so it needs at least one, and the same number as its neighbours. The loader's workers
     share a GPU's batches, not its shards (trainer/data/shards.py, loader.py), so they need no shards of their own."""
-    gpus = gpus_override or GPUS_PER_INSTANCE.get(stage.instance_type, 1)
-    if quota % stage.instance_count:
-        raise ConfigError(f"stage {stage.name}: a quota of {quota} shards does not split evenly over "
-                          f"{stage.instance_count} instances")
-    per_instance = quota // stage.instance_count
+    gpus = gpus_override or GPUS_PER_INSTANCE.get(planned.instance_type, 1)
+    if quota % planned.instance_count:
+        raise ConfigError(f"run-plan job {planned.name}: a quota of {quota} shards does not split evenly over "
+                          f"{planned.instance_count} instances")
+    per_instance = quota // planned.instance_count
     if per_instance < gpus:
-        raise ConfigError(f"stage {stage.name}: {per_instance} shards per instance for {gpus} GPUs; "
-                          f"raise TrainingQuota to at least {stage.instance_count * gpus}")
+        raise ConfigError(f"run-plan job {planned.name}: {per_instance} shards per instance for {gpus} GPUs; "
+                          f"raise TrainingQuota to at least {planned.instance_count * gpus}")
     if per_instance % gpus:
-        raise ConfigError(f"stage {stage.name}: {per_instance} shards per instance do not split evenly over "
-                          f"{gpus} GPUs; use a multiple of {stage.instance_count * gpus}")
+        raise ConfigError(f"run-plan job {planned.name}: {per_instance} shards per instance do not split evenly over "
+                          f"{gpus} GPUs; use a multiple of {planned.instance_count * gpus}")
 
 
 @dataclass(frozen=True)
@@ -545,13 +545,13 @@ class ImportSettings:
 class DeadLetterQueue:
     # Queue names, not URLs: the same on AWS, under moto and in events/env.json (`sam local invoke`)
     name: str
-    contract: str  # core.reliability.dead_letters.CONTRACTS: what its messages' consumer parses
+    contract: str  # core.redrive.dead_letters.CONTRACTS: what its messages' consumer parses
     source: str = ""  # the queue it redrives to; empty: it holds events, re-put on the bus
 
 
 @dataclass(frozen=True)
 class RedriveSettings:
-    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.reliability.redrive)."""
+    """RedriveFunction: every DLQ of the stack, and the policy that empties them (core.redrive.redriver)."""
 
     table: str
     event_bus: str

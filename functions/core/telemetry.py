@@ -36,22 +36,22 @@ UPLOAD_TO_SHARD_SECONDS = "UploadToShardSeconds"  # the upload's S3 time -> its 
 SHARDS_SEALED = "ShardsSealed"
 SHARD_BYTES = "ShardBytes"
 TRAINING_JOBS_STARTED = "TrainingJobsStarted"
-LINEAGES_HALTED = "LineagesHalted"  # the circuit breaker opened (core.training.failure_brake): nothing starts until resumed
+LINEAGES_HALTED = "LineagesHalted"  # the circuit breaker opened (core.start_training.failure_brake): nothing starts until resumed
 TRAINING_JOBS_FINISHED = {"Completed": "TrainingJobsCompleted", "Failed": "TrainingJobsFailed",
                           "Stopped": "TrainingJobsStopped"}
 DEPLOYMENTS = "Deployments"  # endpoint created or updated (emitted by core.deploy.rollout)
 MODELS_EVALUATED = "ModelsEvaluated"  # the gate decided (passed or held back)
 MODELS_HELD_BACK = "ModelsHeldBack"  # the gate said no, or the evaluation failed
 ROLLBACKS = "Rollbacks"  # by hand or by an alarm
-IMPORTED_SHARDS = "ImportedShards"  # dimension `status`: imported | empty | rejected (core.pack.import_tar)
+IMPORTED_SHARDS = "ImportedShards"  # dimension `status`: imported | empty | rejected (core.import_shard.importer)
 IMPORTED_SAMPLES = "ImportedSamples"  # accepted into a pipeline shard
 IMPORT_DUPLICATES = "ImportDuplicates"  # exact duplicates, left out: already in the pipeline
 IMPORT_NEAR_DUPLICATES = "ImportNearDuplicates"  # flagged or left out, as the import's --near-duplicates says
 IMPORT_REJECTS = "ImportRejects"  # quarantined for any other reason
-DEAD_LETTERS_REDRIVEN = "DeadLettersRedriven"  # sent back to their source by RedriveFunction (core.reliability.redrive)
+DEAD_LETTERS_REDRIVEN = "DeadLettersRedriven"  # sent back to their source by RedriveFunction (core.redrive.redriver)
 POISON_MESSAGES = "PoisonMessages"  # held in their DLQs as poison, per run (a gauge: PoisonDeadLettersAlarm)
 SCHEDULE_TICKS_DROPPED = "ScheduleTicksDropped"  # failed timer ticks removed (the next tick does their work)
-UPLOADS_REDRIVEN = "UploadsRedriven"  # per sweep run: uploads with no record, sent again (core.ingest.sweep)
+UPLOADS_REDRIVEN = "UploadsRedriven"  # per sweep run: uploads with no record, sent again (core.sweep)
 SWEEPS_DEFERRED = "SweepsDeferred"  # a sweep run skipped while ingest is behind (UploadsQueue over its limit)
 REASON = "reason"
 

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from core import telemetry
 from core.errors import BadMessage
 from contracts.messages import ImportShard
-from core.pack.import_tar import import_shard
+from core.import_shard.importer import import_shard
 from core.settings import ImportSettings
 
 logger = Logger()
-metrics = Metrics()  # core.pack.import_tar adds the Import* metrics to its buffer (core.telemetry)
+metrics = Metrics()  # core.import_shard.importer adds the Import* metrics to its buffer (core.telemetry)
 tracer = Tracer()  # the S3 stream and the per-sample DynamoDB calls of a tar (docs/architecture.md)
 processor = BatchProcessor(event_type=EventType.SQS)
 

@@ -1,5 +1,5 @@
 """RedriveFunction: on a schedule, send transient dead letters back with backoff and a cap; hold
-poison ones in their DLQs with their last error (core.reliability.dead_letters judges, core.reliability.redrive acts).
+poison ones in their DLQs with their last error (core.redrive.dead_letters judges, core.redrive.redriver acts).
 """
 
 import math
@@ -7,11 +7,11 @@ import math
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.reliability.redrive import redrive_all
+from core.redrive.redriver import redrive_all
 from core.settings import RedriveSettings
 
 logger = Logger()
-metrics = Metrics()  # core.reliability.redrive adds DeadLettersRedriven, PoisonMessages, ScheduleTicksDropped
+metrics = Metrics()  # core.redrive.redriver adds DeadLettersRedriven, PoisonMessages, ScheduleTicksDropped
 tracer = Tracer()
 
 

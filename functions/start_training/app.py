@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from contracts.messages import ShardSealed
 from core import telemetry
 from core.settings import TrainingSettings
-from core.training.starter import RESUME_REQUEST, Decision, advance, on_job_finished, on_shard_sealed, resume
+from core.start_training.starter import RESUME_REQUEST, StartDecision, advance, on_job_finished, on_shard_sealed, resume
 
 logger = Logger()
 metrics = Metrics()
@@ -35,7 +35,7 @@ def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     elif event.detail_type == "Scheduled Event":
         decision = advance(settings)
     elif event.detail_type == RESUME_REQUEST:  # an operator resumed a halted lineage
-        decision = resume(settings) if event.detail["lineage"] == settings.lineage else Decision("not-ours")
+        decision = resume(settings) if event.detail["lineage"] == settings.lineage else StartDecision("not-ours")
     else:
         decision = on_shard_sealed(ShardSealed.model_validate(event.detail), settings)
     if decision.action == "started":
@@ -45,4 +45,4 @@ def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     return {"action": decision.action, "job": decision.job_name}
 
 
-__all__ = ["lambda_handler", "Decision"]
+__all__ = ["lambda_handler", "StartDecision"]

@@ -1,17 +1,17 @@
 """SweepFunction: on a schedule, re-drive uploads that have no ingest record after a grace period.
 
 A lost S3 notification delays a sample by at most one grace period plus one schedule period;
-it never drops it (core.ingest.sweep).
+it never drops it (core.sweep).
 """
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.ingest.sweep import sweep
+from core.sweep import sweep
 from core.settings import SweepSettings
 
 logger = Logger()
-metrics = Metrics()  # core.ingest.sweep adds UploadsRedriven and SweepsDeferred to its buffer (core.telemetry)
+metrics = Metrics()  # core.sweep adds UploadsRedriven and SweepsDeferred to its buffer (core.telemetry)
 tracer = Tracer()  # pages of ListObjects, batched record reads, re-drives (docs/architecture.md)
 
 

@@ -6,7 +6,7 @@ duplicate, both to be quarantined) are uploaded while the workers die at random 
 mid-batch) and deliveries are shuffled, repeated, duplicated late and lose their deletes
 (atelier/local/chaos.py); each run also sends UploadsQueue one message ingest can never parse (poison).
 Then the faults stop and nobody touches a DLQ: RedriveFunction, on its schedule, sends transient
-dead letters back and holds poison ones. Once the pipeline is quiet `core.reliability.audit` must find every
+dead letters back and holds poison ones. Once the pipeline is quiet `atelier.audit` must find every
 upload quarantined or in exactly one sealed, byte-exact shard; every shard must read back with
 tarfile and webdataset; every DLQ must be empty but UploadsDLQ, which must hold exactly the poison
 messages, each marked with the contract error that proves it poison. Timeouts and visibility timeouts are
@@ -35,7 +35,8 @@ from atelier.local.chaos import ChaosConfig
 from atelier.local.stack import LocalStack, StackOptions
 from contracts import pipeline_table
 from core import aws
-from core.reliability import audit, dead_letters
+from atelier import audit
+from core.redrive import dead_letters
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=170)]
 REPO = Path(__file__).resolve().parents[2]

@@ -67,9 +67,9 @@ def _wait(reached: Any, timeout_s: float, what: str) -> None:
 
 
 def test_the_report_counts_every_sample_by_outcome(imported: Any) -> None:
-    from core.pack import import_tar
+    from core.import_shard import records
     stack, _ = imported
-    report = import_tar.batch_report(stack.outputs["PipelineTableName"], "e2e")
+    report = records.batch_report(stack.outputs["PipelineTableName"], "e2e")
     assert (report.shards_total, report.shards_done, report.shards_rejected) == (5, 5, 0)
     assert report.reasons == {"corrupt": 1, "duplicate": 1, "truncated": 1}
     assert report.samples_accepted == 6 + 1 + 1 + 2
@@ -77,9 +77,9 @@ def test_the_report_counts_every_sample_by_outcome(imported: Any) -> None:
 
 
 def test_a_training_job_completes_on_the_imported_shards(imported: Any) -> None:
-    from core.pack import import_tar
+    from core.import_shard import records
     stack, _ = imported
-    report = import_tar.batch_report(stack.outputs["PipelineTableName"], "e2e")
+    report = records.batch_report(stack.outputs["PipelineTableName"], "e2e")
     imported_ids = {s.shard_id for s in report.shards if s.shard_id}
     sagemaker = boto3.client("sagemaker")
 

@@ -1,4 +1,4 @@
-"""core.reliability.audit under moto: uploads, records and sealed shards reconciled; each violation found."""
+"""atelier.audit under moto: uploads, records and sealed shards reconciled; each violation found."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from contracts.messages import UploadRef
 from core import aws
 from core.pack import shards
 from core.pack.packer import pack_samples, seal_due
-from core.reliability import audit
+from atelier import audit
 from tests.functions.pack_helpers import settings_for, upload_sample
 
 DAY = timedelta(days=1)

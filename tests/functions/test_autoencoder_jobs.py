@@ -18,10 +18,10 @@ from contracts.s3_layout import output_key
 from core import aws
 from core.provenance import stored_lineage
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, manifests
-from core.training.manifests import job_name_for
-from core.training.pretrained import BaseMissing
-from core.training.starter import Decision, resume
+from core.start_training import autoencoder_job, manifests
+from core.start_training.manifests import job_name_for
+from core.start_training.pretrained import BaseMissing
+from core.start_training.starter import StartDecision, resume
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     TWO_STAGES,
     FakeSageMaker,
@@ -67,7 +67,7 @@ def autoencoder_done(sagemaker: FakeSageMaker, settings: TrainingSettings, name:
                                         ModelArtifacts={"S3ModelArtifacts": vae_of(settings, name)})
 
 
-def autoencoded(sagemaker: FakeSageMaker, settings: TrainingSettings, name: str) -> Decision:
+def autoencoded(sagemaker: FakeSageMaker, settings: TrainingSettings, name: str) -> StartDecision:
     """... and its state-change event arrives."""
     autoencoder_done(sagemaker, settings, name)
     return finish(settings, f"{name}-ae", "Completed")
@@ -95,7 +95,7 @@ def test_without_a_base_the_first_claim_starts_only_the_autoencoder_job(autoenco
 
     name = job_name_for(expected_manifest(autoencoding, [1, 2]))
     request = sagemaker.request(f"{name}-ae")
-    assert decision == Decision("started", name, 2)
+    assert decision == StartDecision("started", name, 2)
     assert sagemaker.created == [f"{name}-ae"]  # no encode or training job before the lineage has a VAE
     assert request["HyperParameters"] == {"task": "autoencoder", "resolution": "32", "model-config": "tiny",
                                           **AE_HYPERPARAMETERS}
@@ -146,7 +146,7 @@ def test_a_completed_autoencoder_job_gives_the_lineage_its_vae_and_starts_the_en
     decision = autoencoded(sagemaker, settings, name)
 
     vae = vae_of(settings, name)
-    assert decision == Decision("autoencoded", name)
+    assert decision == StartDecision("autoencoded", name)
     assert sagemaker.created == [f"{name}-ae", f"{name}-enc"]
     encode = sagemaker.request(f"{name}-enc")
     assert channels(encode) == {"train": manifest_uri(settings, name), "vae": vae}
@@ -177,7 +177,7 @@ def test_the_encode_job_s_end_starts_training_with_the_same_vae(configure: Calla
     autoencoded(sagemaker, settings, name)
     put_latents(settings, name, 1, 2)
 
-    assert finish(settings, f"{name}-enc", "Completed") == Decision("encoded", name)
+    assert finish(settings, f"{name}-enc", "Completed") == StartDecision("encoded", name)
 
     train = sagemaker.request(name)
     assert sagemaker.created == [f"{name}-ae", f"{name}-enc", name]
@@ -206,7 +206,7 @@ def test_the_lineage_s_next_manifest_reads_the_same_vae_and_trains_no_second_one
     autoencoded(sagemaker, autoencoding, first)
 
     # WHEN the first job completes
-    assert finish(autoencoding, first, "Completed") == Decision("started", second)
+    assert finish(autoencoding, first, "Completed") == StartDecision("started", second)
 
     # THEN the second starts at once on the first's VAE: one autoencoder job for the lineage
     assert sagemaker.created == [f"{first}-ae", first, second]
@@ -244,7 +244,7 @@ def test_a_failed_autoencoder_job_fails_its_training_job_and_returns_the_shards(
 
     decision = finish(settings, f"{name}-ae", "Failed", "AlgorithmError: loss became NaN")
 
-    assert decision == Decision("autoencoder-failed", name)
+    assert decision == StartDecision("autoencoder-failed", name)
     assert (job(settings, name)["status"], job(settings, name)["failure_reason"]) == (
         "Failed", f"autoencoder job {name}-ae Failed: AlgorithmError: loss became NaN")
     assert pending(settings) == [sid(1), sid(2)]
@@ -268,7 +268,7 @@ def test_a_completed_autoencoder_job_without_an_artefact_fails_its_training_job(
     name = seal(autoencoding, 1, 2)[1].job_name
     sagemaker.jobs[f"{name}-ae"]["TrainingJobStatus"] = "Completed"
 
-    assert finish(autoencoding, f"{name}-ae", "Completed") == Decision("autoencoder-failed", name)
+    assert finish(autoencoding, f"{name}-ae", "Completed") == StartDecision("autoencoder-failed", name)
     assert job(autoencoding, name)["failure_reason"] == f"autoencoder job {name}-ae Completed: no ModelArtifacts"
 
 
@@ -280,7 +280,7 @@ def test_redelivered_events_start_nothing_twice(autoencoding: TrainingSettings, 
     autoencoded(sagemaker, autoencoding, name)
     again = finish(autoencoding, f"{name}-ae", "Completed")
 
-    assert again == Decision("autoencoded", name)
+    assert again == StartDecision("autoencoded", name)
     assert sagemaker.created == [f"{name}-ae", name]
     # the claim's request, then the same again for each redelivered Shard Sealed event (refused)
     autoencoder_requests = [r for r in sagemaker.requests if r["TrainingJobName"] == f"{name}-ae"]

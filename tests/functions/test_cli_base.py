@@ -13,7 +13,7 @@ import pytest
 
 from atelier import cli
 from atelier.local.provision import Provisioned
-from core.training.pretrained import check_uri, describe_base
+from core.start_training.pretrained import check_uri, describe_base
 from tests.functions.test_audit import register_outputs
 
 FILES = {"model_index.json": b'{"_class_name": "StableDiffusionPipeline"}', "vae/config.json": b'{"latent_channels": 4}',

@@ -1,4 +1,4 @@
-"""Compiled shapes shared across lineages (core.training.compile_caches): a training job's end
+"""Compiled shapes shared across lineages (core.start_training.compile_caches): a training job's end
 publishes its lineage's compile-cache files, and the next training job reads them as a channel."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from contracts import s3_layout
 from core.settings import TrainingSettings
-from core.training import compile_caches
+from core.start_training import compile_caches
 from tests.functions.test_training_jobs import (FakeSageMaker, configure, finish, sagemaker, seal,  # noqa: F401 (fixtures)
                                                 settings, stack)
 

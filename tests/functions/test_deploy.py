@@ -164,15 +164,15 @@ def test_failed_and_stopped_jobs_are_recorded_and_never_evaluated(settings: Depl
     assert training_jobs() == [] and model_record(settings, JOB) == {}
 
 
-@pytest.mark.parametrize("status, final_stage", [("Completed", True), ("Completed", False), ("Failed", True)])
+@pytest.mark.parametrize("status, final_planned_job", [("Completed", True), ("Completed", False), ("Failed", True)])
 def test_a_job_s_end_writes_only_model_data_on_its_job_record(settings: DeploySettings, status: str,
-                                                              final_stage: bool) -> None:
+                                                              final_planned_job: bool) -> None:
     # GIVEN the job's record as the start-training stage keeps it: its status is that stage's to write
     # (tests/functions/test_training_jobs.py), on the same event
     before = {"pk": pipeline_table.job_pk(JOB), "kind": "job", "status": "InProgress", "manifest": "manifests/m.json",
               "shards": ["s1"], "stage": 0}
     aws.put_item(settings.table, before)
-    state = dataclasses.replace(completed(**{"atelier:final-stage": str(final_stage).lower()}), status=status,
+    state = dataclasses.replace(completed(**{"atelier:final-stage": str(final_planned_job).lower()}), status=status,
                                 failure_reason=None if status == "Completed" else "AlgorithmError: NaN")
 
     on_job_state(state, settings)
@@ -222,8 +222,8 @@ def test_an_object_that_is_not_a_model_artefact_is_a_bad_message(settings: Deplo
 # --- what a job is: its tags, never its name ----------------------------------------------------------
 
 ENCODE_JOB = f"{JOB}-enc"
-ENCODE_TAGS = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.STAGE: "main",
-               job_tags.FINAL_STAGE: "false", job_tags.ROLE: "encode", job_tags.TRAINING_JOB: JOB}
+ENCODE_TAGS = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.PLANNED_JOB: "main",
+               job_tags.FINAL_PLANNED_JOB: "false", job_tags.ROLE: "encode", job_tags.TRAINING_JOB: JOB}
 
 
 def untagged(event_name: str) -> JobState:
@@ -260,7 +260,7 @@ def test_an_encode_job_s_event_without_tags_is_what_its_sagemaker_tags_say_never
 
 def test_a_final_stage_s_event_without_tags_is_a_candidate_with_its_manifest_from_sagemaker(
         settings: DeploySettings) -> None:
-    sagemaker_job(JOB, f"{MODELS}/training/", {job_tags.MANIFEST: "ab" * 32, job_tags.FINAL_STAGE: "true"})
+    sagemaker_job(JOB, f"{MODELS}/training/", {job_tags.MANIFEST: "ab" * 32, job_tags.FINAL_PLANNED_JOB: "true"})
 
     result = on_job_state(untagged("deploy_job_completed"), settings)
 
@@ -294,8 +294,8 @@ def test_a_job_whose_listed_tags_are_refused_by_sagemaker_is_refused(
 
 
 @pytest.mark.parametrize("tags", [
-    {}, {job_tags.MANIFEST: "ab" * 32}, {job_tags.FINAL_STAGE: "true"}, {job_tags.FINAL_STAGE: "yes", job_tags.MANIFEST: "ab"},
-    {job_tags.ROLE: "unheard-of", job_tags.FINAL_STAGE: "true", job_tags.MANIFEST: "ab" * 32}])
+    {}, {job_tags.MANIFEST: "ab" * 32}, {job_tags.FINAL_PLANNED_JOB: "true"}, {job_tags.FINAL_PLANNED_JOB: "yes", job_tags.MANIFEST: "ab"},
+    {job_tags.ROLE: "unheard-of", job_tags.FINAL_PLANNED_JOB: "true", job_tags.MANIFEST: "ab" * 32}])
 def test_a_job_whose_tags_do_not_say_what_it_is_is_refused(settings: DeploySettings, monkeypatch: pytest.MonkeyPatch,
                                                             tags: dict[str, str]) -> None:
     logged = refusals(monkeypatch)

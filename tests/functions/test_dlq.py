@@ -103,7 +103,7 @@ def outputs_sources(outputs: dict[str, str]) -> list[str]:
     return boto3.client("sqs").list_queues(QueueNamePrefix="atelier-StartTrainingFunctionShardSealed")["QueueUrls"]
 
 
-# --- RedriveFunction: dead letters that empty themselves (core.reliability.redrive, core.reliability.dead_letters) ---------
+# --- RedriveFunction: dead letters that empty themselves (core.redrive.redriver, core.redrive.dead_letters) ---------
 
 NOTIFICATION = json.dumps({"Records": [{"eventName": "ObjectCreated:Put", "s3": {
     "bucket": {"name": "uploads"}, "object": {"key": "partner/a.png", "size": 3, "eTag": "abc"}}}]})
@@ -149,7 +149,7 @@ def test_a_transient_dead_letter_goes_back_to_its_queue_and_is_counted(outputs, 
     assert counts(outputs["UploadsDLQUrl"]) == (0, 0)
     from contracts import pipeline_table
     from core import aws
-    from core.reliability import dead_letters
+    from core.redrive import dead_letters
     ledger = aws.get_item(outputs["PipelineTableName"], pipeline_table.redrive_pk("UploadsDLQ", dead_letters.identity(NOTIFICATION)))
     assert (ledger["redrives"], ledger["reason"]) == (1, "transient: redrive 1 of 3")
 
@@ -237,8 +237,8 @@ def test_an_event_goes_back_on_the_bus_and_a_failed_tick_is_dropped(outputs, red
 
 def test_a_failed_send_leaves_the_dead_letter_where_it_was(outputs, redrive, monkeypatch) -> None:
     dead_letter(outputs, NOTIFICATION)
-    from core.reliability import redrive as core_redrive
-    real = core_redrive.aws.client
+    from core.redrive import redriver
+    real = redriver.aws.client
 
     class Failing:
         def __init__(self, inner):
@@ -250,10 +250,10 @@ def test_a_failed_send_leaves_the_dead_letter_where_it_was(outputs, redrive, mon
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-    monkeypatch.setattr(core_redrive.aws, "client", lambda service: Failing(real(service)))
+    monkeypatch.setattr(redriver.aws, "client", lambda service: Failing(real(service)))
     with pytest.raises(ConnectionError):
         redrive()
-    monkeypatch.setattr(core_redrive.aws, "client", real)
+    monkeypatch.setattr(redriver.aws, "client", real)
     assert counts(outputs["UploadsDLQUrl"]) == (0, 1)  # hidden for the run's hold, then visible again
     assert bodies(outputs["UploadsQueueUrl"]) == []
 

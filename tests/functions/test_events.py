@@ -92,15 +92,16 @@ def name_versions(event: dict, versions: dict[str, str]) -> None:
 def arrange_import(event: dict, stack: Provisioned) -> None:
     """The staged tar each message names (two samples, one caption missing) and its batch record."""
     from core import aws
-    from core.pack import import_tar
+    from contracts.messages import ImportShard
+    from core.import_shard import records
     from tests.functions.import_helpers import webdataset_tar
     pictures = [encode(picture("circle", "red", "blue"), "png"), encode(picture("square", "white", "black"), "jpg")]
     for record in event["Records"]:
-        message = import_tar.ImportShard.model_validate_json(record["body"])
+        message = ImportShard.model_validate_json(record["body"])
         body = webdataset_tar([{"__key__": b"000000", "png": pictures[0], "txt": b"a red circle on a blue background"},
                                {"__key__": b"000001", "jpg": pictures[1]}])
         boto3.client("s3").put_object(Bucket=message.bucket, Key=message.key, Body=body)
-        aws.put_item(stack.outputs["PipelineTableName"], import_tar.batch_item(
+        aws.put_item(stack.outputs["PipelineTableName"], records.batch_item(
             message.batch_id, message.partner, message.license, "events/import_shard.json", 1))
 
 
@@ -133,7 +134,7 @@ def arrange_autoencoded(event: dict, stack: Provisioned) -> None:
     from contracts import pipeline_table
     from contracts.messages import Manifest, ShardRef
     from core import aws
-    from core.training.manifests import manifest_file
+    from core.start_training.manifests import manifest_file
     table, data, models = (stack.outputs[k] for k in ("PipelineTableName", "DataBucketName", "ModelsBucketName"))
     autoencoder_job = event["detail"]["TrainingJobName"]
     job = autoencoder_job.removesuffix("-ae")
@@ -159,11 +160,11 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     s3.put_object(Bucket=stack.outputs["DataBucketName"], Key="eval/heldout.tar", Body=bytes(1024))  # EvalDataPrefix
     job = load_event("deploy_job_completed")["detail"]
     s3.put_object(Bucket=models, Key=job["ModelArtifacts"]["S3ModelArtifacts"].split("/", 3)[3], Body=b"model")
-    stage_tags = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.STAGE: "main"}
-    sagemaker_job(job["TrainingJobName"], f"s3://{models}/training/", {**stage_tags, job_tags.FINAL_STAGE: "true"})
+    stage_tags = {job_tags.MANIFEST: "ab" * 32, job_tags.LINEAGE: "main", job_tags.PLANNED_JOB: "main"}
+    sagemaker_job(job["TrainingJobName"], f"s3://{models}/training/", {**stage_tags, job_tags.FINAL_PLANNED_JOB: "true"})
     if name == "deploy_encode_job_completed":
         sagemaker_job(event["detail"]["TrainingJobName"], f"s3://{models}/encoded/", {
-            **stage_tags, job_tags.FINAL_STAGE: "false", job_tags.ROLE: job_tags.ENCODE,
+            **stage_tags, job_tags.FINAL_PLANNED_JOB: "false", job_tags.ROLE: job_tags.ENCODE,
             job_tags.TRAINING_JOB: job["TrainingJobName"]})
     if name == "deploy_evaluate_request":  # a candidate whose evaluation failed
         from contracts import pipeline_table
@@ -234,7 +235,7 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
                                                        "job": e["detail"]["TrainingJobName"].removesuffix("-ae")},
     # an encode job's end, its tags read from SageMaker: never a candidate
     "deploy_encode_job_completed": lambda e: {"action": "recorded", "model": None,
-                                              "reason": "Completed, final stage False"},
+                                              "reason": "Completed, final run-plan job False"},
     # a candidate (its tags read from SageMaker): its evaluation job starts
     "deploy_job_completed": lambda e: {"action": "evaluating", "model": e["detail"]["TrainingJobName"], "reason": ""},
     # an eval-failed model evaluated again on an operator's request (`atelier evaluate`)
@@ -242,7 +243,7 @@ EXPECTED: dict[str, Callable[[dict], Any]] = {
     # `atelier rollback` where nothing was deployed yet: refused, an answer rather than an error to retry
     "deploy_rollback_request": lambda e: {"action": "refused", "model": None,
                                           "reason": Matching(r"endpoint \S+ has no deployed model to roll back")},
-    "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final stage True"},
+    "deploy_job_failed": lambda e: {"action": "recorded", "model": None, "reason": "Failed, final run-plan job True"},
     # the evaluation passed the gate: the first model creates the endpoint
     "deploy_evaluation_completed": lambda e: {"action": "created", "model": e["detail"]["Tags"]["atelier:candidate"],
                                               "reason": ""},

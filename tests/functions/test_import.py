@@ -20,13 +20,14 @@ from atelier.local.provision import Provisioned
 from atelier.local.runtime import sqs_event
 from contracts.messages import LeftOut, Manifest, Sample
 from core import aws
-from core.pack import import_tar, seal
+from core.import_shard import importer, records
+from core.pack import seal
 from contracts.messages import ImportShard
-from core.pack.import_tar import import_shard
+from core.import_shard.importer import import_shard
 from core.partners.licensing import Revocation, revoke
 from core.provenance import Affected, affected_by, lineage_of
 from core.settings import ImportSettings, TrainingSettings
-from core.training.starter import on_job_finished, on_shard_sealed
+from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.functions.import_helpers import IMG2DATASET, run_img2dataset, sample_of, webdataset_tar
 from tests.functions.pack_helpers import check_shard, sealed_record, sealed_shards
 from tests.support import hue_turned
@@ -58,7 +59,7 @@ def put_tar(stack: Provisioned, name: str, body: bytes) -> ImportShard:
 
 
 def start_batch(stack: Provisioned, total: int) -> None:
-    aws.put_item(stack.outputs["PipelineTableName"], import_tar.batch_item(BATCH, "partner-a", "CC-BY-4.0", "tests", total))
+    aws.put_item(stack.outputs["PipelineTableName"], records.batch_item(BATCH, "partner-a", "CC-BY-4.0", "tests", total))
 
 
 def quarantined(stack: Provisioned) -> dict[str, str]:
@@ -208,7 +209,7 @@ def test_a_partner_without_the_license_imports_nothing(stack, settings) -> None:
     assert (report.status, report.reason) == ("rejected", "unlicensed") and sealed_shards(settings.pack) == {}
 
 
-def table_rows(report: import_tar.BatchReport) -> dict[str, str]:
+def table_rows(report: records.BatchReport) -> dict[str, str]:
     """`atelier import-report`'s table as {what: count}."""
     from rich.console import Console
 
@@ -230,7 +231,7 @@ def test_width_and_height_from_the_tar_that_disagree_with_the_decoded_image_are_
     report = import_shard(put_tar(stack, "sizes.tar", body), settings)
     # THEN every sample is kept with its decoded size, and the wrong claim is counted in the reports
     assert (report.accepted, report.size_mismatches) == (3, 1)
-    batch = import_tar.batch_report(settings.ingest.table, BATCH)
+    batch = records.batch_report(settings.ingest.table, BATCH)
     assert batch.size_mismatches == 1
     assert table_rows(batch)["width/height not the decoded image's (flagged)"] == "1"  # `atelier import-report`
     records_ = [json.loads(i["record"]) for i in aws.scan_prefix(settings.ingest.table, "SAMPLE#")]
@@ -331,7 +332,7 @@ def test_the_import_report_gives_near_duplicates_their_own_row_and_names_them(st
     message, original = near_duplicate_tar(stack, function_env, "drop")
     import_shard(message, settings)
 
-    batch = import_tar.batch_report(settings.ingest.table, BATCH)
+    batch = records.batch_report(settings.ingest.table, BATCH)
     rows = table_rows(batch)
 
     # THEN near duplicates have a row of their own; none is a rejection, nor listed under one
@@ -365,7 +366,7 @@ def test_the_cli_sends_its_near_duplicate_mode_with_every_message(stack, setting
     assert [ImportShard.model_validate_json(m["Body"]).near_duplicates for m in messages] == ["flag", "flag"]
     batch_id = default_batch_id(str(folder), "partner-a", "CC-BY-4.0", "flag")
     assert batch_id != default_batch_id(str(folder), "partner-a", "CC-BY-4.0")
-    assert import_tar.batch_report(settings.ingest.table, batch_id).near_duplicates == "flag"
+    assert records.batch_report(settings.ingest.table, batch_id).near_duplicates == "flag"
     # AND that batch cannot be resumed with another mode
     capsys.readouterr()
     assert main(command + ["--batch", batch_id, "--near-duplicates", "drop"]) == 2
@@ -386,7 +387,7 @@ def test_a_message_without_a_near_duplicate_mode_drops_and_one_with_an_unknown_m
                         "Body": json.dumps({**old, "near_duplicates": "sometimes"})}], source, "us-east-1")
 
     assert lambda_handler(event, lambda_context) == {"batchItemFailures": [{"itemIdentifier": "bad"}]}
-    assert import_tar.batch_report(settings.ingest.table, BATCH).samples_accepted == 1
+    assert records.batch_report(settings.ingest.table, BATCH).samples_accepted == 1
 
 
 # --- idempotency ------------------------------------------------------------------------------------
@@ -402,7 +403,7 @@ def test_a_redelivered_message_imports_the_shard_once_and_counts_it_once(stack, 
     results = [lambda_handler(event, lambda_context) for _ in range(3)]
     assert results == [{"batchItemFailures": []}] * 3
     assert len(sealed_shards(settings.pack)) == 1 and len(announced(stack)) == 1
-    report = import_tar.batch_report(settings.ingest.table, BATCH)
+    report = records.batch_report(settings.ingest.table, BATCH)
     assert (report.shards_done, report.samples_accepted, len(report.shards)) == (1, 3, 1)
 
 
@@ -442,12 +443,12 @@ def test_a_crash_after_the_commit_is_finished_by_the_redelivery(stack, settings,
         import_shard(message, settings)
     monkeypatch.setattr(seal, "finish", real)
     reads: list[str] = []
-    monkeypatch.setattr(import_tar, "read_samples", lambda *a: reads.append("read") or iter(()))
+    monkeypatch.setattr(importer, "read_samples", lambda *a: reads.append("read") or iter(()))
     report = import_shard(message, settings)
     assert reads == [] and report.accepted == 3  # resumed from the records, not streamed again
     [shard] = sealed_shards(settings.pack).values()
     assert len(shard.members) == 9
-    assert import_tar.batch_report(settings.ingest.table, BATCH).samples_accepted == 3
+    assert records.batch_report(settings.ingest.table, BATCH).samples_accepted == 3
 
 
 def test_the_same_tar_in_a_new_batch_brings_no_sample_twice(stack, settings) -> None:
@@ -464,7 +465,7 @@ def test_the_batch_report_adds_up_its_shards_by_reason(stack, settings) -> None:
     import_shard(put_tar(stack, "a.tar", webdataset_tar([sample_of("a0", ITEMS[0]), sample_of("a1", ITEMS[0])])),
                  settings)
     import_shard(put_tar(stack, "b.tar", b"not a tar" * 100), settings)
-    report = import_tar.batch_report(settings.ingest.table, BATCH)
+    report = records.batch_report(settings.ingest.table, BATCH)
     assert (report.complete, report.shards_done, report.shards_rejected) == (True, 1, 1)
     assert (report.samples_read, report.samples_accepted, report.samples_duplicate) == (2, 1, 1)
     assert (report.reasons, report.shard_reasons) == ({"duplicate": 1}, {"not_a_tar": 1})
@@ -569,7 +570,7 @@ def test_the_cli_imports_an_s3_prefix_in_place_through_the_function(stack, setti
     # THEN the two tars under the prefix were read in place (nothing staged) and became two sealed shards
     assert sorted(json.loads(m["Body"])["key"] for m in messages) == ["laion/00000.tar", "laion/part/00001.tar"]
     assert s3.list_objects_v2(Bucket=stack.outputs["DataBucketName"], Prefix="imports/").get("KeyCount") == 0
-    report = import_tar.batch_report(settings.ingest.table, "s3-1")
+    report = records.batch_report(settings.ingest.table, "s3-1")
     assert (report.complete, report.shards_done, report.samples_accepted) == (True, 2, 3)
     by_source = {r.source: r for r in report.shards}
     assert sorted(by_source) == [f"s3://{source}/laion/00000.tar", f"s3://{source}/laion/part/00001.tar"]

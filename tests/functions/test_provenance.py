@@ -27,12 +27,12 @@ from core.partners import attribution, licensing
 from core.partners.licensing import Partner, Revocation, Terms, put_partner, revoke
 from core.provenance import Affected, affected_by, lineage_of
 from core.settings import TrainingSettings
-from core.training.starter import on_job_finished, on_shard_sealed
+from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 from trainer.jobs import encode
 
 TAKEDOWN_AT = "2026-12-01T10:00:00+00:00"

@@ -25,7 +25,7 @@ from core.deploy.events import JobState
 from core.pack.packer import pack_samples
 from core.partners.licensing import Revocation, revoke
 from core.settings import DeploySettings, PackSettings, TrainingSettings
-from core.training.starter import on_job_finished, on_shard_sealed
+from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.functions.ingest_helpers import ingest_through_queue
 from tests.functions.pack_helpers import settings_for
 
@@ -83,7 +83,7 @@ def train(stages: Stages, samples: list[Sample], ended: int) -> str:
     artefact = f"s3://{stages.deploy.models_bucket}/training/{job}/output/model.tar.gz"
     digest = aws.get_item(stages.training.table, pipeline_table.job_pk(job))["digest"]  # the tags it was started with
     on_job_state(JobState(name=job, status="Completed", model_data_url=artefact, failure_reason=None, ended_at=ended,
-                          tags=((job_tags.FINAL_STAGE, "true"), (job_tags.MANIFEST, digest))), stages.deploy)
+                          tags=((job_tags.FINAL_PLANNED_JOB, "true"), (job_tags.MANIFEST, digest))), stages.deploy)
     return job
 
 

@@ -245,7 +245,7 @@ def test_deploy_counts_the_deployment_of_a_model_that_passed_the_gate(stack: Pro
     bucket, _, prefix = env["EVAL_DATA_URI"].removeprefix("s3://").partition("/")
     boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}heldout.tar", Body=bytes(1024))
     job = load_event("deploy_job_completed")["detail"]["TrainingJobName"]
-    sagemaker_job(job, f"s3://{env['MODELS_BUCKET']}/training/", {job_tags.MANIFEST: "ab" * 32, job_tags.FINAL_STAGE: "true"})
+    sagemaker_job(job, f"s3://{env['MODELS_BUCKET']}/training/", {job_tags.MANIFEST: "ab" * 32, job_tags.FINAL_PLANNED_JOB: "true"})
     from deploy.app import lambda_handler
     assert lambda_handler(load_event("deploy_job_completed"), lambda_context)["action"] == "evaluating"
     assert values(emf(), telemetry.DEPLOYMENTS) == []

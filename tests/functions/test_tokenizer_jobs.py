@@ -18,7 +18,7 @@ from core import aws
 from core.deploy.events import JobState
 from core.provenance import stored_lineage
 from core.settings import TrainingSettings
-from core.training.starter import Decision
+from core.start_training.starter import StartDecision
 from tests.functions.test_autoencoder_jobs import (ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels,  # noqa: F401
                                                    put_base, vae_of)
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
@@ -46,7 +46,7 @@ def tokenizer_of(settings: TrainingSettings, name: str) -> str:
     return f"s3://{settings.models_bucket}/tokenizers/{name}-tok/output/model.tar.gz"
 
 
-def tokenized(sagemaker: FakeSageMaker, settings: TrainingSettings, name: str) -> Decision:
+def tokenized(sagemaker: FakeSageMaker, settings: TrainingSettings, name: str) -> StartDecision:
     """The tokenizer job of training job `name` reaches Completed, with its model.tar.gz, and its event arrives."""
     sagemaker.jobs[f"{name}-tok"].update(TrainingJobStatus="Completed",
                                          ModelArtifacts={"S3ModelArtifacts": tokenizer_of(settings, name)})
@@ -74,7 +74,7 @@ def test_a_completed_tokenizer_job_gives_the_lineage_its_tokenizer_and_the_train
     decision = tokenized(sagemaker, tokenizing, name)
 
     uri = tokenizer_of(tokenizing, name)
-    assert decision == Decision("tokenized", name)
+    assert decision == StartDecision("tokenized", name)
     assert sagemaker.created == [f"{name}-tok", name]
     assert channels(sagemaker.request(name))["tokenizer"] == uri
     assert sagemaker.request(name)["HyperParameters"]["tokenizer"] == "tokenizer"
@@ -105,7 +105,7 @@ def test_the_lineage_s_next_manifest_reads_the_same_tokenizer_and_learns_no_seco
     tokenized(sagemaker, tokenizing, first)
 
     # WHEN the first job completes
-    assert finish(tokenizing, first, "Completed") == Decision("started", second)
+    assert finish(tokenizing, first, "Completed") == StartDecision("started", second)
 
     # THEN the second starts at once with the first's tokenizer: one tokenizer job for the lineage
     assert sagemaker.created == [f"{first}-tok", first, second]
@@ -119,7 +119,7 @@ def test_a_failed_tokenizer_job_fails_its_training_job(tokenizing: TrainingSetti
 
     decision = finish(tokenizing, f"{name}-tok", "Failed", "no captions")
 
-    assert decision == Decision("tokenizer-failed", name)
+    assert decision == StartDecision("tokenizer-failed", name)
     assert job(tokenizing, name)["status"] == "Failed"
     assert job(tokenizing, name)["failure_reason"] == f"tokenizer job {name}-tok Failed: no captions"
     assert "tokenizer_uri" not in lineage(tokenizing)
@@ -167,4 +167,4 @@ def test_the_deploy_stage_knows_a_tokenizer_job_for_a_helper_and_serves_nothing_
     state = JobState(name="j-tok", status="Completed", model_data_url="s3://m/tokenizers/j-tok/output/model.tar.gz",
                      failure_reason=None, tags=(("atelier:role", "tokenizer"), ("atelier:final-stage", "false")))
 
-    assert (state.unidentified, state.final_stage, state.is_evaluation) == ("", False, False)
+    assert (state.unidentified, state.final_planned_job, state.is_evaluation) == ("", False, False)

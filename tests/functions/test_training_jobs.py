@@ -25,9 +25,9 @@ from contracts import pipeline_table
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws
 from core.settings import TrainingSettings
-from core.training import manifests, starter
-from core.training.manifests import job_name_for, manifest_file
-from core.training.starter import Decision, JobNameCollision, advance, on_job_finished, on_shard_sealed, resume
+from core.start_training import manifests, starter
+from core.start_training.manifests import job_name_for, manifest_file
+from core.start_training.starter import StartDecision, JobNameCollision, advance, on_job_finished, on_shard_sealed, resume
 from tests.support import ACCOUNT, REGION, load_event
 
 pytestmark = pytest.mark.slow(seconds=20)
@@ -202,7 +202,7 @@ def expected_manifest(settings: TrainingSettings, new: list[int], replay: tuple[
                     shards=tuple([ref(settings, n) for n in new] + [ref(settings, n, "replay") for n in replay]))
 
 
-def seal(settings: TrainingSettings, *numbers: int) -> list[Decision]:
+def seal(settings: TrainingSettings, *numbers: int) -> list[StartDecision]:
     return [on_shard_sealed(sealed(settings, n), settings) for n in numbers]
 
 
@@ -250,7 +250,7 @@ def tags(request: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in request["Tags"]}
 
 
-def finish(settings: TrainingSettings, name: str, status: str, reason: str | None = None) -> Decision:
+def finish(settings: TrainingSettings, name: str, status: str, reason: str | None = None) -> StartDecision:
     return on_job_finished(name, status, reason, settings)
 
 
@@ -259,7 +259,7 @@ def finish(settings: TrainingSettings, name: str, status: str, reason: str | Non
 def test_first_shard_waits_in_the_pending_index(settings: TrainingSettings, sagemaker: FakeSageMaker) -> None:
     assert settings.quota == 2  # TEST_OVERRIDES
 
-    assert seal(settings, 1) == [Decision("waiting", None, 1)]
+    assert seal(settings, 1) == [StartDecision("waiting", None, 1)]
     assert pending(settings) == [sid(1)]
     assert shard_item(settings, 1)["status"] == "pending"
     assert sagemaker.requests == []
@@ -270,7 +270,7 @@ def test_quota_of_shards_starts_exactly_one_job_on_exactly_those_shards(settings
     decisions = seal(settings, 1, 2)
 
     name = job_name_for(expected_manifest(settings, [1, 2]))
-    assert decisions == [Decision("waiting", None, 1), Decision("started", name, 2)]
+    assert decisions == [StartDecision("waiting", None, 1), StartDecision("started", name, 2)]
     assert [r["TrainingJobName"] for r in sagemaker.requests] == [name]
     assert channel_uri(sagemaker.request(name)) == manifest_uri(settings, name)
 
@@ -375,7 +375,7 @@ def test_redelivered_events_start_no_second_job(settings: TrainingSettings, sage
     again = seal(settings, 1, 2)
 
     # THEN they name the claimed job; the re-issued CreateTrainingJob was the same request, refused
-    assert again == [Decision("already-claimed", name), Decision("already-claimed", name)]
+    assert again == [StartDecision("already-claimed", name), StartDecision("already-claimed", name)]
     assert sagemaker.created == [name]
     assert sagemaker.requests == [sagemaker.requests[0]] * 3
     assert lineage(settings)["sequence"] == 1
@@ -383,7 +383,7 @@ def test_redelivered_events_start_no_second_job(settings: TrainingSettings, sage
 
 def test_redelivered_event_below_the_quota_counts_its_shard_once(settings: TrainingSettings,
                                                                  sagemaker: FakeSageMaker) -> None:
-    assert seal(settings, 1, 1) == [Decision("waiting", None, 1), Decision("waiting", None, 1)]
+    assert seal(settings, 1, 1) == [StartDecision("waiting", None, 1), StartDecision("waiting", None, 1)]
     assert pending(settings) == [sid(1)]
     assert sagemaker.requests == []
 
@@ -407,7 +407,7 @@ def test_redelivered_event_restarts_a_claimed_job_that_never_reached_sagemaker(
 
     # THEN the recorded job is created, on the claimed shards
     name = job_name_for(expected_manifest(settings, [1, 2]))
-    assert again == Decision("already-claimed", name)
+    assert again == StartDecision("already-claimed", name)
     assert sagemaker.created == [name]
 
 
@@ -421,8 +421,8 @@ def test_under_queue_the_next_quota_is_queued_behind_the_running_job(settings: T
 
     first, second = job_name_for(expected_manifest(settings, [1, 2])), \
         job_name_for(expected_manifest(settings, [3, 4], sequence=2))
-    assert decisions == [Decision("waiting", None, 1), Decision("started", first, 2), Decision("waiting", None, 1),
-                         Decision("queued", second, 2)]
+    assert decisions == [StartDecision("waiting", None, 1), StartDecision("started", first, 2), StartDecision("waiting", None, 1),
+                         StartDecision("queued", second, 2)]
     assert sagemaker.created == [first]
     assert (job(settings, second)["status"], job(settings, second)["shards"]) == ("Queued", [sid(3), sid(4)])
     assert (lineage(settings)["running_job"], lineage(settings)["queue"]) == (first, [second])
@@ -437,8 +437,8 @@ def test_under_skip_shards_stay_pending_while_a_job_runs(configure: Callable[...
     decisions = seal(settings, 1, 2, 3, 4)
 
     first = job_name_for(expected_manifest(settings, [1, 2]))
-    assert decisions == [Decision("waiting", None, 1), Decision("started", first, 2), Decision("busy", first),
-                         Decision("busy", first)]
+    assert decisions == [StartDecision("waiting", None, 1), StartDecision("started", first, 2), StartDecision("busy", first),
+                         StartDecision("busy", first)]
     assert sagemaker.created == [first]
     assert pending(settings) == [sid(3), sid(4)]
     assert (lineage(settings)["running_job"], lineage(settings)["queue"]) == (first, [])
@@ -463,7 +463,7 @@ def test_concurrent_shard_events_start_one_job_and_claim_no_shard_twice(settings
     assert len(claims(settings)[sagemaker.created[0]]) == 2
 
 
-def race(settings: TrainingSettings, monkeypatch: pytest.MonkeyPatch) -> list[Decision]:
+def race(settings: TrainingSettings, monkeypatch: pytest.MonkeyPatch) -> list[StartDecision]:
     """Four invocations that record their shards (1..4), then all read the same state and race to
     claim: one legal interleaving of concurrent invocations, made certain with barriers."""
     recorded, racing = threading.Barrier(4, timeout=10), threading.Barrier(4, timeout=10)
@@ -549,7 +549,7 @@ def test_completed_job_s_shards_become_trained(settings: TrainingSettings) -> No
 
     decision = finish(settings, name, "Completed")
 
-    assert decision == Decision("waiting", None, 0)
+    assert decision == StartDecision("waiting", None, 0)
     assert [shard_item(settings, n)["status"] for n in (1, 2)] == ["trained", "trained"]
     assert trained(settings) == [sid(1), sid(2)]
     assert ShardRef.model_validate_json(shard_item(settings, 1)["ref"]) == ref(settings, 1)
@@ -567,7 +567,7 @@ def test_completed_job_starts_the_queued_manifest_with_the_lineage_s_steps(setti
     decision = finish(settings, first, "Completed")
 
     # THEN the queued job starts, training on to the lineage's steps so far plus its own
-    assert decision == Decision("started", second)
+    assert decision == StartDecision("started", second)
     assert sagemaker.created == [first, second]
     assert sagemaker.request(second)["HyperParameters"]["steps"] == "4"  # 2 done + 2 of the stage
     assert channel_uri(sagemaker.request(second)) == manifest_uri(settings, second)
@@ -584,7 +584,7 @@ def test_under_skip_a_completed_job_claims_the_pending_shards(configure: Callabl
     decision = finish(settings, first, "Completed")
 
     second = job_name_for(expected_manifest(settings, [3, 4], sequence=2))
-    assert decision == Decision("started", second, 2)
+    assert decision == StartDecision("started", second, 2)
     assert sagemaker.created == [first, second]
     assert sagemaker.request(second)["HyperParameters"]["steps"] == "4"
 
@@ -612,7 +612,7 @@ def test_failed_or_stopped_job_returns_its_shards_and_a_new_job_takes_them(
     # THEN its record keeps the reason, and its shards are claimed again by a job of another name
     retry = job_name_for(expected_manifest(settings, [1, 2], sequence=2))
     assert retry != first
-    assert decision == Decision("started", retry, 2)
+    assert decision == StartDecision("started", retry, 2)
     assert (job(settings, first)["status"], job(settings, first)["failure_reason"]) == (
         status, "AlgorithmError: loss became NaN at step 1200")
     assert sagemaker.created == [first, retry]
@@ -632,7 +632,7 @@ def test_failed_job_s_shards_go_back_to_pending_and_the_lock_is_released(
     decision = finish(settings, first, "Failed", "InternalServerError")
 
     # THEN its shards are pending again, in the index, and the lineage is free
-    assert decision == Decision("waiting", None, 2)
+    assert decision == StartDecision("waiting", None, 2)
     assert pending(settings) == [sid(1), sid(2)]
     assert [(shard_item(settings, n)["status"], "manifest_job" in shard_item(settings, n)) for n in (1, 2)] \
         == [("pending", False)] * 2
@@ -646,7 +646,7 @@ def test_queued_job_starts_when_the_running_one_fails(settings: TrainingSettings
 
     decision = finish(settings, first, "Failed", "InternalServerError")
 
-    assert decision == Decision("started", second)
+    assert decision == StartDecision("started", second)
     assert sagemaker.request(second)["HyperParameters"]["steps"] == "2"  # nothing trained yet
     assert pending(settings) == [sid(1), sid(2)]
 
@@ -660,7 +660,7 @@ def test_duplicate_completed_event_settles_once(settings: TrainingSettings, sage
     again = finish(settings, first, "Completed")
 
     # THEN nothing moves: no new job, the same steps, the successor still holds the lock
-    assert again == Decision("waiting", None, 0)
+    assert again == StartDecision("waiting", None, 0)
     assert sagemaker.created == [first, second]
     assert lineage(settings)["steps_done"] == 2
     assert (lineage(settings)["running_job"], lineage(settings)["queue"]) == (second, [])
@@ -691,7 +691,7 @@ def test_duplicate_failed_event_does_not_take_shards_from_their_new_job(settings
 
     again = finish(settings, first, "Failed", "InternalServerError")
 
-    assert again == Decision("waiting", None, 0)
+    assert again == StartDecision("waiting", None, 0)
     assert sagemaker.created == [first, retry]
     assert [(shard_item(settings, n)["status"], shard_item(settings, n)["manifest_job"]) for n in (1, 2)] \
         == [("claimed", retry)] * 2
@@ -703,7 +703,7 @@ def test_end_of_a_job_not_in_the_table_is_not_ours(settings: TrainingSettings, s
     seal(settings, 1)
     stranger = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json
 
-    assert finish(settings, stranger, "Completed") == Decision("not-ours", stranger)
+    assert finish(settings, stranger, "Completed") == StartDecision("not-ours", stranger)
     assert pending(settings) == [sid(1)]
     assert sagemaker.requests == []
 
@@ -714,7 +714,7 @@ def test_end_of_another_lineage_s_job_is_not_ours(configure: Callable[..., Train
     name = seal(other, 1, 2)[1].job_name
     main = configure(TRAINING_LINEAGE="main")
 
-    assert finish(main, name, "Completed") == Decision("not-ours", name)
+    assert finish(main, name, "Completed") == StartDecision("not-ours", name)
     assert [shard_item(other, n)["status"] for n in (1, 2)] == ["claimed", "claimed"]
 
 
@@ -786,7 +786,7 @@ def test_duplicate_completed_event_of_a_stage_starts_its_successor_once(configur
 
     again = finish(settings, base, "Completed")
 
-    assert again == Decision("waiting", None, 0)
+    assert again == StartDecision("waiting", None, 0)
     assert sagemaker.created == [base, f"{base}-s1"]
     assert lineage(settings)["running_job"] == f"{base}-s1"
 
@@ -835,7 +835,7 @@ def test_existing_job_of_our_name_on_our_manifest_is_ours(settings: TrainingSett
                                                           sagemaker: FakeSageMaker) -> None:
     name = seal(settings, 1, 2)[1].job_name
 
-    assert seal(settings, 2) == [Decision("already-claimed", name)]
+    assert seal(settings, 2) == [StartDecision("already-claimed", name)]
     assert sagemaker.created == [name]
 
 
@@ -970,7 +970,7 @@ def test_with_an_encode_instance_the_quota_starts_the_encode_job_first(encoding:
 
     name = job_name_for(expected_manifest(encoding, [1, 2]))
     request = sagemaker.request(f"{name}-enc")
-    assert decision == Decision("started", name, 2)
+    assert decision == StartDecision("started", name, 2)
     assert sagemaker.created == [f"{name}-enc"]  # the training job waits for its latents
     assert request["HyperParameters"] == {"task": "encode", "resolution": "32", "model-config": "tiny"}
     assert channel_uri(request) == manifest_uri(encoding, name)
@@ -992,7 +992,7 @@ def test_completed_encode_job_starts_training_on_a_manifest_of_the_latent_shards
     decision = finish(encoding, f"{name}-enc", "Completed")
 
     latents = f"s3://{encoding.data_bucket}/manifests/{name}.latents.manifest"
-    assert decision == Decision("encoded", name)
+    assert decision == StartDecision("encoded", name)
     assert sagemaker.created == [f"{name}-enc", name]
     assert channel_uri(sagemaker.request(name)) == latents
     assert json.loads(aws.read_object(encoding.data_bucket, f"manifests/{name}.latents.manifest")) == [
@@ -1023,7 +1023,7 @@ def test_an_encode_job_that_left_a_shard_out_fails_its_training_job(configure: C
 
     decision = finish(settings, f"{name}-enc", "Completed")
 
-    assert decision == Decision("encode-failed", name)
+    assert decision == StartDecision("encode-failed", name)
     assert sagemaker.created == [f"{name}-enc"]  # never trained on half the manifest
     record = job(settings, name)
     assert record["status"] == "Failed"
@@ -1037,7 +1037,7 @@ def test_latents_of_two_encodings_are_refused(encoding: TrainingSettings, sagema
     put_latents(encoding, name, 1, 2)
     put_latents(encoding, name, 1, 2, encoding="fedcba9876543210-r32")
 
-    assert finish(encoding, f"{name}-enc", "Completed") == Decision("encode-failed", name)
+    assert finish(encoding, f"{name}-enc", "Completed") == StartDecision("encode-failed", name)
 
     assert "expected one encoding" in job(encoding, name)["failure_reason"]
 
@@ -1049,7 +1049,7 @@ def test_a_failed_encode_job_returns_the_shards_and_a_new_job_encodes_them(encod
     decision = finish(encoding, f"{name}-enc", "Failed", "AlgorithmError: CUDA out of memory")
 
     retry = job_name_for(expected_manifest(encoding, [1, 2], sequence=2))
-    assert decision == Decision("encode-failed", name)
+    assert decision == StartDecision("encode-failed", name)
     assert job(encoding, name)["failure_reason"] == f"encode job {name}-enc Failed: AlgorithmError: CUDA out of memory"
     assert sagemaker.created == [f"{name}-enc", f"{retry}-enc"]
     assert [shard_item(encoding, n)["manifest_job"] for n in (1, 2)] == [retry, retry]
@@ -1098,7 +1098,7 @@ def test_the_handler_counts_an_encode_job_s_end_and_starts_its_training_job(enco
     assert sagemaker.created == [f"{name}-enc", name]
 
 
-# --- the brake on failing jobs (core.training.failure_brake) -------------------------------------------------
+# --- the brake on failing jobs (core.start_training.failure_brake) -------------------------------------------------
 
 NOW = 1_800_000_000.0
 MODEL_FAILURE = "AlgorithmError: unrecognized arguments: --learning-rat 1e-4"
@@ -1122,11 +1122,11 @@ def test_a_failed_job_backs_off_and_the_schedule_starts_the_next_after_the_wait(
     decision = finish(settings, first, "Failed", MODEL_FAILURE)
 
     # THEN nothing starts for the backoff, its shards wait in the pending index, the reason is kept
-    assert decision == Decision("backing-off") and sagemaker.created == [first]
+    assert decision == StartDecision("backing-off") and sagemaker.created == [first]
     assert pending(settings) == [sid(1), sid(2)]
     assert (lineage(settings)["not_before"], lineage(settings)["failures"][-1]["reason"]) == (NOW + 600, MODEL_FAILURE)
     clock[0] = NOW + 599
-    assert advance(settings) == Decision("backing-off") and sagemaker.created == [first]
+    assert advance(settings) == StartDecision("backing-off") and sagemaker.created == [first]
     # AND the schedule's look after the wait starts the retry on the same shards
     clock[0] = NOW + 600
     retry = advance(settings)
@@ -1160,7 +1160,7 @@ def test_three_model_failures_in_a_row_halt_the_lineage_until_it_is_resumed(
 
     # THEN the third failure halts it: no fourth job, however many events come
     assert [d.action for d in decisions] == ["started", "started", "halted"]
-    assert seal(settings, 3, 4)[-1].action == "halted" and advance(settings) == Decision("halted")
+    assert seal(settings, 3, 4)[-1].action == "halted" and advance(settings) == StartDecision("halted")
     assert len(sagemaker.created) == 3
     record = lineage(settings)
     assert (record["halted"], record["model_failures"]) == (True, 3)
@@ -1175,7 +1175,7 @@ def test_three_model_failures_in_a_row_halt_the_lineage_until_it_is_resumed(
     # THEN the CLI changed nothing itself: StartTrainingFunction, given its event, lifts the brake and
     # starts the next job; the failures stay on record
     assert (resumed["was_halted"], resumed["model_failures"]) == (True, 3)
-    assert lineage(settings)["halted"] is True and advance(settings) == Decision("halted")
+    assert lineage(settings)["halted"] is True and advance(settings) == StartDecision("halted")
     assert resume(settings).action == "started" and len(sagemaker.created) == 4
     assert (lineage(settings)["halted"], len(lineage(settings)["failures"])) == (False, 3)
 
@@ -1185,7 +1185,7 @@ def test_capacity_failures_back_off_but_never_halt(configure: Callable[..., Trai
     settings = configure(TRAINING_MAX_CONSECUTIVE_FAILURES="2", TRAINING_FAILURE_BACKOFF_S="60")
     name = seal(settings, 1, 2)[1].job_name
     for _ in range(4):
-        assert finish(settings, name, "Failed", CAPACITY_FAILURE) == Decision("backing-off")
+        assert finish(settings, name, "Failed", CAPACITY_FAILURE) == StartDecision("backing-off")
         clock[0] = float(lineage(settings)["not_before"])
         name = advance(settings).job_name
 
@@ -1208,7 +1208,7 @@ def test_a_quota_refusal_fails_the_job_as_a_capacity_failure_and_backs_off(
     assert job(settings, name)["failure_reason"].startswith("ResourceLimitExceeded: The account-level service limit")
     assert pending(settings) == [sid(1), sid(2)] and sagemaker.created == []
     assert lineage(settings)["failures"][-1]["kind"] == "capacity" and lineage(settings)["model_failures"] == 0
-    assert decisions[-1] == Decision("backing-off", name, 2) and advance(settings) == Decision("backing-off")
+    assert decisions[-1] == StartDecision("backing-off", name, 2) and advance(settings) == StartDecision("backing-off")
     # AND once the quota allows it, the retry after the wait runs
     sagemaker.quota_left, clock[0] = 1, NOW + 300
     assert advance(settings).action == "started" and len(sagemaker.created) == 1

@@ -1,4 +1,4 @@
-"""trainer.data (shards, plan, loader, images, buckets, stages): shards in, deterministic bucketed batches out."""
+"""trainer.data (shards, plan, loader, images, buckets, phases): shards in, deterministic bucketed batches out."""
 
 import itertools
 import json
@@ -15,7 +15,7 @@ from trainer.data.images import to_tensor
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import NoShardsError, find_shards, index_shards
-from trainer.data.stages import RunPlan, plan_from_args
+from trainer.data.phases import RunPlan, plan_from_args, read_run_config
 
 BUCKETS_32 = [(24, 40), (32, 32), (40, 24)]  # at 32 px with a size multiple of 8
 
@@ -288,7 +288,7 @@ def test_pixels_map_to_minus_one_and_one():
     assert to_tensor(image).tolist() == [[[-1.0, 1.0]]] * 3
 
 
-# ---------------------------------------------------------------- buckets and stages
+# ---------------------------------------------------------------- buckets and phases
 
 
 def test_buckets_keep_the_area_and_the_size_multiple():
@@ -304,43 +304,58 @@ def test_cover_and_crop_fills_the_bucket_without_stretching():
     assert cover_and_crop(90, 30, (15, 15), (0.0, 0.0)) == ((45, 15), (0, 0))
 
 
-def test_stages_follow_each_other_with_their_own_learning_rate_and_warmup():
+def test_phases_follow_each_other_with_their_own_learning_rate_and_warmup():
     plan = RunPlan([{"resolution": 32, "batch_size": 4, "learning_rate": 1e-3, "steps": 3, "warmup_steps": 2},
                     {"resolution": 64, "batch_size": 2, "learning_rate": 1e-4, "steps": 2}])
     assert plan.total_steps == 5
-    assert [plan.stage_index(step) for step in range(1, 7)] == [0, 0, 0, 1, 1, 1]
+    assert [plan.phase_index(step) for step in range(1, 7)] == [0, 0, 0, 1, 1, 1]
     assert [plan.learning_rate(step) for step in range(1, 6)] == [5e-4, 1e-3, 1e-3, 1e-4, 1e-4]
 
 
-def test_a_stage_run_as_its_own_job_warms_up_from_its_own_first_step_as_inside_a_run_config():
-    # GIVEN two stages, each warming up over 2 steps, the second then a cosine down to half its rate
-    stages = [{"resolution": 32, "batch_size": 4, "learning_rate": 1e-3, "steps": 3, "warmup_steps": 2},
+def test_a_phase_run_as_its_own_job_warms_up_from_its_own_first_step_as_inside_a_run_config():
+    # GIVEN two phases, each warming up over 2 steps, the second then a cosine down to half its rate
+    phases = [{"resolution": 32, "batch_size": 4, "learning_rate": 1e-3, "steps": 3, "warmup_steps": 2},
               {"resolution": 64, "batch_size": 2, "learning_rate": 1e-4, "steps": 4, "warmup_steps": 2,
                "final_lr_fraction": 0.5}]
-    one_job = RunPlan(stages)
-    # WHEN the second runs as a job of its own, as the pipeline runs each stage: steps 4..7 of the lineage
+    one_job = RunPlan(phases)
+    # WHEN the second runs as a job of its own, as the pipeline runs each run-plan job: steps 4..7 of the lineage
     second_job = plan_from_args(None, 7, 2, 64, 1e-4, 2, 32, 0.5, first_step=4)
-    # THEN its rates are the run config's second stage's: warm-up from its first step, then the cosine
+    # THEN its rates are the run config's second phase's: warm-up from its first step, then the cosine
     rates = [second_job.learning_rate(step) for step in range(4, 8)]
     assert rates == [one_job.learning_rate(step) for step in range(4, 8)]
     assert rates == pytest.approx([5e-5, 1e-4, 7.5e-5, 5e-5])
-    assert (second_job.stages[0].first_step, second_job.stages[0].steps, second_job.total_steps) == (4, 4, 7)
+    assert (second_job.phases[0].first_step, second_job.phases[0].steps, second_job.total_steps) == (4, 4, 7)
 
 
 def test_a_plan_starting_later_needs_the_checkpoint_of_the_step_before_it():
     plan = plan_from_args(None, 7, 2, 64, 1e-4, 2, 32, first_step=4)
-    assert (plan.check_resumed(3), plan.check_resumed(5)) == (3, 5)  # the stage before it ended, or a retry
+    assert (plan.check_resumed(3), plan.check_resumed(5)) == (3, 5)  # the run-plan job before it ended, or a retry
     with pytest.raises(ValueError, match="starts at step 4 .* resumes at step 0: it needs the checkpoint of step 3"):
         plan.check_resumed(0)
 
 
-def test_a_run_config_and_single_stage_arguments_do_not_mix():
-    with pytest.raises(ValueError, match="run-config 'tiny-progressive' sets the stages; drop steps, batch-size"):
+def test_a_run_config_and_single_phase_arguments_do_not_mix():
+    with pytest.raises(ValueError, match="run-config 'tiny-progressive' sets the phases; drop steps, batch-size"):
         plan_from_args("tiny-progressive", 10, 2, None, None, 0, 64)
+
+
+def test_a_run_config_written_with_the_older_key_stages_is_read_as_its_phases(tmp_path):
+    # GIVEN a user's run config from before phases had their name, and one that sets both keys
+    phases = [{"resolution": 32, "batch_size": 2, "learning_rate": 1e-3, "steps": 2},
+              {"resolution": 64, "batch_size": 1, "learning_rate": 5e-4, "steps": 1}]
+    older, both = tmp_path / "older.json", tmp_path / "both.json"
+    older.write_text(json.dumps({"description": "mine", "stages": phases}))
+    both.write_text(json.dumps({"stages": phases, "phases": phases}))
+    # WHEN the trainer reads them THEN the older key is read as "phases", and both at once are refused
+    plan = plan_from_args(str(older), None, None, None, None, 0, 64)
+    assert [(p.first_step, p.resolution, p.batch_size) for p in plan.phases] == [(1, 32, 2), (3, 64, 1)]
+    assert read_run_config(str(older)) == {"description": "mine", "phases": phases}
+    with pytest.raises(ValueError, match="sets 'phases' or its older name 'stages', not both"):
+        read_run_config(str(both))
 
 
 def test_run_presets_are_read_by_name():
     plan = plan_from_args("tiny-progressive", None, None, None, None, 0, 64)
-    assert [stage.resolution for stage in plan.stages] == [32, 64]
+    assert [phase.resolution for phase in plan.phases] == [32, 64]
     with pytest.raises(ValueError, match="unknown run config 'nope'; presets: sd2-progressive, sdxl-progressive, tiny-progressive"):
         plan_from_args("nope", None, None, None, None, 0, 64)

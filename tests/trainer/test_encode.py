@@ -17,7 +17,7 @@ from trainer.data.latents import LatentShardsError, latent_dir, models_identity
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import ShardReader, index_shards
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 from trainer.data.captions import NoCaptions, read_captions
 from trainer.jobs import train
 from trainer.jobs.encode import encode_shards
@@ -187,7 +187,7 @@ def test_the_trainer_refuses_latent_shards_of_other_models_or_another_resolution
         train.main(other)
     wrong_size = train_args(encoded["dir"], tmp_path / "m2", tmp_path / "c2", "--steps", "1", "--resolution", "64",
                             *tokenizer)
-    with pytest.raises(LatentShardsError, match=r"latent shards at 32 px, but the run's stages are at \[64\] px"):
+    with pytest.raises(LatentShardsError, match=r"latent shards at 32 px, but the run's phases are at \[64\] px"):
         train.main(wrong_size)
 
 

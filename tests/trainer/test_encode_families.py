@@ -19,7 +19,7 @@ from trainer.data.latents import LatentShardsError, models_identity, read_text
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 from trainer.jobs import train
 from trainer.jobs.encode import encode_shards
 from trainer.models.families import condition

@@ -7,7 +7,7 @@ import torch
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions, sample_source
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 
 
 def test_exclusions_come_from_the_manifest_file_or_its_channel_dir(tmp_path):

@@ -8,7 +8,7 @@ from tests.support import REPO
 
 TRAINER = REPO / "trainer"
 # launch.py runs on an operator's machine, never in the image: it sends the StartTrainingFunction's own
-# request (core.training.job_requests.training_job_request), so it imports that builder instead of a copy.
+# request (core.start_training.job_requests.training_job_request), so it imports that builder instead of a copy.
 OPERATOR_ONLY = {TRAINER / "launch.py"}
 LAMBDA_SIDE = {p.name for p in (REPO / "functions").iterdir() if p.is_dir() and p.name[0] not in "._"} - {"contracts"}
 

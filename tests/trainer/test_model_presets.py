@@ -6,7 +6,7 @@ import torch
 from diffusers import AutoencoderKL, UNet2DConditionModel
 
 from contracts.model_presets import DEFAULT, SIZE_MULTIPLES
-from trainer.data.stages import plan_from_args
+from trainer.data.phases import plan_from_args
 from trainer.jobs import encode, train
 from trainer.models.bundle import Models
 from trainer.models.loading import CONFIGS_DIR, preset_family, read_preset
@@ -32,10 +32,10 @@ def test_the_pipeline_s_default_preset_is_the_trainer_s() -> None:
     assert train.parse_args(["--train-dir", "d", "--model-dir", "m"]).model_config == DEFAULT
 
 
-def test_a_stage_off_the_size_multiple_is_refused_where_the_plan_is_read() -> None:
-    with pytest.raises(ValueError, match="stage 0: resolution 520 is not a multiple of 64, the model's size multiple"):
+def test_a_phase_off_the_size_multiple_is_refused_where_the_plan_is_read() -> None:
+    with pytest.raises(ValueError, match="phase 0: resolution 520 is not a multiple of 64, the model's size multiple"):
         plan_from_args(None, 10, 2, 520, 1e-4, 0, 512, size_multiple=64)
-    assert plan_from_args(None, 10, 2, 512, 1e-4, 0, 512, size_multiple=64).stages[0].resolution == 512
+    assert plan_from_args(None, 10, 2, 512, 1e-4, 0, 512, size_multiple=64).phases[0].resolution == 512
 
 
 @pytest.mark.parametrize("job", ["train", "encode"])

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from contracts import recipe
-from contracts.recipe import RunStage, TrainOptions, dest
+from contracts.recipe import Phase, TrainOptions, dest
 from contracts.recipe_jobs import AUTOENCODER_PATHS, ENCODE_PATHS, AutoencoderOptions, EncodeOptions
 from tests.support import REPO
 from trainer.jobs import autoencoder, encode, train_args
@@ -72,7 +72,7 @@ def test_a_flag_the_recipe_lacks_is_caught():
 
 @pytest.mark.parametrize("options", [EncodeOptions, AutoencoderOptions])
 def test_what_a_helper_job_takes_from_its_stage_is_typed_as_the_training_option(options):
-    shared = options.stage_flags()
+    shared = options.training_job_flags()
     train = {field.alias: field for field in TrainOptions.model_fields.values()}
 
     assert shared and set(shared) <= set(train)
@@ -110,5 +110,5 @@ def test_the_lambda_takes_what_the_trainer_takes():
 
 def test_every_run_preset_s_stages_are_recipe_stages():
     for path in sorted((REPO / "trainer" / "configs" / "runs").glob("*.json")):
-        stages = json.loads(path.read_text())["stages"]
-        assert [RunStage.model_validate(stage).model_dump(exclude_defaults=True) for stage in stages] == stages, path
+        stages = json.loads(path.read_text())["phases"]
+        assert [Phase.model_validate(stage).model_dump(exclude_defaults=True) for stage in stages] == stages, path

@@ -71,3 +71,11 @@ def test_the_code_map_names_every_package_of_the_trainer() -> None:
 
     assert len(packages) >= 8
     assert [name for name in packages if f"`{name}/`" not in row] == []
+
+
+def test_the_code_map_names_each_handler_s_stage_package() -> None:
+    handlers = sorted(path.parent.name for path in (REPO / "functions").glob("*/app.py"))
+    text = code_map()
+
+    assert len(handlers) >= 7
+    assert [name for name in handlers if f"`core/{name}/`" not in text and f"`core/{name}.py`" not in text] == []

@@ -1,5 +1,6 @@
-"""Import boundaries: in functions/, boto3 is imported by core.aws alone (STYLE.md, "The shape of the house");
-in trainer/, no module imports itself back through others, lazily inside a function or not."""
+"""Import boundaries: in functions/, boto3 is imported by core.aws alone (STYLE.md, "The shape of the house"),
+and each handler `functions/<name>/app.py` takes its stage logic from `core.<name>` alone; in trainer/, no module
+imports itself back through others, lazily inside a function or not."""
 
 from __future__ import annotations
 
@@ -50,6 +51,46 @@ def test_the_walk_sees_core_aws_s_own_boto3_imports() -> None:
               if (REPO / path).is_relative_to(AWS_PACKAGE)}
 
     assert "boto3" in inside["functions/core/aws/clients.py"]
+
+
+# What every handler may use besides its own stage's package (the `contracts` package is shared too).
+SHARED_CORE = {"errors", "telemetry", "settings", "queue_batch", "aws"}
+
+
+def core_packages(path: Path) -> set[str]:
+    """The `core` subpackages and modules one file imports: `from core.x.y import z` and `from core import x`
+    both name `x`."""
+    found = set()
+    for module, names in absolute_imports(path).items():
+        parts = module.split(".")
+        if parts[0] != "core":
+            continue
+        found |= {parts[1]} if len(parts) > 1 else names
+    return found
+
+
+def foreign_stage_imports(app: Path) -> set[str]:
+    """The stage packages a handler imports that are not named like its folder."""
+    return core_packages(app) - SHARED_CORE - {app.parent.name}
+
+
+def test_each_handler_takes_its_stage_logic_from_the_core_package_named_like_its_folder() -> None:
+    handlers = sorted(FUNCTIONS_DIR.glob("*/app.py"))
+
+    assert len(handlers) >= 7
+    assert {app.parent.name: sorted(found) for app in handlers if (found := foreign_stage_imports(app))} == {}
+    assert [app.parent.name for app in handlers if not (FUNCTIONS_DIR / "core" / app.parent.name).is_dir()
+            and not (FUNCTIONS_DIR / "core" / f"{app.parent.name}.py").is_file()] == []
+
+
+def test_a_handler_reaching_into_another_stage_s_package_is_caught(tmp_path: Path) -> None:
+    app = tmp_path / "sweep" / "app.py"
+    app.parent.mkdir()
+    app.write_text("from core import telemetry\nfrom core.errors import BadMessage\nfrom core.sweep import sweep\n"
+                   "from contracts.messages import Sample\nfrom core.ingest.admission import ingest_notification\n"
+                   "def handler():\n    from core import pack\n")
+
+    assert foreign_stage_imports(app) == {"ingest", "pack"}
 
 
 def trainer_module(path: Path) -> str:
@@ -120,10 +161,10 @@ def test_the_walk_sees_the_core_s_imports_and_the_settings_loop_it_once_had() ->
     graph = functions_import_graph()
 
     assert {"core.settings", "core.ingest.images"} <= graph["core.ingest.metadata"]
-    assert "contracts.messages" in graph["core.reliability.dead_letters"]
-    looped = {**graph, "core.reliability.dead_letters": graph["core.reliability.dead_letters"] | {"core.pack.import_tar"}}
-    assert ["core.ingest.metadata", "core.pack.import_tar", "core.reliability.dead_letters", "core.settings"] in \
-        [[m for m in cycle if m in {"core.ingest.metadata", "core.pack.import_tar", "core.reliability.dead_letters",
+    assert "contracts.messages" in graph["core.redrive.dead_letters"]
+    looped = {**graph, "core.redrive.dead_letters": graph["core.redrive.dead_letters"] | {"core.import_shard.source_tar"}}
+    assert ["core.import_shard.source_tar", "core.ingest.metadata", "core.redrive.dead_letters", "core.settings"] in \
+        [[m for m in cycle if m in {"core.ingest.metadata", "core.import_shard.source_tar", "core.redrive.dead_letters",
                                     "core.settings"}] for cycle in import_cycles(looped)]
 
 

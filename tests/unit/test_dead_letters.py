@@ -1,4 +1,4 @@
-"""core.reliability.dead_letters: what the evidence says of a dead letter, and when a transient one goes back."""
+"""core.redrive.dead_letters: what the evidence says of a dead letter, and when a transient one goes back."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core.reliability import dead_letters
-from core.reliability.dead_letters import Action, Ledger, Letter, RedrivePolicy
+from core.redrive import dead_letters
+from core.redrive.dead_letters import Action, Ledger, Letter, RedrivePolicy
 
 POLICY = RedrivePolicy(cap=3, backoff_s=60, memory_s=3600)
 NOW = 1_800_000_000.0

@@ -1,11 +1,11 @@
-"""core.training.failure_brake: the backoff doubles to its cap, model failures open the breaker, capacity
+"""core.start_training.failure_brake: the backoff doubles to its cap, model failures open the breaker, capacity
 failures never do, a success or a resume closes it, and every failure is kept."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.training.failure_brake import (
+from core.start_training.failure_brake import (
     KEPT_FAILURES,
     Brake,
     BrakeSettings,

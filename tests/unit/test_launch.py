@@ -12,7 +12,7 @@ import pytest
 
 from contracts.messages import Manifest, ShardRef
 from core.settings import TrainingSettings
-from core.training.job_requests import training_job_request
+from core.start_training.job_requests import training_job_request
 from trainer import launch
 
 
@@ -46,7 +46,7 @@ def test_launch_sends_exactly_the_pipelines_request(stack, function_env, tmp_pat
     # THEN the SDK session created the pipeline's request for that manifest, and streamed its logs
     settings = TrainingSettings.from_env(env)
     expected = training_job_request("manual-1", f"s3://{data}/manifests/atelier-x.manifest", manifest.digest, 0,
-                                    settings.stages[0].steps, settings)
+                                    settings.run_plan[0].steps, settings)
     assert session.created == [expected] == [sent]
     assert session.waited == ["manual-1"]
 
@@ -87,7 +87,7 @@ def test_a_manual_launch_reads_the_lineage_s_own_vae_as_the_pipeline_s_job_would
 
     sent = launch.launch(launch.parse_args([*argv, "--job-name", "manual-3"]))
     assert sent == training_job_request("manual-3", f"s3://{data}/manifests/atelier-z.manifest", manifest.digest, 0,
-                                        settings.stages[0].steps, settings, vae_uri=vae)
+                                        settings.run_plan[0].steps, settings, vae_uri=vae)
     assert vae in {c["DataSource"]["S3DataSource"]["S3Uri"] for c in sent["InputDataConfig"]}
     without = launch.launch(launch.parse_args([*argv, "--job-name", "manual-4", "--vae-uri", ""]))
     assert vae not in json.dumps(without)

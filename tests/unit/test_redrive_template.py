@@ -9,7 +9,7 @@ import pytest
 
 from contracts import pipeline_table
 from core import telemetry
-from core.reliability import dead_letters
+from core.redrive import dead_letters
 from tests.unit.test_template import expand_with, of_type, resolve
 
 

@@ -19,12 +19,12 @@ from core.settings import (
     IngestSettings,
     PackSettings,
     RedriveSettings,
-    Stage,
+    PlannedJob,
     SweepSettings,
     TrainingSettings,
     check_sharding,
 )
-from core.training.instance_types import GPUS_PER_INSTANCE
+from core.start_training.instance_types import GPUS_PER_INSTANCE
 from tests.support import IMAGES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_training_settings_from_a_full_environment() -> None:
         volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.2,
         keep_alive_s=600, subnets=("subnet-a", "subnet-b"), security_groups=("sg-1",),
         kms_key="arn:aws:kms:us-east-1:123456789012:key/1234abcd",
-        stages=(Stage("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),))
+        run_plan=(PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),))
 
 
 def test_ingest_settings_from_a_full_environment() -> None:
@@ -248,11 +248,11 @@ def test_hyperparameter_values_become_strings() -> None:
 
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": raw})
 
-    assert settings.stages[0].hyperparameters == {"steps": "30", "learning-rate": "0.0005", "model-config": "tiny"}
+    assert settings.run_plan[0].hyperparameters == {"steps": "30", "learning-rate": "0.0005", "model-config": "tiny"}
 
 
 def test_empty_hyperparameter_object_is_allowed() -> None:
-    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": "{}"}).stages[0].hyperparameters == {}
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": "{}"}).run_plan[0].hyperparameters == {}
 
 
 @pytest.mark.parametrize("raw", [
@@ -296,7 +296,7 @@ def test_a_training_value_at_the_limit_is_taken() -> None:
 
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_HYPERPARAMETERS": json.dumps(hyperparameters)})
 
-    assert settings.stages[0].hyperparameters == hyperparameters and len(hyperparameters["validation-prompts"]) == 2500
+    assert settings.run_plan[0].hyperparameters == hyperparameters and len(hyperparameters["validation-prompts"]) == 2500
 
 
 def test_a_hyperparameter_the_trainer_does_not_know_fails_the_function_at_start_naming_the_nearest() -> None:
@@ -317,7 +317,7 @@ def test_optional_training_variables_absent_mean_none(name: str, absent: str) ->
 
     settings = TrainingSettings.from_env(env)
 
-    assert (settings.subnets, settings.security_groups, settings.kms_key, len(settings.stages)) == ((), (), "", 1)
+    assert (settings.subnets, settings.security_groups, settings.kms_key, len(settings.run_plan)) == ((), (), "", 1)
 
 
 def test_subnets_and_security_groups_are_trimmed_lists() -> None:
@@ -392,22 +392,22 @@ PLAN = json.dumps([
 def test_empty_run_plan_is_one_stage_of_the_base_settings(raw: str) -> None:
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": raw})
 
-    assert settings.stages == (Stage("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),)
-    assert settings.stages[0].steps == 100000
+    assert settings.run_plan == (PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),)
+    assert settings.run_plan[0].steps == 100000
 
 
 def test_run_plan_stages_override_instances_and_hyperparameters() -> None:
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "64", "TRAINING_RUN_PLAN": PLAN})
 
-    assert settings.stages == (
-        Stage("256", "ml.p5.48xlarge", 4, {"steps": "50000", "batch-size": "32", "resolution": "256"}),
-        Stage("512", "ml.p4d.24xlarge", 8, {"steps": "100000", "batch-size": "32", "resolution": "512"}),
+    assert settings.run_plan == (
+        PlannedJob("256", "ml.p5.48xlarge", 4, {"steps": "50000", "batch-size": "32", "resolution": "256"}),
+        PlannedJob("512", "ml.p4d.24xlarge", 8, {"steps": "100000", "batch-size": "32", "resolution": "512"}),
     )
-    assert [s.steps for s in settings.stages] == [50000, 100000]
+    assert [s.steps for s in settings.run_plan] == [50000, 100000]
 
 
 def test_stage_without_steps_trains_none() -> None:
-    assert Stage("s", "ml.p5.48xlarge", 1, {}).steps == 0
+    assert PlannedJob("s", "ml.p5.48xlarge", 1, {}).steps == 0
 
 
 @pytest.mark.parametrize("raw", [
@@ -443,45 +443,45 @@ def test_p5_and_p4d_have_eight_gpus() -> None:
 
 def test_quota_that_does_not_split_evenly_over_the_instances_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="quota of 30 shards does not split evenly over 4 instances"):
-        check_sharding(30, Stage("256", "ml.p5.48xlarge", 4, {}), 0)
+        check_sharding(30, PlannedJob("256", "ml.p5.48xlarge", 4, {}), 0)
 
 
 def test_fewer_shards_per_instance_than_gpus_is_a_config_error_naming_the_minimum_quota() -> None:
     with pytest.raises(ConfigError, match="4 shards per instance for 8 GPUs; "
                                           "raise TrainingQuota to at least 16"):
-        check_sharding(8, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "1"}), 0)
+        check_sharding(8, PlannedJob("256", "ml.p5.48xlarge", 2, {"num-workers": "1"}), 0)
 
 
 def test_loader_workers_need_no_shards_of_their_own() -> None:
     # the loader's workers share batches, not shards: 8 shards serve 8 GPUs with 4 workers each
-    check_sharding(8, Stage("256", "ml.p5.48xlarge", 1, {"num-workers": "4"}), 0)
+    check_sharding(8, PlannedJob("256", "ml.p5.48xlarge", 1, {"num-workers": "4"}), 0)
 
 
 def test_shards_that_do_not_split_evenly_over_an_instance_s_gpus_are_a_config_error() -> None:
     with pytest.raises(ConfigError, match="12 shards per instance do not split evenly over 8 GPUs; use a multiple of 16"):
-        check_sharding(24, Stage("256", "ml.p5.48xlarge", 2, {}), 0)
+        check_sharding(24, PlannedJob("256", "ml.p5.48xlarge", 2, {}), 0)
 
 
 @pytest.mark.parametrize(("quota", "stage"), [
-    (16, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "1"})),  # 8 per instance, one per GPU
-    (32, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "2"})),
-    (1, Stage("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"})),  # a type not in the table: one process
-    (2, Stage("cpu", "ml.m5.xlarge", 2, {"num-workers": "1"})),
-    (4, Stage("cpu", "ml.m5.xlarge", 2, {})),  # no num-workers: the trainer's default of 2
+    (16, PlannedJob("256", "ml.p5.48xlarge", 2, {"num-workers": "1"})),  # 8 per instance, one per GPU
+    (32, PlannedJob("256", "ml.p5.48xlarge", 2, {"num-workers": "2"})),
+    (1, PlannedJob("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"})),  # a type not in the table: one process
+    (2, PlannedJob("cpu", "ml.m5.xlarge", 2, {"num-workers": "1"})),
+    (4, PlannedJob("cpu", "ml.m5.xlarge", 2, {})),  # no num-workers: the trainer's default of 2
 ])
-def test_quota_with_whole_shards_for_every_gpu_passes(quota: int, stage: Stage) -> None:
+def test_quota_with_whole_shards_for_every_gpu_passes(quota: int, stage: PlannedJob) -> None:
     check_sharding(quota, stage, 0)
 
 
 def test_gpus_per_instance_override_replaces_the_instance_table() -> None:
-    check_sharding(4, Stage("256", "ml.p5.48xlarge", 1, {"num-workers": "1"}), 4)
+    check_sharding(4, PlannedJob("256", "ml.p5.48xlarge", 1, {"num-workers": "1"}), 4)
     with pytest.raises(ConfigError, match="at least 2"):
-        check_sharding(1, Stage("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"}), 2)
+        check_sharding(1, PlannedJob("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"}), 2)
 
 
 def test_settings_check_every_stage_of_the_run_plan() -> None:
     # 32 shards are enough for 4 p5 instances (8 each) but not for 8 p4d instances (4 each)
-    with pytest.raises(ConfigError, match="stage 512: 4 shards per instance for 8 GPUs"):
+    with pytest.raises(ConfigError, match="run-plan job 512: 4 shards per instance for 8 GPUs"):
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "32", "TRAINING_RUN_PLAN": PLAN})
 
 
@@ -583,12 +583,12 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
         == (8, 3, "main", "queue", 0.2, 600, (), (), "")
     # progressive resolution 256 -> 512 -> 1024, one job (and one encode job) per stage, over the base hyperparameters
     base = {"learning-rate": "0.0001", "checkpoint-every": "1000", "seed": "0", "model-config": "sd2"}
-    assert parsed.encode_instance_type and parsed.stages == (
-        Stage("256", "ml.p5.48xlarge", 1, {**base, "steps": "200000", "batch-size": "256", "resolution": "256",
+    assert parsed.encode_instance_type and parsed.run_plan == (
+        PlannedJob("256", "ml.p5.48xlarge", 1, {**base, "steps": "200000", "batch-size": "256", "resolution": "256",
                                           "lr-warmup-steps": "10000"}),
-        Stage("512", "ml.p5.48xlarge", 1, {**base, "steps": "100000", "batch-size": "64", "resolution": "512",
+        PlannedJob("512", "ml.p5.48xlarge", 1, {**base, "steps": "100000", "batch-size": "64", "resolution": "512",
                                           "gradient-accumulation": "2", "lr-warmup-steps": "1000"}),
-        Stage("1024", "ml.p5.48xlarge", 1, {**base, "steps": "50000", "batch-size": "8", "resolution": "1024",
+        PlannedJob("1024", "ml.p5.48xlarge", 1, {**base, "steps": "50000", "batch-size": "8", "resolution": "1024",
                                            "learning-rate": "0.00005", "lr-warmup-steps": "1000"}))
 
 
@@ -597,7 +597,7 @@ def test_the_default_run_plan_runs_each_stage_the_fastest_measured_way(expanded:
     the template's default stages use exactly those, so the default job is the measured one."""
     from trainer.speed.fast_defaults import table
 
-    stages = TrainingSettings.from_env(function_environment(expanded, "StartTrainingFunction")).stages
+    stages = TrainingSettings.from_env(function_environment(expanded, "StartTrainingFunction")).run_plan
     measured = {(stage.hyperparameters["model-config"], int(stage.hyperparameters["resolution"])): stage for stage in stages}
     matched = [key for key in measured if key in table()]
     assert matched == [("sd2", 256), ("sd2", 512)]  # 1024 is not measured for sd2 yet: it runs eager, batch 8
@@ -624,7 +624,7 @@ def test_a_stage_off_its_preset_s_size_multiple_is_refused_before_any_job(encode
                                                 ("pixart-sigma", "1040"), ("tiny-sd3", "40")])
 def test_a_stage_on_its_preset_s_size_multiple_is_accepted(preset: str, resolution: str) -> None:
     plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": preset, "resolution": resolution}}])
-    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).stages[0].name == "only"
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[0].name == "only"
 
 
 def test_a_model_config_that_is_no_preset_is_refused() -> None:
@@ -664,4 +664,4 @@ def test_random_crops_on_latent_shards_are_a_config_error_naming_the_stage() -> 
     with pytest.raises(ConfigError, match="'hi' asks for random-crop"):
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge",
                                    "TRAINING_RUN_PLAN": plan})
-    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).stages[1].name == "hi"
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[1].name == "hi"

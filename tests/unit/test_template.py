@@ -346,7 +346,7 @@ BASE_URIS = ["s3://my-models/bases/sd2/", "s3://my-models/sd2/model.tar.gz", "s3
 def test_the_parameter_accepts_exactly_the_bases_the_settings_accept(uri: str) -> None:
     from samtranslator.yaml_helper import yaml_parse
 
-    from core.training.pretrained import check_uri
+    from core.start_training.pretrained import check_uri
     pattern = yaml_parse((REPO / "template.yaml").read_text())["Parameters"]["PretrainedModelUri"]["AllowedPattern"]
     try:
         accepted = check_uri(uri) == uri
@@ -460,7 +460,7 @@ def test_every_allowed_lane_count_has_a_concurrency() -> None:
     assert set(expanded.mappings["PackLaneConcurrency"]) == set(allowed) and max(map(int, allowed)) == MAX_LANES
 
 
-# --- compiled shapes shared across lineages (core/training/compile_caches.py) --------------------------
+# --- compiled shapes shared across lineages (core/start_training/compile_caches.py) --------------------------
 
 def test_the_start_training_function_may_publish_compiled_shapes_and_nothing_wider(
         resources: dict[str, dict[str, Any]]) -> None:

@@ -1,1 +1,1 @@
-"""Shards in, batches out: the shard layout, aspect buckets, the run's resolution stages, the loader."""
+"""Shards in, batches out: the shard layout, aspect buckets, the run's resolution phases, the loader."""

@@ -1,6 +1,6 @@
-"""Aspect-ratio buckets: batch images of similar shape at about the stage's pixel count, cropped little.
+"""Aspect-ratio buckets: batch images of similar shape at about the phase's pixel count, cropped little.
 
-For a stage at resolution R the buckets are the (width, height) pairs, both multiples of the model's
+For a phase at resolution R the buckets are the (width, height) pairs, both multiples of the model's
 size multiple, whose area is at most R*R and whose aspect ratio is within MAX_ASPECT either way
 (for each width, the largest such height). An image goes to the bucket nearest its aspect ratio
 (in log space, so 2:1 and 1:2 are equally far from 1:1); it is scaled to cover the bucket and
@@ -16,7 +16,7 @@ MAX_ASPECT = 2.0  # wider than 2:1 keeps too few pixels on the short side at 256
 
 def check_resolution(resolution: int, multiple: int) -> int:
     """`resolution`, if a multiple of the model's size multiple (`Models.size_multiple`; the pipeline's settings
-    check a stage against each preset's, functions/contracts/model_presets.py)."""
+    check a phase against each preset's, functions/contracts/model_presets.py)."""
     if resolution % multiple:
         raise ValueError(f"resolution {resolution} is not a multiple of {multiple}, the model's size multiple "
                          "(its VAE's downsampling times its denoiser's)")
@@ -24,7 +24,7 @@ def check_resolution(resolution: int, multiple: int) -> int:
 
 
 def bucket_sizes(resolution: int, multiple: int) -> list[tuple[int, int]]:
-    """(width, height) buckets for a stage, sorted by aspect ratio; always includes the square."""
+    """(width, height) buckets for a phase, sorted by aspect ratio; always includes the square."""
     area = check_resolution(resolution, multiple) ** 2
     sizes = {(resolution, resolution)}
     for width in range(multiple, int(resolution * MAX_ASPECT) + 1, multiple):

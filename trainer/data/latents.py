@@ -127,7 +127,7 @@ def latent_dir(output_dir: str | Path, identity: str, resolution: int) -> Path:
 
 def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int], identity: str | None = None) -> None:
     """Latent shards must come from these models (`identity`, if already known), at the resolution of
-    every stage that reads them."""
+    every phase that reads them."""
     identity = identity or models_identity(models)
     for encoder, resolution in sorted(index.encodings):
         if encoder != identity:
@@ -135,7 +135,7 @@ def check_latent_shards(index: ShardIndex, models: Models, resolutions: set[int]
                                     "(another VAE, text encoder or tokenizer): encode the image shards again with "
                                     "these models (python -m trainer.jobs.encode)")
         if {resolution} != resolutions:
-            raise LatentShardsError(f"latent shards at {resolution} px, but the run's stages are at {sorted(resolutions)} px")
+            raise LatentShardsError(f"latent shards at {resolution} px, but the run's phases are at {sorted(resolutions)} px")
 
 
 def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids: torch.Tensor | None,

@@ -55,7 +55,7 @@ class StepBatches(Dataset):
 
     def batch(self, step: int, micro: int) -> dict:
         slot = self.plan.slot(step, micro)
-        rng = np.random.default_rng([self.plan.seed, self.plan.rank, slot.stage, slot.epoch, 1, slot.index])
+        rng = np.random.default_rng([self.plan.seed, self.plan.rank, slot.phase, slot.epoch, 1, slot.index])
         samples, corrupt = [], []
         for row in slot.samples:
             for _ in range(MAX_REPLACEMENTS):
@@ -77,7 +77,7 @@ class StepBatches(Dataset):
             "source": [sample["source"] for sample in samples],  # (partner, license): the trainer counts draws
             "corrupt": corrupt,
             "step": step,
-            "stage": slot.stage,
+            "stage": slot.phase,
             "epoch": slot.epoch,
         }
 

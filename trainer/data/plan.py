@@ -1,7 +1,7 @@
 """Which samples make each micro-batch: a pure function of (seed, rank, step, micro-batch) (BRIA's strategy,
 with nothing to save for resuming).
 
-Per stage and epoch, a process shuffles its samples with a generator seeded by (seed, rank, stage,
+Per phase and epoch, a process shuffles its samples with a generator seeded by (seed, rank, phase,
 epoch), groups them by aspect bucket (trainer/data/buckets.py), cuts each bucket into batches (the
 last one filled up from the start of its bucket) and shuffles the batches. Optimizer step s and
 micro-batch m map to a position in that sequence, so a batch is a pure function of (seed, step,
@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from trainer.data.buckets import assign_buckets, bucket_sizes, check_resolution
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 
 
 def buckets_of(aspects: np.ndarray, resolution: int, size_multiple: int, aspect_buckets: bool) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -35,7 +35,7 @@ def buckets_of(aspects: np.ndarray, resolution: int, size_multiple: int, aspect_
 class Slot:
     """Where one micro-batch sits in its process's stream."""
 
-    stage: int
+    phase: int
     epoch: int
     index: int  # the batch's position within the epoch
     bucket: tuple[int, int]  # (width, height)
@@ -54,16 +54,16 @@ class BatchPlan:
         self.accumulation, self.size_multiple, self.aspect_buckets = accumulation, size_multiple, aspect_buckets
 
     @lru_cache(maxsize=8)
-    def stage_buckets(self, stage: int) -> tuple[list[tuple[int, int]], np.ndarray]:
-        """The stage's bucket sizes and each sample's bucket."""
-        return buckets_of(self.aspects, self.plan.stages[stage].resolution, self.size_multiple, self.aspect_buckets)
+    def phase_buckets(self, phase: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The phase's bucket sizes and each sample's bucket."""
+        return buckets_of(self.aspects, self.plan.phases[phase].resolution, self.size_multiple, self.aspect_buckets)
 
     @lru_cache(maxsize=4)
-    def epoch_batches(self, stage: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def epoch_batches(self, phase: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(samples [batches, batch size], bucket of each batch) for one pass over this process's samples."""
-        _, assignment = self.stage_buckets(stage)
-        batch_size = self.plan.stages[stage].batch_size
-        rng = np.random.default_rng([self.seed, self.rank, stage, epoch, 0])
+        _, assignment = self.phase_buckets(phase)
+        batch_size = self.plan.phases[phase].batch_size
+        rng = np.random.default_rng([self.seed, self.rank, phase, epoch, 0])
         order = self.canonical[rng.permutation(len(self.aspects))]
         batches, buckets = [], []
         for bucket in np.unique(assignment):
@@ -76,16 +76,16 @@ class BatchPlan:
         return batches[shuffle], buckets[shuffle]
 
     @lru_cache(maxsize=8)
-    def batches_per_epoch(self, stage: int) -> int:
-        _, assignment = self.stage_buckets(stage)
-        batch_size = self.plan.stages[stage].batch_size
+    def batches_per_epoch(self, phase: int) -> int:
+        _, assignment = self.phase_buckets(phase)
+        batch_size = self.plan.phases[phase].batch_size
         return int(sum(-(-count // batch_size) for count in np.bincount(assignment) if count))
 
     def slot(self, step: int, micro: int) -> Slot:
-        stage = self.plan.stage_index(step)
-        position = (step - self.plan.stages[stage].first_step) * self.accumulation + micro
-        epoch, index = divmod(position, self.batches_per_epoch(stage))
-        batches, buckets = self.epoch_batches(stage, epoch)
-        sizes, assignment = self.stage_buckets(stage)
+        phase = self.plan.phase_index(step)
+        position = (step - self.plan.phases[phase].first_step) * self.accumulation + micro
+        epoch, index = divmod(position, self.batches_per_epoch(phase))
+        batches, buckets = self.epoch_batches(phase, epoch)
+        sizes, assignment = self.phase_buckets(phase)
         bucket = int(buckets[index])
-        return Slot(stage, epoch, index, sizes[bucket], batches[index], np.flatnonzero(assignment == bucket))
+        return Slot(phase, epoch, index, sizes[bucket], batches[index], np.flatnonzero(assignment == bucket))

@@ -45,7 +45,7 @@ from trainer.data.eval_set import find_eval_shards, read_eval_samples
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions
-from trainer.data.stages import plan_from_args
+from trainer.data.phases import plan_from_args
 from trainer.jobs.hyperparameters import add_options, checked
 from trainer.models.loading import read_preset
 from trainer.objectives.numerics import autocast

@@ -15,7 +15,7 @@ Channels (`$SM_CHANNEL_<NAME>`):
                (`save_pretrained`; or a model.tar.gz of them): the CLIP scorer; without it, no CLIP score
 
 Hyperparameters (strings): `timesteps` ("100,300,500,700,900"), `seed` (0), `max-samples` or
-`max_samples` (64), `resolution` (the candidate's last training stage from atelier-training.json,
+`max_samples` (64), `resolution` (the candidate's last training phase from atelier-training.json,
 else the size its UNet was built for), `steps` (20: sampling steps for CLIP images), `guidance` (5.0).
 
 By hand:
@@ -82,7 +82,7 @@ def channel_dir(channel: str | None, scratch: Path, name: str, marker: str = "mo
 
 
 def trained_resolution(path: Path) -> int:
-    """The resolution of the model's last training stage, else the size its UNet was built for."""
+    """The resolution of the model's last training phase, else the size its UNet was built for."""
     record_path = path / "atelier-training.json"
     if record_path.is_file():
         stages = json.loads(record_path.read_text()).get("stages") or []
@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what.add_argument("--max-samples", "--max_samples", dest="max_samples", type=int, default=64,
                       help="the first N readable eval samples")
     what.add_argument("--resolution", type=int, default=None,
-                      help="square image side (default: the candidate's last training stage, else its built size)")
+                      help="square image side (default: the candidate's last training phase, else its built size)")
     what.add_argument("--steps", type=int, default=20, help="DDIM steps for the CLIP images")
     what.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance for the CLIP images")
     return parser.parse_args(argv)

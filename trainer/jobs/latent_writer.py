@@ -41,7 +41,7 @@ def write_table(path: Path, table: bytes) -> None:
 @contextlib.contextmanager
 def _written(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.training.encode_job and the trainer skip it
+    partial = path.with_name(f".tmp-{path.name}")  # a dot name: core.start_training.encode_job and the trainer skip it
     try:
         yield partial
         os.replace(partial, path)

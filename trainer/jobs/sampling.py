@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.data.stages import RunPlan
+from trainer.data.phases import RunPlan
 from trainer.models import lora
 from trainer.models.bundle import Models
 from trainer.models.pipelines import build_pipeline
@@ -44,7 +44,7 @@ def weights_to_sample(unet, ema: EMA | None, use_ema: bool) -> dict[str, torch.T
 def save_model(models: Models, weights: dict[str, torch.Tensor], resolution: int, model_dir: Path,
                pretrained: str | None) -> dict | None:
     """The run's model in `model_dir`, in fp32: the family's pipeline holding `weights`, its default image size the
-    last stage's `resolution`; or of a LoRA run the base's pipeline and the adapter (trainer/models/lora.py), whose
+    last phase's `resolution`; or of a LoRA run the base's pipeline and the adapter (trainer/models/lora.py), whose
     record (atelier-lora.json) is returned."""
     models.frozen_to(torch.device("cpu"))  # saved in fp32 whatever the training device ran them in
     if lora.adapter_config(models.denoiser) is not None:
@@ -67,11 +67,11 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
     if processes.rank == 0:
         draw_loss_curve(loss_history, health_dir / "loss.png")
         if prompts:
-            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device), plan.stage(step).resolution)
+            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device), plan.phase(step).resolution)
             seeds = [int(seed) for seed in args.validation_seeds.split(",")]
             steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
             with autocast(processes.device):
-                grid = validation_grid(pipeline, prompts, seeds, plan.stage(step).resolution, steps)
+                grid = validation_grid(pipeline, prompts, seeds, plan.phase(step).resolution, steps)
             (health_dir / "validation").mkdir(parents=True, exist_ok=True)
             grid.save(health_dir / "validation" / f"step-{step:08d}.png")
             board.validation(step, grid)

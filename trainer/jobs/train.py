@@ -21,8 +21,8 @@ by CheckpointConfig) and uses torchrun when there are several GPUs or hosts. `--
 (the shards' sample tables: no tar is walked at start), `--model-dir` and `--output-data-dir` default to
 $SM_CHANNEL_TRAIN, $SM_CHANNEL_INDEXES, $SM_MODEL_DIR and $SM_OUTPUT_DATA_DIR; $SM_HPS supplies the others.
 
-Progressive resolution: `--run-config sd2-progressive` (configs/runs/) lists stages of resolution,
-batch size, learning rate and steps; the run moves through them by itself (trainer/data/stages.py).
+Progressive resolution: `--run-config sd2-progressive` (configs/runs/) lists phases of resolution,
+batch size, learning rate and steps; the run moves through them by itself (trainer/data/phases.py).
 
 Resuming: `--resume latest` (the default) continues from the newest checkpoint in `<checkpoint-dir>`
 whose manifest verifies, if there is one, and logs each newer one it skips (`checkpoint_skipped`,
@@ -70,7 +70,7 @@ from trainer.data.latents import check_latent_shards
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions
-from trainer.data.stages import plan_from_args
+from trainer.data.phases import plan_from_args
 from trainer.jobs.sampling import check_health, save_model, weights_to_sample
 from trainer.jobs.step import StepSettings, Trainee, train_step
 from trainer.jobs.train_args import parse_args
@@ -112,7 +112,7 @@ def log_checkpoints(rank: int, writer: CheckpointWriter) -> None:
 
 def cuda_graphs_for(args, resolutions: list[int], processes: distributed.Processes) -> bool:
     """`--cuda-graphs`: true where they can run (else the job stops at start, saying why), false, or auto
-    (where configs/defaults/fast.json measured them faster for the preset and every stage's resolution)."""
+    (where configs/defaults/fast.json measured them faster for the preset and every phase's resolution)."""
     reason = cuda_graphs.usable(processes.device, processes.world_size)
     if args.cuda_graphs == "auto":
         return reason is None and graphs_by_default(args.model_config, resolutions)
@@ -178,7 +178,7 @@ def main(args: argparse.Namespace) -> dict:
     model = distributed.wrap(unet, processes, args.strategy)
     step_model = model  # what the step calls; `model` keeps DDP's / FSDP's gradient-sync switches
     compiling = args.compile if args.compile != "auto" else compile_by_default(
-        args.model_config, [stage.resolution for stage in plan.stages], device.type == "cuda")
+        args.model_config, [phase.resolution for phase in plan.phases], device.type == "cuda")
     if compiling:
         step_model = torch.compile(model, dynamic=False)  # one graph per bucket shape, compiled at its first step
     fused = args.fused_adamw and device.type == "cuda" and args.strategy == "ddp"
@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW([p for _, p in trained], lr=1.0, fused=fused or None)  # the schedule sets each rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(trained, args.ema_decay) if args.ema_decay > 0 else None
-    graphing = cuda_graphs_for(args, [stage.resolution for stage in plan.stages], processes)
+    graphing = cuda_graphs_for(args, [phase.resolution for phase in plan.phases], processes)
     graphs = cuda_graphs.GraphedBackward(step_model, [p for _, p in trained]) if graphing else None
     trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema, graphs)
     settings = StepSettings.from_args(args)
@@ -200,7 +200,7 @@ def main(args: argparse.Namespace) -> dict:
 
     # data: batches that are a pure function of (seed, step, rank)
     if index.latent:  # latent shards (trainer/jobs/encode.py): the VAE never runs, nor a family's text encoders
-        check_latent_shards(index, models, {stage.resolution for stage in plan.stages})
+        check_latent_shards(index, models, {phase.resolution for phase in plan.phases})
         if models.family is None:
             empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
     if compiling and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
@@ -218,8 +218,8 @@ def main(args: argparse.Namespace) -> dict:
     if compiling and args.compile_cache != "none":
         cache_dir = (Path(args.compile_cache) if args.compile_cache
                      else checkpoint_dir / LINEAGE_FOLDER if checkpoint_dir else None)
-        keys = [cache_key(unet, device, "latent" if index.latent else "image", stage.resolution, stage.batch_size,
-                          args.channels_last, processes.world_size) for stage in plan.stages]
+        keys = [cache_key(unet, device, "latent" if index.latent else "image", phase.resolution, phase.batch_size,
+                          args.channels_last, processes.world_size) for phase in plan.phases]
         compile_cache = JobCache(cache_dir, keys, rank)
         log(rank, event="compile_cache", **compile_cache.load())
 
@@ -229,17 +229,17 @@ def main(args: argparse.Namespace) -> dict:
         preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
     board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)
-    window, skipped_in_a_row, stage, logged_step = Window(), 0, None, step
+    window, skipped_in_a_row, phase, logged_step = Window(), 0, None, step
     writer = CheckpointWriter(checkpoint_dir, processes, args.keep_checkpoints, args.async_checkpoints) \
         if checkpoint_dir else None
     while step < plan.total_steps:
         step += 1
-        if plan.stage_index(step) != stage:
-            stage = plan.stage_index(step)
-            log(rank, event="stage", step=step, **plan.describe()[stage],
-                batches_per_epoch=batch_plan.batches_per_epoch(stage))
+        if plan.phase_index(step) != phase:  # the logged event and key keep their first name, `stage`
+            phase = plan.phase_index(step)
+            log(rank, event="stage", step=step, **plan.describe()[phase],
+                batches_per_epoch=batch_plan.batches_per_epoch(phase))
         outcome = train_step(trainee, models, batches, window, settings, step, processes)
-        state.step, state.stage = step, stage
+        state.step, state.stage = step, phase
         for batch in outcome.batches:
             state.count(batch)
         if outcome.finite:
@@ -255,8 +255,8 @@ def main(args: argparse.Namespace) -> dict:
                     write_failure(reason)
                 raise NonFiniteLossError(reason)
         watchdog.pet(step)
-        if compile_cache and compile_cache.first_step_of(stage):  # the stage's graphs now exist
-            log(rank, event="compile_cache_saved", step=step, **(compile_cache.save(stage) or {}))
+        if compile_cache and compile_cache.first_step_of(phase):  # the phase's graphs now exist
+            log(rank, event="compile_cache_saved", step=step, **(compile_cache.save(phase) or {}))
         if step % args.log_every == 0 or step == plan.total_steps:
             window_sums = torch.stack([window.loss_sum, torch.tensor(float(window.good_steps))]).to(device)
             loss_sum, good_steps = distributed.mean(window_sums).tolist()
@@ -266,7 +266,7 @@ def main(args: argparse.Namespace) -> dict:
             figures = window.figures(mean_loss)
             state.history.append({"step": step, **{k: figures[k] for k in ("loss", "img_per_s", "data_wait_share")}})
             board.figures(step, lr=outcome.learning_rate, **figures)
-            log(rank, step=step, stage=stage, lr=outcome.learning_rate, **figures,
+            log(rank, step=step, stage=phase, lr=outcome.learning_rate, **figures,
                 skipped_steps=state.skipped_steps, corrupt_samples=len(state.corrupt),
                 **progress_and_eta(step, plan.total_steps, step - logged_step, time.perf_counter() - window.start))
             window, logged_step = Window(), step
@@ -277,7 +277,7 @@ def main(args: argparse.Namespace) -> dict:
             with window.paused():
                 writer.save(take_snapshot(processes, unet, optimizer, lr_schedule, ema, state.gathered().to_dict()))
                 if compile_cache:  # the bucket shapes compiled since
-                    compile_cache.save(stage)
+                    compile_cache.save(phase)
                 check_health(args, processes, models, unet, ema, plan, step, state.loss_history, health_dir, board)
     if writer:  # the last checkpoint is on disk before the job reports its end
         writer.wait()
@@ -291,7 +291,7 @@ def main(args: argparse.Namespace) -> dict:
                                      "ema" if ema is not None and args.final_weights == "ema" else "trained")
     if rank == 0:
         model_dir = Path(args.model_dir)
-        adapter = save_model(models, weights, plan.stages[-1].resolution, model_dir, args.pretrained)
+        adapter = save_model(models, weights, plan.phases[-1].resolution, model_dir, args.pretrained)
         if adapter is not None:  # a LoRA run's model is its base and the adapter: the record names the base
             record["base"] = adapter["base"]
         record["tokenizer"] = models.tokenization  # where the tokenizers came from, and the captions cut at the context

@@ -17,7 +17,7 @@ trained on the embeddings it is served with:
 On latent shards the encode job has stored these (trainer/data/latents.py) and training loads no text
 encoder; `text_configs`/`load_text_configs` give their configs without weights, so the parts are still checked.
 
-The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last stage's shift.
+The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last phase's shift.
 PixArtSigmaPipeline reads `init_noise_sigma` and calls `scale_model_input`, which the flow-matching
 Euler scheduler lacks, so PixArt saves `DPMSolverMultistepScheduler` in its flow mode
 (`use_flow_sigmas`, `prediction_type="flow_prediction"`, the same shift): the sampler diffusers

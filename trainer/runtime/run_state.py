@@ -18,7 +18,7 @@ import torch.distributed as dist
 class RunState:
     args: dict  # this job's arguments (a resumed job's own, not those of the job it resumed)
     step: int = 0  # optimizer steps done
-    stage: int | None = None  # the stage of the last step
+    stage: int | None = None  # the phase of the last step (saved as `stage`, as recorded runs have it)
     loss_history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss) per log line
     history: list[dict] = field(default_factory=list)  # the logged figures per log line, for trainer/report/write.py
     skipped_steps: int = 0  # non-finite steps passed over

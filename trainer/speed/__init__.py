@@ -4,7 +4,7 @@
   fastest configuration measured per (preset, resolution). `--compile auto` and `--cuda-graphs auto`
   (trainer/jobs/train.py's defaults) read it; a CPU never compiles.
 - torch.compile of the UNet's step (`--compile`, in trainer/jobs/train.py): on by default on a GPU
-  wherever the table measured it faster at every stage's resolution (today every entry: sd2 at 256
+  wherever the table measured it faster at every phase's resolution (today every entry: sd2 at 256
   and 512, small at 256, sdxl at 1024); off on a CPU and for presets the table lacks (tiny).
 - vae_compile.py: the frozen VAE encoder compiled: on wherever the step compiles and the job reads
   image shards; the encode job compiles it on a GPU by default (its `--compile auto`).

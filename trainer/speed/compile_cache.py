@@ -31,7 +31,7 @@ from contracts import s3_layout
 
 SUFFIX = s3_layout.COMPILE_CACHE_SUFFIX
 LINEAGE_FOLDER = s3_layout.COMPILE_CACHE.rstrip("/")  # below the checkpoint dir: CheckpointConfig syncs it
-CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel: every lineage's files (core/training/compile_caches.py)
+CHANNEL_ENV = "SM_CHANNEL_COMPILE_CACHE"  # the `compile-cache` channel: every lineage's files (core/start_training/compile_caches.py)
 
 
 @dataclass(frozen=True)
@@ -120,30 +120,30 @@ def save(directory: Path | None, key: CacheKey, written_bytes: int | None = None
 
 
 class JobCache:
-    """One job's cache files: a key per stage (each stage is its own shape), loaded before the first
-    step and written after each stage's first step, when that stage's graphs exist, and at each
+    """One job's cache files: a key per phase (each phase is its own shape), loaded before the first
+    step and written after each phase's first step, when that phase's graphs exist, and at each
     checkpoint, for the bucket shapes compiled since. Only rank 0 writes; every rank loads."""
 
     def __init__(self, directory: Path | None, keys: list[CacheKey], rank: int, environ: Mapping[str, str] = os.environ):
         self.directory, self.keys, self.rank = directory, keys, rank
         self.dirs = cache_dirs(directory, environ)
-        self.stages_stepped: set[int] = set()
+        self.phases_stepped: set[int] = set()
         self.written: dict[str, int] = {}  # file name -> bytes of the blob written last
 
-    def first_step_of(self, stage: int) -> bool:
-        """True once per stage, at this job's first step in it (a resumed job may start mid-stage)."""
-        first = stage not in self.stages_stepped
-        self.stages_stepped.add(stage)
+    def first_step_of(self, phase: int) -> bool:
+        """True once per phase, at this job's first step in it (a resumed job may start mid-phase)."""
+        first = phase not in self.phases_stepped
+        self.phases_stepped.add(phase)
         return first
 
     def load(self) -> dict:
         return {"dirs": [str(directory) for directory in self.dirs], **load(self.dirs, self.keys)}
 
-    def save(self, stage: int) -> dict | None:
+    def save(self, phase: int) -> dict | None:
         if self.rank != 0:
             return None
-        name = self.keys[stage].file_name
-        saved = save(self.directory, self.keys[stage], self.written.get(name))
+        name = self.keys[phase].file_name
+        saved = save(self.directory, self.keys[phase], self.written.get(name))
         if saved and "bytes" in saved:
             self.written[name] = saved["bytes"]
         return saved

@@ -15,7 +15,7 @@ the next one captures the graph and replays it. Both run autocast without its we
 must (a compiled step guards on that switch: a change compiles it again). The capture checks only its
 own thread's calls: the loader's pin-memory thread keeps working through it. The gradients
 are allocated by the first eager call, then only zeroed in place by the step, and every replay adds
-into them, so graphs of several shapes (aspect buckets, progressive stages) and gradient accumulation
+into them, so graphs of several shapes (aspect buckets, progressive phases) and gradient accumulation
 share them, and the graphs share one memory pool.
 
 Only for one process on a CUDA device: DDP's all-reduce hooks and FSDP's resharding are not captured

@@ -40,12 +40,12 @@ def lookup(preset: str, resolution: int) -> FastConfig | None:
 
 
 def compile_by_default(preset: str, resolutions: list[int], on_gpu: bool) -> bool:
-    """`--compile auto`: on a GPU, when the table measured compiling faster at every stage's resolution."""
+    """`--compile auto`: on a GPU, when the table measured compiling faster at every phase's resolution."""
     return on_gpu and _measured_faster_everywhere(preset, resolutions, "compile")
 
 
 def graphs_by_default(preset: str, resolutions: list[int]) -> bool:
-    """`--cuda-graphs auto` (where they can run): when the table measured them faster at every stage's resolution."""
+    """`--cuda-graphs auto` (where they can run): when the table measured them faster at every phase's resolution."""
     return _measured_faster_everywhere(preset, resolutions, "cuda_graphs")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import botocore.session
 from botocore.model import ServiceModel
 
-from core.training.instance_types import has_instance_store
+from core.start_training.instance_types import has_instance_store
 
 # API reference, ContainerDefinition.Environment: "The maximum length of all keys and values in the
 # map, combined, is 32 KB" (not in botocore's model).
@@ -88,7 +88,7 @@ def listing(summaries: list[dict[str, Any]], request: Mapping[str, Any], kind: s
 
 def check_volume_key(instance_type: str, key: str | None, member: str) -> None:
     """SageMaker refuses a KMS key for the volumes of an instance type with instance store (API reference,
-    ResourceConfig.VolumeKmsKeyId and CreateEndpointConfig.KmsKeyId; core/training/instance_types.py)."""
+    ResourceConfig.VolumeKmsKeyId and CreateEndpointConfig.KmsKeyId; core/start_training/instance_types.py)."""
     if key and has_instance_store(instance_type):
         raise validation_error(f"{member} is not supported for instance type {instance_type}: its local instance "
                                "storage is encrypted by the instance's hardware module; do not specify a KMS key "

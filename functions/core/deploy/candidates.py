@@ -1,6 +1,6 @@
 """A finished training job becomes a candidate, and its evaluation starts (docs/deploy.md).
 
-Candidates come from a final-stage job's Completed event or from the artefact's S3 object-created
+Candidates come from the Completed event of a run plan's final job or from the artefact's S3 object-created
 event ("checkpoint published"); both name the same model (the job's name, which carries the
 manifest hash), so the first creates `MODEL#<name>` and the second finds it. Failed and Stopped
 jobs are recorded, never served; an evaluation job's end goes to core.deploy.evaluations.
@@ -31,7 +31,7 @@ logger = Logger(child=True)
 
 
 def on_job_state(job: JobState, settings: DeploySettings) -> DeployResult:
-    """A training job changed state: evaluation jobs feed the gate; final-stage Completed jobs
+    """A training job changed state: evaluation jobs feed the gate; Completed final run-plan jobs
     become candidates; everything else is recorded and left alone."""
     job, unknown = identify(job)
     if unknown:
@@ -39,9 +39,9 @@ def on_job_state(job: JobState, settings: DeploySettings) -> DeployResult:
     if job.is_evaluation:
         return on_evaluation_finished(job, settings)
     record_job_artefact(job, settings)
-    if job.status != "Completed" or not job.final_stage:
+    if job.status != "Completed" or not job.final_planned_job:
         logger.info("training job state recorded", extra={"job": job.name, "status": job.status})
-        return DeployResult("recorded", reason=f"{job.status}, final stage {job.final_stage}")
+        return DeployResult("recorded", reason=f"{job.status}, final run-plan job {job.final_planned_job}")
     if not job.model_data_url:
         raise BadMessage(f"Completed job {job.name} has no ModelArtifacts")
     return consider_candidate(job, settings)
@@ -56,8 +56,8 @@ def on_artefact_published(bucket: str, key: str, settings: DeploySettings) -> De
     job, unknown = identify(job)
     if unknown:
         return refuse(job, unknown)
-    if job.status != "Completed" or not job.final_stage or job.is_evaluation:
-        return DeployResult("recorded", job.name, f"artefact of a {job.status} job (final stage {job.final_stage})")
+    if job.status != "Completed" or not job.final_planned_job or job.is_evaluation:
+        return DeployResult("recorded", job.name, f"artefact of a {job.status} job (final run-plan job {job.final_planned_job})")
     return consider_candidate(job, settings)
 
 

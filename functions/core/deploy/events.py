@@ -1,7 +1,7 @@
 """What the deploy stage reads from its events and answers for each: a training job's state, the job
 behind a model artefact's key, the tags the pipeline puts on its jobs, and a step's result.
 
-What a job is (a run plan's stage, final or not; an encode, autoencoder or evaluation job) is read
+What a job is (a run-plan job, final or not; an encode, autoencoder or evaluation job) is read
 from its tags alone, never from its name or a default: a job whose tags do not say is refused.
 """
 
@@ -18,7 +18,7 @@ EVAL_SUFFIX = "-eval"
 EVALUATE_SOURCE, EVALUATE_REQUEST = "atelier.cli", "Evaluate Model"  # `atelier evaluate MODEL` puts this event
 ROLLBACK_REQUEST = "Roll Back Endpoint"  # `atelier rollback` puts this event (source EVALUATE_SOURCE)
 ROLE_TAG, CANDIDATE_TAG, TRAINING_JOB_TAG = job_tags.ROLE, job_tags.CANDIDATE, job_tags.TRAINING_JOB
-FINAL_STAGE_TAG, MANIFEST_TAG = job_tags.FINAL_STAGE, job_tags.MANIFEST
+FINAL_PLANNED_JOB_TAG, MANIFEST_TAG = job_tags.FINAL_PLANNED_JOB, job_tags.MANIFEST
 ROLES = (job_tags.ENCODE, job_tags.AUTOENCODER, job_tags.TOKENIZER, job_tags.EVALUATION)
 ARTEFACT_SUFFIX = f"/output/{s3_layout.MODEL_ARCHIVE}"
 
@@ -37,9 +37,9 @@ class JobState:
         return dict(self.tags)
 
     @property
-    def final_stage(self) -> bool:
-        """A run plan's earlier stages train on; only the last, tagged so, is served."""
-        return self.tag_map.get(FINAL_STAGE_TAG) == "true" and ROLE_TAG not in self.tag_map
+    def final_planned_job(self) -> bool:
+        """A run plan's earlier jobs train on; only the last, tagged so, is served."""
+        return self.tag_map.get(FINAL_PLANNED_JOB_TAG) == "true" and ROLE_TAG not in self.tag_map
 
     @property
     def is_evaluation(self) -> bool:
@@ -48,12 +48,12 @@ class JobState:
     @property
     def unidentified(self) -> str:
         """Why the tags do not say what the job is, "" when they do: a helper or evaluation job by its
-        role, a run plan's stage by its final-stage flag and the manifest it trained on."""
+        role, a run-plan job by its final-stage tag and the manifest it trained on."""
         tags = self.tag_map
         if ROLE_TAG in tags:
             return "" if tags[ROLE_TAG] in ROLES else f"{ROLE_TAG} is {tags[ROLE_TAG]!r}, no role the pipeline gives"
-        if tags.get(FINAL_STAGE_TAG) not in {"true", "false"} or not tags.get(MANIFEST_TAG):
-            return f"no {ROLE_TAG}, and not both {FINAL_STAGE_TAG} (true or false) and {MANIFEST_TAG}"
+        if tags.get(FINAL_PLANNED_JOB_TAG) not in {"true", "false"} or not tags.get(MANIFEST_TAG):
+            return f"no {ROLE_TAG}, and not both {FINAL_PLANNED_JOB_TAG} (true or false) and {MANIFEST_TAG}"
         return ""
 
 

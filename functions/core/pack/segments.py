@@ -211,7 +211,7 @@ def write_segment(candidates: Iterable[Sample], bucket: str, budget: int, slots:
 
 
 def write_segment_of(samples: Iterable[tuple[Sample, bytes]], bucket: str, part_bytes: int) -> Written:
-    """A segment of samples whose stored bytes are already in hand (imports: core.pack.import_tar), sorted
+    """A segment of samples whose stored bytes are already in hand (imports: core.import_shard.importer), sorted
     by key as the packer sorts its own; the same members, headers and index as `write_segment`."""
     key = s3_layout.segment_key(uuid.uuid4().hex)
     upload = StreamUpload(bucket, key, "application/x-tar", part_bytes, checksum=False)

@@ -1,5 +1,5 @@
 """A training job's record in the pipeline table, as the start-training stage claims it, carries it
-to the next run-plan stage and reads it back: what its jobs read, and the steps it trains up to."""
+to the next run-plan job and reads it back: what its jobs read, and the steps it trains up to."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
 from core.settings import TrainingSettings
-from core.training.pretrained import PretrainedBase
+from core.start_training.pretrained import PretrainedBase
 
-# what a stage's record does not inherit from the one before it: that one's end and outputs
+# what a run-plan job's record does not inherit from the one before it: that one's end and outputs
 NOT_CARRIED = frozenset({"settled", "failure_reason", "model_data", "latents", "latent_indexes"})
 
 
 def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, autoencoder: bool,
                 base: PretrainedBase | None, settings: TrainingSettings, tokenizer: bool = False) -> dict[str, Any]:
-    """The record a claim creates for the manifest's first job (stage 0)."""
+    """The record a claim creates for the manifest's first job (run-plan job 0)."""
     return {**pipeline_table.job_item(name, s3_layout.manifest_key(name), [s.shard_id for s in manifest.new_shards],
                                       _now()),
             "status": "Queued" if queue else "Requested", "lineage": settings.lineage, "digest": manifest.digest,
@@ -39,25 +39,25 @@ def record_end(job: dict[str, Any], status: str, reason: str | None, table: str)
                            condition="attribute_not_exists(settled)", names={"#st": "status"})
 
 
-def next_stage_name(job: dict[str, Any], stage: int) -> str:
-    return f"{job['base']}-s{stage}"
+def next_planned_job_name(job: dict[str, Any], plan_index: int) -> str:
+    return f"{job['base']}-s{plan_index}"
 
 
-def next_stage(job: dict[str, Any], stage: int) -> dict[str, Any]:
-    """The record of the manifest's job for `stage`: the same manifest and lineage, its own instances."""
+def next_planned_job(job: dict[str, Any], plan_index: int) -> dict[str, Any]:
+    """The record of the manifest's run-plan job `plan_index`: the same manifest and lineage, its own instances."""
     carried = {k: v for k, v in job.items() if k not in NOT_CARRIED}
-    return {**carried, "pk": pipeline_table.job_pk(next_stage_name(job, stage)), "status": "Requested",
-            "stage": stage, "at": _now()}
+    return {**carried, "pk": pipeline_table.job_pk(next_planned_job_name(job, plan_index)), "status": "Requested",
+            "stage": plan_index, "at": _now()}
 
 
-def steps_target(job: dict[str, Any], stage: int, settings: TrainingSettings) -> int:
-    """The lineage total of steps the job of `stage` trains up to."""
-    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage + 1])
+def steps_target(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> int:
+    """The lineage total of steps the run-plan job `plan_index` trains up to."""
+    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.run_plan[:plan_index + 1])
 
 
-def first_step(job: dict[str, Any], stage: int, settings: TrainingSettings) -> int:
-    """The lineage step the job of `stage` starts at: its stage's warm-up counts from it."""
-    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.stages[:stage]) + 1
+def first_step(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> int:
+    """The lineage step the run-plan job `plan_index` starts at: its warm-up counts from it."""
+    return int(job.get("steps_base", 0)) + sum(s.steps for s in settings.run_plan[:plan_index]) + 1
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Inputs:
 
 
 def inputs_of(name: str, job: dict[str, Any], settings: TrainingSettings) -> Inputs:
-    """The manifest files of the job's first stage (every stage trains on them)."""
+    """The manifest files of the manifest's first job (every run-plan job trains on them)."""
     base = job.get("base", name)
     return Inputs(s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base, s3_layout.MANIFEST_FILE)),
                   s3_layout.uri(settings.data_bucket, s3_layout.manifest_key(base)) if job.get("excludes") else "",

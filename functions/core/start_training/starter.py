@@ -1,4 +1,4 @@
-"""Start-training stage: count sealed shards; at the quota, run one job (per run-plan stage) on
+"""Start-training stage: count sealed shards; at the quota, run one job (per run-plan job) on
 exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
 
 - Shards wait in the sparse `SHARDS#pending` index. Claiming a manifest is one DynamoDB
@@ -9,29 +9,29 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   event re-issues the same CreateTrainingJob, answered ResourceInUse: a no-op once checked to be
   the same manifest, an error if it is another.
 - A job's end (the SageMaker state-change event) releases the lock: Completed marks its new shards
-  trained and starts the next stage or the next manifest; Failed and Stopped return its shards to
+  trained and starts the next run-plan job or the next manifest; Failed and Stopped return its shards to
   pending, so the next job takes them. A Completed job's lineage and attribution are written
   beside its model (core.partners.attribution).
-- Latent shards (when an encode instance type is set): before a stage's training job, an encode
+- Latent shards (when an encode instance type is set): before each training job, an encode
   job `<job>-enc` (the training image, task=encode) writes the manifest's shards as latent shards
   under `s3://<models>/encoded/<job>/`; on its Completed event every shard's latent twin is checked
   and listed in `manifests/<job>.latents.manifest`, the training job's `train` channel. An encode job
   that fails, or leaves a shard out, fails its training job (the shards return to pending). It gets
-  the training job's `manifest` channel too: an excluded sample is never encoded (core.training.encode_job).
-- Pretrained parts (PretrainedModelUri, core.training.pretrained): every encode, training and autoencoder job
+  the training job's `manifest` channel too: an excluded sample is never encoded (core.start_training.encode_job).
+- Pretrained parts (PretrainedModelUri, core.start_training.pretrained): every encode, training and autoencoder job
   reads the base as the channel `pretrained` (hyperparameter `pretrained=pretrained`); a job records
   the base it was claimed with (URI and digest), which its lineage.json carries.
-- The lineage's VAE (core.training.autoencoder_job), decided once per lineage at its first claim: when the
+- The lineage's VAE (core.start_training.autoencoder_job), decided once per lineage at its first claim: when the
   base brings none (no base, or a prefix without vae/config.json), the job waits first for an
   autoencoder job `<job>-ae` (task=autoencoder) on its image shards; its Completed event stores its
   model.tar.gz as the lineage's `vae_uri` (create-only), and every encode and training job of the
   lineage reads that as the channel `vae` (`vae=vae`). A failed or stopped autoencoder job fails its
   training job as a failed encode job does; the lineage's next job trains a VAE again.
-- The lineage's tokenizers (core.training.tokenizer_job), the same way: when the base brings no
+- The lineage's tokenizers (core.start_training.tokenizer_job), the same way: when the base brings no
   tokenizer/, a tokenizer job `<job>-tok` (task=tokenizer) learns them from the job's captions; its
   model.tar.gz becomes the lineage's `tokenizer_uri`, every encode and training job's channel
-  `tokenizer`. core.training.lineage_parts sequences both parts (the VAE first).
-- Compiled shapes (core.training.compile_caches): a training job's end publishes the files its
+  `tokenizer`. core.start_training.lineage_parts sequences both parts (the VAE first).
+- Compiled shapes (core.start_training.compile_caches): a training job's end publishes the files its
   compile left in the lineage's checkpoints to one shared prefix, and every training job reads that
   prefix as its `compile-cache` channel, so a shape compiles once for all lineages.
 - Licensing: a manifest leaves out the samples the partner registry's terms or a takedown forbid
@@ -39,8 +39,9 @@ exactly those shards. The commit protocol is in docs/training-jobs.md; in brief:
   and saying why in `left_out`; a shard with nothing left is left out whole (status `excluded`).
 
 This module is the orchestration; what it builds lives beside it: the manifest, its licensing screen
-and its files (core.training.manifests), the lineage's and the job's records (core.training.lineage, job_records)
-and the CreateTrainingJob requests (core.training.job_requests).
+and its files (core.start_training.manifests), the shards' claim and settling (core.start_training.shard_claims), the
+lineage's and the job's records (core.start_training.lineage, job_records) and the CreateTrainingJob requests
+(core.start_training.job_requests).
 """
 
 from __future__ import annotations
@@ -52,16 +53,16 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table, s3_layout
-from contracts.messages import Manifest, ShardRef, ShardSealed
+from contracts import pipeline_table
+from contracts.messages import ShardRef, ShardSealed
 from core import aws, telemetry
 from core.partners import attribution
 from core.settings import TrainingSettings
-from core.training import (autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage,
-                           lineage_parts, manifests, tokenizer_job)
-from core.training.job_records import Inputs
-from core.training.job_requests import encode_job_name, training_job_request
-from core.training.pretrained import PretrainedBase, describe_base
+from core.start_training import (compile_caches, encode_job, failure_brake, job_records, lineage, lineage_parts,
+                                 manifests, shard_claims)
+from core.start_training.job_records import Inputs
+from core.start_training.job_requests import encode_job_name, training_job_request
+from core.start_training.pretrained import describe_base
 
 logger = Logger(child=True)
 ENDED = frozenset({"Completed", "Failed", "Stopped"})
@@ -73,7 +74,7 @@ class JobNameCollision(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Decision:
+class StartDecision:
     # waiting | started | queued | already-claimed | busy | not-ours; a helper job's end:
     # encoded | encode-failed | autoencoded | autoencoder-failed | tokenized | tokenizer-failed
     action: str
@@ -83,21 +84,21 @@ class Decision:
 
 # --- orchestration: events in -------------------------------------------------------------------
 
-def on_shard_sealed(shard: ShardSealed, settings: TrainingSettings) -> Decision:
+def on_shard_sealed(shard: ShardSealed, settings: TrainingSettings) -> StartDecision:
     if not aws.put_item_if_absent(settings.table, pipeline_table.shard_item(shard)):
         item = aws.get_item(settings.table, pipeline_table.shard_pk(shard.shard_id)) or {}
         if item.get("status") != "pending":
             # A redelivery after the claim: make sure the claimed job really runs.
             advance(settings)
-            return Decision("already-claimed", item.get("manifest_job"))
+            return StartDecision("already-claimed", item.get("manifest_job"))
     return advance(settings)
 
 
-def on_job_finished(name: str, status: str, reason: str | None, settings: TrainingSettings) -> Decision:
+def on_job_finished(name: str, status: str, reason: str | None, settings: TrainingSettings) -> StartDecision:
     """A job reached Completed, Failed or Stopped: settle its shards, free the lineage, go on."""
     job = aws.get_item(settings.table, pipeline_table.job_pk(name))
     if job is None or job.get("lineage", settings.lineage) != settings.lineage:
-        return Decision("not-ours", name)
+        return StartDecision("not-ours", name)
     if job.get("role") == encode_job.ROLE:
         return on_encode_finished(job, status, reason, settings)
     if part := lineage_parts.part_of(job.get("role")):
@@ -113,28 +114,28 @@ def on_job_finished(name: str, status: str, reason: str | None, settings: Traini
     return advance(settings)
 
 
-def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, settings: TrainingSettings) -> Decision:
+def on_encode_finished(job: dict[str, Any], status: str, reason: str | None, settings: TrainingSettings) -> StartDecision:
     """An encode job ended: Completed with every latent shard lets its training job start on them;
     anything else fails the training job (its shards return to pending, the lineage goes on)."""
     name, training_job = pipeline_table.job_name(job["pk"]), job["for_job"]
     job_records.record_end(job, status, reason, settings.table)
     if status != "Completed":
         on_job_finished(training_job, "Failed", f"encode job {name} {status}: {reason or 'no reason given'}", settings)
-        return Decision("encode-failed", training_job)
+        return StartDecision("encode-failed", training_job)
     try:
         latents_uri, indexes_uri = encode_job.write_latent_manifest(training_job, settings)
     except encode_job.EncodeIncomplete as exc:
         on_job_finished(training_job, "Failed", f"encode job {name}: {exc}", settings)
-        return Decision("encode-failed", training_job)
+        return StartDecision("encode-failed", training_job)
     aws.update_item(settings.table, pipeline_table.job_pk(training_job), "SET latents = :u, latent_indexes = :i",
                     {":u": latents_uri, ":i": indexes_uri}, condition="attribute_exists(pk)")
     logger.info("latent shards ready", extra={"job": training_job, "encode_job": name, "latents": latents_uri})
     advance(settings)
-    return Decision("encoded", training_job)
+    return StartDecision("encoded", training_job)
 
 
 def on_part_finished(part: lineage_parts.Part, job: dict[str, Any], status: str, reason: str | None,
-                     settings: TrainingSettings) -> Decision:
+                     settings: TrainingSettings) -> StartDecision:
     """The lineage's autoencoder or tokenizer job ended: Completed, its model.tar.gz becomes the lineage's
     part and the training job goes on (its next part's job, or its encode job, first); anything else fails
     the training job (its shards return to pending, and the lineage's next job makes the part again)."""
@@ -143,19 +144,19 @@ def on_part_finished(part: lineage_parts.Part, job: dict[str, Any], status: str,
     failure = lineage_parts.store(part, job, status, reason, settings)
     if failure:
         on_job_finished(training_job, "Failed", failure, settings)
-        return Decision(part.failed, training_job)
+        return StartDecision(part.failed, training_job)
     advance(settings)
-    return Decision(part.done, training_job)
+    return StartDecision(part.done, training_job)
 
 
 # --- orchestration: the lineage's one job at a time ---------------------------------------------
 
-def advance(settings: TrainingSettings, attempts: int = 3) -> Decision:
+def advance(settings: TrainingSettings, attempts: int = 3) -> StartDecision:
     """Make sure the lineage's running job runs; otherwise start (or queue) what is due.
 
     A claim lost to a concurrent invocation is retried on a fresh read: the winner may have
     left shards that are due too (a queued manifest, say)."""
-    decision = Decision("already-claimed")
+    decision = StartDecision("already-claimed")
     for _ in range(attempts):
         decision = _advance_once(settings)
         if decision.action != "already-claimed":
@@ -163,18 +164,18 @@ def advance(settings: TrainingSettings, attempts: int = 3) -> Decision:
     return decision
 
 
-def _advance_once(settings: TrainingSettings) -> Decision:
+def _advance_once(settings: TrainingSettings) -> StartDecision:
     lock = _lineage(settings)
     running = lock.get("running_job")
     if running:
         _ensure_started(running, settings)
         if settings.concurrency == "skip":
-            return Decision("busy", running)
+            return StartDecision("busy", running)
         return _claim_next(settings, lock, queue=True)
     held = failure_brake.hold(failure_brake.Brake.from_item(lock), _now())
     if held:  # the pending shards wait; the schedule (or the next event) looks again
         logger.info("lineage held", extra={"lineage": settings.lineage, "why": held})
-        return Decision("halted" if lock.get("halted") else "backing-off")
+        return StartDecision("halted" if lock.get("halted") else "backing-off")
     if lock.get("queue"):
         return _start_queued(lock["queue"][0], settings)
     return _claim_next(settings, lock, queue=False)
@@ -196,7 +197,7 @@ def _apply_brake(name: str, status: str, reason: str | None, settings: TrainingS
                                                      "model_failures": after.model_failures})
 
 
-def resume(settings: TrainingSettings) -> Decision:
+def resume(settings: TrainingSettings) -> StartDecision:
     """An operator resumed the lineage (`atelier lineage resume`): lift its failure brake, keeping the
     failures on record, and start what is due."""
     brake = failure_brake.Brake.from_item(_lineage(settings))
@@ -218,7 +219,7 @@ def _lineage(settings: TrainingSettings) -> dict[str, Any]:
     return aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
 
 
-def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -> Decision:
+def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -> StartDecision:
     pending = [ShardSealed.model_validate_json(i["record"])
                for i in aws.query_index(settings.table, pipeline_table.PENDING_INDEX, pipeline_table.PENDING_SHARDS)]
     trained = [ShardRef.model_validate_json(i["ref"])
@@ -227,51 +228,35 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
     screen = manifests.Screen(pending, trained, settings) if len(pending) >= settings.quota else None
     manifest = manifests.manifest_from(pending, trained, settings, sequence, screen)
     if manifest is None:
-        return Decision("waiting", pending=len(pending))
+        return StartDecision("waiting", pending=len(pending))
     base = describe_base(settings.pretrained_uri) if settings.pretrained_uri else None  # as it is when claimed
     name = manifests.job_name_for(manifest)
     if changed := lineage.base_change(lock, base):
         return _halt_for(changed, name, settings)
     manifests.write_files(manifest, name, settings.data_bucket)
-    if not _claim(manifest, name, lock, queue, base, settings):
-        return Decision("already-claimed", pending=len(pending))
+    if not shard_claims.claim(manifest, name, lock, queue, base, settings):
+        return StartDecision("already-claimed", pending=len(pending))
     if screen:  # the shards this manifest left out whole, with why, leave the pending index
         manifests.leave_out_whole(screen.verdicts, {s.shard_id for s in pending}, settings)
     if queue:
         logger.info("manifest queued behind the running job", extra={"job": name})
-        return Decision("queued", name, pending=len(pending))
+        return StartDecision("queued", name, pending=len(pending))
     if not _ensure_started(name, settings):
-        return Decision("backing-off", name, pending=len(pending))
-    return Decision("started", name, pending=len(pending))
+        return StartDecision("backing-off", name, pending=len(pending))
+    return StartDecision("started", name, pending=len(pending))
 
 
-def _halt_for(reason: str, name: str, settings: TrainingSettings) -> Decision:
+def _halt_for(reason: str, name: str, settings: TrainingSettings) -> StartDecision:
     """Nothing is claimed; the lineage halts (LineageHaltedAlarm, `atelier status`) until a person acts."""
     brake = failure_brake.Brake.from_item(_lineage(settings))
     if not brake.halted:
         write_brake(failure_brake.halted_by(brake, name, reason, _now()), settings.table, settings.lineage)
         telemetry.count(telemetry.LINEAGES_HALTED)
     logger.error("lineage halted", extra={"lineage": settings.lineage, "why": reason})
-    return Decision("halted", name)
+    return StartDecision("halted", name)
 
 
-def _claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, base: PretrainedBase | None,
-           settings: TrainingSettings) -> bool:
-    """One transaction: the new shards claimed, the job recorded, the lineage lock taken or queued,
-    and (at the lineage's first claim) whether the lineage trains its own VAE."""
-    sequence, steps_done = int(lock["sequence"]), int(lock["steps_done"])
-    autoencoder = autoencoder_job.needs_autoencoder(lock, base, settings)
-    tokenizer = tokenizer_job.needs_tokenizer(lock, base, settings)
-    shard_updates = [(pipeline_table.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk, gsi1sk",
-                      "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
-                     for s in manifest.new_shards]
-    lineage_update = lineage.claim_update(settings.lineage, name, sequence, queue, autoencoder, base, tokenizer)
-    job = job_records.claimed_job(manifest, name, queue, steps_done, autoencoder, base, settings, tokenizer)
-    return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
-                                names={"#s": "status", **lineage.CLAIM_NAMES})
-
-
-def _start_queued(name: str, settings: TrainingSettings) -> Decision:
+def _start_queued(name: str, settings: TrainingSettings) -> StartDecision:
     """The queue's head becomes the running job (conditional: only one invocation does it)."""
     taken = aws.update_item(
         settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :job REMOVE #q[0]",
@@ -280,54 +265,31 @@ def _start_queued(name: str, settings: TrainingSettings) -> Decision:
         aws.update_item(settings.table, pipeline_table.job_pk(name), "SET #s = :s, steps_base = :b", {
             ":s": "Requested", ":b": int(_lineage(settings)["steps_done"])}, names={"#s": "status"})
         if not _ensure_started(name, settings):
-            return Decision("backing-off", name)
-    return Decision("started" if taken else "already-claimed", name)
+            return StartDecision("backing-off", name)
+    return StartDecision("started" if taken else "already-claimed", name)
 
 
 def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> None:
     name = pipeline_table.job_name(job["pk"])
-    stage = int(job.get("stage", 0))
-    if status == "Completed" and stage + 1 < len(settings.stages):
-        _start_next_stage(job, stage + 1, settings)
+    plan_index = int(job.get("stage", 0))
+    if status == "Completed" and plan_index + 1 < len(settings.run_plan):
+        _start_next_planned_job(job, plan_index + 1, settings)
         return
     if status == "Completed":
-        _mark_trained(job, settings)
+        shard_claims.mark_trained(job, settings)
     else:
-        _return_to_pending(job, settings)
+        shard_claims.return_to_pending(job, settings)
     aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :empty",
                     {":empty": "", ":job": name}, condition="running_job = :job")
 
 
-def _start_next_stage(job: dict[str, Any], stage: int, settings: TrainingSettings) -> None:
-    """The next stage resumes the lineage's checkpoints on the same manifest, with its own instances."""
-    name = job_records.next_stage_name(job, stage)
-    aws.put_item_if_absent(settings.table, job_records.next_stage(job, stage))
+def _start_next_planned_job(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> None:
+    """The next run-plan job resumes the lineage's checkpoints on the same manifest, with its own instances."""
+    name = job_records.next_planned_job_name(job, plan_index)
+    aws.put_item_if_absent(settings.table, job_records.next_planned_job(job, plan_index))
     aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :next",
                     {":next": name, ":job": pipeline_table.job_name(job["pk"])}, condition="running_job = :job")
     _ensure_started(name, settings)
-
-
-def _mark_trained(job: dict[str, Any], settings: TrainingSettings) -> None:
-    manifest = Manifest.model_validate_json(aws.read_object(settings.data_bucket, job["manifest"]))
-    for shard in manifest.new_shards:
-        aws.update_item(settings.table, pipeline_table.shard_pk(shard.shard_id),
-                        "SET #s = :trained, gsi1pk = :p, gsi1sk = :k, #ref = :ref",
-                        {":trained": "trained", ":p": pipeline_table.TRAINED_SHARDS, ":k": shard.shard_id,
-                         ":ref": shard.model_dump_json()}, names={"#s": "status", "#ref": "ref"})
-    target = job_records.steps_target(job, len(settings.stages) - 1, settings)
-    aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET steps_done = :t", {":t": target})
-
-
-def _return_to_pending(job: dict[str, Any], settings: TrainingSettings) -> None:
-    """A failed or stopped job loses no shard: each goes back to the pending index."""
-    name = job.get("base") or pipeline_table.job_name(job["pk"])  # shards name the manifest's first job
-    for shard_id in job.get("shards", []):
-        item = aws.get_item(settings.table, pipeline_table.shard_pk(shard_id)) or {}
-        shard = ShardSealed.model_validate_json(item["record"])
-        aws.update_item(settings.table, pipeline_table.shard_pk(shard_id),
-                        "SET #s = :pending, gsi1pk = :p, gsi1sk = :k REMOVE manifest_job",
-                        {":pending": "pending", ":p": pipeline_table.PENDING_SHARDS, ":k": f"{shard.sealed_at}#{shard_id}",
-                         ":job": name}, condition="manifest_job = :job", names={"#s": "status"})
 
 
 def _ensure_started(name: str, settings: TrainingSettings) -> bool:
@@ -347,7 +309,7 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
     job = aws.get_item(settings.table, pipeline_table.job_pk(name))
     if job is None or job.get("status") not in ("Requested", "InProgress"):
         return
-    stage = int(job.get("stage", 0))
+    plan_index = int(job.get("stage", 0))
     inputs, part = lineage_parts.missing(name, job, job_records.inputs_of(name, job, settings), settings)
     if part is not None:  # the lineage's VAE or tokenizers first
         if not part.begin(name, job, inputs, settings):
@@ -359,14 +321,14 @@ def _start_what_is_due(name: str, settings: TrainingSettings) -> None:
         return
     train_uri = job.get("latents") or inputs.manifest_uri
     indexes_uri = job.get("latent_indexes", "") if job.get("latents") else inputs.indexes_uri
-    steps_target = job_records.steps_target(job, stage, settings)
-    request = training_job_request(name, train_uri, job["digest"], stage, steps_target, settings,
+    steps_target = job_records.steps_target(job, plan_index, settings)
+    request = training_job_request(name, train_uri, job["digest"], plan_index, steps_target, settings,
                                    inputs.exclusions_uri, pretrained_uri=inputs.pretrained_uri, vae_uri=inputs.vae_uri,
-                                   first_step=job_records.first_step(job, stage, settings), indexes_uri=indexes_uri,
+                                   first_step=job_records.first_step(job, plan_index, settings), indexes_uri=indexes_uri,
                                    compile_cache=compile_caches.channels(settings.models_bucket),
                                    tokenizer_uri=inputs.tokenizer_uri)
     if aws.create_training_job(request):
-        logger.info("training job started", extra={"job": name, "stage": settings.stages[stage].name,
+        logger.info("training job started", extra={"job": name, "planned_job": settings.run_plan[plan_index].name,
                                                    "latents": bool(job.get("latents")), "vae": inputs.vae_uri})
         return
     _check_ours(name, name, train_uri, settings)
@@ -379,7 +341,7 @@ def _ensure_encoding(name: str, job: dict[str, Any], inputs: Inputs, settings: T
 
 
 def _settle_if_ended(preceding: str, name: str, manifest_uri: str,
-                     on_finished: Callable[[dict[str, Any], str, str | None, TrainingSettings], Decision],
+                     on_finished: Callable[[dict[str, Any], str, str | None, TrainingSettings], StartDecision],
                      settings: TrainingSettings) -> None:
     """`preceding` (the encode or autoencoder job `name` waits for) already exists: it must be ours, and
     if it has ended unsettled its end is handled now, in case its event was lost."""

@@ -1,10 +1,10 @@
-"""A stage's encode job: its latent shards, and the ManifestFile that lists them for the training job.
+"""A run-plan job's encode job: its latent shards, and the ManifestFile that lists them for the training job.
 
-With EncodeInstanceType set, each stage's training job waits for `<job>-enc` (the training image with
+With EncodeInstanceType set, each run-plan job's training job waits for `<job>-enc` (the training image with
 task=encode, trainer/jobs/encode.py), which writes the manifest's shards as latent shards under
 `s3://<models>/encoded/<job>/latents/<encoder identity>-r<res>/` through its CheckpointConfig, each with
 its sample table in `indexes/` below that folder. On its Completed event `write_latent_manifest` checks
-that every shard has its twin and lists them, and their tables; core.training.starter sequences these steps.
+that every shard has its twin and lists them, and their tables; core.start_training.starter sequences these steps.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
 from core.settings import TrainingSettings
-from core.training.job_requests import encode_job_name, encode_job_request
+from core.start_training.job_requests import encode_job_name, encode_job_request
 
 logger = Logger(child=True)
 ROLE = "encode"  # the job record's role
@@ -87,10 +87,10 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
     aws.put_item_if_absent(settings.table, {
         "pk": pipeline_table.job_pk(name), "kind": "job", "role": ROLE, "for_job": training_job, "status": "Requested",
         "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    stage = int(job.get("stage", 0))
-    if aws.create_training_job(encode_job_request(training_job, manifest_uri, job["digest"], stage, settings,
+    plan_index = int(job.get("stage", 0))
+    if aws.create_training_job(encode_job_request(training_job, manifest_uri, job["digest"], plan_index, settings,
                                                   exclusions_uri, pretrained_uri=pretrained_uri, vae_uri=vae_uri,
                                                   indexes_uri=indexes_uri, tokenizer_uri=tokenizer_uri)):
-        logger.info("encode job started", extra={"job": name, "stage": settings.stages[stage].name})
+        logger.info("encode job started", extra={"job": name, "planned_job": settings.run_plan[plan_index].name})
         return True
     return False

@@ -3,8 +3,8 @@
 A base is an s3:// prefix holding a diffusers pipeline or some of its subfolders (`vae/`,
 `text_encoder/`, `tokenizer/`, `scheduler/`, `unet/`, `model_index.json` ...), as `atelier base add`
 uploads it, or the key of a `model.tar.gz` holding one. Jobs read it as the channel `pretrained`
-(core.training.job_requests); when it holds no VAE, the lineage's first job is preceded by an autoencoder job
-(core.training.autoencoder_job). Each job records the base it was claimed with (`describe_base`): its URI and
+(core.start_training.job_requests); when it holds no VAE, the lineage's first job is preceded by an autoencoder job
+(core.start_training.autoencoder_job). Each job records the base it was claimed with (`describe_base`): its URI and
 a digest of what was there, which lineage.json carries beside the model.
 """
 

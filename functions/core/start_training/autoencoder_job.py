@@ -4,7 +4,7 @@ Decided once per lineage, at its first claim (`needs_autoencoder`): when the bas
 brings no VAE, the lineage's first job waits for an autoencoder job `<job>-ae` (the training image
 with task=autoencoder, trainer/jobs/autoencoder.py) on that job's image shards. Its model.tar.gz becomes
 the lineage's `vae_uri` (create-only: a lineage's VAE never changes, or the UNet's latent space would
-move), and every encode and training job of the lineage reads it as the channel `vae`. core.training.starter
+move), and every encode and training job of the lineage reads it as the channel `vae`. core.start_training.starter
 sequences these steps; this module holds what they do to the table and to SageMaker.
 """
 
@@ -18,8 +18,8 @@ from aws_lambda_powertools import Logger
 from contracts import pipeline_table
 from core import aws
 from core.settings import TrainingSettings
-from core.training.job_requests import autoencoder_job_name, autoencoder_job_request
-from core.training.pretrained import PretrainedBase, split_uri
+from core.start_training.job_requests import autoencoder_job_name, autoencoder_job_request
+from core.start_training.pretrained import PretrainedBase, split_uri
 
 logger = Logger(child=True)
 ROLE = "autoencoder"  # the job record's role (an encode job's is "encode")

@@ -1,7 +1,7 @@
 """A lineage's own model parts, each made once by a helper job before the lineage's first training job
-when the base brings none: its VAE (core.training.autoencoder_job, `<job>-ae`) and its caption
-tokenizers (core.training.tokenizer_job, `<job>-tok`). Whether a lineage makes each is decided at its
-first claim and recorded on the lineage and on every job it claims; core.training.starter asks `missing`
+when the base brings none: its VAE (core.start_training.autoencoder_job, `<job>-ae`) and its caption
+tokenizers (core.start_training.tokenizer_job, `<job>-tok`). Whether a lineage makes each is decided at its
+first claim and recorded on the lineage and on every job it claims; core.start_training.starter asks `missing`
 before it starts a claimed job's encode or training job, and calls `store` when a helper job ends.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from contracts import pipeline_table
 from core.settings import TrainingSettings
-from core.training import autoencoder_job, tokenizer_job
-from core.training.job_records import Inputs
-from core.training.job_requests import autoencoder_job_name, tokenizer_job_name
+from core.start_training import autoencoder_job, tokenizer_job
+from core.start_training.job_records import Inputs
+from core.start_training.job_requests import autoencoder_job_name, tokenizer_job_name
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Part:
     uri_for: Callable[[str, dict[str, Any], TrainingSettings], str]  # "" until the lineage has it
     begin: Callable[[str, dict[str, Any], Inputs, TrainingSettings], bool]  # False: a job of its name exists
     keep: Callable[[str, str, TrainingSettings], bool]  # create-only on the lineage
-    done: str  # the Decision actions of its end
+    done: str  # the StartDecision actions of its end
     failed: str
 
 

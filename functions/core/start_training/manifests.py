@@ -18,9 +18,9 @@ from core.provenance import Verdict, screen_shard
 from core.settings import TrainingSettings
 
 
-def job_name_for(manifest: Manifest, stage_index: int = 0) -> str:
-    """At most 63 characters of [a-zA-Z0-9-], unique per manifest and stage."""
-    return f"atelier-{manifest.digest[:20]}" + (f"-s{stage_index}" if stage_index else "")
+def job_name_for(manifest: Manifest, plan_index: int = 0) -> str:
+    """At most 63 characters of [a-zA-Z0-9-], unique per manifest and run-plan job."""
+    return f"atelier-{manifest.digest[:20]}" + (f"-s{plan_index}" if plan_index else "")
 
 
 def manifest_from(pending: list[ShardSealed], trained: list[ShardRef], settings: TrainingSettings,

@@ -5,7 +5,7 @@ brings no tokenizer, the lineage's first job waits for a tokenizer job `<job>-to
 with task=tokenizer, trainer/jobs/tokenizer.py) on that job's image shards. Its model.tar.gz (the
 pipeline's tokenizer folders) becomes the lineage's `tokenizer_uri` (create-only: a lineage's token ids
 never change, or its frozen text encoders would read other captions), and every encode and training job of
-the lineage reads it as the channel `tokenizer`. core.training.lineage_parts sequences it beside the
+the lineage reads it as the channel `tokenizer`. core.start_training.lineage_parts sequences it beside the
 autoencoder job; this module holds what it does to the table and to SageMaker.
 """
 
@@ -19,9 +19,9 @@ from aws_lambda_powertools import Logger
 from contracts import job_tags, pipeline_table
 from core import aws
 from core.settings import TrainingSettings
-from core.training.job_requests import tokenizer_job_name, tokenizer_job_request
-from core.training.autoencoder_job import recorded_part
-from core.training.pretrained import PretrainedBase
+from core.start_training.job_requests import tokenizer_job_name, tokenizer_job_request
+from core.start_training.autoencoder_job import recorded_part
+from core.start_training.pretrained import PretrainedBase
 
 logger = Logger(child=True)
 ROLE = job_tags.TOKENIZER  # the job record's role and its tag's, and the claimed job's flag

@@ -1,5 +1,5 @@
 """A lineage's record in the pipeline table: its lock, sequence and queue, its brake, and the base
-its checkpoints were trained from. Pure builders of the items and updates core.training.starter
+its checkpoints were trained from. Pure builders of the items and updates core.start_training.starter
 writes (docs/training-jobs.md has the protocol)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from contracts import pipeline_table
-from core.training import failure_brake
-from core.training.pretrained import PretrainedBase
+from core.start_training import failure_brake
+from core.start_training.pretrained import PretrainedBase
 
 NO_BASE = "none"  # a lineage's base_digest when it trains without PretrainedModelUri
 Update = tuple[str, str, str, dict[str, Any]]  # (pk, update expression, condition, values) of a transaction

@@ -1,5 +1,5 @@
 """CreateTrainingJob requests of the start-training stage: the training job, its encode job and the
-lineage's autoencoder job (the protocol that orders them is core.training.starter's; docs/training-jobs.md).
+lineage's autoencoder job (the protocol that orders them is core.start_training.starter's; docs/training-jobs.md).
 
 Every job reads its `train` channel (a ManifestFile, FastFile, ShardedByS3Key), where they have them
 its shards' sample tables as `indexes` (a ManifestFile, FastFile, FullyReplicated: each instance
@@ -18,11 +18,11 @@ from typing import Any
 from contracts import job_tags, s3_layout
 from contracts.container_paths import CHECKPOINT_LOCAL_PATH, TENSORBOARD_LOCAL_PATH
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
-from contracts.recipe import STAGE_CONTAINER_HYPERPARAMETERS
+from contracts.recipe import PLANNED_JOB_CONTAINER_HYPERPARAMETERS
 from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
-from core.settings import Stage, TrainingSettings
-from core.training.instance_types import has_instance_store
-from core.training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
+from core.settings import PlannedJob, TrainingSettings
+from core.start_training.instance_types import has_instance_store
+from core.start_training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
 
 CHANNEL = "train"
 MANIFEST_CHANNEL = "manifest"  # the manifest JSON itself, for its exclusion list (only when it has one)
@@ -35,20 +35,20 @@ VAE_CHANNEL = "vae"  # the lineage's autoencoder: its model.tar.gz
 TOKENIZER_CHANNEL = "tokenizer"  # the lineage's tokenizer job's model.tar.gz: the pipeline's tokenizer folders
 VALIDATION_CHANNEL = "validation"  # the held-out evaluation shards (the autoencoder job's PSNR)
 ENCODE_SUFFIX = "-enc"
-# the stage hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them),
+# the run-plan job's hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them),
 # and the container's own settings (trainer/container.py) it runs with too: the recipe marks them (contracts.recipe_jobs)
-ENCODE_HYPERPARAMETERS = (*EncodeOptions.stage_flags(), *STAGE_CONTAINER_HYPERPARAMETERS)
-# ... and those trainer/jobs/autoencoder.py takes from the stage (AutoencoderHyperparameters add the rest)
-AUTOENCODER_STAGE_HYPERPARAMETERS = (*AutoencoderOptions.stage_flags(), *STAGE_CONTAINER_HYPERPARAMETERS)
+ENCODE_HYPERPARAMETERS = (*EncodeOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
+# ... and those trainer/jobs/autoencoder.py takes from the run-plan job (AutoencoderHyperparameters add the rest)
+AUTOENCODER_PLANNED_JOB_HYPERPARAMETERS = (*AutoencoderOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/tokenizer.py takes (the preset names the text encoders its tokenizers serve)
-TOKENIZER_STAGE_HYPERPARAMETERS = ("model-config", *STAGE_CONTAINER_HYPERPARAMETERS)
+TOKENIZER_PLANNED_JOB_HYPERPARAMETERS = ("model-config", *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
 
 
-def stage_hyperparameters(stage: Stage, steps_target: int, first_step: int = 1) -> dict[str, str]:
-    """The stage's hyperparameters, with `steps` as the lineage total this job trains up to
+def planned_job_hyperparameters(planned: PlannedJob, steps_target: int, first_step: int = 1) -> dict[str, str]:
+    """The run-plan job's hyperparameters, with `steps` as the lineage total this job trains up to
     (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done) and,
-    past the lineage's first step, `first-step`, the step its stage starts at: its warm-up counts from there."""
-    hyperparameters = {**stage.hyperparameters, "steps": str(steps_target)}
+    past the lineage's first step, `first-step`, the step the run-plan job starts at: its warm-up counts from there."""
+    hyperparameters = {**planned.hyperparameters, "steps": str(steps_target)}
     if first_step > 1:
         hyperparameters["first-step"] = str(first_step)
     return hyperparameters
@@ -130,7 +130,7 @@ def _job_request(name: str, train_uri: str, hyperparameters: dict[str, str], ins
 
 def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
     """The job's outputs, and its ML storage volume unless it is instance store, for which AWS
-    refuses a VolumeKmsKeyId (core/training/instance_types.py): the hardware encrypts those."""
+    refuses a VolumeKmsKeyId (core/start_training/instance_types.py): the hardware encrypts those."""
     if not kms_key:
         return
     request["OutputDataConfig"]["KmsKeyId"] = kms_key
@@ -138,16 +138,16 @@ def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
         request["ResourceConfig"]["VolumeKmsKeyId"] = kms_key
 
 
-def _stage_tags(manifest_digest: str, stage_index: int, settings: TrainingSettings) -> dict[str, str]:
+def _planned_job_tags(manifest_digest: str, plan_index: int, settings: TrainingSettings) -> dict[str, str]:
     return {job_tags.MANIFEST: manifest_digest, job_tags.LINEAGE: settings.lineage,
-            job_tags.STAGE: settings.stages[stage_index].name,
-            job_tags.FINAL_STAGE: str(stage_index == len(settings.stages) - 1).lower()}
+            job_tags.PLANNED_JOB: settings.run_plan[plan_index].name,
+            job_tags.FINAL_PLANNED_JOB: str(plan_index == len(settings.run_plan) - 1).lower()}
 
 
-def _helper_tags(training_job: str, role: str, manifest_digest: str, stage_index: int,
+def _helper_tags(training_job: str, role: str, manifest_digest: str, plan_index: int,
                  settings: TrainingSettings) -> dict[str, str]:
     """An encode or autoencoder job's: its training job's, never final, with its role and that job."""
-    return {**_stage_tags(manifest_digest, stage_index, settings), job_tags.FINAL_STAGE: "false", job_tags.ROLE: role,
+    return {**_planned_job_tags(manifest_digest, plan_index, settings), job_tags.FINAL_PLANNED_JOB: "false", job_tags.ROLE: role,
             job_tags.TRAINING_JOB: training_job}
 
 
@@ -156,7 +156,7 @@ def _base(pretrained_uri: str | None, settings: TrainingSettings) -> str:
     return settings.pretrained_uri if pretrained_uri is None else pretrained_uri
 
 
-def training_job_request(name: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+def training_job_request(name: str, manifest_uri: str, manifest_digest: str, plan_index: int,
                          steps_target: int, settings: TrainingSettings, exclusions_uri: str = "", *,
                          pretrained_uri: str | None = None, vae_uri: str = "", first_step: int = 1,
                          indexes_uri: str = "", compile_cache: list[dict[str, Any]] | None = None,
@@ -164,16 +164,16 @@ def training_job_request(name: str, manifest_uri: str, manifest_digest: str, sta
     """CreateTrainingJob's request; `manifest_uri` lists image shards or their latent twins (and
     `indexes_uri`, if any, their sample tables), and `exclusions_uri` (if any) is the manifest JSON for
     the `manifest` channel. The job trains the lineage's steps `first_step` to `steps_target`.
-    `compile_cache`: the shared compiled shapes' channel, where there is one (core.training.compile_caches.channels)."""
-    stage = settings.stages[stage_index]
+    `compile_cache`: the shared compiled shapes' channel, where there is one (core.start_training.compile_caches.channels)."""
+    planned = settings.run_plan[plan_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri, tokenizer_uri)
     channels += compile_cache or []
     request = _job_request(
-        name, manifest_uri, {**stage_hyperparameters(stage, steps_target, first_step), **model_hyperparameters},
-        (stage.instance_type, stage.instance_count), s3_layout.TRAINING,
+        name, manifest_uri, {**planned_job_hyperparameters(planned, steps_target, first_step), **model_hyperparameters},
+        (planned.instance_type, planned.instance_count), s3_layout.TRAINING,
         # One prefix per lineage: a retried job and the lineage's next job resume from it.
         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(settings.lineage)),
-        _stage_tags(manifest_digest, stage_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS,
+        _planned_job_tags(manifest_digest, plan_index, settings), settings, exclusions_uri, channels, METRIC_DEFINITIONS,
         indexes_uri)
     # The trainer writes its event files to LocalPath (trainer/runtime/tensorboard_log.py); SageMaker's
     # TensorBoard app and `atelier tensorboard JOB` read them from the job's own prefix.
@@ -190,20 +190,20 @@ def encode_job_name(training_job: str) -> str:
     return f"{training_job}{ENCODE_SUFFIX}"
 
 
-def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+def encode_job_request(training_job: str, manifest_uri: str, manifest_digest: str, plan_index: int,
                        settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
                        vae_uri: str = "", indexes_uri: str = "", tokenizer_uri: str = "") -> dict[str, Any]:
-    """The training image with task=encode on one encode instance, for the stage's resolution and
+    """The training image with task=encode on one encode instance, for the run-plan job's resolution and
     models; its latent shards reach S3 through CheckpointConfig (trainer/jobs/encode.py). It reads the
     training job's `manifest` channel (`exclusions_uri`): excluded samples are never encoded."""
-    stage = settings.stages[stage_index]
+    planned = settings.run_plan[plan_index]
     channels, model_hyperparameters = model_inputs(_base(pretrained_uri, settings), vae_uri, tokenizer_uri)
-    hyperparameters = {"task": "encode", **{k: v for k, v in stage.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS},
+    hyperparameters = {"task": "encode", **{k: v for k, v in planned.hyperparameters.items() if k in ENCODE_HYPERPARAMETERS},
                        **model_hyperparameters}
     return _job_request(encode_job_name(training_job), manifest_uri, hyperparameters,
                         (settings.encode_instance_type, 1), s3_layout.ENCODED,
                         s3_layout.uri(settings.models_bucket, s3_layout.encoded_prefix(training_job)),
-                        _helper_tags(training_job, "encode", manifest_digest, stage_index, settings), settings,
+                        _helper_tags(training_job, "encode", manifest_digest, plan_index, settings), settings,
                         exclusions_uri, channels, indexes_uri=indexes_uri)  # no loss to chart: no metrics
 
 
@@ -211,24 +211,24 @@ def autoencoder_job_name(training_job: str) -> str:
     return f"{training_job}{AUTOENCODER_SUFFIX}"
 
 
-def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+def autoencoder_job_request(training_job: str, manifest_uri: str, manifest_digest: str, plan_index: int,
                             settings: TrainingSettings, exclusions_uri: str = "", *, pretrained_uri: str | None = None,
                             validation_uri: str = "", indexes_uri: str = "") -> dict[str, Any]:
     """The training image with task=autoencoder on one instance (trainer/jobs/autoencoder.py): a VAE trained
     on the training job's image shards, less its exclusions, its PSNR measured on `validation_uri`
     (the held-out evaluation shards). One checkpoint prefix per lineage, so a retried job resumes."""
-    stage = settings.stages[stage_index]
+    planned = settings.run_plan[plan_index]
     base = _base(pretrained_uri, settings)
     channels, model_hyperparameters = model_inputs(base, "")  # a base here holds no VAE, maybe a text encoder
     if validation_uri:
         channels.insert(0, file_channel(VALIDATION_CHANNEL, validation_uri))
-    hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in AUTOENCODER_STAGE_HYPERPARAMETERS},
+    hyperparameters = {**{k: v for k, v in planned.hyperparameters.items() if k in AUTOENCODER_PLANNED_JOB_HYPERPARAMETERS},
                        **settings.autoencoder_hyperparameters, **model_hyperparameters, "task": "autoencoder"}
     return _job_request(autoencoder_job_name(training_job), manifest_uri, hyperparameters,
                         (settings.autoencoder_instance_type, 1), s3_layout.AUTOENCODER,
                         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
                             f"{settings.lineage}{AUTOENCODER_SUFFIX}")),
-                        _helper_tags(training_job, "autoencoder", manifest_digest, stage_index, settings), settings,
+                        _helper_tags(training_job, "autoencoder", manifest_digest, plan_index, settings), settings,
                         exclusions_uri, channels, AUTOENCODER_METRIC_DEFINITIONS, indexes_uri)
 
 
@@ -236,17 +236,17 @@ def tokenizer_job_name(training_job: str) -> str:
     return f"{training_job}{TOKENIZER_SUFFIX}"
 
 
-def tokenizer_job_request(training_job: str, manifest_uri: str, manifest_digest: str, stage_index: int,
+def tokenizer_job_request(training_job: str, manifest_uri: str, manifest_digest: str, plan_index: int,
                           settings: TrainingSettings, exclusions_uri: str = "", indexes_uri: str = "") -> dict[str, Any]:
     """The training image with task=tokenizer on one instance (trainer/jobs/tokenizer.py): the tokenizers the
-    stage's model-config needs, learned from the captions of the training job's shards less its exclusions.
+    run-plan job's model-config needs, learned from the captions of the training job's shards less its exclusions.
     No model channel: a tokenizer is learned from captions alone."""
-    stage = settings.stages[stage_index]
-    hyperparameters = {**{k: v for k, v in stage.hyperparameters.items() if k in TOKENIZER_STAGE_HYPERPARAMETERS},
+    planned = settings.run_plan[plan_index]
+    hyperparameters = {**{k: v for k, v in planned.hyperparameters.items() if k in TOKENIZER_PLANNED_JOB_HYPERPARAMETERS},
                        "task": "tokenizer"}
     return _job_request(tokenizer_job_name(training_job), manifest_uri, hyperparameters,
                         (settings.tokenizer_instance_type, 1), s3_layout.TOKENIZERS,
                         s3_layout.uri(settings.models_bucket, s3_layout.checkpoint_prefix(
                             f"{settings.lineage}{TOKENIZER_SUFFIX}")),
-                        _helper_tags(training_job, job_tags.TOKENIZER, manifest_digest, stage_index, settings), settings,
+                        _helper_tags(training_job, job_tags.TOKENIZER, manifest_digest, plan_index, settings), settings,
                         exclusions_uri, indexes_uri=indexes_uri)

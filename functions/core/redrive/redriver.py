@@ -1,6 +1,6 @@
 """Empty the DLQs of what a retry can fix, on a schedule; keep the poison, marked with why.
 
-Each run receives every DLQ's messages and acts on core.reliability.dead_letters' verdict:
+Each run receives every DLQ's messages and acts on core.redrive.dead_letters' verdict:
 - redrive: the ledger item is written first (so the cap holds even if the run dies right after),
   then the message goes back (a queue's DLQ: SendMessage to its source queue; an events DLQ:
   PutEvents), and only then is it deleted from the DLQ. A crash in between sends it twice, never
@@ -31,8 +31,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from contracts import pipeline_table
 from core import aws, telemetry
-from core.reliability import dead_letters
-from core.reliability.dead_letters import Action, Ledger, LetterDecision, Letter
+from core.redrive import dead_letters
+from core.redrive.dead_letters import Action, Ledger, LetterDecision, Letter
 from core.settings import DeadLetterQueue, RedriveSettings
 
 logger = Logger(child=True)
@@ -148,7 +148,7 @@ def _act(name: str, urls: tuple[str, str], settings: RedriveSettings, message: d
 
 
 def _put_event(bus: str, body: str) -> None:
-    event = json.loads(body)  # the event contract held (core.reliability.dead_letters.event)
+    event = json.loads(body)  # the event contract held (core.redrive.dead_letters.event)
     entry = {"EventBusName": bus, "Source": event["source"], "DetailType": event["detail-type"],
              "Detail": json.dumps(event["detail"]), "Resources": event.get("resources", [])}
     response = aws.client("events").put_events(Entries=[entry])

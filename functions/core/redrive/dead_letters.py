@@ -1,5 +1,5 @@
 """Judge one dead letter from evidence: redrive it now, let it wait out its backoff, drop a timer's
-tick, or hold it as poison with its last error. Pure: core.reliability.redrive does the I/O.
+tick, or hold it as poison with its last error. Pure: core.redrive.redriver does the I/O.
 
 The evidence, in order (docs/reliability.md, "Dead letters that empty themselves"):
 1. A mark of ours: a message already held as poison stays so (its reason is in its attributes).
@@ -58,7 +58,7 @@ class RedrivePolicy:
 
 @dataclass(frozen=True)
 class Ledger:
-    """What the redriver remembers of one message identity (core.reliability.redrive keeps it in the table)."""
+    """What the redriver remembers of one message identity (core.redrive.redriver keeps it in the table)."""
 
     redrives: int = 0
     last_redrive_at: float = 0.0  # epoch seconds
