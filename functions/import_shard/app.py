@@ -15,7 +15,7 @@ from core import telemetry
 from core.errors import BadMessage
 from contracts.messages import ImportShard
 from core.pack.import_tar import import_shard
-from core.settings import ImportSettings
+from core.pack.import_settings import ImportSettings
 
 logger = Logger()
 metrics = Metrics()  # core.pack.import_tar adds the Import* metrics to its buffer (core.telemetry)

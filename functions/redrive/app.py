@@ -8,7 +8,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.reliability.redrive import redrive_all
-from core.settings import RedriveSettings
+from core.reliability.settings import RedriveSettings
 
 logger = Logger()
 metrics = Metrics()  # core.reliability.redrive adds DeadLettersRedriven, PoisonMessages, ScheduleTicksDropped

@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from contracts.messages import ShardSealed
 from core import telemetry
-from core.settings import TrainingSettings
+from core.training.settings import TrainingSettings
 from core.training.starter import RESUME_REQUEST, Decision, advance, on_job_finished, on_shard_sealed, resume
 
 logger = Logger()

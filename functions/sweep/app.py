@@ -8,7 +8,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.ingest.sweep import sweep
-from core.settings import SweepSettings
+from core.ingest.sweep_settings import SweepSettings
 
 logger = Logger()
 metrics = Metrics()  # core.ingest.sweep adds UploadsRedriven and SweepsDeferred to its buffer (core.telemetry)

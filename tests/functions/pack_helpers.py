@@ -21,7 +21,7 @@ from contracts.aspect_buckets import aspect_bucket, bucket_ratio
 from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import shards
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 from trainer.data.tables import span_members, table_rows
 
 PARTNERS = ("partner-a", "partner-b")

@@ -36,7 +36,7 @@ from core.deploy.requests import (
 from core.deploy.rollout import on_endpoint_state, on_rollback_request, rollback
 from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 from tests.support import load_event, sagemaker_job
 from trainer.report.write import write_report
 

@@ -16,7 +16,8 @@ from botocore.validate import validate_parameters
 
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS
 from core.errors import ConfigError
-from core.settings import Stage, TrainingSettings
+from core.training.run_plan import PlannedJob
+from core.training.settings import TrainingSettings
 from core.training.job_requests import autoencoder_job_request, encode_job_request, training_job_request
 from core.training.pretrained import listing_digest
 from tests.unit.test_settings import TRAINING_ENV
@@ -32,7 +33,7 @@ JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")  # SageMaker's Trai
 AE_SETTINGS = dataclasses.replace(
     SETTINGS, encode_instance_type="ml.g5.2xlarge", autoencoder_instance_type="ml.g5.2xlarge",
     autoencoder_hyperparameters={"steps": "20000", "batch-size": "32", "learning-rate": "0.0001"},
-    stages=(Stage("main", "ml.p5.48xlarge", 2, {"steps": "100", "batch-size": "8", "resolution": "256", "seed": "3",
+    stages=(PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100", "batch-size": "8", "resolution": "256", "seed": "3",
                                                 "model-config": "sd2", "aspect-buckets": "true"}),))
 
 

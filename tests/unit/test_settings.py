@@ -12,18 +12,15 @@ import pytest
 from atelier.local.template import Expanded, Resolver, expand
 from core.errors import ConfigError
 from core.ingest.images import DecodePolicy
-from core.settings import (
-    DEFAULTS,
-    DeploySettings,
-    ImportSettings,
-    IngestSettings,
-    PackSettings,
-    RedriveSettings,
-    Stage,
-    SweepSettings,
-    TrainingSettings,
-    check_sharding,
-)
+DEFAULTS = {"MAX_IMAGE_PIXELS", "MAX_SIDECAR_BYTES", "MAX_SIDECAR_DEPTH", "ALPHA_BACKGROUND", "SWEEP_LOOKBACK_S", "SWEEP_MAX_QUEUE_DEPTH", "DEAD_LETTER_MEMORY_S"}  # tuning knobs: the template passes none
+from core.deploy.settings import DeploySettings
+from core.pack.import_settings import ImportSettings
+from core.ingest.settings import IngestSettings
+from core.pack.settings import PackSettings
+from core.reliability.settings import RedriveSettings
+from core.training.run_plan import PlannedJob, check_sharding
+from core.ingest.sweep_settings import SweepSettings
+from core.training.settings import TrainingSettings
 from core.training.instance_types import GPUS_PER_INSTANCE
 from tests.support import IMAGES
 
@@ -53,6 +50,7 @@ TRAINING_ENV = {
     "TRAINING_KMS_KEY": "arn:aws:kms:us-east-1:123456789012:key/1234abcd",
     "TRAINING_GPUS_PER_INSTANCE": "0",
     "TRAINING_RUN_PLAN": "",
+    "TRAINING_USE": "commercial",
 }
 # Empty or absent, these mean "none" (the template joins empty lists to ""): not required.
 TRAINING_OPTIONAL = ("TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS", "TRAINING_KMS_KEY", "TRAINING_RUN_PLAN")
@@ -61,13 +59,13 @@ INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "DATA_BU
               "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
               "MIN_SHORT_SIDE": "256", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "2048", "STORE_JPEG_QUALITY": "95",
               "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
-              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12", "PACK_LANES": "2"}
+              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12", "PACK_LANES": "2", "SIDECAR_ORPHAN_GRACE_S": "3600"}
 INGEST_SETTINGS = IngestSettings(
     table="t", pack_queue_url="https://sqs/q", data_bucket="d", max_upload_bytes=209715200,
     decode=DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
                         background=(255, 255, 255), max_side=2048, reencode="auto"),
     min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3,
-    near_duplicate_colour_distance=12, pack_lanes=2)
+    near_duplicate_colour_distance=12, pack_lanes=2, max_caption_chars=2000, sidecar_orphan_grace_s=3600)
 PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default",
             "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600",
             "PACK_LANES": "4"}
@@ -98,7 +96,8 @@ def test_training_settings_from_a_full_environment() -> None:
         volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.2,
         keep_alive_s=600, subnets=("subnet-a", "subnet-b"), security_groups=("sg-1",),
         kms_key="arn:aws:kms:us-east-1:123456789012:key/1234abcd",
-        stages=(Stage("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),))
+        stages=(PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),),
+        use="commercial", max_consecutive_failures=3, failure_backoff_s=600, gpus_per_instance=0)
 
 
 def test_ingest_settings_from_a_full_environment() -> None:
@@ -111,7 +110,7 @@ def test_pack_settings_from_a_full_environment() -> None:
 
 @pytest.mark.parametrize("lanes", ["0", "65"])
 def test_pack_lanes_outside_what_the_template_allows_are_refused(lanes: str) -> None:
-    with pytest.raises(ConfigError, match=f"PACK_LANES={lanes}: must be 1..64"):
+    with pytest.raises(ConfigError, match=f"PACK_LANES={lanes} is outside 1..64"):
         PackSettings.from_env({**PACK_ENV, "PACK_LANES": lanes})
 
 
@@ -392,7 +391,7 @@ PLAN = json.dumps([
 def test_empty_run_plan_is_one_stage_of_the_base_settings(raw: str) -> None:
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": raw})
 
-    assert settings.stages == (Stage("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),)
+    assert settings.stages == (PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),)
     assert settings.stages[0].steps == 100000
 
 
@@ -400,14 +399,14 @@ def test_run_plan_stages_override_instances_and_hyperparameters() -> None:
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "64", "TRAINING_RUN_PLAN": PLAN})
 
     assert settings.stages == (
-        Stage("256", "ml.p5.48xlarge", 4, {"steps": "50000", "batch-size": "32", "resolution": "256"}),
-        Stage("512", "ml.p4d.24xlarge", 8, {"steps": "100000", "batch-size": "32", "resolution": "512"}),
+        PlannedJob("256", "ml.p5.48xlarge", 4, {"steps": "50000", "batch-size": "32", "resolution": "256"}),
+        PlannedJob("512", "ml.p4d.24xlarge", 8, {"steps": "100000", "batch-size": "32", "resolution": "512"}),
     )
     assert [s.steps for s in settings.stages] == [50000, 100000]
 
 
 def test_stage_without_steps_trains_none() -> None:
-    assert Stage("s", "ml.p5.48xlarge", 1, {}).steps == 0
+    assert PlannedJob("s", "ml.p5.48xlarge", 1, {}).steps == 0
 
 
 @pytest.mark.parametrize("raw", [
@@ -443,40 +442,40 @@ def test_p5_and_p4d_have_eight_gpus() -> None:
 
 def test_quota_that_does_not_split_evenly_over_the_instances_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="quota of 30 shards does not split evenly over 4 instances"):
-        check_sharding(30, Stage("256", "ml.p5.48xlarge", 4, {}), 0)
+        check_sharding(30, PlannedJob("256", "ml.p5.48xlarge", 4, {}), 0)
 
 
 def test_fewer_shards_per_instance_than_gpus_is_a_config_error_naming_the_minimum_quota() -> None:
     with pytest.raises(ConfigError, match="4 shards per instance for 8 GPUs; "
                                           "raise TrainingQuota to at least 16"):
-        check_sharding(8, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "1"}), 0)
+        check_sharding(8, PlannedJob("256", "ml.p5.48xlarge", 2, {"num-workers": "1"}), 0)
 
 
 def test_loader_workers_need_no_shards_of_their_own() -> None:
     # the loader's workers share batches, not shards: 8 shards serve 8 GPUs with 4 workers each
-    check_sharding(8, Stage("256", "ml.p5.48xlarge", 1, {"num-workers": "4"}), 0)
+    check_sharding(8, PlannedJob("256", "ml.p5.48xlarge", 1, {"num-workers": "4"}), 0)
 
 
 def test_shards_that_do_not_split_evenly_over_an_instance_s_gpus_are_a_config_error() -> None:
     with pytest.raises(ConfigError, match="12 shards per instance do not split evenly over 8 GPUs; use a multiple of 16"):
-        check_sharding(24, Stage("256", "ml.p5.48xlarge", 2, {}), 0)
+        check_sharding(24, PlannedJob("256", "ml.p5.48xlarge", 2, {}), 0)
 
 
 @pytest.mark.parametrize(("quota", "stage"), [
-    (16, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "1"})),  # 8 per instance, one per GPU
-    (32, Stage("256", "ml.p5.48xlarge", 2, {"num-workers": "2"})),
-    (1, Stage("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"})),  # a type not in the table: one process
-    (2, Stage("cpu", "ml.m5.xlarge", 2, {"num-workers": "1"})),
-    (4, Stage("cpu", "ml.m5.xlarge", 2, {})),  # no num-workers: the trainer's default of 2
+    (16, PlannedJob("256", "ml.p5.48xlarge", 2, {"num-workers": "1"})),  # 8 per instance, one per GPU
+    (32, PlannedJob("256", "ml.p5.48xlarge", 2, {"num-workers": "2"})),
+    (1, PlannedJob("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"})),  # a type not in the table: one process
+    (2, PlannedJob("cpu", "ml.m5.xlarge", 2, {"num-workers": "1"})),
+    (4, PlannedJob("cpu", "ml.m5.xlarge", 2, {})),  # no num-workers: the trainer's default of 2
 ])
-def test_quota_with_whole_shards_for_every_gpu_passes(quota: int, stage: Stage) -> None:
+def test_quota_with_whole_shards_for_every_gpu_passes(quota: int, stage: PlannedJob) -> None:
     check_sharding(quota, stage, 0)
 
 
 def test_gpus_per_instance_override_replaces_the_instance_table() -> None:
-    check_sharding(4, Stage("256", "ml.p5.48xlarge", 1, {"num-workers": "1"}), 4)
+    check_sharding(4, PlannedJob("256", "ml.p5.48xlarge", 1, {"num-workers": "1"}), 4)
     with pytest.raises(ConfigError, match="at least 2"):
-        check_sharding(1, Stage("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"}), 2)
+        check_sharding(1, PlannedJob("cpu", "ml.m5.xlarge", 1, {"num-workers": "1"}), 2)
 
 
 def test_settings_check_every_stage_of_the_run_plan() -> None:
@@ -534,7 +533,7 @@ def test_the_template_passes_no_setting_that_has_a_default_in_code(expanded: Exp
 def test_settings_without_their_variable_take_the_defaults_in_code() -> None:
     ingest = IngestSettings.from_env({k: v for k, v in INGEST_ENV.items() if k not in DEFAULTS})
     sweep = SweepSettings.from_env({"PIPELINE_TABLE": "t", "UPLOADS_BUCKET": "u", "UPLOADS_QUEUE_URL": "q",
-                                    "SWEEP_GRACE_S": "600"})
+                                    "SWEEP_GRACE_S": "600", "SIDECAR_ORPHAN_GRACE_S": "3600"})
     redrive = RedriveSettings.from_env({"PIPELINE_TABLE": "t", "EVENT_BUS_NAME": "default", "DEAD_LETTER_QUEUES": "{}",
                                         "DEAD_LETTER_REDRIVE_CAP": "3", "DEAD_LETTER_BACKOFF_S": "300"})
 
@@ -562,8 +561,8 @@ def test_template_ingest_defaults_parse_to_exact_settings(expanded: Expanded) ->
 
 
 def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_parameters() -> None:
-    # the dataclass default (what bench/ingest.py builds with) is the template's default too
-    assert IngestSettings.near_duplicate_colour_distance == 16
+    # one default, the template's: the settings have none of their own
+    assert IngestSettings.__pydantic_fields__["near_duplicate_colour_distance"].is_required()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         expanded = expand(REPO / "template.yaml", {**IMAGES, "NearDuplicateDistance": "2",
@@ -584,11 +583,11 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
     # progressive resolution 256 -> 512 -> 1024, one job (and one encode job) per stage, over the base hyperparameters
     base = {"learning-rate": "0.0001", "checkpoint-every": "1000", "seed": "0", "model-config": "sd2"}
     assert parsed.encode_instance_type and parsed.stages == (
-        Stage("256", "ml.p5.48xlarge", 1, {**base, "steps": "200000", "batch-size": "256", "resolution": "256",
+        PlannedJob("256", "ml.p5.48xlarge", 1, {**base, "steps": "200000", "batch-size": "256", "resolution": "256",
                                           "lr-warmup-steps": "10000"}),
-        Stage("512", "ml.p5.48xlarge", 1, {**base, "steps": "100000", "batch-size": "64", "resolution": "512",
+        PlannedJob("512", "ml.p5.48xlarge", 1, {**base, "steps": "100000", "batch-size": "64", "resolution": "512",
                                           "gradient-accumulation": "2", "lr-warmup-steps": "1000"}),
-        Stage("1024", "ml.p5.48xlarge", 1, {**base, "steps": "50000", "batch-size": "8", "resolution": "1024",
+        PlannedJob("1024", "ml.p5.48xlarge", 1, {**base, "steps": "50000", "batch-size": "8", "resolution": "1024",
                                            "learning-rate": "0.00005", "lr-warmup-steps": "1000"}))
 
 

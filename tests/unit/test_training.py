@@ -16,7 +16,8 @@ from botocore.validate import validate_parameters
 
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from contracts.metrics import METRIC_DEFINITIONS
-from core.settings import Stage, TrainingSettings
+from core.training.run_plan import PlannedJob
+from core.training.settings import TrainingSettings
 from core.training.job_requests import stage_hyperparameters, training_job_request
 from core.training.manifests import job_name_for, manifest_file, manifest_from, replay_shards
 
@@ -49,12 +50,13 @@ SETTINGS = TrainingSettings(
     role_arn="arn:aws:iam::123456789012:role/atelier-SageMakerRole", image_uri="atelier-trainer:latest",
     volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.0,
     keep_alive_s=0, subnets=(), security_groups=(), kms_key="",
-    stages=(Stage("main", "ml.p5.48xlarge", 2, BASE_HPS),),
+    stages=(PlannedJob("main", "ml.p5.48xlarge", 2, BASE_HPS),), use="commercial",
+    max_consecutive_failures=3, failure_backoff_s=600, gpus_per_instance=0,
 )
 # A BRIA-like run plan: 256 px on 4 instances, then 512 px on 8, each with its own steps.
 TWO_STAGES = dataclasses.replace(SETTINGS, stages=(
-    Stage("256", "ml.p5.48xlarge", 4, {**BASE_HPS, "steps": "50000"}),
-    Stage("512", "ml.p4d.24xlarge", 8, {**BASE_HPS, "steps": "30000", "resolution": "512"}),
+    PlannedJob("256", "ml.p5.48xlarge", 4, {**BASE_HPS, "steps": "50000"}),
+    PlannedJob("512", "ml.p4d.24xlarge", 8, {**BASE_HPS, "steps": "30000", "resolution": "512"}),
 ))
 
 
@@ -335,7 +337,7 @@ KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890
 
 @pytest.mark.parametrize("instance_type", ["ml.m5.xlarge", "ml.p3.16xlarge", "ml.c5.9xlarge", "ml.inf2.xlarge"])
 def test_request_encrypts_an_ebs_volume_and_the_outputs_with_the_key(instance_type: str) -> None:
-    settings = dataclasses.replace(SETTINGS, kms_key=KEY, stages=(Stage("main", instance_type, 1, BASE_HPS),))
+    settings = dataclasses.replace(SETTINGS, kms_key=KEY, stages=(PlannedJob("main", instance_type, 1, BASE_HPS),))
 
     request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100, settings)
 
@@ -349,7 +351,7 @@ def test_request_encrypts_an_ebs_volume_and_the_outputs_with_the_key(instance_ty
                                            "ml.g4dn.xlarge", "ml.g6e.12xlarge", "ml.p3dn.24xlarge", "ml.trn1.32xlarge",
                                            "ml.m5d.large"])
 def test_request_sends_no_volume_key_for_an_instance_store_type(instance_type: str) -> None:
-    settings = dataclasses.replace(SETTINGS, kms_key=KEY, stages=(Stage("main", instance_type, 1, BASE_HPS),))
+    settings = dataclasses.replace(SETTINGS, kms_key=KEY, stages=(PlannedJob("main", instance_type, 1, BASE_HPS),))
 
     request = training_job_request("atelier-x", MANIFEST_URI, DIGEST, 0, 100, settings)
 
@@ -359,7 +361,7 @@ def test_request_sends_no_volume_key_for_an_instance_store_type(instance_type: s
 
 def test_each_stage_of_a_run_plan_gets_the_volume_key_its_instance_type_allows() -> None:
     plan = dataclasses.replace(SETTINGS, kms_key=KEY, stages=(
-        Stage("256", "ml.p5.48xlarge", 4, BASE_HPS), Stage("512", "ml.p3.16xlarge", 2, BASE_HPS)))
+        PlannedJob("256", "ml.p5.48xlarge", 4, BASE_HPS), PlannedJob("512", "ml.p3.16xlarge", 2, BASE_HPS)))
 
     first, second = (training_job_request("atelier-x", MANIFEST_URI, DIGEST, stage, 100, plan) for stage in (0, 1))
 

@@ -38,7 +38,7 @@ from core.ingest import dedup, metadata
 from core.pack import journal, seal, segments, shards
 from core.pack.journal import OpenShard, SealState
 from core.partners import licensing
-from core.settings import ImportSettings
+from core.pack.import_settings import ImportSettings
 
 logger = Logger(child=True)
 DUPLICATE_REASONS = ("duplicate", "near_duplicate")

@@ -33,7 +33,7 @@ from contracts import pipeline_table
 from core import aws, telemetry
 from core.reliability import dead_letters
 from core.reliability.dead_letters import Action, Ledger, LetterDecision, Letter
-from core.settings import DeadLetterQueue, RedriveSettings
+from core.reliability.settings import DeadLetterQueue, RedriveSettings
 
 logger = Logger(child=True)
 RECEIVE_MAX = 10

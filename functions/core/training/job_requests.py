@@ -20,7 +20,8 @@ from contracts.container_paths import CHECKPOINT_LOCAL_PATH, TENSORBOARD_LOCAL_P
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
 from contracts.recipe import STAGE_CONTAINER_HYPERPARAMETERS
 from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
-from core.settings import Stage, TrainingSettings
+from core.training.run_plan import PlannedJob
+from core.training.settings import TrainingSettings
 from core.training.instance_types import has_instance_store
 from core.training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
 
@@ -44,7 +45,7 @@ AUTOENCODER_STAGE_HYPERPARAMETERS = (*AutoencoderOptions.stage_flags(), *STAGE_C
 TOKENIZER_STAGE_HYPERPARAMETERS = ("model-config", *STAGE_CONTAINER_HYPERPARAMETERS)
 
 
-def stage_hyperparameters(stage: Stage, steps_target: int, first_step: int = 1) -> dict[str, str]:
+def stage_hyperparameters(stage: PlannedJob, steps_target: int, first_step: int = 1) -> dict[str, str]:
     """The stage's hyperparameters, with `steps` as the lineage total this job trains up to
     (checkpoints are shared by the lineage, so a follow-up job resumes at the steps already done) and,
     past the lineage's first step, `first-step`, the step its stage starts at: its warm-up counts from there."""

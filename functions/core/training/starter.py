@@ -56,7 +56,7 @@ from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws, telemetry
 from core.partners import attribution
-from core.settings import TrainingSettings
+from core.training.settings import TrainingSettings
 from core.training import (autoencoder_job, compile_caches, encode_job, failure_brake, job_records, lineage,
                            lineage_parts, manifests, tokenizer_job)
 from core.training.job_records import Inputs
