@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from contracts import serve_environment
-from core.settings import StageSettings, given, settings, flat_strings, names
+from core.settings import StageSettings, settings, flat_strings, names
 from core.training.run_plan import hyperparameters
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from core.errors import ConfigError
-from core.settings import StageSettings, given, settings
+from core.settings import StageSettings, settings
 
 
 @settings

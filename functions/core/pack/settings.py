@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from core.pack.lanes import MAX_LANES
-from core.settings import StageSettings, given, settings
+from core.settings import StageSettings, settings
 
 
 @settings
