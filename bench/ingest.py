@@ -49,12 +49,16 @@ sys.path.insert(0, str(FUNCTIONS))
 from contracts.messages import Sidecar, UploadRef  # noqa: E402
 from core.ingest.images import DecodePolicy  # noqa: E402
 from core.ingest.metadata import describe  # noqa: E402
-from core.settings import IngestSettings  # noqa: E402
+try:
+    from core.ingest.settings import IngestSettings  # noqa: E402
+except ImportError:  # a tree from before the settings were split by stage (--before)
+    from core.ingest.settings import IngestSettings  # type: ignore[no-redef]  # noqa: E402
 
 SETTINGS = IngestSettings(  # template.yaml's defaults
     table="-", pack_queue_url="-", data_bucket="-", max_upload_bytes=209715200,
     decode=DecodePolicy(frozenset({"jpeg", "png", "webp", "tiff"}), 178956970, (255, 255, 255), 2048, "auto"),
-    min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3)
+    min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3,
+    near_duplicate_colour_distance=16, max_caption_chars=2000, sidecar_orphan_grace_s=3600, pack_lanes=1)
 UPLOAD = UploadRef(bucket="b", key="partner/x", event_time="2026-11-29T00:00:00Z")
 SIZES = {"1mp": (1155, 866), "12mp": (4000, 3000)}
 

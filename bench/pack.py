@@ -48,7 +48,7 @@ def child_packer(config: dict[str, Any]) -> dict[str, Any]:
     from contracts.messages import Sample
     from core import aws
     from core.pack.packer import pack_samples, seal_due
-    from core.settings import PackSettings
+    from core.pack.settings import PackSettings
 
     samples = [Sample.model_validate(s) for s in json.loads(Path(config["samples"]).read_text())]
     settings = PackSettings(table=config["table"], data_bucket=config["bucket"], event_bus="default",

@@ -58,7 +58,7 @@ from contracts.aspect_buckets import aspect_bucket  # noqa: E402
 from contracts.messages import Sample, ShardSealed  # noqa: E402
 from core import aws  # noqa: E402
 from core.pack import journal, lanes  # noqa: E402
-from core.settings import PackSettings  # noqa: E402
+from core.pack.settings import PackSettings  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 REGION, ACCOUNT, STACK = "us-east-1", "123456789012", "atelier"

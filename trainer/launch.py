@@ -25,7 +25,7 @@ from typing import Any
 # functions/core and functions/contracts, installed as `core` and `contracts` by pyproject.toml
 from contracts import pipeline_table
 from contracts.messages import Manifest
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import training_job_request
 
 

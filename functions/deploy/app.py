@@ -11,7 +11,7 @@ from core.deploy.candidates import on_artefact_published, on_job_state, reevalua
 from core.deploy.events import EVALUATE_REQUEST, ROLLBACK_REQUEST, DeployResult, job_state_from_event
 from core.deploy.rollout import on_endpoint_state, on_rollback_request
 from core.errors import BadMessage
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 
 logger = Logger()
 metrics = Metrics()

@@ -15,7 +15,7 @@ from core import telemetry
 from core.errors import BadMessage
 from contracts.messages import ImportShard
 from core.import_shard.importer import import_shard
-from core.settings import ImportSettings
+from core.import_shard.settings import ImportSettings
 
 logger = Logger()
 metrics = Metrics()  # core.import_shard.importer adds the Import* metrics to its buffer (core.telemetry)

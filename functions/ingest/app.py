@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.ingest.admission import ingest_notification
-from core.settings import IngestSettings
+from core.ingest.settings import IngestSettings
 
 logger = Logger()
 metrics = Metrics()

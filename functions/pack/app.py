@@ -15,7 +15,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from contracts.messages import Sample
 from core.pack.packer import SEAL_TIMER_S, pack_samples, seal_due
 from core.queue_batch import parse_batch
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 
 logger = Logger()
 metrics = Metrics()  # core.pack.packer and core.pack.seal add to its buffer (core.telemetry)

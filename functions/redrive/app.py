@@ -8,7 +8,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from core.redrive.redriver import redrive_all
-from core.settings import RedriveSettings
+from core.redrive.settings import RedriveSettings
 
 logger = Logger()
 metrics = Metrics()  # core.redrive.redriver adds DeadLettersRedriven, PoisonMessages, ScheduleTicksDropped

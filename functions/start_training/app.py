@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from contracts.messages import ShardSealed
 from core import telemetry
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import RESUME_REQUEST, StartDecision, advance, on_job_finished, on_shard_sealed, resume
 
 logger = Logger()

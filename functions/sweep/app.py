@@ -7,8 +7,8 @@ it never drops it (core.sweep).
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from core.sweep import sweep
-from core.settings import SweepSettings
+from core.sweep.sweeper import sweep
+from core.sweep.settings import SweepSettings
 
 logger = Logger()
 metrics = Metrics()  # core.sweep adds UploadsRedriven and SweepsDeferred to its buffer (core.telemetry)

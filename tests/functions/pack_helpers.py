@@ -21,7 +21,7 @@ from contracts.aspect_buckets import aspect_bucket, bucket_ratio
 from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import shards
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 from trainer.data.tables import span_members, table_rows
 
 PARTNERS = ("partner-a", "partner-b")
@@ -33,7 +33,7 @@ def settings_for(stack: Provisioned, **overrides: Any) -> PackSettings:
     values: dict[str, Any] = dict(
         table=stack.outputs["PipelineTableName"], data_bucket=stack.outputs["DataBucketName"], event_bus="default",
         shard_target_bytes=64 << 10, shard_max_samples=1000, shard_max_age_s=3600,
-        min_part_bytes=4 << 10, part_bytes=8 << 10, seal_lease_s=0.0)
+        lanes=1, min_part_bytes=4 << 10, part_bytes=8 << 10, seal_lease_s=0.0)
     values.update(overrides)
     return PackSettings(**values)
 

@@ -17,7 +17,7 @@ from atelier.cli_provenance import model_parts
 from contracts.s3_layout import output_key
 from core import aws
 from core.provenance import stored_lineage
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training import autoencoder_job, manifests
 from core.start_training.manifests import job_name_for
 from core.start_training.pretrained import BaseMissing

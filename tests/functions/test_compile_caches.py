@@ -9,7 +9,7 @@ import boto3
 import pytest
 
 from contracts import s3_layout
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training import compile_caches
 from tests.functions.test_training_jobs import (FakeSageMaker, configure, finish, sagemaker, seal,  # noqa: F401 (fixtures)
                                                 settings, stack)

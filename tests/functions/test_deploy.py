@@ -36,7 +36,8 @@ from core.deploy.requests import (
 from core.deploy.rollout import on_endpoint_state, on_rollback_request, rollback
 from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
+from tests.unit.test_settings import DEPLOY_REQUIRED
 from tests.support import load_event, sagemaker_job
 from trainer.report.write import write_report
 
@@ -735,8 +736,13 @@ def test_an_endpoint_in_service_gets_autoscaling_on_invocations(settings: Deploy
         "PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
 
 
+def deploy_settings(**fields: Any) -> DeploySettings:
+    """Settings with every variable the template requires (none of the optional ones), these fields changed."""
+    return dataclasses.replace(DeploySettings.from_env(DEPLOY_REQUIRED), **fields)
+
+
 def test_model_request_names_the_job_and_manifest() -> None:
-    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+    settings = deploy_settings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models")
 
     request = model_request(completed(), settings)
@@ -747,7 +753,7 @@ def test_model_request_names_the_job_and_manifest() -> None:
 
 
 def test_the_models_container_has_the_operators_server_settings_beside_its_provenance() -> None:
-    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+    settings = deploy_settings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
                               serve_environment={"SERVE_COMPILE": "off", "SERVE_WARMUP_IMAGES": "1,4"})
 
@@ -762,7 +768,7 @@ def test_a_signing_model_names_its_secret_and_is_not_network_isolated() -> None:
     # AWS: a network-isolated container gets no credentials and no network, so a server that reads its
     # signing secret at start runs without isolation (docs/deploy.md); without a secret it keeps it
     secret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:atelier/c2pa-signing-AbCdEf"
-    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+    settings = deploy_settings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
                               signing_secret_arn=secret)
 
@@ -781,7 +787,7 @@ KEY = "arn:aws:kms:us-east-1:123456789012:key/k"
                                                   ("ml.p4d.24xlarge", False), ("ml.m5.large", True),
                                                   ("ml.g6e.2xlarge", False), ("ml.inf2.xlarge", True)])
 def test_the_endpoint_config_names_the_key_only_where_aws_accepts_it(instance_type: str, keyed: bool) -> None:
-    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+    settings = deploy_settings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type=instance_type, models_bucket="models", kms_key=KEY)
 
     request = endpoint_config_request(completed(), settings)
@@ -792,7 +798,7 @@ def test_the_endpoint_config_names_the_key_only_where_aws_accepts_it(instance_ty
 def test_the_endpoint_config_gives_the_compiling_server_its_startup_time() -> None:
     """trainer/serve/generation.py compiles before /ping answers 200 (102 s on an H200): the variant says how long
     SageMaker waits for that (ContainerStartupHealthCheckTimeoutInSeconds), the template's parameter."""
-    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+    settings = deploy_settings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
                               startup_timeout_s=1500)
 
@@ -803,7 +809,7 @@ def test_the_endpoint_config_gives_the_compiling_server_its_startup_time() -> No
 
 @pytest.mark.parametrize("instance_type, keyed", [("ml.g5.2xlarge", False), ("ml.m5.xlarge", True)])
 def test_the_evaluation_job_encrypts_its_volume_only_where_aws_accepts_it(instance_type: str, keyed: bool) -> None:
-    settings = DeploySettings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
+    settings = deploy_settings(table="t", role_arn="arn:aws:iam::123456789012:role/r", image_uri="img",
                               endpoint_name="atelier", instance_type="ml.g5.xlarge", models_bucket="models",
                               kms_key=KEY, eval_instance_type=instance_type, eval_data_uri="s3://data/eval/")
 

@@ -171,7 +171,7 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
         from core import aws
         from core.deploy.candidates import on_job_state
         from core.deploy.events import job_state_from_event
-        from core.settings import DeploySettings
+        from core.deploy.settings import DeploySettings
         settings = DeploySettings.from_env(stack.functions["DeployFunction"].environment)
         on_job_state(job_state_from_event(job), settings)
         aws.update_item(settings.table, pipeline_table.model_pk(job["TrainingJobName"]), "SET #s = :f",
@@ -179,7 +179,7 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
     if name == "deploy_evaluation_completed":
         from core.deploy.candidates import on_job_state
         from core.deploy.events import job_state_from_event
-        from core.settings import DeploySettings
+        from core.deploy.settings import DeploySettings
         on_job_state(job_state_from_event(job), DeploySettings.from_env(stack.functions["DeployFunction"].environment))
         document = json.dumps({"schema": 1, "eval_set": {"digest": "e" * 64, "samples": 4},
                                "models": {"candidate": {"val_loss": 0.1, "clip_score": None}}}).encode()

@@ -26,7 +26,8 @@ from contracts.messages import ImportShard
 from core.import_shard.importer import import_shard
 from core.partners.licensing import Revocation, revoke
 from core.provenance import Affected, affected_by, lineage_of
-from core.settings import ImportSettings, TrainingSettings
+from core.import_shard.settings import ImportSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.functions.import_helpers import IMG2DATASET, run_img2dataset, sample_of, webdataset_tar
 from tests.functions.pack_helpers import check_shard, sealed_record, sealed_shards
@@ -81,7 +82,7 @@ def ingest_upload(stack: Provisioned, function_env: Callable, key: str, body: by
     """An upload accepted by ingest, as a partner's upload would be."""
     from contracts.messages import UploadRef
     from core.ingest.admission import ingest_upload as ingest
-    from core.settings import IngestSettings
+    from core.ingest.settings import IngestSettings
     function_env("IngestFunction")
     boto3.client("s3").put_object(Bucket=stack.outputs["UploadsBucketName"], Key=key, Body=body)
     assert ingest(UploadRef(bucket=stack.outputs["UploadsBucketName"], key=key), IngestSettings.from_env()).status == "accepted"

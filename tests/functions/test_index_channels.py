@@ -13,7 +13,7 @@ import pytest
 
 from contracts.messages import Manifest, ShardSealed
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_shard_sealed
 from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure, settings: fixtures)
     ENCODING,

@@ -102,7 +102,7 @@ def test_concurrent_deliveries_of_one_image_under_two_names_accept_exactly_one(s
     function_env("IngestFunction")
     from contracts.messages import UploadRef
     from core.ingest.admission import ingest_upload
-    from core.settings import IngestSettings
+    from core.ingest.settings import IngestSettings
     bucket = stack.outputs["UploadsBucketName"]
     for key in ("partner-a/one.png", "partner-a/two.png"):
         boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=RED)

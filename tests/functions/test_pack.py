@@ -23,7 +23,7 @@ from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import journal, shards
 from core.pack.packer import SEAL_TIMER_S, pack_samples, seal_due
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 from tests.functions.pack_helpers import check_shard, index_of, sealed_shards, settings_for, upload_sample
 from tests.support import load_event
 

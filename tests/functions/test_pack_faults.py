@@ -32,7 +32,7 @@ from contracts.messages import Sample, ShardSealed
 from core import aws
 from core.pack import journal
 from core.pack.packer import pack_samples, seal_due
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 from tests.functions.pack_helpers import check_shard, sealed_shards, settings_for, upload_sample
 
 RUNS = int(os.environ.get("ATELIER_PACK_FAULT_RUNS", "8"))

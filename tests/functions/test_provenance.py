@@ -26,7 +26,7 @@ from core.pack.packer import pack_samples, seal_due
 from core.partners import attribution, licensing
 from core.partners.licensing import Partner, Revocation, Terms, put_partner, revoke
 from core.provenance import Affected, affected_by, lineage_of
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
 from trainer.data.loader import StepBatches, make_loader

@@ -24,7 +24,9 @@ from core.deploy.candidates import on_job_state
 from core.deploy.events import JobState
 from core.pack.packer import pack_samples
 from core.partners.licensing import Revocation, revoke
-from core.settings import DeploySettings, PackSettings, TrainingSettings
+from core.deploy.settings import DeploySettings
+from core.pack.settings import PackSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.functions.ingest_helpers import ingest_through_queue
 from tests.functions.pack_helpers import settings_for

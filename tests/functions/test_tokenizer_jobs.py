@@ -17,7 +17,7 @@ from core import aws
 
 from core.deploy.events import JobState
 from core.provenance import stored_lineage
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import StartDecision
 from tests.functions.test_autoencoder_jobs import (ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels,  # noqa: F401
                                                    put_base, vae_of)

@@ -24,7 +24,7 @@ from atelier.local.provision import Provisioned
 from contracts import pipeline_table
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training import manifests, starter
 from core.start_training.manifests import job_name_for, manifest_file
 from core.start_training.starter import StartDecision, JobNameCollision, advance, on_job_finished, on_shard_sealed, resume

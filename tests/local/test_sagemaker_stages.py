@@ -15,7 +15,7 @@ from atelier.local.provision import Provisioner
 from atelier.local.sagemaker import LocalSageMaker
 from contracts.messages import ShardSealed
 from core import aws as core_aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.conftest import expanded_template
 from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)

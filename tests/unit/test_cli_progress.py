@@ -23,7 +23,7 @@ from core.deploy.candidates import consider_candidate
 from core.deploy.evaluations import gate
 from core.deploy.events import JobState
 from core.deploy.gate import Evaluation, Scores
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 
 RED = encode(picture("circle", "red", "blue"), "png")
 LONG_COMMANDS = [("upload", "photos", "--partner", "acme"), ("demo",), ("audit",),

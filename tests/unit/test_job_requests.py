@@ -16,7 +16,8 @@ from botocore.validate import validate_parameters
 
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS
 from core.errors import ConfigError
-from core.settings import PlannedJob, TrainingSettings
+from core.start_training.run_plan import PlannedJob
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import autoencoder_job_request, encode_job_request, training_job_request
 from core.start_training.pretrained import listing_digest
 from tests.unit.test_settings import TRAINING_ENV

@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from contracts.messages import Manifest, ShardRef
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import training_job_request
 from trainer import launch
 

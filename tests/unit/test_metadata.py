@@ -15,14 +15,14 @@ from contracts.messages import Sidecar, UploadRef
 from core.errors import RejectedUpload
 from core.ingest import images
 from core.ingest.metadata import caption_of, describe
-from core.settings import IngestSettings
+from core.ingest.settings import IngestSettings
 
 ENV = {
     "PIPELINE_TABLE": "atelier-PipelineTable", "PACK_QUEUE_URL": "https://sqs/pack", "DATA_BUCKET": "atelier-data",
     "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
     "MIN_SHORT_SIDE": "32", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "1024", "STORE_JPEG_QUALITY": "95",
     "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
-    "NEAR_DUPLICATE_COLOUR_DISTANCE": "16", "PACK_LANES": "1",
+    "NEAR_DUPLICATE_COLOUR_DISTANCE": "16", "PACK_LANES": "1", "SIDECAR_ORPHAN_GRACE_S": "3600",
 }
 SETTINGS = IngestSettings.from_env(ENV)
 UPLOAD = UploadRef(bucket="atelier-uploads", key="partner-a/summer catalog/Ölgemälde 1.jpg", size=0,

@@ -12,18 +12,15 @@ import pytest
 from atelier.local.template import Expanded, Resolver, expand
 from core.errors import ConfigError
 from core.ingest.images import DecodePolicy
-from core.settings import (
-    DEFAULTS,
-    DeploySettings,
-    ImportSettings,
-    IngestSettings,
-    PackSettings,
-    RedriveSettings,
-    PlannedJob,
-    SweepSettings,
-    TrainingSettings,
-    check_sharding,
-)
+DEFAULTS = {"MAX_IMAGE_PIXELS", "MAX_SIDECAR_BYTES", "MAX_SIDECAR_DEPTH", "ALPHA_BACKGROUND", "SWEEP_LOOKBACK_S", "SWEEP_MAX_QUEUE_DEPTH", "DEAD_LETTER_MEMORY_S"}  # tuning knobs: the template passes none
+from core.deploy.settings import DeploySettings
+from core.import_shard.settings import ImportSettings
+from core.ingest.settings import IngestSettings
+from core.pack.settings import PackSettings
+from core.redrive.settings import RedriveSettings
+from core.start_training.run_plan import PlannedJob, check_sharding
+from core.sweep.settings import SweepSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.instance_types import GPUS_PER_INSTANCE
 from tests.support import IMAGES
 
@@ -53,6 +50,7 @@ TRAINING_ENV = {
     "TRAINING_KMS_KEY": "arn:aws:kms:us-east-1:123456789012:key/1234abcd",
     "TRAINING_GPUS_PER_INSTANCE": "0",
     "TRAINING_RUN_PLAN": "",
+    "TRAINING_USE": "commercial",
 }
 # Empty or absent, these mean "none" (the template joins empty lists to ""): not required.
 TRAINING_OPTIONAL = ("TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS", "TRAINING_KMS_KEY", "TRAINING_RUN_PLAN")
@@ -61,13 +59,13 @@ INGEST_ENV = {"PIPELINE_TABLE": "t", "PACK_QUEUE_URL": "https://sqs/q", "DATA_BU
               "MAX_UPLOAD_BYTES": "209715200", "MAX_SIDECAR_BYTES": "65536", "MAX_SIDECAR_DEPTH": "4", "MAX_CAPTION_CHARS": "2000", "MAX_IMAGE_PIXELS": "178956970", "ALLOWED_FORMATS": "jpeg,png,webp,tiff",
               "MIN_SHORT_SIDE": "256", "MAX_ASPECT_RATIO": "4", "STORE_MAX_SIDE": "2048", "STORE_JPEG_QUALITY": "95",
               "REENCODE": "auto", "ALPHA_BACKGROUND": "255,255,255", "NEAR_DUPLICATE_DISTANCE": "3",
-              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12", "PACK_LANES": "2"}
+              "NEAR_DUPLICATE_COLOUR_DISTANCE": "12", "PACK_LANES": "2", "SIDECAR_ORPHAN_GRACE_S": "3600"}
 INGEST_SETTINGS = IngestSettings(
     table="t", pack_queue_url="https://sqs/q", data_bucket="d", max_upload_bytes=209715200,
     decode=DecodePolicy(allowed=frozenset({"jpeg", "png", "webp", "tiff"}), max_pixels=178956970,
                         background=(255, 255, 255), max_side=2048, reencode="auto"),
     min_short_side=256, max_aspect_ratio=4.0, jpeg_quality=95, near_duplicate_distance=3,
-    near_duplicate_colour_distance=12, pack_lanes=2)
+    near_duplicate_colour_distance=12, pack_lanes=2, max_caption_chars=2000, sidecar_orphan_grace_s=3600)
 PACK_ENV = {"PIPELINE_TABLE": "t", "DATA_BUCKET": "d", "EVENT_BUS_NAME": "default",
             "SHARD_TARGET_BYTES": "1073741824", "SHARD_MAX_SAMPLES": "10000", "SHARD_MAX_AGE_S": "3600",
             "PACK_LANES": "4"}
@@ -98,7 +96,8 @@ def test_training_settings_from_a_full_environment() -> None:
         volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.2,
         keep_alive_s=600, subnets=("subnet-a", "subnet-b"), security_groups=("sg-1",),
         kms_key="arn:aws:kms:us-east-1:123456789012:key/1234abcd",
-        run_plan=(PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),))
+        run_plan=(PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),),
+        use="commercial", max_consecutive_failures=3, failure_backoff_s=600, gpus_per_instance=0)
 
 
 def test_ingest_settings_from_a_full_environment() -> None:
@@ -111,7 +110,7 @@ def test_pack_settings_from_a_full_environment() -> None:
 
 @pytest.mark.parametrize("lanes", ["0", "65"])
 def test_pack_lanes_outside_what_the_template_allows_are_refused(lanes: str) -> None:
-    with pytest.raises(ConfigError, match=f"PACK_LANES={lanes}: must be 1..64"):
+    with pytest.raises(ConfigError, match=f"PACK_LANES={lanes} is outside 1..64"):
         PackSettings.from_env({**PACK_ENV, "PACK_LANES": lanes})
 
 
@@ -534,7 +533,7 @@ def test_the_template_passes_no_setting_that_has_a_default_in_code(expanded: Exp
 def test_settings_without_their_variable_take_the_defaults_in_code() -> None:
     ingest = IngestSettings.from_env({k: v for k, v in INGEST_ENV.items() if k not in DEFAULTS})
     sweep = SweepSettings.from_env({"PIPELINE_TABLE": "t", "UPLOADS_BUCKET": "u", "UPLOADS_QUEUE_URL": "q",
-                                    "SWEEP_GRACE_S": "600"})
+                                    "SWEEP_GRACE_S": "600", "SIDECAR_ORPHAN_GRACE_S": "3600"})
     redrive = RedriveSettings.from_env({"PIPELINE_TABLE": "t", "EVENT_BUS_NAME": "default", "DEAD_LETTER_QUEUES": "{}",
                                         "DEAD_LETTER_REDRIVE_CAP": "3", "DEAD_LETTER_BACKOFF_S": "300"})
 
@@ -562,8 +561,8 @@ def test_template_ingest_defaults_parse_to_exact_settings(expanded: Expanded) ->
 
 
 def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_parameters() -> None:
-    # the dataclass default (what bench/ingest.py builds with) is the template's default too
-    assert IngestSettings.near_duplicate_colour_distance == 16
+    # one default, the template's: the settings have none of their own
+    assert IngestSettings.__pydantic_fields__["near_duplicate_colour_distance"].is_required()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         expanded = expand(REPO / "template.yaml", {**IMAGES, "NearDuplicateDistance": "2",

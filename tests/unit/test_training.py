@@ -16,7 +16,8 @@ from botocore.validate import validate_parameters
 
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from contracts.metrics import METRIC_DEFINITIONS
-from core.settings import PlannedJob, TrainingSettings
+from core.start_training.run_plan import PlannedJob
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import planned_job_hyperparameters, training_job_request
 from core.start_training.manifests import job_name_for, manifest_file, manifest_from, replay_shards
 
@@ -49,7 +50,8 @@ SETTINGS = TrainingSettings(
     role_arn="arn:aws:iam::123456789012:role/atelier-SageMakerRole", image_uri="atelier-trainer:latest",
     volume_gb=200, max_runtime_s=432000, max_retries=3, lineage="main", concurrency="queue", replay_share=0.0,
     keep_alive_s=0, subnets=(), security_groups=(), kms_key="",
-    run_plan=(PlannedJob("main", "ml.p5.48xlarge", 2, BASE_HPS),),
+    run_plan=(PlannedJob("main", "ml.p5.48xlarge", 2, BASE_HPS),), use="commercial",
+    max_consecutive_failures=3, failure_backoff_s=600, gpus_per_instance=0,
 )
 # A BRIA-like run plan: 256 px on 4 instances, then 512 px on 8, each with its own steps.
 TWO_STAGES = dataclasses.replace(SETTINGS, run_plan=(

@@ -25,7 +25,7 @@ from core.deploy.events import MANIFEST_TAG, DeployResult, JobState, job_from_ar
 from core.deploy.records import now, production_model, record_job_artefact, settle
 from core.deploy.requests import model_name_for
 from core.errors import BadMessage
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 
 logger = Logger(child=True)
 

@@ -16,7 +16,7 @@ from core.deploy.gate import Evaluation, Scores, Thresholds, decide, parse_evalu
 from core.deploy.records import production_model, settle
 from core.deploy.requests import evaluation_job_name, evaluation_job_request
 from core.deploy.rollout import promote
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 
 logger = Logger(child=True)
 

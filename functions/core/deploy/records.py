@@ -14,7 +14,7 @@ from typing import Any
 from contracts import pipeline_table
 from core import aws
 from core.deploy.events import JobState
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 
 
 def record_job_artefact(job: JobState, settings: DeploySettings) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from contracts import c2pa_secret, job_tags, s3_layout
 from core.deploy.events import CANDIDATE_TAG, EVAL_SUFFIX, MANIFEST_TAG, ROLE_TAG, TRAINING_JOB_TAG, JobState
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 from core.start_training.instance_types import has_instance_store
 from core.start_training.job_requests import encrypt_with_key
 

@@ -18,7 +18,7 @@ from core.deploy.events import DeployResult, JobState
 from core.deploy.records import now, production_model, serving_record, settle
 from core.deploy.requests import VARIANT, deployment_config, endpoint_config_request, model_request
 from core.errors import BadMessage
-from core.settings import DeploySettings
+from core.deploy.settings import DeploySettings
 
 logger = Logger(child=True)
 

@@ -35,7 +35,7 @@ from core.ingest import dedup
 from core.pack import journal, seal, segments, shards
 from core.pack.journal import OpenShard, SealState
 from core.partners import licensing
-from core.settings import ImportSettings
+from core.import_shard.settings import ImportSettings
 
 logger = Logger(child=True)
 TRANSACTION_ITEMS = 100

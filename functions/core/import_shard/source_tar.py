@@ -16,7 +16,7 @@ from core import aws
 from core.errors import RejectedUpload
 from core.ingest import metadata
 from core.pack import shards
-from core.settings import ImportSettings
+from core.import_shard.settings import ImportSettings
 
 # img2dataset's per-sample fields its tools read back (its docs, "Output format"), kept verbatim
 SOURCE_FIELDS = ("url", "key", "status", "original_width", "original_height", "exif")

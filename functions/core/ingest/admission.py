@@ -23,7 +23,7 @@ from core.errors import RejectedUpload
 from core.ingest import dedup, metadata, sidecars, uploads
 from core.pack import lanes
 from core.partners import licensing
-from core.settings import IngestSettings
+from core.ingest.settings import IngestSettings
 
 logger = Logger(child=True)
 QUARANTINE_TAG = "atelier-quarantine"

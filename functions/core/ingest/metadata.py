@@ -10,7 +10,7 @@ from contracts.aspect_buckets import aspect_bucket
 from contracts.messages import Sample, Sidecar, UploadRef
 from core.errors import RejectedUpload
 from core.ingest import images
-from core.settings import IngestSettings
+from core.ingest.settings import IngestSettings
 
 
 

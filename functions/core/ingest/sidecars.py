@@ -27,7 +27,7 @@ from contracts.messages import EXTENSIONS, Sample, Sidecar, UploadRef
 from core import aws
 from core.errors import RejectedUpload
 from core.ingest import images, uploads
-from core.settings import IngestSettings
+from core.ingest.settings import IngestSettings
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from contracts.messages import Sample, ShardSealed
 from core import aws, telemetry
 from core.pack import journal, lanes, seal, segments, shards
 from core.pack.journal import Head, OpenShard, Pending
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 
 logger = Logger(child=True)
 MAX_SEGMENTS = 1000  # per shard: bounds the head item (DynamoDB's 400 KB) and the parts (S3's 10,000)

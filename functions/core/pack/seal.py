@@ -23,7 +23,7 @@ from contracts.messages import ShardSealed
 from core import aws, telemetry
 from core.pack import journal, segments, shards
 from core.pack.journal import SealState
-from core.settings import PackSettings
+from core.pack.settings import PackSettings
 
 logger = Logger(child=True)
 EVENT_SOURCE = "atelier.pack"

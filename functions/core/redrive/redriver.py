@@ -33,7 +33,7 @@ from contracts import pipeline_table
 from core import aws, telemetry
 from core.redrive import dead_letters
 from core.redrive.dead_letters import Action, Ledger, LetterDecision, Letter
-from core.settings import DeadLetterQueue, RedriveSettings
+from core.redrive.settings import DeadLetterQueue, RedriveSettings
 
 logger = Logger(child=True)
 RECEIVE_MAX = 10

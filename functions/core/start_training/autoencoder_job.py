@@ -17,7 +17,7 @@ from aws_lambda_powertools import Logger
 
 from contracts import pipeline_table
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import autoencoder_job_name, autoencoder_job_request
 from core.start_training.pretrained import PretrainedBase, split_uri
 

@@ -18,7 +18,7 @@ from aws_lambda_powertools import Logger
 from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import encode_job_name, encode_job_request
 
 logger = Logger(child=True)

@@ -10,7 +10,7 @@ from typing import Any
 from contracts import pipeline_table, s3_layout
 from contracts.messages import Manifest
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.pretrained import PretrainedBase
 
 # what a run-plan job's record does not inherit from the one before it: that one's end and outputs

@@ -20,7 +20,8 @@ from contracts.container_paths import CHECKPOINT_LOCAL_PATH, TENSORBOARD_LOCAL_P
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
 from contracts.recipe import PLANNED_JOB_CONTAINER_HYPERPARAMETERS
 from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
-from core.settings import PlannedJob, TrainingSettings
+from core.start_training.run_plan import PlannedJob
+from core.start_training.settings import TrainingSettings
 from core.start_training.instance_types import has_instance_store
 from core.start_training.pretrained import AUTOENCODER_SUFFIX, TOKENIZER_SUFFIX
 

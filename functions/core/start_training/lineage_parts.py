@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contracts import pipeline_table
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training import autoencoder_job, tokenizer_job
 from core.start_training.job_records import Inputs
 from core.start_training.job_requests import autoencoder_job_name, tokenizer_job_name

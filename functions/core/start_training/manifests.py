@@ -15,7 +15,7 @@ from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws
 from core.partners import licensing
 from core.provenance import Verdict, screen_shard
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 
 
 def job_name_for(manifest: Manifest, plan_index: int = 0) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from contracts import pipeline_table
 from contracts.messages import Manifest, ShardSealed
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training import autoencoder_job, job_records, lineage, tokenizer_job
 from core.start_training.pretrained import PretrainedBase
 

@@ -57,7 +57,7 @@ from contracts import pipeline_table
 from contracts.messages import ShardRef, ShardSealed
 from core import aws, telemetry
 from core.partners import attribution
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training import (compile_caches, encode_job, failure_brake, job_records, lineage, lineage_parts,
                                  manifests, shard_claims)
 from core.start_training.job_records import Inputs

@@ -18,7 +18,7 @@ from aws_lambda_powertools import Logger
 
 from contracts import job_tags, pipeline_table
 from core import aws
-from core.settings import TrainingSettings
+from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import tokenizer_job_name, tokenizer_job_request
 from core.start_training.autoencoder_job import recorded_part
 from core.start_training.pretrained import PretrainedBase

@@ -29,7 +29,7 @@ from aws_lambda_powertools import Logger
 
 from contracts import pipeline_table
 from core import aws, telemetry
-from core.settings import SweepSettings
+from core.sweep.settings import SweepSettings
 
 logger = Logger(child=True)
 EVENT_NAME = "ObjectCreated:Put"

@@ -1,0 +1,1 @@
+"""The sweep stage: uploads whose notification never arrived, found and re-driven (SweepFunction)."""
