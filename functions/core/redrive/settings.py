@@ -1,4 +1,4 @@
-"""RedriveFunction's settings: every DLQ of the stack, and the policy that empties them (core.reliability.redrive)."""
+"""RedriveFunction's settings: every DLQ of the stack, and the policy that empties them (core.redrive.redriver)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from core.reliability.dead_letters import CONTRACTS, RedrivePolicy
+from core.redrive.dead_letters import CONTRACTS, RedrivePolicy
 from core.settings import StageSettings, given, settings
 
 DEAD_LETTER_MEMORY_S = 86400  # a redrive count untouched this long is forgotten (a new incident): a tuning knob
@@ -18,7 +18,7 @@ DEAD_LETTER_MEMORY_S = 86400  # a redrive count untouched this long is forgotten
 class DeadLetterQueue:
     # Queue names, not URLs: the same on AWS, under moto and in events/env.json (`sam local invoke`)
     name: str
-    contract: str  # core.reliability.dead_letters.CONTRACTS: what its messages' consumer parses
+    contract: str  # core.redrive.dead_letters.CONTRACTS: what its messages' consumer parses
     source: str = ""  # the queue it redrives to; empty: it holds events, re-put on the bus
 
 

@@ -1,5 +1,5 @@
 """The run plan: the training jobs each manifest of a lineage goes through, and what is checked of them
-before any job is paid for (the start-training function's settings parse it; core.training.job_requests
+before any job is paid for (the start-training function's settings parse it; core.start_training.job_requests
 turns each into a request)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.settings import flat_strings
-from core.training.instance_types import GPUS_PER_INSTANCE
+from core.start_training.instance_types import GPUS_PER_INSTANCE
 
 # CreateTrainingJob's HyperParameters (botocore's model): 100 entries, keys of 256 and values of 2,500
 # characters, each matching `.*`, which (in Java, as in Python) takes no line break

@@ -11,8 +11,8 @@ from contracts import model_presets, recipe
 from contracts.recipe_jobs import AutoencoderOptions
 from core.errors import ConfigError
 from core.settings import StageSettings, given, settings, flat_strings, names
-from core.training.failure_brake import BrakeSettings
-from core.training.pretrained import AUTOENCODER_SUFFIX, check_uri
+from core.start_training.failure_brake import BrakeSettings
+from core.start_training.pretrained import AUTOENCODER_SUFFIX, check_uri
 from core.start_training.run_plan import PlannedJob, check_encodable, check_sharding, hyperparameters, parse_run_plan
 
 
@@ -41,18 +41,18 @@ class TrainingSettings(StageSettings):
     # An encode job (trainer/jobs/encode.py) on this instance type turns each job's image shards into
     # latent shards before the job trains; empty: the job trains on the image shards (VAE online).
     encode_instance_type: str = Field("", validation_alias="TRAINING_ENCODE_INSTANCE_TYPE")
-    # Pretrained parts (core.training.pretrained): the `pretrained` channel of every encode and training job;
+    # Pretrained parts (core.start_training.pretrained): the `pretrained` channel of every encode and training job;
     # empty: every part is built at random from the job's model-config.
     pretrained_uri: str = Field("", validation_alias="TRAINING_PRETRAINED_MODEL_URI")
     # Where a lineage gets no VAE from its base, an autoencoder job on this instance type trains one
-    # before its first job (core.training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
+    # before its first job (core.start_training.autoencoder_job); empty: no autoencoder job (the frozen VAE is random).
     autoencoder_instance_type: str = Field("", validation_alias="TRAINING_AUTOENCODER_INSTANCE_TYPE")
     autoencoder_hyperparameters: dict[str, str] = Field(default_factory=dict, validation_alias="TRAINING_AUTOENCODER_HYPERPARAMETERS")
     # Where a lineage gets no tokenizer from its base, a tokenizer job on this instance type learns one from
-    # its first job's captions (core.training.tokenizer_job); the template sets it from AutoencoderInstanceType.
+    # its first job's captions (core.start_training.tokenizer_job); the template sets it from AutoencoderInstanceType.
     tokenizer_instance_type: str = Field("", validation_alias="TRAINING_TOKENIZER_INSTANCE_TYPE")
     eval_data_uri: str = Field("", validation_alias="TRAINING_EVAL_DATA_URI")  # the autoencoder job's `validation`
-    # backoff and circuit breaker on failing jobs (core.training.failure_brake)
+    # backoff and circuit breaker on failing jobs (core.start_training.failure_brake)
     max_consecutive_failures: int = Field(ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
     failure_backoff_s: int = Field(ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
     gpus_per_instance: int = Field(ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
@@ -120,7 +120,7 @@ class TrainingSettings(StageSettings):
         """Every run-plan job, checked as the trainer would check it, before any job is paid for."""
         if bool(self.subnets) != bool(self.security_groups):
             raise ConfigError("TRAINING_SUBNETS and TRAINING_SECURITY_GROUPS go together (a VPC config needs both)")
-        added = {"pretrained": "pretrained"} if self.pretrained_uri else {}  # core.training.job_requests.model_inputs
+        added = {"pretrained": "pretrained"} if self.pretrained_uri else {}  # core.start_training.job_requests.model_inputs
         for job in self.run_plan:
             check_sharding(self.quota, job, self.gpus_per_instance)
             if refusal := model_presets.resolution_refusal(job.hyperparameters):
