@@ -1,5 +1,5 @@
 """Pretrained parts and the lineage's own VAE, under moto with resources from template.yaml and
-SageMaker as AWS has it (test_training_jobs.FakeSageMaker): the base (PretrainedModelUri) as the
+SageMaker as AWS has it (training_jobs_helpers.FakeSageMaker): the base (PretrainedModelUri) as the
 `pretrained` channel, the autoencoder job `<job>-ae` before a lineage's first job when the base brings
 no VAE, and its model.tar.gz as the `vae` channel of every later job of the lineage.
 """
@@ -22,7 +22,7 @@ from core.training import autoencoder_job, manifests
 from core.training.manifests import job_name_for
 from core.training.pretrained import BaseMissing
 from core.training.starter import Decision, resume
-from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
+from tests.functions.training_jobs_helpers import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     TWO_STAGES,
     FakeSageMaker,
     configure,
