@@ -275,7 +275,8 @@ def test_handler_settles_the_end_of_its_own_job(settings: TrainingSettings, sage
 def test_a_job_s_end_changes_only_its_status_settled_and_failure_reason(status: str, settings: TrainingSettings,
                                                                        sagemaker: FakeSageMaker,
                                                                        lambda_context: Any) -> None:
-    # GIVEN a job this stage started; DeployFunction, on the same event, writes only its model_data (test_deploy.py)
+    # GIVEN a job this stage started; DeployFunction, on the same event, writes only its model_data
+    # (test_deploy_candidates.py)
     name = seal(settings, 1, 2)[1].job_name
     before = job(settings, name)
     event = load_event("deploy_job_failed")
