@@ -19,8 +19,7 @@ from core.deploy.events import JobState
 from core.provenance import stored_lineage
 from core.settings import TrainingSettings
 from core.training.starter import Decision
-from tests.functions.test_autoencoder_jobs import (ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels,  # noqa: F401
-                                                   put_base, vae_of)
+from tests.functions.autoencoder_helpers import ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels, put_base, vae_of
 from tests.functions.training_jobs_helpers import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     FakeSageMaker,
     configure,
