@@ -50,7 +50,7 @@ $(CHECKOV_STAMP): $(UV)
 
 checkov-env: $(CHECKOV_STAMP)
 
-# The headless browser tests/trainer/test_report.py renders training reports in: Debian's
+# The headless browser tests/trainer/test_report_browser.py renders training reports in: Debian's
 # chromium-headless-shell, installed when this runs as root with apt (as on CI); elsewhere
 # `sudo make browser`. Without one that test skips, and fails under CI (.ci/run sets CI). The stamp
 # is touched only once the browser is there, so a failed install is tried again on the next run.

@@ -11,8 +11,8 @@ import pytest
 from contracts import s3_layout
 from core.start_training.settings import TrainingSettings
 from core.start_training import compile_caches
-from tests.functions.test_training_jobs import (FakeSageMaker, configure, finish, sagemaker, seal,  # noqa: F401 (fixtures)
-                                                settings, stack)
+from tests.functions.training_jobs_helpers import (FakeSageMaker, configure, finish, sagemaker, seal,  # noqa: F401 (fixtures)
+                                                   settings, stack)
 
 pytestmark = pytest.mark.slow(seconds=10)
 SHAPE = "torch2.11.0-nvidia-h200-unet3d371dad2026-latent-r512-b64-w1.compile-cache"

@@ -15,7 +15,7 @@ from contracts.messages import Manifest, ShardSealed
 from core import aws
 from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_shard_sealed
-from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure, settings: fixtures)
+from tests.functions.training_jobs_helpers import (  # noqa: F401  (stack, sagemaker, configure, settings: fixtures)
     ENCODING,
     FakeSageMaker,
     configure,

@@ -1,5 +1,5 @@
 """The lineage's own tokenizers, under moto with resources from template.yaml and SageMaker as AWS has it
-(test_training_jobs.FakeSageMaker): the tokenizer job `<job>-tok` before a lineage's first job when the
+(training_jobs_helpers.FakeSageMaker): the tokenizer job `<job>-tok` before a lineage's first job when the
 base brings no tokenizer, after the autoencoder job when both run, and its model.tar.gz as the
 `tokenizer` channel of every later encode and training job of the lineage.
 """
@@ -19,9 +19,8 @@ from core.deploy.events import JobState
 from core.provenance import stored_lineage
 from core.start_training.settings import TrainingSettings
 from core.start_training.starter import StartDecision
-from tests.functions.test_autoencoder_jobs import (ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels,  # noqa: F401
-                                                   put_base, vae_of)
-from tests.functions.test_training_jobs import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
+from tests.functions.autoencoder_helpers import ENCODE, NO_VAE, ON, PIPELINE, autoencoded, channels, put_base, vae_of
+from tests.functions.training_jobs_helpers import (  # noqa: F401  (stack, sagemaker, configure: fixtures)
     FakeSageMaker,
     configure,
     finish,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.local.test_sagemaker import aws, moto_url, overrides, put_model, s3, service, sm  # noqa: F401  (fixtures)
+from tests.local.sagemaker_helpers import aws, moto_url, overrides, put_model, s3, service, sm  # noqa: F401  (fixtures)
 
 from atelier import cli
 

@@ -1,7 +1,7 @@
 """Safe deployments on the local SageMaker: DeploymentConfig, blue/green traffic shifting, baking,
 automatic rollback on CloudWatch alarms, endpoint events and metrics, and the local alarm evaluator.
 
-Containers are tests/local/fake_container.py (see test_sagemaker.py); moto runs in server mode.
+Containers are tests/local/fake_container.py (see sagemaker_helpers.py); moto runs in server mode.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 from atelier.local.alarms import AlarmEvaluator, evaluate, unsupported
 from atelier.local.sagemaker import LocalSageMaker
 from atelier.local.sagemaker.deployment_config import Step, traffic_plan
-from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
+from tests.local.sagemaker_helpers import (  # noqa: F401  (fixtures)
     REGION,
     aws,
     error_of,

@@ -10,7 +10,7 @@ import pytest
 
 from atelier.local.sagemaker.shape_checks import check_shape
 from atelier.local.sagemaker.validation import ApiError, sagemaker_model
-from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
+from tests.local.sagemaker_helpers import (  # noqa: F401  (fixtures)
     FAKE_IMAGE,
     ROLE,
     aws,

@@ -13,7 +13,7 @@ from botocore.model import Shape
 from atelier.local.sagemaker import LocalSageMaker
 from atelier.local.sagemaker.shape_checks import SKIPPED_PATTERNS, check_shape
 from atelier.local.sagemaker.validation import ApiError, sagemaker_model
-from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
+from tests.local.sagemaker_helpers import (  # noqa: F401  (fixtures)
     FAKE_IMAGE,
     ROLE,
     aws,

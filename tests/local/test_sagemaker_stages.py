@@ -18,7 +18,7 @@ from core import aws as core_aws
 from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_job_finished, on_shard_sealed
 from tests.conftest import expanded_template
-from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
+from tests.local.sagemaker_helpers import (  # noqa: F401  (fixtures)
     aws,
     moto_url,
     service,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.local.test_sagemaker import (  # noqa: F401  (fixtures)
+from tests.local.sagemaker_helpers import (  # noqa: F401  (fixtures)
     ROLE,
     aws,
     error_of,

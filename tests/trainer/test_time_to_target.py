@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from bench import time_to_target as ttt
+from bench import time_to_target_runs as runs
 from trainer.jobs import scoring
 
 LOSSES = {150: 0.14, 300: 0.09, 450: 0.07, 600: 0.06, 750: 0.05}
@@ -77,7 +78,7 @@ def test_the_plot_has_a_match_panel_only_when_prompts_were_drawn(tmp_path):
 
 def test_the_timeline_records_when_each_job_event_first_shows():
     run = ttt.Run("ours", started=100.0)
-    seen = ttt.timeline(run, "train")
+    seen = runs.timeline(run, "train")
     seen(b'Loading weights\n{"event": "data", "samples": 2}\n{"event": "compile_cache", "loaded": []}\n', 112.34)
     seen(b'{"step": 150, "loss": 0.1}\n{"event": "compile_cache", "loaded": ["x"]}\n{"event": "start", "step": 0}\n', 130.0)
     assert run.phases == {"train.data_s": 12.3, "train.compile_cache_s": 12.3, "train.start_s": 30.0}
