@@ -23,7 +23,7 @@ from core.deploy.candidates import on_job_state
 from core.deploy.events import JobState, job_state_from_event
 from core.deploy.requests import evaluation_job_name
 from core.deploy.settings import DeploySettings
-from tests.unit.test_settings import DEPLOY_REQUIRED
+from tests.unit.settings_helpers import DEPLOY_REQUIRED
 from tests.support import load_event
 
 JOB = "atelier-3f9a1c2b7d4e5f6a8b9c"  # events/deploy_job_*.json

@@ -14,7 +14,7 @@ from core.deploy.candidates import on_artefact_published, on_job_state
 from core.deploy.events import JobState, job_state_from_event
 from core.errors import BadMessage
 from core.deploy.settings import DeploySettings
-from tests.unit.test_settings import DEPLOY_REQUIRED
+from tests.unit.settings_helpers import DEPLOY_REQUIRED
 from tests.functions.deploy_helpers import (  # noqa: F401  (settings: fixtures)
     JOB,
     MODELS,

@@ -20,7 +20,7 @@ from core.deploy.candidates import on_job_state, reevaluate
 from core.errors import BadMessage
 from core.provenance import JobSource, Lineage, ManifestSource, SampleSource, ShardSource
 from core.deploy.settings import DeploySettings
-from tests.unit.test_settings import DEPLOY_REQUIRED
+from tests.unit.settings_helpers import DEPLOY_REQUIRED
 from tests.functions.deploy_helpers import (  # noqa: F401  (settings: fixtures)
     JOB,
     MODELS,

@@ -10,7 +10,7 @@ from core.deploy.candidates import on_job_state
 from core.deploy.requests import deployment_config
 from core.deploy.rollout import on_endpoint_state
 from core.deploy.settings import DeploySettings
-from tests.unit.test_settings import DEPLOY_REQUIRED
+from tests.unit.settings_helpers import DEPLOY_REQUIRED
 from tests.functions.deploy_helpers import (  # noqa: F401  (settings, updates: fixtures)
     ENDED,
     JOB,

@@ -12,7 +12,7 @@ from core.deploy.requests import deployment_config, endpoint_config_request, eva
 from core.deploy.rollout import on_endpoint_state, on_rollback_request, rollback
 from core.errors import BadMessage
 from core.deploy.settings import DeploySettings
-from tests.unit.test_settings import DEPLOY_REQUIRED
+from tests.unit.settings_helpers import DEPLOY_REQUIRED
 from tests.functions.deploy_helpers import (  # noqa: F401  (settings, updates: fixtures)
     ENDED,
     deploy_settings,

@@ -20,7 +20,7 @@ from core.start_training.run_plan import PlannedJob
 from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import autoencoder_job_request, encode_job_request, training_job_request
 from core.start_training.pretrained import listing_digest
-from tests.unit.test_settings import TRAINING_ENV
+from tests.unit.settings_helpers import TRAINING_ENV
 from tests.unit.training_helpers import DIGEST, MANIFEST_URI, SETTINGS, TWO_STAGES
 
 DATA, MODELS = SETTINGS.data_bucket, SETTINGS.models_bucket
