@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core import telemetry
-from tests.unit.test_template import expand_with, of_type, resolve
+from tests.unit.template_helpers import expand_with, of_type, resolve
 
 ENDPOINT_ALARMS = ("EndpointErrorsAlarm", "EndpointLatencyAlarm")  # defined with the deploy resources
 

@@ -21,7 +21,7 @@ from core.partners.partner_access import (
     role_policy,
     trust_policy,
 )
-from tests.unit.test_template import expand_with, resolve
+from tests.unit.template_helpers import expand_with, resolve
 
 BUCKET = "atelier-uploads-123456789012-us-east-1"
 KEY = "arn:aws:kms:us-east-1:123456789012:key/storage"

@@ -10,7 +10,7 @@ import pytest
 from contracts import pipeline_table
 from core import telemetry
 from core.redrive import dead_letters
-from tests.unit.test_template import expand_with, of_type, resolve
+from tests.unit.template_helpers import expand_with, of_type, resolve
 
 
 @pytest.fixture(scope="module")
