@@ -95,8 +95,9 @@ def describe(cls: type, error: ValidationError) -> str:
         return f"{name}={value} is outside {low}..{high}"
     if kind == "literal_error":
         return f"{name}={value!r} is not one of ({context.get('expected', '')})"
-    if kind == "value_error":
-        return f"{name}: {context.get('error', first['msg'])}"
+    if kind == "value_error":  # a validator's own message, which names its variable where it can
+        text = str(context.get("error", first["msg"]))
+        return text if text.startswith(name) else f"{name}: {text}"
     return f"{name}={value!r}: {first['msg']}"
 
 

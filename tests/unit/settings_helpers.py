@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def tuning_knobs() -> set[str]:
     """The variables the settings give a default of their own (the template passes none of them)."""
-    knobs = {"DEAD_LETTER_MEMORY_S"}  # core/redrive/settings.py: part of the policy, not a field of its own
+    knobs = set()
     for cls in (IngestSettings, DecodePolicyEnv, PackSettings, TrainingSettings, DeploySettings, SweepSettings,
                 RedriveSettings):
         knobs |= {field.validation_alias for field in cls.__pydantic_fields__.values()

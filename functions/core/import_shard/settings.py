@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Self
 
-from dataclasses import dataclass
-
-from core.errors import ConfigError
 from core.ingest.settings import IngestSettings
 from core.pack.settings import PackSettings
 
@@ -26,8 +24,6 @@ class ImportSettings:
         # (docs/import.md), one per source tar, so no size policy applies either.
         ingest = IngestSettings.from_env({**env, "PACK_QUEUE_URL": "none", "PACK_LANES": "1",
                                           "SIDECAR_ORPHAN_GRACE_S": "0"})
-        if not env.get("EVENT_BUS_NAME", "").strip():
-            raise ConfigError("environment variable EVENT_BUS_NAME is not set (template.yaml sets it)")
-        pack = PackSettings(table=ingest.table, data_bucket=ingest.data_bucket, event_bus=env["EVENT_BUS_NAME"].strip(),
-                            shard_target_bytes=0, shard_max_samples=0, shard_max_age_s=0, lanes=1)
+        pack = PackSettings.from_env({**env, "SHARD_TARGET_BYTES": "0", "SHARD_MAX_SAMPLES": "0", "SHARD_MAX_AGE_S": "0",
+                                      "PACK_LANES": "1"})
         return cls(ingest=ingest, pack=pack)

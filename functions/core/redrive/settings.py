@@ -6,13 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from core.redrive.dead_letters import CONTRACTS, RedrivePolicy
-from core.settings import StageSettings, given, settings
-
-DEAD_LETTER_MEMORY_S = 86400  # a redrive count untouched this long is forgotten (a new incident): a tuning knob
-
+from core.settings import StageSettings, settings
 
 @dataclass(frozen=True)
 class DeadLetterQueue:
@@ -27,21 +24,20 @@ class RedriveSettings(StageSettings):
     table: str = Field(validation_alias="PIPELINE_TABLE")
     event_bus: str = Field(validation_alias="EVENT_BUS_NAME")
     queues: dict[str, DeadLetterQueue] = Field(validation_alias="DEAD_LETTER_QUEUES")  # by logical id, e.g. UploadsDLQ
-    policy: RedrivePolicy  # from DEAD_LETTER_REDRIVE_CAP, DEAD_LETTER_BACKOFF_S, DEAD_LETTER_MEMORY_S
+    # automatic redrives a message gets; failing after the last one proves it poison
+    redrive_cap: int = Field(ge=1, validation_alias="DEAD_LETTER_REDRIVE_CAP")
+    backoff_s: int = Field(ge=0, validation_alias="DEAD_LETTER_BACKOFF_S")  # before the second; doubles after
+    # a redrive count untouched this long is forgotten (a new incident): a tuning knob
+    memory_s: int = Field(86400, ge=1, validation_alias="DEAD_LETTER_MEMORY_S")
 
-    @model_validator(mode="before")
+    @field_validator("queues", mode="before")
     @classmethod
-    def _from_variables(cls, values: Any) -> Any:
-        values = given(values)
-        if not isinstance(values, dict):
-            return values
-        if isinstance(raw := values.get("DEAD_LETTER_QUEUES"), str):
-            values["DEAD_LETTER_QUEUES"] = _queues(raw)
-        if "policy" not in values:
-            values["policy"] = RedrivePolicy(
-                cap=_at_least(values, "DEAD_LETTER_REDRIVE_CAP", 1), backoff_s=_at_least(values, "DEAD_LETTER_BACKOFF_S", 0),
-                memory_s=_at_least({"DEAD_LETTER_MEMORY_S": DEAD_LETTER_MEMORY_S, **values}, "DEAD_LETTER_MEMORY_S", 1))
-        return values
+    def _queues(cls, raw: Any) -> Any:
+        return _queues(raw) if isinstance(raw, str) else raw
+
+    @property
+    def policy(self) -> RedrivePolicy:
+        return RedrivePolicy(cap=self.redrive_cap, backoff_s=self.backoff_s, memory_s=self.memory_s)
 
 
 def _queues(raw: str) -> dict[str, DeadLetterQueue]:
@@ -54,16 +50,3 @@ def _queues(raw: str) -> dict[str, DeadLetterQueue]:
     if unknown := {name for name, q in queues.items() if q.contract not in CONTRACTS}:
         raise ValueError(f"DEAD_LETTER_QUEUES: {sorted(unknown)} name no contract of {sorted(CONTRACTS)}")
     return queues
-
-
-def _at_least(values: dict[str, Any], name: str, low: int) -> int:
-    raw = values.get(name)
-    if raw is None or not str(raw).strip():
-        raise ValueError(f"environment variable {name} is not set (template.yaml sets it)")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value < low:
-        raise ValueError(f"{name}={value} is outside {low}..inf")
-    return value

@@ -10,14 +10,13 @@ sequences these steps; this module holds what they do to the table and to SageMa
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import pipeline_table
 from core import aws
 from core.start_training.settings import TrainingSettings
+from core.start_training.job_records import keep_part, part_needed, record_part_job, recorded_part
 from core.start_training.job_requests import autoencoder_job_name, autoencoder_job_request
 from core.start_training.pretrained import PretrainedBase, split_uri
 
@@ -26,33 +25,14 @@ ROLE = "autoencoder"  # the job record's role (an encode job's is "encode")
 
 
 def needs_autoencoder(lineage: dict[str, Any], base: PretrainedBase | None, settings: TrainingSettings) -> bool:
-    """Whether the lineage trains its own VAE: as recorded at its first claim, else decided now."""
-    if "autoencoder" in lineage:
-        return bool(lineage["autoencoder"])
-    if int(lineage.get("sequence", 0)) > 0:  # it trained before this was decided: its latent space stays
-        return False
-    return bool(settings.autoencoder_instance_type) and not (base and base.has_vae)
+    """Whether the lineage trains its own VAE (a lineage that trained without one keeps its latent space)."""
+    return part_needed(lineage, "autoencoder", bool(settings.autoencoder_instance_type) and not (base and base.has_vae))
 
 
 def vae_for(name: str, job: dict[str, Any], settings: TrainingSettings) -> str:
     """The lineage's VAE for a job that needs one, recorded on the job when it first learns it;
     "" while the lineage has none yet (its autoencoder job has not completed)."""
     return recorded_part(name, job, settings, "vae_uri", "autoencoder_job")
-
-
-def recorded_part(name: str, job: dict[str, Any], settings: TrainingSettings, uri_field: str, job_field: str) -> str:
-    """A lineage part's URI (`uri_field`: its VAE, its tokenizers) for job `name`: the job's own record, else the
-    lineage's, then written on the job once (create-only, with the part's job `job_field`); "" while the lineage
-    has none yet."""
-    if job.get(uri_field):
-        return str(job[uri_field])
-    lineage = aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
-    if not lineage.get(uri_field):
-        return ""
-    aws.update_item(settings.table, pipeline_table.job_pk(name), f"SET {uri_field} = :u, {job_field} = :j",
-                    {":u": lineage[uri_field], ":j": lineage.get(job_field, "")},
-                    condition=f"attribute_exists(pk) AND attribute_not_exists({uri_field})")
-    return str(lineage[uri_field])
 
 
 def validation_uri(settings: TrainingSettings) -> str:
@@ -67,9 +47,7 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
           settings: TrainingSettings, indexes_uri: str = "") -> bool:
     """Record and create the training job's autoencoder job; False when one of its name exists."""
     name = autoencoder_job_name(training_job)
-    aws.put_item_if_absent(settings.table, {
-        "pk": pipeline_table.job_pk(name), "kind": "job", "role": ROLE, "for_job": training_job, "status": "Requested",
-        "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    record_part_job(name, ROLE, training_job, settings)
     request = autoencoder_job_request(training_job, manifest_uri, job["digest"], int(job.get("stage", 0)), settings,
                                       exclusions_uri, pretrained_uri=pretrained_uri,
                                       validation_uri=validation_uri(settings), indexes_uri=indexes_uri)
@@ -79,17 +57,9 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
     return False
 
 
-def artefact(name: str) -> str:
-    """The autoencoder job's model.tar.gz (DescribeTrainingJob's ModelArtifacts); "" without one."""
-    described = aws.describe_training_job(name) or {}
-    return str(described.get("ModelArtifacts", {}).get("S3ModelArtifacts", ""))
-
-
 def store_vae(name: str, vae_uri: str, settings: TrainingSettings) -> bool:
     """The lineage's VAE, once: False when it has one already (that one stays)."""
-    stored = aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage),
-                             "SET vae_uri = :u, autoencoder_job = :a",
-                             {":u": vae_uri, ":a": name}, condition="attribute_not_exists(vae_uri)")
+    stored = keep_part(name, vae_uri, settings, "vae_uri", "autoencoder_job")
     if stored:
         logger.info("lineage VAE trained", extra={"job": name, "vae": vae_uri})
     return stored

@@ -84,3 +84,50 @@ def inputs_of(name: str, job: dict[str, Any], settings: TrainingSettings) -> Inp
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --- a lineage's own parts (its VAE, its tokenizers): the table side both helper jobs share --------------
+
+def part_needed(lineage: dict[str, Any], flag: str, wanted: bool) -> bool:
+    """Whether the lineage makes a part (`flag`: "autoencoder", "tokenizer"): as recorded at its first claim,
+    else `wanted` now; a lineage that trained before this was decided keeps training without it."""
+    if flag in lineage:
+        return bool(lineage[flag])
+    if int(lineage.get("sequence", 0)) > 0:
+        return False
+    return wanted
+
+
+def recorded_part(name: str, job: dict[str, Any], settings: TrainingSettings, uri_field: str, job_field: str) -> str:
+    """A lineage part's URI (`uri_field`: its VAE, its tokenizers) for job `name`: the job's own record, else the
+    lineage's, then written on the job once (create-only, with the part's job `job_field`); "" while the lineage
+    has none yet."""
+    if job.get(uri_field):
+        return str(job[uri_field])
+    lineage = aws.get_item(settings.table, pipeline_table.lineage_pk(settings.lineage)) or {}
+    if not lineage.get(uri_field):
+        return ""
+    aws.update_item(settings.table, pipeline_table.job_pk(name), f"SET {uri_field} = :u, {job_field} = :j",
+                    {":u": lineage[uri_field], ":j": lineage.get(job_field, "")},
+                    condition=f"attribute_exists(pk) AND attribute_not_exists({uri_field})")
+    return str(lineage[uri_field])
+
+
+def record_part_job(name: str, role: str, training_job: str, settings: TrainingSettings) -> None:
+    """The helper job's record, before it is created (a redelivered event finds it and adds nothing)."""
+    aws.put_item_if_absent(settings.table, {
+        "pk": pipeline_table.job_pk(name), "kind": "job", "role": role, "for_job": training_job, "status": "Requested",
+        "lineage": settings.lineage, "at": _now()})
+
+
+def keep_part(name: str, uri: str, settings: TrainingSettings, uri_field: str, job_field: str) -> bool:
+    """The lineage's part, once (create-only): False when it has one already (that one stays)."""
+    return aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage),
+                           f"SET {uri_field} = :u, {job_field} = :j", {":u": uri, ":j": name},
+                           condition=f"attribute_not_exists({uri_field})")
+
+
+def model_artifact(name: str) -> str:
+    """A job's model.tar.gz (DescribeTrainingJob's ModelArtifacts); "" without one."""
+    described = aws.describe_training_job(name) or {}
+    return str(described.get("ModelArtifacts", {}).get("S3ModelArtifacts", ""))

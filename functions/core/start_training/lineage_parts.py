@@ -14,7 +14,7 @@ from typing import Any
 from contracts import pipeline_table
 from core.start_training.settings import TrainingSettings
 from core.start_training import autoencoder_job, tokenizer_job
-from core.start_training.job_records import Inputs
+from core.start_training.job_records import Inputs, model_artifact
 from core.start_training.job_requests import autoencoder_job_name, tokenizer_job_name
 
 
@@ -66,7 +66,7 @@ def store(part: Part, job: dict[str, Any], status: str, reason: str | None, sett
     """A part's job ended: Completed with a model.tar.gz, the lineage keeps it (create-only: a redelivered
     event changes nothing) and "" is returned; otherwise why its training job fails."""
     name = pipeline_table.job_name(job["pk"])
-    uri = autoencoder_job.artefact(name) if status == "Completed" else ""
+    uri = model_artifact(name) if status == "Completed" else ""
     if not uri:
         why = "no ModelArtifacts" if status == "Completed" else reason or "no reason given"
         return f"{part.role} job {name} {status}: {why}"

@@ -17,6 +17,20 @@ from core.start_training.run_plan import PlannedJob, check_encodable, check_shar
 
 
 @settings
+class BaseJob(StageSettings):
+    """The instances and hyperparameters every run-plan job starts from (one job, when there is no run plan)."""
+
+    instance_type: str = Field(validation_alias="TRAINING_INSTANCE_TYPE")
+    instance_count: int = Field(ge=1, validation_alias="TRAINING_INSTANCE_COUNT")
+    hyperparameters: dict[str, str] = Field(validation_alias="TRAINING_HYPERPARAMETERS")
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _hyperparameters(cls, raw: Any) -> dict[str, str]:
+        return hyperparameters(flat_strings(raw, "TRAINING_HYPERPARAMETERS"), "TRAINING_HYPERPARAMETERS")
+
+
+@settings
 class TrainingSettings(StageSettings):
     table: str = Field(validation_alias="PIPELINE_TABLE")
     data_bucket: str = Field(validation_alias="DATA_BUCKET")
@@ -70,13 +84,9 @@ class TrainingSettings(StageSettings):
         if not isinstance(values, dict):
             return values
         if "run_plan" not in values:
-            base = hyperparameters(flat_strings(_required(values, "TRAINING_HYPERPARAMETERS"),
-                                                "TRAINING_HYPERPARAMETERS"), "TRAINING_HYPERPARAMETERS")
-            count = _number(values, "TRAINING_INSTANCE_COUNT")
-            if count < 1:
-                raise ValueError(f"TRAINING_INSTANCE_COUNT={count} is outside 1..inf")
-            default = PlannedJob("main", _required(values, "TRAINING_INSTANCE_TYPE"), count, {})
-            values["run_plan"] = parse_run_plan(values.get("TRAINING_RUN_PLAN", ""), base, default)
+            base = BaseJob.from_env(values)  # what each run-plan job overrides
+            values["run_plan"] = parse_run_plan(values.get("TRAINING_RUN_PLAN", ""), base.hyperparameters,
+                                                PlannedJob("main", base.instance_type, base.instance_count, {}))
         return values
 
     @field_validator("subnets", "security_groups", mode="before")
@@ -132,17 +142,3 @@ class TrainingSettings(StageSettings):
         if self.autoencoder_instance_type and (
                 refusal := recipe.refusal(self.autoencoder_hyperparameters, AutoencoderOptions)):
             raise ConfigError(f"TRAINING_AUTOENCODER_HYPERPARAMETERS: {refusal}")
-
-
-def _required(values: dict[str, Any], name: str) -> str:
-    if not str(values.get(name, "")).strip():
-        raise ConfigError(f"environment variable {name} is not set (template.yaml sets it)")
-    return str(values[name])
-
-
-def _number(values: dict[str, Any], name: str) -> int:
-    raw = _required(values, name)
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None

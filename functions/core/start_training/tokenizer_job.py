@@ -11,16 +11,15 @@ autoencoder job; this module holds what it does to the table and to SageMaker.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from contracts import job_tags, pipeline_table
+from contracts import job_tags
 from core import aws
 from core.start_training.settings import TrainingSettings
 from core.start_training.job_requests import tokenizer_job_name, tokenizer_job_request
-from core.start_training.autoencoder_job import recorded_part
+from core.start_training.job_records import keep_part, part_needed, record_part_job, recorded_part
 from core.start_training.pretrained import PretrainedBase
 
 logger = Logger(child=True)
@@ -28,12 +27,8 @@ ROLE = job_tags.TOKENIZER  # the job record's role and its tag's, and the claime
 
 
 def needs_tokenizer(lineage: dict[str, Any], base: PretrainedBase | None, settings: TrainingSettings) -> bool:
-    """Whether the lineage learns its own tokenizers: as recorded at its first claim, else decided now."""
-    if "tokenizer" in lineage:
-        return bool(lineage["tokenizer"])
-    if int(lineage.get("sequence", 0)) > 0:  # it trained before this was decided: its token ids stay
-        return False
-    return bool(settings.tokenizer_instance_type) and not (base and base.has_tokenizer)
+    """Whether the lineage learns its own tokenizers (a lineage that trained without them keeps its token ids)."""
+    return part_needed(lineage, "tokenizer", bool(settings.tokenizer_instance_type) and not (base and base.has_tokenizer))
 
 
 def tokenizer_for(name: str, job: dict[str, Any], settings: TrainingSettings) -> str:
@@ -46,9 +41,7 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
           indexes_uri: str = "") -> bool:
     """Record and create the training job's tokenizer job; False when one of its name exists."""
     name = tokenizer_job_name(training_job)
-    aws.put_item_if_absent(settings.table, {
-        "pk": pipeline_table.job_pk(name), "kind": "job", "role": ROLE, "for_job": training_job, "status": "Requested",
-        "lineage": settings.lineage, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    record_part_job(name, ROLE, training_job, settings)
     request = tokenizer_job_request(training_job, manifest_uri, job["digest"], int(job.get("stage", 0)), settings,
                                     exclusions_uri, indexes_uri)
     if aws.create_training_job(request):
@@ -59,9 +52,7 @@ def start(training_job: str, job: dict[str, Any], manifest_uri: str, exclusions_
 
 def store_tokenizer(name: str, tokenizer_uri: str, settings: TrainingSettings) -> bool:
     """The lineage's tokenizers, once: False when it has them already (those stay)."""
-    stored = aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage),
-                             "SET tokenizer_uri = :u, tokenizer_job = :t",
-                             {":u": tokenizer_uri, ":t": name}, condition="attribute_not_exists(tokenizer_uri)")
+    stored = keep_part(name, tokenizer_uri, settings, "tokenizer_uri", "tokenizer_job")
     if stored:
         logger.info("lineage tokenizer learned", extra={"job": name, "tokenizer": tokenizer_uri})
     return stored
