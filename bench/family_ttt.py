@@ -1,0 +1,287 @@
+"""Which family learns faster (issue 42.7): a small DiT with flow matching against the small UNet with
+v-prediction, the same images and the same GPU time, from scratch.
+
+    PYTHONUNBUFFERED=1 python bench/family_ttt.py --work /tmp/fttt --out $OUT/family.jsonl --plot-dir $OUT \\
+        [--families dit,unet] [--budget-s 200] [--score]
+
+1. Data (bench/time_to_target.py's): the procedural catalogue at --size px, --images pictures as shards, and a
+   held-out set from another seed. One VAE for both (the autoencoder job on the training shards, --vae-steps),
+   so both families see the same latents.
+2. Two bases, each the family's pipeline with that VAE, a 1-layer 256-wide text encoder (random, frozen) with a
+   tokenizer learned from the training captions, and its denoiser at seed 0:
+   - `unet`: --unet-config (default `small`, 0.14 B), the demo's scheduler (v-prediction, zero-terminal SNR);
+   - `dit`: --dit-config (default `small-pixart`, a PixArt-layout DiT-B/2, 0.12 B, T5), flow matching.
+3. Timed, one family at a time, each from process start: the encode job (image shards -> latent shards, the
+   DiT's with its text embeddings) and the training job, same batch, constant learning rate without warm-up,
+   AdamW, clipping 1, bf16 autocast, no EMA, no caption dropout, eager (no compile, no CUDA graphs: the
+   families, not our levers). The run is stopped --budget-s seconds after its start (equal GPU time); its
+   checkpoints (every --checkpoint-every steps) are stamped when complete on disk.
+4. Off the clock (--score), every checkpoint: the held-out velocity loss both families are measured by
+   (bench/family_scores.py: MLPerf Flux.1's 8 equidistant timesteps, the UNet's prediction turned into the
+   velocity it implies) and the catalogue grid's match rate (colours and shape, 2 seeds).
+5. The target: the worse of the two runs' last losses (the loss both reach within the budget). Time to
+   target = the first checkpoint at or under it. Records `train.time_to_target_s_dit`,
+   `train.time_to_target_s_unet` and `train.ttt_ratio_dit_vs_unet` (UNet's time / DiT's: above 1, the DiT
+   gets there first), each with the grid match rate at the target and at the end; loss_and_grid.png.
+
+Each step is recorded in --work, so a call that ran out of time resumes where it stopped (device calls are
+600 s): prepare + `--families dit`, then `--families unet --score` on the same warm machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "functions")]
+
+from bench.catalog_shards import write_shards  # noqa: E402
+from bench.time_to_target_runs import Run, make_catalogue, poll_checkpoints, progress, timeline, train_vae, watch  # noqa: E402
+
+FAMILIES = ("dit", "unet")
+
+
+def prepare(args, work: Path) -> None:
+    """The data, the VAE and the two bases, each made once per --work."""
+    if not (work / "eval").is_dir():
+        started = time.monotonic()
+        items = make_catalogue(args.images, args.size, 0, args.workers)
+        seen = {item.image for item in items}
+        held_out = [item for item in make_catalogue(args.eval_images * 2, args.size, 1, 2) if item.image not in seen]
+        write_shards(items, work / "shards", args.per_shard, args.size)
+        (work / "captions.json").write_text(json.dumps(sorted({item.sidecar["caption"] for item in items})))
+        write_shards(held_out[:args.eval_images], work / "eval.tmp", args.eval_images, args.size)
+        os.replace(work / "eval.tmp", work / "eval")
+        progress("data", images=len(items), s=time.monotonic() - started)
+    if not (work / "vae" / "config.json").is_file():
+        train_vae(argparse.Namespace(**{**vars(args), "model_config": args.unet_config}), work)
+    for family in FAMILIES:
+        if not (work / f"base-{family}" / "model_index.json").is_file():
+            build_base(args, work, family)
+
+
+def build_base(args, work: Path, family: str) -> None:
+    import torch
+    from trainer.models.loading import load_models
+    from trainer.models.pipelines import build_pipeline
+    from trainer.objectives.diffusion import zero_terminal_snr
+    captions = json.loads((work / "captions.json").read_text())
+    models = load_models(preset(args, family), None, 0, vae=str(work / "vae"), captions=lambda: captions)
+    if family == "unet":
+        models.noise_scheduler.register_to_config(prediction_type="v_prediction")
+        models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
+    build_pipeline(models, models.denoiser, args.size).save_pretrained(work / f"base-{family}.tmp")
+    os.replace(work / f"base-{family}.tmp", work / f"base-{family}")
+    progress(f"base {family}", parameters_m=sum(p.numel() for p in models.denoiser.parameters()) / 1e6)
+    del models
+    torch.cuda.empty_cache()
+
+
+def preset(args, family: str) -> str:
+    return args.dit_config if family == "dit" else args.unet_config
+
+
+def run_family(args, work: Path, family: str) -> Run:
+    """The encode job, then the training job, stopped --budget-s seconds after the encode job started."""
+    run, checkpoints, latents = Run(family), work / f"{family}-checkpoints", work / f"latents-{family}"
+    for stale in (checkpoints, latents, work / f"{family}-model"):
+        shutil.rmtree(stale, ignore_errors=True)
+    path = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
+    base, python = work / f"base-{family}", [sys.executable, "-m"]
+    common = ["--pretrained", str(base), "--model-config", preset(args, family), "--resolution", str(args.size),
+              "--aspect-buckets", "false"]
+    run.started = time.monotonic()
+    out_of_time = (lambda: time.monotonic() - run.started > args.budget_s)
+    code = watch([*python, "trainer.jobs.encode", "--train-dir", str(work / "shards"), "--output-dir", str(latents),
+                  *common, "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers), "--compile", "false"],
+                 work / f"{family}.log", on_chunk=timeline(run, "encode"), env=path)
+    if code:
+        raise RuntimeError(f"the {family} encode job failed ({code}); see {work / (family + '.log')}")
+    run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
+    progress(f"{family} encoded", s=run.phases["encoded_s"])
+    stop = threading.Event()
+    poller = threading.Thread(target=poll_checkpoints, args=(checkpoints, run, stop), daemon=True)
+    poller.start()
+    watch([*python, "trainer.jobs.train", "--train-dir", str(latents), "--model-dir", str(work / f"{family}-model"),
+           "--checkpoint-dir", str(checkpoints), "--resume", "none", "--init-unet", "pretrained", *common,
+           "--steps", str(args.max_steps), "--batch-size", str(args.batch), "--learning-rate", str(args.learning_rate),
+           "--max-grad-norm", "1", "--ema-decay", "0", "--final-weights", "trained", "--caption-dropout", "0",
+           "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
+           "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
+           "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
+           "--compile", "false", "--cuda-graphs", "false"],
+          work / f"{family}.log", on_chunk=timeline(run, "train"), done=out_of_time, env=path)
+    time.sleep(0.5)
+    stop.set()
+    if not run.checkpoints:
+        raise RuntimeError(f"the {family} run wrote no checkpoint in {args.budget_s} s; see {work / (family + '.log')}")
+    progress(f"{family} trained", checkpoints=len(run.checkpoints), last_step=max(run.checkpoints),
+             last_s=max(run.checkpoints.values()))
+    return run
+
+
+def timed(work: Path, family: str, runner) -> Run:
+    """`runner()`, or the record of the run --work already holds."""
+    record = work / f"{family}-run.json"
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        return Run(family, 0.0, {int(k): v for k, v in saved["checkpoints"].items()},
+                   {int(k): Path(v) for k, v in saved["directories"].items()}, saved["phases"])
+    run = runner()
+    record.write_text(json.dumps({"checkpoints": run.checkpoints, "phases": run.phases,
+                                  "directories": {step: str(path) for step, path in run.directories.items()}}))
+    return run
+
+
+def score(args, work: Path, run: Run, samples, device) -> dict[int, dict]:
+    """Each checkpoint's velocity loss and grid match rate, kept in --work (a checkpoint is scored once)."""
+    from bench.family_scores import grid_match, pipeline_with, velocity_loss
+    record = work / f"{run.name}-scores.json"
+    scores = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
+    for step in sorted(run.checkpoints):
+        if step not in scores:
+            folder = pipeline_with(work / f"base-{run.name}", run.directories[step], work / "scoring" / f"{run.name}-{step}")
+            scores[step] = {**velocity_loss(folder, samples, 0, device), **grid_match(folder)}
+            record.write_text(json.dumps(scores))
+        emit({"event": "checkpoint", "family": run.name, "step": step, "s": round(run.checkpoints[step], 1),
+              "val_loss": round(scores[step]["val_loss"], 5), "grid": scores[step]["grid"]})
+    return {step: scores[step] for step in run.checkpoints}
+
+
+OUT: list[Path] = []
+
+
+def emit(line: dict) -> None:
+    text = json.dumps(line)
+    print(text, flush=True)
+    for path in OUT:
+        with open(path, "a") as out:
+            out.write(text + "\n")
+
+
+def time_to(target: float, run: Run, scores: dict[int, dict]) -> tuple[int | None, float | None]:
+    for step in sorted(scores):
+        if scores[step]["val_loss"] <= target:
+            return step, round(run.checkpoints[step], 1)
+    return None, None
+
+
+def report(args, runs: dict[str, Run], scores: dict[str, dict[int, dict]], eval_count: int) -> None:
+    import torch
+    from bench.stamp import commit, versions
+    finals = {family: scores[family][max(scores[family])]["val_loss"] for family in runs}
+    target = max(finals.values())
+    common = {"commit": commit(), "versions": versions(),
+              "machine": {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "nproc": os.cpu_count()}}
+    setup = {"families": {"unet": f"{args.unet_config} (v-prediction, zero-terminal SNR)",
+                          "dit": f"{args.dit_config} (flow matching, logit-normal t)"},
+             "resolution": args.size, "images": args.images, "eval_images": eval_count, "batch": args.batch,
+             "learning_rate": args.learning_rate, "budget_s": args.budget_s, "checkpoint_every": args.checkpoint_every,
+             "target": round(target, 5), "target_rule": "the worse of the two runs' last held-out velocity losses",
+             "loss": "velocity MSE at t = 0, 1/8, ..., 7/8, fixed noise (bench/family_scores.py)",
+             "note": "from process start, the encode job included; eager; scored off the clock"}
+    seconds = {}
+    for family, run in runs.items():
+        step, seconds[family] = time_to(target, run, scores[family])
+        last = max(scores[family])
+        emit({"metric": f"train.time_to_target_s_{family}", "value": seconds[family], "unit": "s", "step": step,
+              "grid_at_target": scores[family][step]["grid"] if step is not None else None,
+              "final": {"step": last, "s": round(run.checkpoints[last], 1), "val_loss": round(finals[family], 5),
+                        "grid": scores[family][last]["grid"]},
+              "encode_s": run.phases.get("encoded_s"), "config": setup, **common})
+    ratio = round(seconds["unet"] / seconds["dit"], 3) if seconds.get("unet") and seconds.get("dit") else None
+    emit({"metric": "train.ttt_ratio_dit_vs_unet", "value": ratio, "unit": "ratio",
+          "definition": "the UNet's time to target / the DiT's (above 1: the DiT gets there first)", "config": setup, **common})
+    picture = plot(runs, scores, target, args.plot_dir or args.work)
+    if picture:
+        progress("plot", path=picture)
+
+
+def plot(runs: dict[str, Run], scores: dict[str, dict[int, dict]], target: float, folder: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, (losses, grid) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=[3, 2])
+    for family, run in runs.items():
+        steps = sorted(scores[family])
+        seconds = [run.checkpoints[step] for step in steps]
+        losses.plot(seconds, [scores[family][s]["val_loss"] for s in steps], marker="o", label=family)
+        grid.plot(seconds, [scores[family][s]["grid"] for s in steps], marker="o", label=family)
+    losses.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
+    losses.set_ylabel("held-out velocity loss (8 t)")
+    losses.legend()
+    losses.grid(True, alpha=0.3)
+    grid.set_ylabel("grid match (colours + shape)")
+    grid.set_ylim(-0.05, 1.05)
+    grid.grid(True, alpha=0.3)
+    grid.set_xlabel("seconds from process start (the encode job included)")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "loss_and_grid.png"
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    return str(path)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/family-ttt"), help="data, models and records")
+    parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here too")
+    parser.add_argument("--plot-dir", type=Path, default=None, help="where loss_and_grid.png goes (default: --work)")
+    parser.add_argument("--families", default="dit,unet", help="which runs this call trains (recorded runs are kept)")
+    parser.add_argument("--score", action="store_true", help="then score every recorded run and report")
+    parser.add_argument("--prepare-only", action="store_true")
+    parser.add_argument("--unet-config", default="small")
+    parser.add_argument("--dit-config", default="small-pixart")
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--images", type=int, default=20160)
+    parser.add_argument("--eval-images", type=int, default=256)
+    parser.add_argument("--per-shard", type=int, default=1000)
+    parser.add_argument("--vae-steps", type=int, default=1000)
+    parser.add_argument("--vae-batch", type=int, default=32)
+    parser.add_argument("--vae-learning-rate", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--budget-s", type=float, default=200.0, help="seconds from process start each run gets")
+    parser.add_argument("--max-steps", type=int, default=100000, help="the job's --steps (the budget stops it first)")
+    parser.add_argument("--checkpoint-every", type=int, default=150)
+    parser.add_argument("--encode-batch", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        OUT.append(args.out)
+    prepare(args, args.work)
+    if args.prepare_only:
+        return
+    runs = {}
+    for family in [f for f in args.families.split(",") if f]:
+        if family not in FAMILIES:
+            raise SystemExit(f"--families: {family!r} is not one of {', '.join(FAMILIES)}")
+        runs[family] = timed(args.work, family, lambda: run_family(args, args.work, family))
+    if not args.score:
+        return
+    import torch
+    from trainer.data.eval_set import find_eval_shards, read_eval_samples
+    runs = {family: timed(args.work, family, lambda: run_family(args, args.work, family)) for family in FAMILIES}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    samples, _ = read_eval_samples(find_eval_shards(str(args.work / "eval")), args.size, args.eval_images)
+    scores = {family: score(args, args.work, run, samples, device) for family, run in runs.items()}
+    report(args, runs, scores, len(samples))
+
+
+if __name__ == "__main__":
+    main()
