@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers import DiffusionPipeline
+from PIL import Image
 from safetensors.torch import load as load_safetensors
 from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
@@ -22,11 +23,12 @@ from trainer.data.shards import index_shards
 from trainer.data.phases import RunPlan
 from trainer.jobs import train
 from trainer.jobs.encode import encode_shards
-from trainer.models.families import condition
+from trainer.models.families import condition, sampling_options
 from trainer.models.loading import load_models
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives.diffusion import diffusion_loss
 from trainer.objectives.numerics import step_generator
+from trainer.runtime.health import label_grid
 
 from tests.trainer.encode_helpers import members_of
 
@@ -183,3 +185,28 @@ def test_latent_shards_of_another_text_encoder_are_refused(tmp_path, family, tra
                       "--model-config", family["preset"], "--pretrained", str(other))
     with pytest.raises(LatentShardsError, match="encoded by models .* not by this run's .*another VAE, text encoder"):
         train.main(args)
+
+
+def test_a_run_on_latent_shards_draws_its_validation_grid_from_the_prompts_embeddings(tmp_path, family, train_args):
+    # GIVEN prompts and seeds for the validation grid, and the saved base pipeline with its text encoders
+    prompts, seeds = ["a red dog", "a blue cat on a green field"], [0, 1]
+    # WHEN the family trains two steps on latent shards with a checkpoint at step 2
+    train.main(train_args(family["encoded"]["dir"], tmp_path / "model", tmp_path / "ckpt", "--steps", "2",
+                          "--model-config", family["preset"], "--pretrained", str(family["base"]),
+                          "--checkpoint-every", "2", "--validation-prompts", "|".join(prompts),
+                          "--validation-seeds", "0,1", "--validation-inference-steps", "2"))
+    # THEN the grid is drawn, one row per prompt and one column per seed
+    grid = Image.open(tmp_path / "model" / "health" / "validation" / "step-00000002.png")
+    blank = Image.new("RGB", (RESOLUTION, RESOLUTION))
+    assert grid.size == label_grid([blank] * len(prompts) * len(seeds), prompts, seeds).size
+    assert len(set(grid.crop((grid.size[0] - RESOLUTION, grid.size[1] - RESOLUTION, *grid.size)).getdata())) > 16
+    # AND the embeddings it samples from give the pictures the pipeline with text encoders draws from the prompts
+    models = load_models(family["preset"], str(family["base"]), seed=0, text_encoders=False)
+    with_text, without = family["pipeline"], build_pipeline(models, models.denoiser, RESOLUTION)
+    embeddings = models.stored_prompt_embeddings(prompts)
+    assert models.text_encoders == []
+    for seed in seeds:
+        drawn = [pipeline(**text, num_inference_steps=2, height=RESOLUTION, width=RESOLUTION, output_type="pt",
+                          generator=torch.Generator("cpu").manual_seed(seed), **sampling_options(pipeline)).images
+                 for pipeline, text in ((with_text, {"prompt": prompts}), (without, {**embeddings, "negative_prompt": None}))]
+        torch.testing.assert_close(drawn[1], drawn[0], rtol=0, atol=1e-5)

@@ -59,10 +59,8 @@ def save_model(models: Models, weights: dict[str, torch.Tensor], resolution: int
 def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
                  loss_history: list, health_dir: Path, board: Board) -> None:
     """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes). A family trained on
-    stored embeddings has no text encoder to read the prompts with: no grid."""
+    stored embeddings samples from the prompts' embeddings, which its text encoders compute once on the CPU."""
     prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
-    if models.family is not None and not models.text_encoders:
-        prompts = []
     weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
     if processes.rank == 0:
         draw_loss_curve(loss_history, health_dir / "loss.png")
@@ -70,8 +68,10 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
             pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device), plan.phase(step).resolution)
             seeds = [int(seed) for seed in args.validation_seeds.split(",")]
             steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
+            stored = models.family is not None and not models.text_encoders
+            embeddings = models.stored_prompt_embeddings(prompts) if stored else None
             with autocast(processes.device):
-                grid = validation_grid(pipeline, prompts, seeds, plan.phase(step).resolution, steps)
+                grid = validation_grid(pipeline, prompts, seeds, plan.phase(step).resolution, steps, embeddings)
             (health_dir / "validation").mkdir(parents=True, exist_ok=True)
             grid.save(health_dir / "validation" / f"step-{step:08d}.png")
             board.validation(step, grid)

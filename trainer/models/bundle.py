@@ -44,6 +44,7 @@ class Models:
     # a family trained from stored embeddings holds no text encoder; this builds or loads them (on the CPU) to save them
     text_loader: Callable[[], dict] | None = field(default=None, repr=False)
     _text_pipeline: object = field(default=None, repr=False)
+    _prompt_embeddings: dict = field(default_factory=dict, repr=False)  # stored_prompt_embeddings' one entry
 
     @property
     def sdxl(self) -> bool:
@@ -81,6 +82,18 @@ class Models:
     def _text_parts(self) -> tuple[dict, dict]:
         return ({encoder: model for (encoder, _), model in zip(self.text_folders, self.text_encoders)},
                 {tokenizer: model for (_, tokenizer), model in zip(self.text_folders, self.tokenizers)})
+
+    def stored_prompt_embeddings(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """A family trained on stored embeddings: `prompts`' pipeline embeddings (with the empty negative), computed
+        on the CPU by its text encoders, loaded for it and dropped after (they never reach the GPU); once per prompts."""
+        key = tuple(prompts)
+        if key not in self._prompt_embeddings:
+            encoders = self.text_loader()
+            encoders = {name: encoders[name].requires_grad_(False).eval() for name, _ in self.text_folders}
+            tokenizers = self._text_parts()[1]
+            pipeline = families.text_pipeline(self.family, self.denoiser, encoders, tokenizers)
+            self._prompt_embeddings = {key: families.prompt_embeddings(self.family, pipeline, prompts)}
+        return self._prompt_embeddings[key]
 
     def load_text_encoders(self) -> None:
         """The text encoders of a family trained without them (latent shards with its embeddings), on the CPU:

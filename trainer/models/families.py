@@ -240,6 +240,23 @@ def condition(family: Family, pipeline, captions: list[str], device: torch.devic
     return Conditioning(context, mask=mask)
 
 
+@torch.no_grad()
+def prompt_embeddings(family: Family, pipeline, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """The pipeline call's embedding arguments for `prompts` and the empty negative prompt (guidance), on the
+    CPU, as its own encode_prompt computes them: what a pipeline without text encoders samples from."""
+    cpu = torch.device("cpu")
+    if family is SD3:
+        embeds, negative, pooled, negative_pooled = pipeline.encode_prompt(
+            prompts, None, None, device=cpu, do_classifier_free_guidance=True, negative_prompt="",
+            max_sequence_length=family.max_length)
+        return {"prompt_embeds": embeds, "negative_prompt_embeds": negative, "pooled_prompt_embeds": pooled,
+                "negative_pooled_prompt_embeds": negative_pooled}
+    embeds, mask, negative, negative_mask = pipeline.encode_prompt(
+        prompts, do_classifier_free_guidance=True, negative_prompt="", device=cpu, max_sequence_length=family.max_length)
+    return {"prompt_embeds": embeds, "prompt_attention_mask": mask, "negative_prompt_embeds": negative,
+            "negative_prompt_attention_mask": negative_mask}
+
+
 def predict(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
     """The transformer's velocity for latents `noisy` at timesteps `t` in [0, 1]."""
     timestep = t * TIMESTEP_SCALE
@@ -254,9 +271,9 @@ def predict(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Con
 def build_pipeline(family: Family, transformer, vae: AutoencoderKL, encoders: dict, tokenizers: dict, shift: float):
     """The family's diffusers pipeline around `transformer`, with the flow sampler at `shift`."""
     parts = {"transformer": transformer, "vae": vae, "scheduler": family.saved_scheduler(shift), **encoders, **tokenizers}
-    if family is SD3:
-        parts.setdefault("text_encoder_3", None)
-        parts.setdefault("tokenizer_3", None)
+    for part in family.text_parts:  # absent: an optional encoder (SD3's T5), or a run on stored embeddings
+        parts.setdefault(part.encoder, None)
+        parts.setdefault(part.tokenizer, None)
     return family.pipeline_class(**parts)
 
 

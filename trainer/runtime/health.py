@@ -227,12 +227,20 @@ def label_grid(images: list[Image.Image], prompts: list[str], seeds: list[int]) 
 
 
 @torch.no_grad()
-def validation_grid(pipeline, prompts: list[str], seeds: list[int], resolution: int, steps: int) -> Image.Image:
-    """One row per prompt, one column per seed, labelled with them; the same prompts and seeds at every checkpoint."""
+def validation_grid(pipeline, prompts: list[str], seeds: list[int], resolution: int, steps: int,
+                    embeddings: dict[str, torch.Tensor] | None = None) -> Image.Image:
+    """One row per prompt, one column per seed, labelled with them; the same prompts and seeds at every checkpoint.
+    `embeddings`: the prompts' pipeline embeddings (a pipeline without text encoders samples from them)."""
     # imported here: the watchdog imports this module in every process, and families pulls in every pipeline
     from trainer.models.families import sampling_options
     pipeline.set_progress_bar_config(disable=True)
     generators = [torch.Generator("cpu").manual_seed(seed) for _ in prompts for seed in seeds]
-    images = pipeline([prompt for prompt in prompts for _ in seeds], num_inference_steps=steps, generator=generators,
+    if embeddings is None:
+        text = {"prompt": [prompt for prompt in prompts for _ in seeds]}
+    else:
+        device = pipeline.transformer.device
+        text = {name: tensor.repeat_interleave(len(seeds), dim=0).to(device) for name, tensor in embeddings.items()}
+        text["negative_prompt"] = None  # the negative's embeddings are among them (PixArt would take "" too)
+    images = pipeline(**text, num_inference_steps=steps, generator=generators,
                       height=resolution, width=resolution, **sampling_options(pipeline)).images
     return label_grid(images, prompts, seeds)
