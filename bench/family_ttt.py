@@ -140,19 +140,29 @@ def timed(work: Path, family: str, runner) -> Run:
     return run
 
 
-def score(args, work: Path, run: Run, samples, device) -> dict[int, dict]:
-    """Each checkpoint's velocity loss and grid match rate, kept in --work (a checkpoint is scored once)."""
+def score(work: Path, runs: dict[str, Run], samples, device) -> dict[str, dict[int, dict]]:
+    """Each checkpoint's velocity loss and grid match rate, kept in --work (a checkpoint is scored once): each
+    run's last first (they set the target), then the others in time order across the runs, so a call cut short
+    leaves scores that still say something. A checkpoint whose folder is gone (a report away from the machine
+    that trained it) is left out."""
     from bench.family_scores import grid_match, pipeline_with, velocity_loss
-    record = work / f"{run.name}-scores.json"
-    scores = {int(k): v for k, v in json.loads(record.read_text()).items()} if record.is_file() else {}
-    for step in sorted(run.checkpoints):
-        if step not in scores:
-            folder = pipeline_with(work / f"base-{run.name}", run.directories[step], work / "scoring" / f"{run.name}-{step}")
-            scores[step] = {**velocity_loss(folder, samples, 0, device), **grid_match(folder)}
-            record.write_text(json.dumps(scores))
-        emit({"event": "checkpoint", "family": run.name, "step": step, "s": round(run.checkpoints[step], 1),
-              "val_loss": round(scores[step]["val_loss"], 5), "grid": scores[step]["grid"]})
-    return {step: scores[step] for step in run.checkpoints}
+    records = {family: work / f"{family}-scores.json" for family in runs}
+    scores = {family: {int(k): v for k, v in json.loads(records[family].read_text()).items()}
+              if records[family].is_file() else {} for family in runs}
+    lasts = [(family, max(run.checkpoints)) for family, run in runs.items()]
+    rest = sorted(((family, step) for family, run in runs.items() for step in run.checkpoints if (family, step) not in lasts),
+                  key=lambda entry: runs[entry[0]].checkpoints[entry[1]])
+    for family, step in lasts + rest:
+        run = runs[family]
+        if step not in scores[family] and run.directories[step].is_dir():
+            folder = pipeline_with(work / f"base-{family}", run.directories[step], work / "scoring" / f"{family}-{step}")
+            scores[family][step] = {**velocity_loss(folder, samples, 0, device), **grid_match(folder)}
+            records[family].write_text(json.dumps(scores[family]))
+        if step in scores[family]:
+            emit({"event": "checkpoint", "family": family, "step": step, "s": round(run.checkpoints[step], 1),
+                  "val_loss": round(scores[family][step]["val_loss"], 5), "grid": scores[family][step]["grid"]})
+    return {family: {step: scores[family][step] for step in sorted(run.checkpoints) if step in scores[family]}
+            for family, run in runs.items()}
 
 
 OUT: list[Path] = []
@@ -176,7 +186,7 @@ def time_to(target: float, run: Run, scores: dict[int, dict]) -> tuple[int | Non
 def report(args, runs: dict[str, Run], scores: dict[str, dict[int, dict]], eval_count: int) -> None:
     import torch
     from bench.stamp import commit, versions
-    finals = {family: scores[family][max(scores[family])]["val_loss"] for family in runs}
+    finals = {family: scores[family][max(scores[family])]["val_loss"] for family in runs}  # each run's last scored
     target = max(finals.values())
     common = {"commit": commit(), "versions": versions(),
               "machine": {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "nproc": os.cpu_count()}}
@@ -239,6 +249,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--families", default="dit,unet", help="which runs this call trains (recorded runs are kept)")
     parser.add_argument("--score", action="store_true", help="then score every recorded run and report")
     parser.add_argument("--prepare-only", action="store_true")
+    parser.add_argument("--report-only", action="store_true", help="report from the run and score records in --work")
     parser.add_argument("--unet-config", default="small")
     parser.add_argument("--dit-config", default="small-pixart")
     parser.add_argument("--size", type=int, default=256)
@@ -264,6 +275,10 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         OUT.append(args.out)
+    if args.report_only:  # the records a device call brought back: no data, no models
+        runs = {family: timed(args.work, family, None) for family in FAMILIES}
+        report(args, runs, score(args.work, runs, [], None), args.eval_images)
+        return
     prepare(args, args.work)
     if args.prepare_only:
         return
@@ -279,7 +294,7 @@ def main() -> None:
     runs = {family: timed(args.work, family, lambda: run_family(args, args.work, family)) for family in FAMILIES}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     samples, _ = read_eval_samples(find_eval_shards(str(args.work / "eval")), args.size, args.eval_images)
-    scores = {family: score(args, args.work, run, samples, device) for family, run in runs.items()}
+    scores = score(args.work, runs, samples, device)
     report(args, runs, scores, len(samples))
 
 
