@@ -147,6 +147,18 @@ def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family, 
         assert (getattr(trained_on, part) is None) == (getattr(served, part) is None)
 
 
+def test_sampling_reads_the_prompt_as_training_encoded_it(trained_family):
+    """PixArt's pipeline cleans a prompt (lower case, no URLs, ...) where bs4 and ftfy are installed unless told not
+    to; training's encode_prompt never does, so the sampling options tell it not to."""
+    pipeline = DiffusionPipeline.from_pretrained(trained_family["model_dir"])
+    cleaned = []
+    if hasattr(pipeline, "_text_preprocessing"):
+        real = pipeline._text_preprocessing
+        pipeline._text_preprocessing = lambda text, clean_caption=False: cleaned.append(clean_caption) or real(text, False)
+    pipeline("a red dog", num_inference_steps=1, output_type="latent", **sampling_options(pipeline))
+    assert set(cleaned) <= {False} and (cleaned or trained_family["pipeline_class"] is not PixArtSigmaPipeline)
+
+
 def test_the_validation_loss_is_the_mean_over_eight_equidistant_timesteps_with_fixed_noise(trained_family):
     models = from_pretrained(trained_family["model_dir"])
     samples = [EvalSample(f"k{i}", f"a red dog number {i}", torch.rand(3, 32, 32) * 2 - 1, []) for i in range(2)]

@@ -303,6 +303,9 @@ def negative_prompt(pipeline, value):
 
 
 def sampling_options(pipeline) -> dict:
-    """Keyword arguments the pipeline needs to draw exactly the asked height and width: PixArt's
-    pipelines otherwise snap them to the aspect-ratio bins of their 256-2048 px checkpoints."""
-    return {"use_resolution_binning": False} if "use_resolution_binning" in inspect.signature(pipeline.__call__).parameters else {}
+    """Keyword arguments the pipeline needs to draw exactly the asked height and width, from the prompt as it was
+    trained: PixArt's pipelines otherwise snap the size to the aspect-ratio bins of their 256-2048 px checkpoints,
+    and clean the prompt (lower case, no URLs, ...) where bs4 and ftfy are installed, which training's
+    encode_prompt never does (or log that they are missing, at every request)."""
+    parameters = inspect.signature(pipeline.__call__).parameters
+    return {name: False for name in ("use_resolution_binning", "clean_caption") if name in parameters}
