@@ -1,13 +1,15 @@
 """Scoring for bench/family_ttt.py: one held-out loss both families are measured by, and the catalogue grid.
 
 **The loss.** MLPerf Flux.1's validation loss (trainer/jobs/scoring.py `flow_validation_losses`): the squared
-error of the velocity `noise - latents` at the 8 equidistant flow times t = 0, 1/8, ..., 7/8, each sample's
-noise fixed by (seed, sample, timestep). A flow model is scored by it as the evaluation gate scores it. A UNet
-of the DDPM family is scored by the same quantity: its noisy input at flow time t is the DDPM state with the
-same signal-to-noise ratio, x_tau = alpha x0 + sigma eps with sigma / (alpha + sigma) = t (the flow state
-times alpha + sigma, so the nearest of its 1,000 training timesteps), and its prediction (epsilon or v) is
-turned into the velocity it implies, eps_hat - x0_hat. Same latents (one VAE), same noise, same target: the
-two families' numbers are one measure.
+error of the velocity `noise - latents` at 8 flow times, each sample's noise fixed by (seed, sample, timestep).
+A UNet of the DDPM family is scored by the same quantity: its noisy input at flow time t is the DDPM state with
+the same signal-to-noise ratio, x_tau = alpha x0 + sigma eps with sigma / (alpha + sigma) = t (the flow state
+times alpha + sigma), and its prediction (epsilon or v) is turned into the velocity it implies, eps_hat - x0_hat.
+The 8 times are those of the UNet schedule's timesteps nearest to MLPerf's t = 0, 1/8, ..., 7/8 (`common_times`),
+and both families are scored at them: the flow model at t = 0 has no noise in its input and the velocity's noise
+half cannot be predicted (a loss >= 1 whatever it learned), while the DDPM UNet's least noisy state is t = 0.028,
+from which it can; at MLPerf's own times the t = 0 term alone would decide the comparison. Same latents (one
+VAE), same noise, same target, same signal-to-noise ratios: the two families' numbers are one measure.
 
 **The grid.** Every shape x foreground x background of the catalogue (atelier/prompt_match.py GRID_PROMPTS),
 each drawn with GRID_SEEDS as the endpoint draws a request (trainer/serve/generation.py, the saved
@@ -42,20 +44,34 @@ def pipeline_with(base: Path, denoiser: Path, folder: Path) -> Path:
     return folder
 
 
-def ddpm_timesteps(alphas_cumprod: torch.Tensor, flow_times: list[float]) -> list[int]:
-    """The DDPM training timestep whose state has each flow time's signal-to-noise ratio (nearest)."""
+def flow_times(alphas_cumprod: torch.Tensor) -> torch.Tensor:
+    """Each DDPM timestep's flow time: sigma / (alpha + sigma), the same signal-to-noise ratio."""
     alpha, sigma = alphas_cumprod.double().sqrt(), (1 - alphas_cumprod.double()).sqrt()
-    equivalent = sigma / (alpha + sigma)
-    return [int((equivalent - t).abs().argmin()) for t in flow_times]
+    return sigma / (alpha + sigma)
+
+
+def ddpm_timesteps(alphas_cumprod: torch.Tensor, times: tuple[float, ...]) -> list[int]:
+    """The DDPM training timestep whose state has each flow time's signal-to-noise ratio (nearest)."""
+    equivalent = flow_times(alphas_cumprod)
+    return [int((equivalent - t).abs().argmin()) for t in times]
+
+
+def common_times(unet_base: Path) -> tuple[float, ...]:
+    """The flow times both families are scored at: those of the UNet base's timesteps nearest MLPerf's 8."""
+    from diffusers import DDPMScheduler
+    cumprod = DDPMScheduler.from_pretrained(unet_base, subfolder="scheduler").alphas_cumprod
+    equivalent = flow_times(cumprod)
+    return tuple(round(float(equivalent[step]), 6) for step in ddpm_timesteps(cumprod, VALIDATION_TIMESTEPS))
 
 
 @torch.no_grad()
-def unet_velocity_losses(models: Models, samples: list[EvalSample], seed: int, device: torch.device) -> torch.Tensor:
-    """[samples, 8] squared errors of the velocity a DDPM UNet's prediction implies, at the flow times'
+def unet_velocity_losses(models: Models, samples: list[EvalSample], seed: int, device: torch.device,
+                         times: tuple[float, ...]) -> torch.Tensor:
+    """[samples, len(times)] squared errors of the velocity a DDPM UNet's prediction implies, at the flow times'
     equivalent timesteps, with the noise `flow_validation_losses` draws."""
     scheduler = models.noise_scheduler
     cumprod = scheduler.alphas_cumprod.to(device)
-    steps = ddpm_timesteps(scheduler.alphas_cumprod, VALIDATION_TIMESTEPS)
+    steps = ddpm_timesteps(scheduler.alphas_cumprod, times)
     timesteps = torch.tensor(steps, dtype=torch.long, device=device)
     alpha, sigma = cumprod[timesteps].sqrt().view(-1, 1, 1, 1), (1 - cumprod[timesteps]).sqrt().view(-1, 1, 1, 1)
     count = len(steps)
@@ -68,27 +84,32 @@ def unet_velocity_losses(models: Models, samples: list[EvalSample], seed: int, d
         noisy = alpha * latents + sigma * noise
         context, _ = encode_captions(models, [sample.caption], device)
         output = models.denoiser(noisy, timesteps, context.repeat_interleave(count, dim=0)).sample
-        if scheduler.config.prediction_type == "v_prediction":
-            latents_hat, noise_hat = alpha * noisy - sigma * output, sigma * noisy + alpha * output
-        elif scheduler.config.prediction_type == "epsilon":
-            noise_hat = output
-            latents_hat = (noisy - sigma * output) / alpha.clamp(min=1e-4)
-        else:
-            raise ValueError(f"no velocity for prediction type {scheduler.config.prediction_type!r}")
-        losses[number] = F.mse_loss(noise_hat - latents_hat, noise - latents, reduction="none").mean(dim=(1, 2, 3)).double().cpu()
+        velocity = implied_velocity(output, noisy, alpha, sigma, scheduler.config.prediction_type)
+        losses[number] = F.mse_loss(velocity, noise - latents, reduction="none").mean(dim=(1, 2, 3)).double().cpu()
     return losses
 
 
-def velocity_loss(pipeline: Path, samples: list[EvalSample], seed: int, device: torch.device) -> dict:
-    """The held-out velocity loss of the pipeline's model (mean and by flow time)."""
+def implied_velocity(output: torch.Tensor, noisy: torch.Tensor, alpha: torch.Tensor, sigma: torch.Tensor,
+                     prediction_type: str) -> torch.Tensor:
+    """The flow velocity eps_hat - x0_hat a DDPM prediction at x_tau = alpha x0 + sigma eps implies."""
+    if prediction_type == "v_prediction":  # v = alpha eps - sigma x0
+        return (sigma * noisy + alpha * output) - (alpha * noisy - sigma * output)
+    if prediction_type == "epsilon":
+        return output - (noisy - sigma * output) / alpha.clamp(min=1e-4)
+    raise ValueError(f"no velocity for prediction type {prediction_type!r}")
+
+
+def velocity_loss(pipeline: Path, samples: list[EvalSample], seed: int, device: torch.device,
+                  times: tuple[float, ...]) -> dict:
+    """The held-out velocity loss of the pipeline's model at `times` (mean and by flow time)."""
     models = load_models(pipeline, device)
-    losses = (flow_validation_losses(models, samples, seed, device) if models.family is not None
-              else unet_velocity_losses(models, samples, seed, device))
+    losses = (flow_validation_losses(models, samples, seed, device, times) if models.family is not None
+              else unet_velocity_losses(models, samples, seed, device, times))
     del models
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"val_loss": losses.mean().item(),
-            "by_t": {f"{t:g}": round(losses[:, i].mean().item(), 5) for i, t in enumerate(VALIDATION_TIMESTEPS)}}
+            "by_t": {f"{t:.4g}": round(losses[:, i].mean().item(), 5) for i, t in enumerate(times)}}
 
 
 def grid_match(pipeline: Path) -> dict:

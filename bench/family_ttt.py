@@ -145,7 +145,8 @@ def score(work: Path, runs: dict[str, Run], samples, device) -> dict[str, dict[i
     run's last first (they set the target), then the others in time order across the runs, so a call cut short
     leaves scores that still say something. A checkpoint whose folder is gone (a report away from the machine
     that trained it) is left out."""
-    from bench.family_scores import grid_match, pipeline_with, velocity_loss
+    from bench.family_scores import common_times, grid_match, pipeline_with, velocity_loss
+    times = common_times(work / "base-unet") if samples else ()
     records = {family: work / f"{family}-scores.json" for family in runs}
     scores = {family: {int(k): v for k, v in json.loads(records[family].read_text()).items()}
               if records[family].is_file() else {} for family in runs}
@@ -156,7 +157,7 @@ def score(work: Path, runs: dict[str, Run], samples, device) -> dict[str, dict[i
         run = runs[family]
         if step not in scores[family] and run.directories[step].is_dir():
             folder = pipeline_with(work / f"base-{family}", run.directories[step], work / "scoring" / f"{family}-{step}")
-            scores[family][step] = {**velocity_loss(folder, samples, 0, device), **grid_match(folder)}
+            scores[family][step] = {**velocity_loss(folder, samples, 0, device, times), **grid_match(folder)}
             records[family].write_text(json.dumps(scores[family]))
         if step in scores[family]:
             emit({"event": "checkpoint", "family": family, "step": step, "s": round(run.checkpoints[step], 1),
@@ -195,7 +196,8 @@ def report(args, runs: dict[str, Run], scores: dict[str, dict[int, dict]], eval_
              "resolution": args.size, "images": args.images, "eval_images": eval_count, "batch": args.batch,
              "learning_rate": args.learning_rate, "budget_s": args.budget_s, "checkpoint_every": args.checkpoint_every,
              "target": round(target, 5), "target_rule": "the worse of the two runs' last held-out velocity losses",
-             "loss": "velocity MSE at t = 0, 1/8, ..., 7/8, fixed noise (bench/family_scores.py)",
+             "loss": "velocity MSE at the flow times of the UNet schedule's timesteps nearest t = 0, 1/8, ..., 7/8, "
+                     "both families, fixed noise (bench/family_scores.py)",
              "note": "from process start, the encode job included; eager; scored off the clock"}
     seconds = {}
     for family, run in runs.items():

@@ -141,16 +141,17 @@ def validation_losses(models: Models, samples: list[EvalSample], config: EvalCon
 
 
 @torch.no_grad()
-def flow_validation_losses(models: Models, samples: list[EvalSample], seed: int, device: torch.device) -> torch.Tensor:
+def flow_validation_losses(models: Models, samples: list[EvalSample], seed: int, device: torch.device,
+                           times: tuple[float, ...] = VALIDATION_TIMESTEPS) -> torch.Tensor:
     """[samples, 8] squared errors of a flow model's velocity at MLPerf Flux.1's 8 equidistant timesteps
-    (trainer/flow_matching.py), each sample's noise fixed by (seed, sample, timestep)."""
-    count = len(VALIDATION_TIMESTEPS)
+    (trainer/flow_matching.py), or at `times`, each sample's noise fixed by (seed, sample, timestep index)."""
+    count = len(times)
     losses = torch.empty(len(samples), count, dtype=torch.float64)
     for number, sample in enumerate(samples):
         latents = models.latents(models.vae.encode(sample.pixels[None].to(device)).latent_dist.mean).repeat(count, 1, 1, 1)
         noise = torch.stack([torch.randn(latents.shape[1:], generator=torch.Generator("cpu").manual_seed(
             draw_seed(seed, number, index))) for index in range(count)]).to(device)
-        t = torch.tensor(VALIDATION_TIMESTEPS, dtype=latents.dtype, device=device)
+        t = torch.tensor(times, dtype=latents.dtype, device=device)
         noisy, target = flow_noised(latents, noise, t)
         conditioning = condition(models.family, models.text_pipeline(), [sample.caption], device).repeat_interleave(count)
         prediction = predict(models.denoiser, noisy, t, conditioning)
