@@ -147,6 +147,21 @@ def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family, 
         assert (getattr(trained_on, part) is None) == (getattr(served, part) is None)
 
 
+def test_pixart_s_t5_reads_the_longest_caption_s_tokens_and_gives_what_the_300_padded_call_gives():
+    """The transformer sees the mask's positions alone (cross-attention masked, stored members cut at the mask), so
+    T5 runs on the batch's longest caption, not on the 300 positions the pipeline pads every caption to."""
+    captions = ["a red circle on a blue background", "", "A Woman in a navy raincoat crossing Shibuya at dusk, rain"]
+    models = load_models("tiny-pixart", None, seed=0, captions=lambda: captions * 4)
+    pipeline = models.text_pipeline()
+    got = condition(models.family, pipeline, captions, CPU)
+    padded, mask, _, _ = pipeline.encode_prompt(captions, do_classifier_free_guidance=False, device=CPU,
+                                                max_sequence_length=models.family.max_length)
+    assert torch.equal(got.mask, mask) and got.context.shape == padded.shape
+    kept = mask.bool()
+    torch.testing.assert_close(got.context[kept], padded[kept], rtol=1e-5, atol=1e-5)
+    assert not got.context[~kept].any()
+
+
 def test_sampling_reads_the_prompt_as_training_encoded_it(trained_family):
     """PixArt's pipeline cleans a prompt (lower case, no URLs, ...) where bs4 and ftfy are installed unless told not
     to; training's encode_prompt never does, so the sampling options tell it not to."""

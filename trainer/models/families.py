@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
                        PixArtSigmaPipeline, PixArtTransformer2DModel, SD3Transformer2DModel,
                        StableDiffusion3Pipeline)
@@ -235,9 +236,14 @@ def condition(family: Family, pipeline, captions: list[str], device: torch.devic
                                                        do_classifier_free_guidance=False,
                                                        max_sequence_length=family.max_length)
         return Conditioning(context, pooled=pooled)
+    # T5 runs on the longest caption's tokens, not the 300 the pipeline pads to: the padded positions are masked
+    # out of the transformer's cross-attention and stored as zeros, and the real ones do not depend on the padding
+    texts = pipeline._text_preprocessing(captions, clean_caption=False)  # what encode_prompt tokenizes
+    longest = max(len(ids) for ids in pipeline.tokenizer(texts, truncation=True, max_length=family.max_length).input_ids)
     context, mask, _, _ = pipeline.encode_prompt(captions, do_classifier_free_guidance=False, device=device,
-                                                 max_sequence_length=family.max_length)
-    return Conditioning(context, mask=mask)
+                                                 max_sequence_length=longest)
+    missing = family.max_length - context.shape[1]
+    return Conditioning(F.pad(context * mask[..., None].to(context.dtype), (0, 0, 0, missing)), mask=F.pad(mask, (0, missing)))
 
 
 @torch.no_grad()
