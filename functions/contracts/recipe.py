@@ -65,12 +65,18 @@ Flag = Annotated[bool, BeforeValidator(flag)]
 AutoFlag = Annotated[bool | Literal["auto"], BeforeValidator(auto_or_flag)]
 
 
-def option(default: Any, help: str, group: str | None = None, *, from_training_job: bool = False, flag: str | None = None) -> Any:
+def option(default: Any, help: str, group: str | None = None, *, from_training_job: bool = False, flag: str | None = None,
+           also: tuple[str, ...] = ()) -> Any:
     """A recipe field: its default, its help (argparse's, and the docs'), the argparse group it is listed in,
-    (an encode or autoencoder job's) whether it is taken from the training job it serves, and its flag where
-    that is not the field's name in kebab case."""
-    extra = {key: value for key, value in (("group", group), ("from_training_job", from_training_job)) if value}
+    (an encode or autoencoder job's) whether it is taken from the training job it serves, its flag where
+    that is not the field's name in kebab case, and other names it is also given by (recipes written before)."""
+    extra = {key: value for key, value in (("group", group), ("from_training_job", from_training_job), ("also", also))
+             if value}
     return Field(default, alias=flag, description=help, json_schema_extra=extra or None)
+
+
+def also_names(field: Any) -> tuple[str, ...]:
+    return tuple((field.json_schema_extra or {}).get("also", ()))
 
 
 def dest(field: Any) -> str:
@@ -86,7 +92,22 @@ class Options(BaseModel):
 
     @classmethod
     def flags(cls) -> set[str]:
-        return {field.alias for field in cls.model_fields.values()}
+        return {name for field in cls.model_fields.values() for name in (field.alias, *also_names(field))}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _other_names(cls, data: Any) -> Any:
+        """A field given by another of its names (`also`) is read as given by its flag; both at once is refused."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        for field in cls.model_fields.values():
+            for other in also_names(field):
+                if other in data:
+                    if field.alias in data:
+                        raise ValueError(f"{other} and {field.alias} name one option: give one of them")
+                    data[field.alias] = data.pop(other)
+        return data
 
     @classmethod
     def training_job_flags(cls) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
-"""The options of a training job's helper jobs, the encode job (trainer/jobs/encode.py) and the autoencoder
-job (trainer/jobs/autoencoder.py), as contracts.recipe types the training job's.
+"""The options of a training job's helper jobs, the encode job (trainer/jobs/encode.py), the autoencoder job
+(trainer/jobs/autoencoder.py) and the tokenizer job (trainer/jobs/tokenizer.py), and of the evaluation job
+(trainer/jobs/evaluate.py), as contracts.recipe types the training job's.
 
 A field marked `from_training_job` is one the job shares with the training job it serves: the start-training
 function copies those, and only those, from the training job's hyperparameters into its own
@@ -13,11 +14,16 @@ from __future__ import annotations
 from typing import Literal
 
 from contracts import model_presets
+from pydantic import field_validator
+
 from contracts.recipe import AutoFlag, Flag, Options, option
 
 ENCODE_PATHS = ("train-dir", "manifest", "index-dir", "output-dir")  # flags the container or the SM_* environment set
 AUTOENCODER_PATHS = ("train-dir", "index-dir", "validation-dir", "manifest", "model-dir", "output-data-dir",
                      "checkpoint-dir")
+TOKENIZER_PATHS = ("train-dir", "index-dir", "manifest", "model-dir", "output-data-dir", "checkpoint-dir")
+EVALUATE_PATHS = ("candidate-dir", "baseline-dir", "eval-dir", "clip-dir", "model-dir")
+DEFAULT_EVAL_TIMESTEPS = "100,300,500,700,900"
 
 
 class EncodeOptions(Options):
@@ -67,3 +73,64 @@ class AutoencoderOptions(Options):
     log_every: int = option(50, "also at the last step; each line measures PSNR")
     checkpoint_every: int = option(500, "also at the last step")
     keep_checkpoints: int = option(2, "the newest K step directories are kept")
+
+
+class TokenizerOptions(Options):
+    """trainer.jobs.tokenizer's options."""
+
+    preset: str = option(model_presets.DEFAULT, "the preset whose text encoders need them", from_training_job=True,
+                         flag="model-config")
+    vocab_size: int = option(0, "the vocabulary ceiling (0: each text encoder's, CLIP 49,408 and T5 32,000)")
+    # accepted so every job of a lineage takes the same arguments (a tokenizer has no other use for them)
+    pretrained: str | None = option(None, "the lineage's base (unused: this job runs because the base has no tokenizer)")
+    seed: int | None = option(None, "the lineage's seed (unused: learning a tokenizer draws nothing)")
+    resolution: int | None = option(None, "the lineage's resolution (unused)")
+
+    @field_validator("vocab_size")
+    @classmethod
+    def _vocab(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("the vocabulary ceiling is 0 (the encoder's own) or a positive number of ids")
+        return value
+
+
+class EvaluateOptions(Options):
+    """trainer.jobs.evaluate's options: the evaluation job's hyperparameters (what the deploy gate scores with)."""
+
+    timesteps: str = option(DEFAULT_EVAL_TIMESTEPS, "comma-separated noise timesteps for a UNet's loss (a flow "
+                            "model's is MLPerf's 8 equidistant ones)")
+    seed: int = option(0, "seeds every noise draw and sampled image")
+    max_samples: int = option(64, "the first N readable eval samples", also=("max_samples",))
+    resolution: int | None = option(None, "square image side (default: the candidate's last training phase, else its "
+                                    "built size)")
+    steps: int = option(20, "DDIM steps for the CLIP images")
+    guidance: float = option(5.0, "classifier-free guidance for the CLIP images")
+
+    @field_validator("timesteps")
+    @classmethod
+    def _timesteps(cls, text: str) -> str:
+        parts = text.split(",")
+        if not all(part.strip().isdigit() for part in parts) or len({int(part) for part in parts}) != len(parts):
+            raise ValueError("timesteps are distinct non-negative integers, comma-separated")
+        return text
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("the seed is >= 0")
+        return value
+
+    @field_validator("max_samples", "steps")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+    @field_validator("resolution")
+    @classmethod
+    def _resolution(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("a resolution is a positive number of pixels")
+        return value

@@ -11,9 +11,10 @@ import pytest
 
 from contracts import recipe
 from contracts.recipe import Phase, TrainOptions, dest
-from contracts.recipe_jobs import AUTOENCODER_PATHS, ENCODE_PATHS, AutoencoderOptions, EncodeOptions
+from contracts.recipe_jobs import (AUTOENCODER_PATHS, ENCODE_PATHS, EVALUATE_PATHS, TOKENIZER_PATHS, AutoencoderOptions,
+                                   EncodeOptions, EvaluateOptions, TokenizerOptions)
 from tests.support import REPO
-from trainer.jobs import autoencoder, encode, train_args
+from trainer.jobs import autoencoder, encode, evaluate, tokenizer, train_args
 from trainer.jobs.hyperparameters import add_options
 
 JOBS = [pytest.param(train_args.parse_args, TrainOptions, recipe.TRAIN_PATHS, ["--train-dir", "t", "--model-dir", "m"],
@@ -21,7 +22,10 @@ JOBS = [pytest.param(train_args.parse_args, TrainOptions, recipe.TRAIN_PATHS, ["
         pytest.param(encode.parse_args, EncodeOptions, ENCODE_PATHS, ["--train-dir", "t", "--output-dir", "o"],
                      id="encode"),
         pytest.param(autoencoder.parse_args, AutoencoderOptions, AUTOENCODER_PATHS, ["--train-dir", "t", "--model-dir",
-                     "m"], id="autoencoder")]
+                     "m"], id="autoencoder"),
+        pytest.param(tokenizer.parse_args, TokenizerOptions, TOKENIZER_PATHS, ["--train-dir", "t", "--model-dir", "m"],
+                     id="tokenizer"),
+        pytest.param(evaluate.parse_args, EvaluateOptions, EVALUATE_PATHS, ["--model-dir", "m"], id="evaluate")]
 
 
 class Built(Exception):
@@ -70,7 +74,7 @@ def test_a_flag_the_recipe_lacks_is_caught():
     assert flags - Fewer.flags() == {"by-hand"}
 
 
-@pytest.mark.parametrize("options", [EncodeOptions, AutoencoderOptions])
+@pytest.mark.parametrize("options", [EncodeOptions, AutoencoderOptions, TokenizerOptions])
 def test_what_a_helper_job_takes_from_its_stage_is_typed_as_the_training_option(options):
     shared = options.training_job_flags()
     train = {field.alias: field for field in TrainOptions.model_fields.values()}
@@ -112,3 +116,17 @@ def test_every_run_preset_s_stages_are_recipe_stages():
     for path in sorted((REPO / "trainer" / "configs" / "runs").glob("*.json")):
         stages = json.loads(path.read_text())["phases"]
         assert [Phase.model_validate(stage).model_dump(exclude_defaults=True) for stage in stages] == stages, path
+
+
+def test_the_evaluation_s_options_take_the_older_spelling_once(monkeypatch):
+    # GIVEN recipes written with `max_samples`, the spelling the evaluation job took before it had recipe options
+    monkeypatch.delenv("SM_HPS", raising=False)
+    assert EvaluateOptions.model_validate({"max_samples": "12"}).max_samples == 12
+    assert evaluate.parse_args(["--model-dir", "m", "--max_samples", "12"]).max_samples == 12
+    assert recipe.refusal({"max_samples": "12", "timesteps": "100,900"}, EvaluateOptions) is None
+    # WHEN both spellings, or timesteps the job cannot use, are given THEN they are refused in the check's words
+    assert recipe.refusal({"max_samples": "12", "max-samples": "4"}, EvaluateOptions) == \
+        "max_samples and max-samples name one option: give one of them"
+    assert recipe.refusal({"timesteps": "100,100"}, EvaluateOptions) == \
+        "timesteps '100,100': timesteps are distinct non-negative integers, comma-separated"
+    assert recipe.refusal({"max-samples": "0"}, EvaluateOptions) == "max-samples '0': must be at least 1"

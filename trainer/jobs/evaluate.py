@@ -14,9 +14,10 @@ Channels (`$SM_CHANNEL_<NAME>`):
     clip       optional: a transformers CLIPModel with its tokenizer and image processor
                (`save_pretrained`; or a model.tar.gz of them): the CLIP scorer; without it, no CLIP score
 
-Hyperparameters (strings): `timesteps` ("100,300,500,700,900"), `seed` (0), `max-samples` or
-`max_samples` (64), `resolution` (the candidate's last training phase from atelier-training.json,
-else the size its UNet was built for), `steps` (20: sampling steps for CLIP images), `guidance` (5.0).
+Hyperparameters (strings): contracts.recipe_jobs.EvaluateOptions, the recipe's evaluation options:
+`timesteps` ("100,300,500,700,900"), `seed` (0), `max-samples` (also `max_samples`: 64), `resolution` (the
+candidate's last training phase from atelier-training.json, else the size its UNet was built for), `steps`
+(20: sampling steps for CLIP images), `guidance` (5.0).
 
 By hand:
 
@@ -52,12 +53,13 @@ from pathlib import Path
 import torch
 
 from contracts import s3_layout
+from contracts.recipe_jobs import EvaluateOptions
 from trainer.data.eval_set import EvaluationError, eval_set_digest, find_eval_shards, read_eval_samples
+from trainer.jobs.hyperparameters import add_options, checked
 from trainer.jobs.scoring import EvalConfig, load_scorer, score_model
 from trainer.runtime.health import log
 
 SCHEMA = 1
-DEFAULT_TIMESTEPS = "100,300,500,700,900"
 
 
 # ---------------------------------------------------------------- models
@@ -102,9 +104,7 @@ def main(args: argparse.Namespace) -> dict:
     # setup
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
-    timesteps = parse_timesteps(args.timesteps)
-    if args.max_samples < 1:
-        raise EvaluationError(f"max_samples must be at least 1, got {args.max_samples}")
+    timesteps = [int(part) for part in args.timesteps.split(",")]  # checked by EvaluateOptions
     shards = find_eval_shards(args.eval_dir)  # checked before any model loads
     with tempfile.TemporaryDirectory(prefix="atelier-evaluate-") as scratch_dir:  # unpacked model.tar.gz files
         scratch = Path(scratch_dir)
@@ -142,17 +142,6 @@ def main(args: argparse.Namespace) -> dict:
     return evaluation
 
 
-def parse_timesteps(text: str) -> list[int]:
-    """Parse "100,300" into [100, 300]; EvaluationError unless distinct non-negative integers."""
-    try:
-        timesteps = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise EvaluationError(f"timesteps must be comma-separated integers, got {text!r}") from None
-    if len(set(timesteps)) != len(timesteps) or min(timesteps) < 0:
-        raise EvaluationError(f"timesteps must be distinct non-negative integers, got {text!r}")
-    return timesteps
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     parser = argparse.ArgumentParser(description="Score a candidate (and baseline) pipeline on held-out shards.")
@@ -166,16 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="optional CLIP model, tokenizer and image processor ($SM_CHANNEL_CLIP)")
     where.add_argument("--model-dir", default=env.get("SM_MODEL_DIR"), required="SM_MODEL_DIR" not in env,
                        help=f"where {s3_layout.EVALUATION_FILE} is written ($SM_MODEL_DIR)")
-    what = parser.add_argument_group("what")
-    what.add_argument("--timesteps", default=DEFAULT_TIMESTEPS, help="comma-separated noise timesteps for the loss")
-    what.add_argument("--seed", type=int, default=0, help="seeds every noise draw and sampled image")
-    what.add_argument("--max-samples", "--max_samples", dest="max_samples", type=int, default=64,
-                      help="the first N readable eval samples")
-    what.add_argument("--resolution", type=int, default=None,
-                      help="square image side (default: the candidate's last training phase, else its built size)")
-    what.add_argument("--steps", type=int, default=20, help="DDIM steps for the CLIP images")
-    what.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance for the CLIP images")
-    return parser.parse_args(argv)
+    add_options(parser, EvaluateOptions)  # the recipe (contracts.recipe_jobs); the paths above are not in it
+    return checked(parser, EvaluateOptions, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import typing
 
 from pydantic import BaseModel, ValidationError
 
-from contracts.recipe import auto_or_flag, dest, first_error, flag
+from contracts.recipe import also_names, auto_or_flag, dest, first_error, flag
 
 
 def boolean(text: str) -> bool:
@@ -53,7 +53,8 @@ def add_options(parser: argparse.ArgumentParser, options: type[BaseModel]) -> No
         if title and title not in groups:
             groups[title] = parser.add_argument_group(title)
         target = groups[title] if title else parser
-        target.add_argument(f"--{field.alias}", dest=dest(field), default=field.default,
+        names = [f"--{name}" for name in (field.alias, *also_names(field))]
+        target.add_argument(*names, dest=dest(field), default=field.default,
                             help=field.description.replace("%", "%%"), **argument_type(field))
 
 

@@ -23,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from contracts import model_presets
+from contracts.recipe_jobs import TokenizerOptions
 from trainer.data.captions import read_captions
+from trainer.jobs.hyperparameters import add_options, checked
 from trainer.models import text_tokenizers
 from trainer.models.loading import read_preset
 from trainer.report.write import write_report
@@ -73,13 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where the tokenizer folders go (default $SM_MODEL_DIR)")
     parser.add_argument("--output-data-dir", default=env.get("SM_OUTPUT_DATA_DIR"),
                         help="report.html (default $SM_OUTPUT_DATA_DIR, else <model-dir>/health)")
-    parser.add_argument("--model-config", default=model_presets.DEFAULT, help="the preset whose text encoders need them")
-    parser.add_argument("--vocab-size", type=int, default=0,
-                        help="the vocabulary ceiling (default: each text encoder's, CLIP 49,408 and T5 32,000)")
-    # accepted so every job of a lineage takes the same stage arguments (a tokenizer has no other use for them)
-    for unused in ("--pretrained", "--seed", "--resolution", "--checkpoint-dir"):
-        parser.add_argument(unused, default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    # accepted so every job of a lineage takes the same arguments (a tokenizer has no use for it)
+    parser.add_argument("--checkpoint-dir", default=None, help=argparse.SUPPRESS)
+    add_options(parser, TokenizerOptions)  # the recipe (contracts.recipe_jobs); the paths above are not in it
+    return checked(parser, TokenizerOptions, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

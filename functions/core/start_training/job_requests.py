@@ -19,7 +19,7 @@ from contracts import job_tags, s3_layout
 from contracts.container_paths import CHECKPOINT_LOCAL_PATH, TENSORBOARD_LOCAL_PATH
 from contracts.metrics import AUTOENCODER_METRIC_DEFINITIONS, METRIC_DEFINITIONS
 from contracts.recipe import PLANNED_JOB_CONTAINER_HYPERPARAMETERS
-from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions
+from contracts.recipe_jobs import AutoencoderOptions, EncodeOptions, TokenizerOptions
 from core.start_training.run_plan import PlannedJob
 from core.start_training.settings import TrainingSettings
 from core.start_training.instance_types import has_instance_store
@@ -42,7 +42,7 @@ ENCODE_HYPERPARAMETERS = (*EncodeOptions.training_job_flags(), *PLANNED_JOB_CONT
 # ... and those trainer/jobs/autoencoder.py takes from the run-plan job (AutoencoderHyperparameters add the rest)
 AUTOENCODER_PLANNED_JOB_HYPERPARAMETERS = (*AutoencoderOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/tokenizer.py takes (the preset names the text encoders its tokenizers serve)
-TOKENIZER_PLANNED_JOB_HYPERPARAMETERS = ("model-config", *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
+TOKENIZER_PLANNED_JOB_HYPERPARAMETERS = (*TokenizerOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
 
 
 def planned_job_hyperparameters(planned: PlannedJob, steps_target: int, first_step: int = 1) -> dict[str, str]:
