@@ -22,6 +22,7 @@ from typing import Any
 import boto3
 
 from atelier.local import enforcement
+from atelier.local import recipe as local_recipe
 from atelier.local.alarms import AlarmEvaluator
 from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
@@ -69,6 +70,8 @@ class StackOptions:
     # in a Secrets Manager secret, made once moto is up and given as C2paSigningSecretArn; its root CA
     # in <state_dir>/c2pa-root.pem, to verify with.
     sign_images: bool = False
+    # Recipe changes over recipes/<config_env>.toml's (atelier/local/recipe.py), e.g. {"training": {"run_plan": []}}
+    recipe: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def state_file(self) -> Path:
@@ -101,6 +104,8 @@ class LocalStack:
             self.options = opts = replace(opts, overrides={**opts.overrides, SIGNING_PARAMETER: self._signing_secret()})
         self.provisioned = self._provision()
         self._register_outputs(self.provisioned)
+        local_recipe.set_local(self.provisioned.outputs,
+                               local_recipe.combined(local_recipe.file_changes(opts.root, opts.config_env), opts.recipe))
         self.sagemaker = LocalSageMaker(Settings(state_dir=opts.state_dir / "sagemaker", region=opts.region,
                                                  account_id=MOTO_ACCOUNT, cwd=opts.root))
         self.sagemaker.start(port=_port_or_free(opts.sagemaker_port))

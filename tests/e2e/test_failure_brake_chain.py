@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 # a VAE channel the job does not have: only the container can see that, so every job fails at start, the
 # same way, as a hyperparameter naming a missing channel would on AWS (the function checks every value it can)
 FAILING = {"TrainingQuota": "1", "ShardMaxSamples": "4", "EncodeInstanceType": "", "AutoencoderInstanceType": "",
-           "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32",
-                                                  "vae": "elsewhere", "num-workers": "0"}),
            "TrainingMaxConsecutiveFailures": "2", "TrainingFailureBackoffSeconds": "2",
            "TrainingRetrySchedule": "rate(1 minute)"}
+FAILING_RECIPE = {"training": {"hyperparameters": {"steps": "2", "batch-size": "2", "resolution": "32",
+                                                   "vae": "elsewhere", "num-workers": "0"}}}
 
 
 CAUSE = "elsewhere is neither a directory nor a channel (no SM_CHANNEL_ELSEWHERE)"
@@ -45,7 +45,8 @@ def train_jobs(stack: LocalStack) -> list[dict]:
 def test_a_job_that_always_fails_halts_its_lineage_until_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # schedules every 3 s instead of every minute, so the backoff's end is seen within seconds
     with LocalStack(StackOptions(root=REPO, state_dir=tmp_path / "stack", moto_port=0, sagemaker_port=0,
-                                 overrides=FAILING, schedule_scale=0.05)) as stack:
+                                 overrides=FAILING, recipe=FAILING_RECIPE,
+                                 schedule_scale=0.05)) as stack:
         for key, value in stack.env.items():
             monkeypatch.setenv(key, value)
         client.add_partner(stack.outputs, "acme", [LICENSE], [], "e2e")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support import IMAGES
+from atelier.local.recipe import file_changes
 from atelier.local.template import Resolver, TemplateError, creation_order, dependencies, expand, load_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,7 +213,9 @@ def test_load_overrides_reads_the_list_form_of_the_real_samconfig() -> None:
 
     assert {k: overrides[k] for k in ("TrainingQuota", "TrainingInstanceType", "EndpointInstanceType")} \
         == {"TrainingQuota": "9", "TrainingInstanceType": "ml.m5.xlarge", "EndpointInstanceType": "ml.m5.large"}
-    assert json.loads(overrides["TrainingHyperparameters"])["model-config"] == "tiny"
+    # what the local jobs train is the local recipe's (recipes/local.toml), no longer a parameter
+    assert file_changes(REPO, "local")["training"]["hyperparameters"]["model-config"] == "tiny"
+    assert "TrainingHyperparameters" not in overrides
 
 
 def test_real_local_overrides_name_only_template_parameters() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from atelier.local.template import Expanded, expand
+from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.ingest.images import DecodePolicy
 from core.deploy.settings import DeploySettings
@@ -182,7 +183,16 @@ def test_fractional_aspect_ratio_is_accepted() -> None:
     ("StartTrainingFunction", TrainingSettings), ("DeployFunction", DeploySettings),
 ])
 def test_each_function_environment_in_the_template_parses(expanded: Expanded, logical_id: str, settings: Any) -> None:
-    assert isinstance(settings.from_env(function_environment(expanded, logical_id)), settings)
+    # with the default recipe's values, which the start-training and deploy functions read with their settings
+    assert isinstance(settings.from_env({**function_environment(expanded, logical_id), **packaged().settings()}),
+                      settings)
+
+
+def test_the_template_passes_no_setting_that_the_recipe_gives(expanded: Expanded) -> None:
+    functions = [name for name, r in expanded.resources.items() if r["Type"] == "AWS::Lambda::Function"]
+
+    assert {name: sorted(set(function_environment(expanded, name)) & set(packaged().settings())) for name in functions} \
+        == {name: [] for name in functions}
 
 
 def test_the_template_passes_no_setting_that_has_a_default_in_code(expanded: Expanded) -> None:

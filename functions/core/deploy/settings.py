@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from contracts import serve_environment
+from core import recipes
 from core.settings import StageSettings, settings, flat_strings, names
 from core.start_training.run_plan import hyperparameters
 
@@ -49,10 +50,13 @@ class DeploySettings(StageSettings):
     serve_environment: dict[str, str] = Field(default_factory=dict, validation_alias="SERVE_ENVIRONMENT")
     # the Secrets Manager secret (ARN) the model server signs its PNGs with (contracts/c2pa_secret.py); empty: unsigned
     signing_secret_arn: str = Field("", validation_alias="C2PA_SIGNING_SECRET_ARN")
+    # the recipe the gate, the evaluation job and the server's environment came from (contracts.recipe_file)
+    recipe_uri: str = Field("", validation_alias="RECIPE_URI")
+    recipe_digest: str = Field("", validation_alias="RECIPE_DIGEST")
 
     optional: ClassVar[frozenset[str]] = frozenset({
         "CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN", "SERVE_ENVIRONMENT",
-        "C2PA_SIGNING_SECRET_ARN"})
+        "C2PA_SIGNING_SECRET_ARN", "RECIPE_URI", "RECIPE_DIGEST"})
 
     @field_validator("rollback_alarms", mode="before")
     @classmethod
@@ -67,16 +71,10 @@ class DeploySettings(StageSettings):
     @field_validator("serve_environment", mode="before")
     @classmethod
     def _serve_environment(cls, raw: Any) -> dict[str, str]:
-        """The server's settings as a flat JSON object of its own $SERVE_* names, each value within SageMaker's limit."""
-        values = flat_strings(raw, "SERVE_ENVIRONMENT")
-        if unknown := serve_environment.unknown(values):
-            raise ValueError(f"SERVE_ENVIRONMENT: {unknown} are not the model server's settings; "
-                             f"it reads {', '.join(sorted(serve_environment.VARIABLES))}")
-        if long := sorted(name for name, value in values.items() if len(value) > serve_environment.MAX_VALUE_CHARS):
-            raise ValueError(f"SERVE_ENVIRONMENT: {long} longer than SageMaker's "
-                             f"{serve_environment.MAX_VALUE_CHARS} characters")
-        try:  # each value as the model server parses it at start
-            serve_environment.ServeSettings.from_env(values)
-        except ValueError as error:
-            raise ValueError(f"SERVE_ENVIRONMENT: {error}") from None
-        return values
+        return recipes.serve_settings(raw, "SERVE_ENVIRONMENT")
+
+    @classmethod
+    def current(cls, env: Mapping[str, str] | None = None) -> "DeploySettings":
+        """The settings the function decides with: its environment and the current recipe (core.recipes)."""
+        return cls.from_env(recipes.with_current(env))
+

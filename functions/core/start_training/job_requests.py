@@ -142,7 +142,8 @@ def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
 def _planned_job_tags(manifest_digest: str, plan_index: int, settings: TrainingSettings) -> dict[str, str]:
     return {job_tags.MANIFEST: manifest_digest, job_tags.LINEAGE: settings.lineage,
             job_tags.PLANNED_JOB: settings.run_plan[plan_index].name,
-            job_tags.FINAL_PLANNED_JOB: str(plan_index == len(settings.run_plan) - 1).lower()}
+            job_tags.FINAL_PLANNED_JOB: str(plan_index == len(settings.run_plan) - 1).lower(),
+            **({job_tags.RECIPE: settings.recipe_digest} if settings.recipe_digest else {})}
 
 
 def _helper_tags(training_job: str, role: str, manifest_digest: str, plan_index: int,

@@ -3,12 +3,14 @@ job is paid for (core/settings.py says which settings have a default)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from contracts import model_presets, recipe
 from contracts.recipe_jobs import AutoencoderOptions
+from core import recipes
 from core.errors import ConfigError
 from core.settings import StageSettings, given, settings, flat_strings, names
 from core.start_training.failure_brake import BrakeSettings
@@ -70,11 +72,21 @@ class TrainingSettings(StageSettings):
     max_consecutive_failures: int = Field(ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
     failure_backoff_s: int = Field(ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
     gpus_per_instance: int = Field(ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
+    # the recipe the run plan and the autoencoder's hyperparameters came from (contracts.recipe_file), recorded on
+    # the lineage, each job's record and each job's tags
+    recipe_uri: str = Field("", validation_alias="RECIPE_URI")
+    recipe_digest: str = Field("", validation_alias="RECIPE_DIGEST")
 
     optional: ClassVar[frozenset[str]] = frozenset({
         "TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS", "TRAINING_KMS_KEY", "TRAINING_RUN_PLAN",
         "TRAINING_ENCODE_INSTANCE_TYPE", "TRAINING_PRETRAINED_MODEL_URI", "TRAINING_AUTOENCODER_INSTANCE_TYPE",
-        "TRAINING_AUTOENCODER_HYPERPARAMETERS", "TRAINING_TOKENIZER_INSTANCE_TYPE", "TRAINING_EVAL_DATA_URI"})
+        "TRAINING_AUTOENCODER_HYPERPARAMETERS", "TRAINING_TOKENIZER_INSTANCE_TYPE", "TRAINING_EVAL_DATA_URI",
+        "RECIPE_URI", "RECIPE_DIGEST"})
+
+    @classmethod
+    def current(cls, env: Mapping[str, str] | None = None) -> "TrainingSettings":
+        """The settings the function decides with: its environment and the current recipe (core.recipes)."""
+        return cls.from_env(recipes.with_current(env))
 
     @model_validator(mode="before")
     @classmethod
