@@ -265,7 +265,7 @@ def test_expand_refuses_a_stack_without_its_images_as_cloudformation_does() -> N
     ({"TrainingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-trainer"}, "with a tag or digest"),
     ({"TrainingQuota": "0"}, r"TrainingQuota=0 must be within 1\.\.None"),
     ({"TrainingQuota": "many"}, "must be a number"),
-    ({"TrainingConcurrency": "both"}, "must be one of"),
+    ({"LogRetentionDays": "2"}, "must be one of"),
     ({"SweepSchedule": "cron(0 * * * ? *)"}, "must match pattern"),
 ])
 def test_expand_checks_each_parameter_s_constraints_as_cloudformation_does(override: dict, message: str) -> None:

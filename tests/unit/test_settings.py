@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from atelier.local.template import Expanded, expand
+from atelier.local.template import Expanded
 from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.ingest.images import DecodePolicy
@@ -19,7 +19,6 @@ from core.redrive.settings import RedriveSettings
 from core.start_training.run_plan import PlannedJob
 from core.sweep.settings import SweepSettings
 from core.start_training.settings import TrainingSettings
-from tests.support import IMAGES
 from tests.unit.settings_helpers import expanded  # noqa: F401 (a fixture)
 from tests.unit.settings_helpers import (
     ALL,
@@ -29,7 +28,6 @@ from tests.unit.settings_helpers import (
     INGEST_SETTINGS,
     PACK_ENV,
     PACK_SETTINGS,
-    REPO,
     TRAINING_ENV,
     function_environment,
 )
@@ -233,17 +231,14 @@ def test_template_ingest_defaults_parse_to_exact_settings(expanded: Expanded) ->
         256, 4.0, 95, 3, 16)
 
 
-def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_parameters() -> None:
-    # one default, the template's: the settings have none of their own
-    assert IngestSettings.__pydantic_fields__["near_duplicate_colour_distance"].is_required()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        expanded = expand(REPO / "template.yaml", {**IMAGES, "NearDuplicateDistance": "2",
-                                                   "NearDuplicateColourDistance": "40"}, "atelier", "us-east-1",
-                          "123456789012")
-    ingest = IngestSettings.from_env(function_environment(expanded, "IngestFunction"))
-    imported = ImportSettings.from_env(function_environment(expanded, "ImportFunction")).ingest
+def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_variables(expanded: Expanded) -> None:
+    # tuning knobs: one default, the settings' (the template's parameters' before), each variable overriding it
+    variables = {"NEAR_DUPLICATE_DISTANCE": "2", "NEAR_DUPLICATE_COLOUR_DISTANCE": "40"}
+    for environment, expected in (({}, (3, 16)), (variables, (2, 40))):
+        ingest = IngestSettings.from_env({**function_environment(expanded, "IngestFunction"), **environment})
+        imported = ImportSettings.from_env({**function_environment(expanded, "ImportFunction"), **environment}).ingest
 
-    assert [(s.near_duplicate_distance, s.near_duplicate_colour_distance) for s in (ingest, imported)] == [(2, 40)] * 2
+        assert [(s.near_duplicate_distance, s.near_duplicate_colour_distance) for s in (ingest, imported)] \
+            == [expected] * 2
 
 

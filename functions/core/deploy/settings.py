@@ -34,18 +34,20 @@ class DeploySettings(StageSettings):
     # the rollout
     rollback_alarms: tuple[str, ...] = Field((), validation_alias="ROLLBACK_ALARMS")
     traffic_routing: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field(validation_alias="TRAFFIC_ROUTING")
-    canary_percent: int = Field(ge=1, le=50, validation_alias="CANARY_PERCENT")
+    # share of capacity for the canary (or each linear step); SageMaker allows at most 50 (a tuning knob, as below)
+    canary_percent: int = Field(10, ge=1, le=50, validation_alias="CANARY_PERCENT")
     wait_interval_s: int = Field(ge=0, le=3600, validation_alias="WAIT_INTERVAL_S")
     bake_s: int = Field(ge=0, le=3600, validation_alias="BAKE_S")
     max_rollout_s: int = Field(ge=600, le=28800, validation_alias="MAX_ROLLOUT_S")
-    min_instances: int = Field(ge=1, validation_alias="MIN_INSTANCES")
-    max_instances: int = Field(ge=1, validation_alias="MAX_INSTANCES")
-    invocations_per_instance: int = Field(ge=1, validation_alias="INVOCATIONS_PER_INSTANCE")
+    min_instances: int = Field(1, ge=1, validation_alias="MIN_INSTANCES")  # autoscaling's bounds
+    max_instances: int = Field(4, ge=1, validation_alias="MAX_INSTANCES")
+    # autoscaling's target, invocations per instance per minute
+    invocations_per_instance: int = Field(60, ge=1, validation_alias="INVOCATIONS_PER_INSTANCE")
     kms_key: str = Field("", validation_alias="KMS_KEY_ARN")
     # how long a new endpoint instance may take to answer /ping 200: the server compiles the UNet and
     # the VAE decoder before it does (trainer/serve/generation.py; 102 s on an H200, bench/RESULTS.md);
     # 60..3600 is AWS's range for the variant's field
-    startup_timeout_s: int = Field(ge=60, le=3600, validation_alias="ENDPOINT_STARTUP_TIMEOUT_S")
+    startup_timeout_s: int = Field(1200, ge=60, le=3600, validation_alias="ENDPOINT_STARTUP_TIMEOUT_S")
     # the model server's $SERVE_* settings, in every model's container (contracts/serve_environment.py)
     serve_environment: dict[str, str] = Field(default_factory=dict, validation_alias="SERVE_ENVIRONMENT")
     # the Secrets Manager secret (ARN) the model server signs its PNGs with (contracts/c2pa_secret.py); empty: unsigned

@@ -39,7 +39,7 @@ ENCODE_SUFFIX = "-enc"
 # the run-plan job's hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them),
 # and the container's own settings (trainer/container.py) it runs with too: the recipe marks them (contracts.recipe_jobs)
 ENCODE_HYPERPARAMETERS = (*EncodeOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
-# ... and those trainer/jobs/autoencoder.py takes from the run-plan job (AutoencoderHyperparameters add the rest)
+# ... and those trainer/jobs/autoencoder.py takes from the run-plan job (training.autoencoder_hyperparameters add the rest)
 AUTOENCODER_PLANNED_JOB_HYPERPARAMETERS = (*AutoencoderOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/tokenizer.py takes (the preset names the text encoders its tokenizers serve)
 TOKENIZER_PLANNED_JOB_HYPERPARAMETERS = ("model-config", *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)

@@ -40,14 +40,16 @@ class TrainingSettings(StageSettings):
     quota: int = Field(ge=1, validation_alias="TRAINING_QUOTA")
     role_arn: str = Field(validation_alias="SAGEMAKER_ROLE_ARN")
     image_uri: str = Field(validation_alias="TRAINING_IMAGE_URI")
-    volume_gb: int = Field(validation_alias="TRAINING_VOLUME_GB")
+    volume_gb: int = Field(200, validation_alias="TRAINING_VOLUME_GB")  # a tuning knob, as below
     max_runtime_s: int = Field(validation_alias="TRAINING_MAX_RUNTIME_S")
-    max_retries: int = Field(ge=1, le=30, validation_alias="TRAINING_MAX_RETRIES")
+    max_retries: int = Field(3, ge=1, le=30, validation_alias="TRAINING_MAX_RETRIES")
     lineage: str = Field(validation_alias="TRAINING_LINEAGE")
     # "queue": claim the next manifest while a job runs; "skip": wait
-    concurrency: Literal["queue", "skip"] = Field(validation_alias="TRAINING_CONCURRENCY")
-    replay_share: float = Field(ge=0.0, le=0.9, validation_alias="TRAINING_REPLAY_SHARE")
-    keep_alive_s: int = Field(ge=0, le=3600, validation_alias="TRAINING_KEEP_ALIVE_S")
+    concurrency: Literal["queue", "skip"] = Field("queue", validation_alias="TRAINING_CONCURRENCY")
+    # share of a follow-up job's shards drawn from shards trained before, so old skills stay
+    replay_share: float = Field(0.2, ge=0.0, le=0.9, validation_alias="TRAINING_REPLAY_SHARE")
+    # SageMaker warm pool (billed while kept) so a chained run-plan job or the next job starts fast
+    keep_alive_s: int = Field(600, ge=0, le=3600, validation_alias="TRAINING_KEEP_ALIVE_S")
     subnets: tuple[str, ...] = Field((), validation_alias="TRAINING_SUBNETS")
     security_groups: tuple[str, ...] = Field((), validation_alias="TRAINING_SECURITY_GROUPS")
     kms_key: str = Field("", validation_alias="TRAINING_KMS_KEY")
@@ -71,7 +73,7 @@ class TrainingSettings(StageSettings):
     # backoff and circuit breaker on failing jobs (core.start_training.failure_brake)
     max_consecutive_failures: int = Field(ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
     failure_backoff_s: int = Field(ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
-    gpus_per_instance: int = Field(ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
+    gpus_per_instance: int = Field(0, ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
     # the recipe the run plan and the autoencoder's hyperparameters came from (contracts.recipe_file), recorded on
     # the lineage, each job's record and each job's tags
     recipe_uri: str = Field("", validation_alias="RECIPE_URI")

@@ -14,7 +14,7 @@ class SweepSettings(StageSettings):
     uploads_bucket: str = Field(validation_alias="UPLOADS_BUCKET")
     uploads_queue_url: str = Field(validation_alias="UPLOADS_QUEUE_URL")
     # an upload younger than this may still have its notification on the way
-    grace_s: int = Field(ge=0, validation_alias="SWEEP_GRACE_S")
+    grace_s: int = Field(600, ge=0, validation_alias="SWEEP_GRACE_S")  # (a tuning knob, as below)
     # uploads older than this are `atelier audit`'s business, not the sweep's (a tuning knob)
     lookback_s: int = Field(86400, ge=1, validation_alias="SWEEP_LOOKBACK_S")
     # UploadsQueue deeper than this: ingest is behind, so uploads without a record are expected and
