@@ -34,16 +34,6 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]
 from bench.catalog_shards import write_shards  # noqa: E402
 
 
-def recipe_value(name: str) -> str:
-    """A parameter override of samconfig.toml [local], as `atelier local up` applies it."""
-    config = tomllib.loads((REPO / "samconfig.toml").read_text())
-    for override in config["local"]["deploy"]["parameters"]["parameter_overrides"]:
-        key, _, value = override.partition("=")
-        if key == name:
-            return value
-    raise KeyError(f"{name} is not in samconfig.toml [local]")
-
-
 def recipe(name: str) -> dict[str, str]:
     """The local recipe's training hyperparameters (recipes/local.toml's `training.<name>`), as `atelier local up`
     sets them: `hyperparameters` or `autoencoder_hyperparameters`."""
@@ -135,7 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         base = Path(root)
         catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
-        write_shards(catalogue, base / "shards", int(recipe_value("ShardMaxSamples")), 64)
+        write_shards(catalogue, base / "shards", int(tomllib.loads((REPO / "tuning" / "local.toml").read_text())["SHARD_MAX_SAMPLES"]), 64)
         write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES, 64)
         started = time.monotonic()
         vae = autoencoder.main(autoencoder.parse_args([

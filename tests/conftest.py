@@ -19,20 +19,18 @@ from moto import mock_aws
 from atelier.local import recipe as local_recipe
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.runtime import LambdaContext
-from atelier.local.template import Expanded, expand
+from atelier.local.template import Expanded, expand, set_environment
 from core import aws
-from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, TEST_RECIPE
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, TEST_ENVIRONMENT, TEST_RECIPE
 
 TEST_OVERRIDES = {
     **IMAGES,
     "TrainingQuota": "2",
-    "MinShortSide": "64",  # the test pictures are 96 px
     # moto's SageMaker knows an old list of instance types only
     "TrainingInstanceType": "ml.m5.xlarge",
     "EndpointInstanceType": "ml.m5.large",
     "EncodeInstanceType": "",  # jobs train on the image shards; the encode tests set it
     "AutoencoderInstanceType": "",  # no lineage trains its own VAE first; the autoencoder tests set it
-    "TrainingFailureBackoffSeconds": "0",  # a failed job's shards are retried at once unless a test sets a backoff
 }
 
 
@@ -102,11 +100,13 @@ def shared_botocore_loader() -> Iterator[None]:
 
 @functools.cache
 def _expanded() -> Expanded:
-    return expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+    expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+    set_environment(expanded, TEST_ENVIRONMENT)
+    return expanded
 
 
 def expanded_template() -> Expanded:
-    """template.yaml expanded with TEST_OVERRIDES: parsed and transformed once a session (a third of a
+    """template.yaml expanded with TEST_OVERRIDES and TEST_ENVIRONMENT: parsed and transformed once a session (a third of a
     second each time), a fresh copy for every stack, which provisioning must not share."""
     return copy.deepcopy(_expanded())
 

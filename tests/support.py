@@ -19,6 +19,11 @@ ACCOUNT, REGION, STACK = "123456789012", "us-east-1", "atelier"
 # runs trainer/ from this checkout for any image.
 IMAGES = {"TrainingImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier-trainer:test",
           "InferenceImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier-trainer:test"}
+# The tuning knobs of the tests' stacks, in every function's environment (tests/conftest.py)
+TEST_ENVIRONMENT = {
+    "MIN_SHORT_SIDE": "64",  # the test pictures are 96 px
+    "TRAINING_FAILURE_BACKOFF_S": "0",  # a failed job's shards are retried at once unless a test sets a backoff
+}
 # The stack's recipe in tests: the packaged default with these changes (atelier/local/recipe.py; tests/conftest.py)
 TEST_RECIPE = {"training": {
     "hyperparameters": {"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"},
@@ -71,7 +76,7 @@ def quick_training() -> dict[str, Any]:
     quick = {name: {**training[name], "steps": "20", "checkpoint-every": "10", "log-every": "10"}
              for name in ("autoencoder_hyperparameters", "hyperparameters")}
     # 16 pictures make two shards, one job
-    return {"overrides": {"TrainingQuota": "2", "ShardMaxSamples": "8"}, "recipe": {"training": quick}}
+    return {"overrides": {"TrainingQuota": "2"}, "environment": {"SHARD_MAX_SAMPLES": "8"}, "recipe": {"training": quick}}
 
 
 def denied(call: Any, **kwargs: Any) -> bool:

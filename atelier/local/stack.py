@@ -28,7 +28,7 @@ from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.sagemaker import LocalSageMaker, Settings
 from atelier.local.state import STATE_FILE, StackError
-from atelier.local.template import expand, load_overrides
+from atelier.local.template import expand, load_overrides, load_tuning, set_environment
 from atelier.local.worker import SCHEDULE_SCALE_ENV
 
 log = logging.getLogger("atelier.local")
@@ -72,6 +72,8 @@ class StackOptions:
     sign_images: bool = False
     # Recipe changes over recipes/<config_env>.toml's (atelier/local/recipe.py), e.g. {"training": {"run_plan": []}}
     recipe: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Tuning knobs over tuning/<config_env>.toml's, in every function's environment, e.g. {"SHARD_MAX_SAMPLES": "8"}
+    environment: dict[str, str] = field(default_factory=dict)
 
     @property
     def state_file(self) -> Path:
@@ -198,6 +200,7 @@ class LocalStack:
         opts = self.options
         overrides = {**load_overrides(opts.root / "samconfig.toml", opts.config_env), **opts.overrides}
         expanded = expand(opts.root / "template.yaml", overrides, opts.stack, opts.region, MOTO_ACCOUNT)
+        set_environment(expanded, {**load_tuning(opts.root, opts.config_env), **opts.environment})
         for logical, properties in opts.property_overrides.items():  # e.g. small Timeouts in the chaos test
             expanded.resources[logical].setdefault("Properties", {}).update(properties)
         session = boto3.session.Session(region_name=opts.region)

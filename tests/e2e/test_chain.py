@@ -121,7 +121,7 @@ def claimed_shards(stack: LocalStack, name: str) -> list[str]:
     """The shard keys the job's manifest lists, checked against the claim rule (docs/training-jobs.md,
     "Starting a job"): the `TrainingQuota` oldest sealed shards (the lineage's first job: no replay),
     each in the data bucket and claimed by this job. A shard sealed later (the pack stage seals a shard
-    that has waited `ShardMaxAgeSeconds` half full, as on a slow machine) is no part of it: it is the
+    that has waited `SHARD_MAX_AGE_S` half full, as on a slow machine) is no part of it: it is the
     next job's."""
     table, data = stack.outputs["PipelineTableName"], stack.outputs["DataBucketName"]
     quota = int(stack.provisioned.functions["StartTrainingFunction"].environment["TRAINING_QUOTA"])

@@ -45,7 +45,7 @@ def test_the_recipe_s_parameters_are_gone_from_the_template_and_it_keeps_about_t
     parameters = expand_with({}).parameters
 
     assert not set(TEMPLATE_DEFAULTS) & set(parameters)
-    assert len([name for name in parameters if "::" not in name]) <= 45  # was 76 (docs/recipe.md says what is next)
+    assert len([name for name in parameters if "::" not in name]) <= 33  # was 76 (docs/recipe.md: what stays, by kind)
 
 
 def test_a_recipe_round_trips_through_its_canonical_bytes_with_the_same_digest() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from atelier.local.template import Expanded
+from atelier.local.template import Expanded, load_tuning
 from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.ingest.images import DecodePolicy
@@ -19,6 +19,7 @@ from core.redrive.settings import RedriveSettings
 from core.start_training.run_plan import PlannedJob
 from core.sweep.settings import SweepSettings
 from core.start_training.settings import TrainingSettings
+from tests.support import REPO, TEST_ENVIRONMENT
 from tests.unit.settings_helpers import expanded  # noqa: F401 (a fixture)
 from tests.unit.settings_helpers import (
     ALL,
@@ -199,6 +200,11 @@ def test_the_template_passes_no_setting_that_has_a_default_in_code(expanded: Exp
     assert len(functions) == 7
     assert {name: sorted(set(function_environment(expanded, name)) & set(DEFAULTS)) for name in functions} \
         == {name: [] for name in functions}
+
+
+def test_the_local_stacks_tuning_names_only_tuning_knobs() -> None:
+    # tuning/local.toml (atelier local up) and the tests' TEST_ENVIRONMENT set variables the settings default
+    assert set(load_tuning(REPO, "local")) | set(TEST_ENVIRONMENT) <= set(DEFAULTS)
 
 
 def test_settings_without_their_variable_take_the_defaults_in_code() -> None:

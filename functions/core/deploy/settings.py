@@ -33,11 +33,12 @@ class DeploySettings(StageSettings):
     gate_min_clip_delta: float = Field(ge=0.0, validation_alias="GATE_MIN_CLIP_DELTA")
     # the rollout
     rollback_alarms: tuple[str, ...] = Field((), validation_alias="ROLLBACK_ALARMS")
-    traffic_routing: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field(validation_alias="TRAFFIC_ROUTING")
+    traffic_routing: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field("CANARY", validation_alias="TRAFFIC_ROUTING")
     # share of capacity for the canary (or each linear step); SageMaker allows at most 50 (a tuning knob, as below)
     canary_percent: int = Field(10, ge=1, le=50, validation_alias="CANARY_PERCENT")
-    wait_interval_s: int = Field(ge=0, le=3600, validation_alias="WAIT_INTERVAL_S")
-    bake_s: int = Field(ge=0, le=3600, validation_alias="BAKE_S")
+    # each canary or linear step is watched this long; the old fleet is kept this long after the shift
+    wait_interval_s: int = Field(300, ge=0, le=3600, validation_alias="WAIT_INTERVAL_S")
+    bake_s: int = Field(600, ge=0, le=3600, validation_alias="BAKE_S")
     max_rollout_s: int = Field(ge=600, le=28800, validation_alias="MAX_ROLLOUT_S")
     min_instances: int = Field(1, ge=1, validation_alias="MIN_INSTANCES")  # autoscaling's bounds
     max_instances: int = Field(4, ge=1, validation_alias="MAX_INSTANCES")

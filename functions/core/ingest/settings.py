@@ -16,6 +16,9 @@ MAX_IMAGE_PIXELS = 178_956_970  # Pillow's own decompression-bomb limit, stated 
 ALPHA_BACKGROUND = (255, 255, 255)  # R,G,B that transparent pixels are composited over
 # Four 16-bit bands find every hash within 3 bits (pigeonhole); beyond that some are missed.
 MAX_NEAR_DISTANCE = 3
+# A sidecar still waiting for its image this long after it was written is an orphan (core.ingest.sidecars); the
+# sweep re-drives it then, so ingest records it as one (core/sweep/settings.py)
+ORPHAN_GRACE_S = 3600
 
 
 @settings
@@ -26,7 +29,8 @@ class IngestSettings(StageSettings):
     # larger uploads are quarantined (too_large) without reading a byte
     max_upload_bytes: int = Field(200 << 20, ge=1, validation_alias="MAX_UPLOAD_BYTES")
     decode: DecodePolicy  # from ALLOWED_FORMATS, MAX_IMAGE_PIXELS, ALPHA_BACKGROUND, STORE_MAX_SIDE, REENCODE
-    min_short_side: int = Field(ge=1, validation_alias="MIN_SHORT_SIDE")
+    # uploads whose shorter side (after EXIF rotation) is smaller are quarantined (too_small)
+    min_short_side: int = Field(256, ge=1, validation_alias="MIN_SHORT_SIDE")
     max_aspect_ratio: float = Field(4.0, ge=1.0, validation_alias="MAX_ASPECT_RATIO")  # long / short side (bad_aspect)
     jpeg_quality: int = Field(95, ge=50, le=100, validation_alias="STORE_JPEG_QUALITY")  # of re-encoded samples
     # perceptual-hash distance (bits) under which a sample is flagged as a near duplicate
@@ -38,7 +42,7 @@ class IngestSettings(StageSettings):
     # a caption (sidecar or embedded) longer than this is refused (caption_too_long)
     max_caption_chars: int = Field(2000, ge=1, le=100_000, validation_alias="MAX_CAPTION_CHARS")
     # A sidecar whose image is still missing this long after it was written is an orphan (core.ingest.sidecars).
-    sidecar_orphan_grace_s: int = Field(ge=0, validation_alias="SIDECAR_ORPHAN_GRACE_S")
+    sidecar_orphan_grace_s: int = Field(ORPHAN_GRACE_S, ge=0, validation_alias="SIDECAR_ORPHAN_GRACE_S")
     pack_lanes: int = Field(ge=1, le=MAX_LANES, validation_alias="PACK_LANES")  # an accepted record's lane
     # Input limits besides bytes, pixels and caption (docs/reliability.md): tuning knobs
     max_sidecar_bytes: int = Field(65536, ge=2, le=1 << 20, validation_alias="MAX_SIDECAR_BYTES")

@@ -41,7 +41,7 @@ class TrainingSettings(StageSettings):
     role_arn: str = Field(validation_alias="SAGEMAKER_ROLE_ARN")
     image_uri: str = Field(validation_alias="TRAINING_IMAGE_URI")
     volume_gb: int = Field(200, validation_alias="TRAINING_VOLUME_GB")  # a tuning knob, as below
-    max_runtime_s: int = Field(validation_alias="TRAINING_MAX_RUNTIME_S")
+    max_runtime_s: int = Field(432000, validation_alias="TRAINING_MAX_RUNTIME_S")  # SageMaker's longest, 5 days
     max_retries: int = Field(3, ge=1, le=30, validation_alias="TRAINING_MAX_RETRIES")
     lineage: str = Field(validation_alias="TRAINING_LINEAGE")
     # "queue": claim the next manifest while a job runs; "skip": wait
@@ -71,8 +71,10 @@ class TrainingSettings(StageSettings):
     tokenizer_instance_type: str = Field("", validation_alias="TRAINING_TOKENIZER_INSTANCE_TYPE")
     eval_data_uri: str = Field("", validation_alias="TRAINING_EVAL_DATA_URI")  # the autoencoder job's `validation`
     # backoff and circuit breaker on failing jobs (core.start_training.failure_brake)
-    max_consecutive_failures: int = Field(ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
-    failure_backoff_s: int = Field(ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
+    # failed jobs in a row (capacity errors not counted) that halt a lineage until `atelier lineage resume`
+    max_consecutive_failures: int = Field(3, ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
+    # the wait after a lineage's first failed job; it doubles with each failure in a row (at most 6 hours)
+    failure_backoff_s: int = Field(600, ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
     gpus_per_instance: int = Field(0, ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
     # the recipe the run plan and the autoencoder's hyperparameters came from (contracts.recipe_file), recorded on
     # the lineage, each job's record and each job's tags
