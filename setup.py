@@ -21,6 +21,7 @@ from setuptools.command.editable_wheel import editable_wheel
 SHARED = {"core": "functions/core", "contracts": "functions/contracts", "trainer": "trainer"}
 PREFIX = "atelier._shared"
 CONFIGS = ["configs/*.json", "configs/runs/*.json", "configs/defaults/*.json"]  # trainer's model and run presets
+RECIPE = "default_recipe.json"  # the recipe that applies while none was set (contracts.recipe_file)
 
 
 def packages(prefix: str) -> tuple[list[str], dict[str, str]]:
@@ -76,7 +77,7 @@ class editable_checkout(editable_wheel):
     def finalize_options(self) -> None:
         dist = self.distribution
         dist.packages, dist.package_dir = packages("")
-        dist.package_data = {"trainer": CONFIGS}
+        dist.package_data = {"trainer": CONFIGS, "contracts": [RECIPE]}
         super().finalize_options()
 
 
@@ -84,6 +85,6 @@ PACKAGES, FOLDERS = packages(PREFIX)
 setup(
     packages=PACKAGES,
     package_dir=FOLDERS,
-    package_data={f"{PREFIX}.trainer": CONFIGS},
+    package_data={f"{PREFIX}.trainer": CONFIGS, f"{PREFIX}.contracts": [RECIPE]},
     cmdclass={"build_py": build_shared, "editable_wheel": editable_checkout},
 )

@@ -32,8 +32,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 console = Console()
 errors = Console(stderr=True)
 # atelier/<area>.py modules with a `register(commands)` that adds their subcommands
-COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_partner", "cli_provenance", "cli_reliability",
-                 "cli_report")
+COMMAND_AREAS = ("cli_base", "cli_deploy", "cli_import", "cli_partner", "cli_provenance", "cli_recipe",
+                 "cli_reliability", "cli_report")
 
 
 # --- local stack ----------------------------------------------------------------------------------
@@ -287,7 +287,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=5100, help="moto's port (SageMaker's is the next one; 0: any free)")
     up.add_argument("--parameter", action="append", type=parameter_override, default=[], metavar="NAME=VALUE",
                     help="a template parameter, over samconfig.toml [local]'s (repeat for several), "
-                         "e.g. TrainingHyperparameters='{...}'")
+                         "e.g. TrainingQuota=4 (what the jobs train is the recipe: recipes/local.toml, "
+                         "`atelier recipe set`)")
     up.add_argument("--base", type=Path, default=None, metavar="DIR",
                     help="a diffusers pipeline folder (or some of its parts: vae/, text_encoder/, ...) every job "
                          "starts from: uploaded and set as PretrainedModelUri")

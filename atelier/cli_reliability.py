@@ -91,7 +91,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     audit.add_argument("--since", type=_when, help="ISO time; default a day before --until")
     audit.add_argument("--until", type=_when, help="ISO time; default now")
     audit.add_argument("--grace", type=float, default=7200.0,
-                       help="seconds an upload may still be on its way (default 7200: ShardMaxAgeSeconds + margin)")
+                       help="seconds an upload may still be on its way (default 7200: SHARD_MAX_AGE_S + margin)")
     audit.add_argument("--skip-bytes", action="store_true", help="check the indexes only, not the shards' bytes")
     audit.set_defaults(func=cmd_audit)
 

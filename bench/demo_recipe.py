@@ -34,19 +34,10 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]
 from bench.catalog_shards import write_shards  # noqa: E402
 
 
-def recipe_value(name: str) -> str:
-    """A parameter override of samconfig.toml [local], as `atelier local up` applies it."""
-    config = tomllib.loads((REPO / "samconfig.toml").read_text())
-    for override in config["local"]["deploy"]["parameters"]["parameter_overrides"]:
-        key, _, value = override.partition("=")
-        if key == name:
-            return value
-    raise KeyError(f"{name} is not in samconfig.toml [local]")
-
-
 def recipe(name: str) -> dict[str, str]:
-    """A hyperparameter JSON of samconfig.toml [local] (TrainingHyperparameters, ...)."""
-    return json.loads(recipe_value(name))
+    """The local recipe's training hyperparameters (recipes/local.toml's `training.<name>`), as `atelier local up`
+    sets them: `hyperparameters` or `autoencoder_hyperparameters`."""
+    return tomllib.loads((REPO / "recipes" / "local.toml").read_text())["training"][name]
 
 
 def argv(hyperparameters: dict[str, str]) -> list[str]:
@@ -67,7 +58,7 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     from trainer.serve.settings import ServeSettings
 
     base, work = Path(root), Path(root) / f"{variant}-{seed}"
-    hyper = {**recipe("TrainingHyperparameters"), "seed": str(seed), "validation-prompts": "", **overrides}
+    hyper = {**recipe("hyperparameters"), "seed": str(seed), "validation-prompts": "", **overrides}
     started = time.monotonic()
     encode.main(encode.parse_args(["--train-dir", str(base / "shards"), "--output-dir", str(work / "latents"),
                                    "--vae", str(base / "vae"), "--seed", str(seed), "--resolution", hyper["resolution"],
@@ -100,7 +91,7 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
-    """'NAME' or 'NAME:key=value,key=value' (TrainingHyperparameters overrides)."""
+    """'NAME' or 'NAME:key=value,key=value' (the local recipe's training hyperparameters, overridden)."""
     name, _, pairs = text.partition(":")
     return name, dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
 
@@ -109,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2,3", help="comma-separated UNet seeds")
     parser.add_argument("--variant", action="append", type=variant, default=[], metavar="NAME[:KEY=VALUE,...]",
-                        help="a recipe to try: the shipped TrainingHyperparameters with these overrides (default: shipped)")
+                        help="a recipe to try: the local recipe's training hyperparameters with these overrides (default: shipped)")
     parser.add_argument("--guidance", default=None, help="comma-separated guidance scales to score (default: the demo's)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process (CI has 2 cores)")
     parser.add_argument("--workers", type=int, default=None, help="processes at once (default: one per job)")
@@ -117,7 +108,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=None, help="training pictures (default: the demo's)")
     parser.add_argument("--grid", action="store_true", help="also score the whole catalogue grid (demo.prompt_match_grid)")
     parser.add_argument("--autoencoder-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override an AutoencoderHyperparameters entry")
+                        help="override an entry of the local recipe's autoencoder hyperparameters")
     args = parser.parse_args()
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -134,12 +125,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         base = Path(root)
         catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
-        write_shards(catalogue, base / "shards", int(recipe_value("ShardMaxSamples")), 64)
+        write_shards(catalogue, base / "shards", int(tomllib.loads((REPO / "tuning" / "local.toml").read_text())["SHARD_MAX_SAMPLES"]), 64)
         write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES, 64)
         started = time.monotonic()
         vae = autoencoder.main(autoencoder.parse_args([
             "--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"), "--model-dir", str(base / "vae"),
-            *argv({**recipe("AutoencoderHyperparameters"), "num-workers": "0",
+            *argv({**recipe("autoencoder_hyperparameters"), "num-workers": "0",
                    **dict(item.split("=", 1) for item in args.autoencoder_set)})]))
         print(json.dumps({"event": "vae", "psnr_db": vae["psnr_db"], "s": round(time.monotonic() - started, 1)}), flush=True)
         jobs = [(name, overrides, seed) for name, overrides in variants for seed in seeds]

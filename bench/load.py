@@ -39,12 +39,12 @@ from core import aws
 from atelier import audit
 
 PARTNER = "load"
-# samconfig.toml [local] otherwise, whose pack settings (8 samples a batch and a shard) make the demo's
+# samconfig.toml [local] and tuning/local.toml otherwise, whose pack settings (8 samples a batch and a shard) make the demo's
 # 16 images two shards; here they would make 1,250 shards, each sealed by its own invocation. The load
 # test packs as a partner's bulk upload would be packed: 100 samples an invocation, shards of up to
 # 1,000 samples sealed within a minute. No training during the test.
-OVERRIDES = {"TrainingQuota": "100000", "PackBatchSize": "100", "PackBatchWindowSeconds": "5",
-             "ShardMaxSamples": "1000", "ShardMaxAgeSeconds": "60"}
+OVERRIDES = {"TrainingQuota": "100000", "PackBatchSize": "100", "PackBatchWindowSeconds": "5"}
+ENVIRONMENT = {"SHARD_MAX_SAMPLES": "1000", "SHARD_MAX_AGE_S": "60"}  # tuning knobs, over tuning/local.toml's
 # A batch that fails returns after its queue's visibility timeout, 90 minutes for PackQueue: a minute
 # here, so a retry shows in the latency instead of outlasting the run.
 PROPERTIES = {"PackFunction": {"Timeout": 60}, "PackQueue": {"VisibilityTimeout": 60},
@@ -64,10 +64,12 @@ def main() -> None:
     made = traffic.uploads(PARTNER, args.uploads, seed=0, large_share=args.large_share, sidecar_share=0.3)
     config = {"uploads": args.uploads, "rate": args.rate or "unpaced", "large_share": args.large_share,
               "bytes": sum(len(u.body) for u in made), "sidecar_share": 0.3,
-              "local_config": "samconfig.toml [local] + " + json.dumps(OVERRIDES),
+              "local_config": "samconfig.toml [local] + " + json.dumps(OVERRIDES) + ", tuning/local.toml + "
+                              + json.dumps(ENVIRONMENT),
               "properties": PROPERTIES, "concurrency": args.concurrency}
     with tempfile.TemporaryDirectory() as state:
         options = StackOptions(root=REPO, state_dir=Path(state), moto_port=0, sagemaker_port=0, overrides=OVERRIDES,
+                               environment=ENVIRONMENT,
                                property_overrides=PROPERTIES, concurrency=args.concurrency)
         with LocalStack(options) as stack:
             aws.reset_clients()

@@ -259,7 +259,7 @@ if __name__ == "__main__":
     parser.add_argument("--image-kib", type=int, nargs=2, default=[256, 1024], metavar=("MIN", "MAX"),
                         help="image sizes, uniform between MIN and MAX KiB")
     parser.add_argument("--batch", type=int, default=64, help="samples per invocation (PackBatchSize)")
-    parser.add_argument("--shard-mib", type=int, default=64, help="ShardTargetBytes, in MiB")
+    parser.add_argument("--shard-mib", type=int, default=64, help="SHARD_TARGET_BYTES, in MiB")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; each runs every N once")
     parser.add_argument("--strict", action="store_true", help="stop at a packer's first failed invocation")
     parser.add_argument("--redelivery-s", type=float, default=1.0,

@@ -183,14 +183,15 @@ def provision(url: str, lane_count: int, args: argparse.Namespace) -> tuple[Pack
     import boto3
 
     from atelier.local.provision import Provisioner
-    from atelier.local.template import expand, load_overrides
+    from atelier.local.template import expand, load_overrides, set_environment
 
     os.environ["AWS_ENDPOINT_URL"] = url
     aws.reset_clients()
     overrides = {**load_overrides(REPO / "samconfig.toml", "local"), "PackLanes": str(lane_count),
-                 "PackBatchSize": str(args.batch), "ShardTargetBytes": str(args.shard_mib * MIB),
-                 "ShardMaxSamples": "10000", "ShardMaxAgeSeconds": "3600"}
+                 "PackBatchSize": str(args.batch)}
     expanded = expand(REPO / "template.yaml", overrides, STACK, REGION, ACCOUNT)
+    set_environment(expanded, {"SHARD_TARGET_BYTES": str(args.shard_mib * MIB), "SHARD_MAX_SAMPLES": "10000",
+                               "SHARD_MAX_AGE_S": "3600"})
     provisioned = Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.session.Session(region_name=REGION).client).provision()
     settings = PackSettings.from_env(provisioned.functions["PackFunction"].environment)
     mapping = next(s for s in provisioned.sources if s.function == "PackFunction" and s.kind == "sqs")

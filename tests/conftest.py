@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -17,24 +16,21 @@ import botocore.session
 import pytest
 from moto import mock_aws
 
+from atelier.local import recipe as local_recipe
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.runtime import LambdaContext
-from atelier.local.template import Expanded, expand
+from atelier.local.template import Expanded, expand, set_environment
 from core import aws
-from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK
+from tests.support import ACCOUNT, IMAGES, REGION, REPO, STACK, TEST_ENVIRONMENT, TEST_RECIPE
 
 TEST_OVERRIDES = {
     **IMAGES,
     "TrainingQuota": "2",
-    "MinShortSide": "64",  # the test pictures are 96 px
     # moto's SageMaker knows an old list of instance types only
     "TrainingInstanceType": "ml.m5.xlarge",
     "EndpointInstanceType": "ml.m5.large",
     "EncodeInstanceType": "",  # jobs train on the image shards; the encode tests set it
     "AutoencoderInstanceType": "",  # no lineage trains its own VAE first; the autoencoder tests set it
-    "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"}),
-    "TrainingRunPlan": "[]",  # one job a manifest; the run-plan tests set stages
-    "TrainingFailureBackoffSeconds": "0",  # a failed job's shards are retried at once unless a test sets a backoff
 }
 
 
@@ -104,13 +100,22 @@ def shared_botocore_loader() -> Iterator[None]:
 
 @functools.cache
 def _expanded() -> Expanded:
-    return expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+    expanded = expand(REPO / "template.yaml", TEST_OVERRIDES, STACK, REGION, ACCOUNT)
+    set_environment(expanded, TEST_ENVIRONMENT)
+    return expanded
 
 
 def expanded_template() -> Expanded:
-    """template.yaml expanded with TEST_OVERRIDES: parsed and transformed once a session (a third of a
+    """template.yaml expanded with TEST_OVERRIDES and TEST_ENVIRONMENT: parsed and transformed once a session (a third of a
     second each time), a fresh copy for every stack, which provisioning must not share."""
     return copy.deepcopy(_expanded())
+
+
+def provisioned_with_recipe() -> Provisioned:
+    """Every resource of template.yaml, and TEST_RECIPE as the current recipe."""
+    provisioned = Provisioner(expanded_template(), STACK, REGION, ACCOUNT, boto3.client).provision()
+    local_recipe.set_local(provisioned.outputs, TEST_RECIPE)
+    return provisioned
 
 
 @pytest.fixture(autouse=True)
@@ -136,9 +141,9 @@ def lambda_context() -> LambdaContext:
 
 @pytest.fixture
 def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
-    """moto with every resource of template.yaml, created by the local stack's own provisioner."""
+    """moto with every resource of template.yaml, created by the local stack's own provisioner, and TEST_RECIPE set."""
     with mock_aws():
-        yield Provisioner(expanded_template(), STACK, REGION, ACCOUNT, boto3.client).provision()
+        yield provisioned_with_recipe()
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +159,7 @@ def module_stack() -> Iterator[Provisioned]:
                             "AWS_DEFAULT_REGION": REGION}.items():
             patch.setenv(name, value)
         with mock_aws():
-            yield Provisioner(expanded_template(), STACK, REGION, ACCOUNT, boto3.client).provision()
+            yield provisioned_with_recipe()
 
 
 @pytest.fixture

@@ -19,6 +19,16 @@ ACCOUNT, REGION, STACK = "123456789012", "us-east-1", "atelier"
 # runs trainer/ from this checkout for any image.
 IMAGES = {"TrainingImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier-trainer:test",
           "InferenceImageUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/atelier-trainer:test"}
+# The tuning knobs of the tests' stacks, in every function's environment (tests/conftest.py)
+TEST_ENVIRONMENT = {
+    "MIN_SHORT_SIDE": "64",  # the test pictures are 96 px
+    "TRAINING_FAILURE_BACKOFF_S": "0",  # a failed job's shards are retried at once unless a test sets a backoff
+}
+# The stack's recipe in tests: the packaged default with these changes (atelier/local/recipe.py; tests/conftest.py)
+TEST_RECIPE = {"training": {
+    "hyperparameters": {"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny"},
+    "run_plan": [],  # one job a manifest; the run-plan tests set stages
+}}
 
 
 def load_event(name: str) -> dict[str, Any]:
@@ -57,16 +67,16 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
-def quick_training() -> dict[str, str]:
-    """samconfig.toml [local]'s autoencoder and training parameters with a few steps each: for the e2e
-    tests that need a model to flow through the chain, not one that draws its prompts."""
-    from atelier.local.template import load_overrides
-    overrides = load_overrides(REPO / "samconfig.toml", "local")
-    quick = {"TrainingQuota": "2", "ShardMaxSamples": "8"}  # 16 pictures make two shards, one job
-    for name, steps in (("AutoencoderHyperparameters", "20"), ("TrainingHyperparameters", "20")):
-        hyperparameters = json.loads(overrides[name])
-        quick[name] = json.dumps({**hyperparameters, "steps": steps, "checkpoint-every": "10", "log-every": "10"})
-    return quick
+def quick_training() -> dict[str, Any]:
+    """StackOptions' overrides and recipe changes: recipes/local.toml's autoencoder and training hyperparameters
+    with a few steps each, for the e2e tests that need a model to flow through the chain, not one that draws its
+    prompts."""
+    from atelier.local.recipe import file_changes
+    training = file_changes(REPO, "local")["training"]
+    quick = {name: {**training[name], "steps": "20", "checkpoint-every": "10", "log-every": "10"}
+             for name in ("autoencoder_hyperparameters", "hyperparameters")}
+    # 16 pictures make two shards, one job
+    return {"overrides": {"TrainingQuota": "2"}, "environment": {"SHARD_MAX_SAMPLES": "8"}, "recipe": {"training": quick}}
 
 
 def denied(call: Any, **kwargs: Any) -> bool:

@@ -6,9 +6,10 @@ the SageMaker Python SDK, whose session then streams the job's CloudWatch logs.
     python -m trainer.launch --manifest s3://<data>/manifests/<job>.manifest --job-name my-run-1 \\
         --settings-from-function <deployed StartTrainingFunction name> [--stage 0] [--steps 1000] [--wait]
 
-`--settings-from-function` reads the deployed function's environment, so instance types, quota,
-role, image, checkpoints and hyperparameters are exactly the pipeline's; `--env-json FILE` takes the
-same variables from a file instead (e.g. for a stack you cannot read).
+`--settings-from-function` reads the deployed function's environment, and the stack's current recipe
+(core.recipes: the hyperparameters and the run plan), so instance types, quota, role, image, checkpoints
+and hyperparameters are exactly the pipeline's; `--env-json FILE` takes the variables from a file instead
+(e.g. for a stack you cannot read).
 
 This runs on an operator's machine, never in the image (no module the image runs imports it): it
 alone under trainer/ imports the Lambda-side `core`, so that the request is the function's own, not
@@ -31,9 +32,9 @@ from core.start_training.job_requests import training_job_request
 
 def settings_from(args: argparse.Namespace, boto_session: Any) -> TrainingSettings:
     if args.env_json:
-        return TrainingSettings.from_env(json.loads(Path(args.env_json).read_text()))
+        return TrainingSettings.current(json.loads(Path(args.env_json).read_text()))
     configuration = boto_session.client("lambda").get_function_configuration(FunctionName=args.settings_from_function)
-    return TrainingSettings.from_env(configuration["Environment"]["Variables"])
+    return TrainingSettings.current(configuration["Environment"]["Variables"])
 
 
 def rich_manifest_uri(manifest_uri: str) -> str:

@@ -22,12 +22,13 @@ from typing import Any
 import boto3
 
 from atelier.local import enforcement
+from atelier.local import recipe as local_recipe
 from atelier.local.alarms import AlarmEvaluator
 from atelier.local.chaos import CHAOS_ENV
 from atelier.local.provision import Provisioned, Provisioner
 from atelier.local.sagemaker import LocalSageMaker, Settings
 from atelier.local.state import STATE_FILE, StackError
-from atelier.local.template import expand, load_overrides
+from atelier.local.template import expand, load_overrides, load_tuning, set_environment
 from atelier.local.worker import SCHEDULE_SCALE_ENV
 
 log = logging.getLogger("atelier.local")
@@ -69,6 +70,10 @@ class StackOptions:
     # in a Secrets Manager secret, made once moto is up and given as C2paSigningSecretArn; its root CA
     # in <state_dir>/c2pa-root.pem, to verify with.
     sign_images: bool = False
+    # Recipe changes over recipes/<config_env>.toml's (atelier/local/recipe.py), e.g. {"training": {"run_plan": []}}
+    recipe: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Tuning knobs over tuning/<config_env>.toml's, in every function's environment, e.g. {"SHARD_MAX_SAMPLES": "8"}
+    environment: dict[str, str] = field(default_factory=dict)
 
     @property
     def state_file(self) -> Path:
@@ -101,6 +106,8 @@ class LocalStack:
             self.options = opts = replace(opts, overrides={**opts.overrides, SIGNING_PARAMETER: self._signing_secret()})
         self.provisioned = self._provision()
         self._register_outputs(self.provisioned)
+        local_recipe.set_local(self.provisioned.outputs,
+                               local_recipe.combined(local_recipe.file_changes(opts.root, opts.config_env), opts.recipe))
         self.sagemaker = LocalSageMaker(Settings(state_dir=opts.state_dir / "sagemaker", region=opts.region,
                                                  account_id=MOTO_ACCOUNT, cwd=opts.root))
         self.sagemaker.start(port=_port_or_free(opts.sagemaker_port))
@@ -193,6 +200,7 @@ class LocalStack:
         opts = self.options
         overrides = {**load_overrides(opts.root / "samconfig.toml", opts.config_env), **opts.overrides}
         expanded = expand(opts.root / "template.yaml", overrides, opts.stack, opts.region, MOTO_ACCOUNT)
+        set_environment(expanded, {**load_tuning(opts.root, opts.config_env), **opts.environment})
         for logical, properties in opts.property_overrides.items():  # e.g. small Timeouts in the chaos test
             expanded.resources[logical].setdefault("Properties", {}).update(properties)
         session = boto3.session.Session(region_name=opts.region)

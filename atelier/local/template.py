@@ -57,6 +57,21 @@ def load_overrides(samconfig: Path, environment: str) -> dict[str, str]:
     return {k: v.strip('"') for k, v in pairs}
 
 
+def load_tuning(root: Path, config_env: str) -> dict[str, str]:
+    """tuning/<config env>.toml: the tuning knobs (variables) a local stack sets in every function's environment."""
+    path = root / "tuning" / f"{config_env}.toml"
+    return {k: str(v) for k, v in tomllib.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def set_environment(expanded: Expanded, variables: dict[str, str]) -> None:
+    """Variables in every function's environment, over the template's: tuning knobs, set as `sam local invoke
+    --env-vars` or a function configuration update would set them on AWS (their defaults are the settings')."""
+    for resource in expanded.resources.values():
+        if resource["Type"] == "AWS::Lambda::Function" and variables:
+            properties = resource.setdefault("Properties", {})
+            properties.setdefault("Environment", {}).setdefault("Variables", {}).update(variables)
+
+
 def expand(path: Path, overrides: dict[str, str], stack: str, region: str, account: str) -> Expanded:
     # samtranslator takes 0.4 s to import: here, not at the top, so that every `atelier` command (which
     # imports this module for TemplateError) does not pay it

@@ -53,7 +53,7 @@ def encode(image: Image.Image, fmt: str) -> bytes:
 def uploads(partner: str, count: int, seed: int, large_share: float = 0.0, sidecar_share: float = 0.3,
             prefix: str = "") -> list[Upload]:
     """`count` distinct images of the three formats, 64..256 px, `large_share` of them 1,024..1,600 px
-    photos-in-spirit (larger bytes, still under StoreMaxSide); some with a caption/license sidecar."""
+    photos-in-spirit (larger bytes, still under STORE_MAX_SIDE); some with a caption/license sidecar."""
     rng = random.Random(seed)
     made = []
     for n in range(count):

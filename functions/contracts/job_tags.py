@@ -7,6 +7,7 @@ from __future__ import annotations
 MANIFEST = "atelier:manifest"  # the digest of the manifest it trains on
 LINEAGE = "atelier:lineage"
 PLANNED_JOB = "atelier:stage"  # the run-plan job's name (the tag keeps its first spelling: recorded jobs carry it)
+RECIPE = "atelier:recipe"  # the digest of the recipe it was started with (contracts.recipe_file)
 FINAL_PLANNED_JOB = "atelier:final-stage"  # "true" on the run plan's last job, the one whose model is a deploy candidate
 # on an encode, autoencoder, tokenizer or evaluation job: what it is, and the training job it runs for
 ROLE = "atelier:role"

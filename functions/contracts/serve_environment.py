@@ -1,8 +1,8 @@
-"""The model server's settings (ServeSettings: one $SERVE_* variable a field), which the ServeEnvironment
+"""The model server's settings (ServeSettings: one $SERVE_* variable a field), which the serve.environment
 parameter may set: a contract, since both sides parse them with this code.
 
 trainer/serve/settings.py reads them at start (ServeSettings.from_env) and refuses any other $SERVE_* name;
-the deploy stage checks a ServeEnvironment with the same parser before it creates a model
+the deploy stage checks a serve.environment with the same parser before it creates a model
 (core/settings.py), so a misspelt name or a bad value fails there, at once, not in a deployment that rolls
 back minutes later. What each setting does: trainer/serve/settings.py and levers.py.
 """

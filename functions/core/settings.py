@@ -28,6 +28,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 from pydantic_core import ArgsKwargs
 
+from contracts import recipe_file
 from core.errors import ConfigError
 
 
@@ -81,6 +82,8 @@ def describe(cls: type, error: ValidationError) -> str:
     field = next((f for f in fields.values() if f.validation_alias == name), None)
     value = first.get("input")
     kind, context = first["type"], first.get("ctx", {})
+    if kind == "missing" and name in recipe_file.SETTINGS:
+        return f"{name} is not set (the recipe gives it: the settings' `current`, core/recipes.py)"
     if kind == "missing":
         return f"environment variable {name} is not set (template.yaml sets it)"
     if kind in {"int_parsing", "int_from_float"}:

@@ -43,4 +43,4 @@ CORRELATION = "detail.TrainingJobName || detail.EndpointName || detail.object.ke
 @logger.inject_lambda_context(correlation_id_path=CORRELATION)
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
-    return asdict(route(event, DeploySettings.from_env()))  # action, model, reason
+    return asdict(route(event, DeploySettings.current()))  # action, model, reason

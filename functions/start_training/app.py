@@ -25,7 +25,7 @@ tracer = Tracer()  # the claim transaction, manifest writes, CreateTrainingJob (
 @logger.inject_lambda_context(correlation_id_path="detail.shard_id || detail.TrainingJobName")
 @event_source(data_class=EventBridgeEvent)
 def lambda_handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
-    settings = TrainingSettings.from_env()
+    settings = TrainingSettings.current()  # the environment and the current recipe
     if event.source == "aws.sagemaker":
         detail = event.detail
         decision = on_job_finished(detail["TrainingJobName"], detail["TrainingJobStatus"],

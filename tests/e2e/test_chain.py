@@ -121,7 +121,7 @@ def claimed_shards(stack: LocalStack, name: str) -> list[str]:
     """The shard keys the job's manifest lists, checked against the claim rule (docs/training-jobs.md,
     "Starting a job"): the `TrainingQuota` oldest sealed shards (the lineage's first job: no replay),
     each in the data bucket and claimed by this job. A shard sealed later (the pack stage seals a shard
-    that has waited `ShardMaxAgeSeconds` half full, as on a slow machine) is no part of it: it is the
+    that has waited `SHARD_MAX_AGE_S` half full, as on a slow machine) is no part of it: it is the
     next job's."""
     table, data = stack.outputs["PipelineTableName"], stack.outputs["DataBucketName"]
     quota = int(stack.provisioned.functions["StartTrainingFunction"].environment["TRAINING_QUOTA"])
@@ -231,7 +231,7 @@ def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> No
 def test_the_server_settings_of_the_template_reach_the_endpoints_container(chain: Any) -> None:
     stack, lines, _ = chain
     model = next(j["name"] for j in lines[0]["config"]["jobs"] if j["role"] == "train")
-    # samconfig.toml [local]: ServeEnvironment={"SERVE_CPU_THREADS": "1"}, through DeployFunction's CreateModel
+    # recipes/local.toml: serve.environment ={"SERVE_CPU_THREADS": "1"}, through DeployFunction's CreateModel
     environment = boto3.client("sagemaker").describe_model(ModelName=model)["PrimaryContainer"]["Environment"]
     assert environment["SERVE_CPU_THREADS"] == "1"
     logs = stack.options.state_dir / "sagemaker" / "endpoints" / stack.outputs["EndpointName"] / model / "logs.txt"
@@ -342,6 +342,9 @@ def test_every_cli_command_runs_once_without_a_traceback_and_leaves_no_dead_lett
     ok("tensorboard", job, "--dir", str(tmp_path / "tensorboard"))
     assert any((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     ok("partner list", "--json")
+    shown = ok("recipe show")  # recipes/local.toml's, as `atelier local up` set it
+    recipe = json.loads(shown.stdout)
+    assert recipe["training"]["run_plan"] == [] and shown.stderr.startswith("recipe ")
     ok("dlq show", "DeployDLQ")
     ok("generate", "a red circle on a blue background", "-o", str(tmp_path / "drawn.png"), "--steps", "2")
     refused("rollback")
@@ -350,6 +353,8 @@ def test_every_cli_command_runs_once_without_a_traceback_and_leaves_no_dead_lett
     assert 'prefix = "e2e-partner/"' in ok("partner export", "e2e-partner").stdout
     ok("upload", str(tmp_path / "notes.txt"), "--partner", PARTNER)
     ok("base add", str(base), "--name", "e2e-base")
+    (tmp_path / "recipe.json").write_text(json.dumps({**recipe, "evaluation": {**recipe["evaluation"], "max_loss": 3.0}}))
+    assert ok("recipe set", str(tmp_path / "recipe.json")).stdout.startswith("s3://")
     ok("evalset add", str(tmp_path / "heldout"), "--partner", PARTNER, "--name", "e2e-heldout")
     ok("import", str(tmp_path / "shards"), "--partner", PARTNER, "--license", LICENSE, "--wait", "--batch", "e2e-cli")
     assert json.loads(ok("import-report", "e2e-cli", "--json").stdout)["samples_duplicate"] == 1

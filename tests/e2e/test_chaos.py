@@ -43,9 +43,10 @@ REPO = Path(__file__).resolve().parents[2]
 RUNS = int(os.environ.get("ATELIER_CHAOS_RUNS", "3"))
 SEED = int(os.environ.get("ATELIER_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 31))))
 PARTNER = "chaos"
-OVERRIDES = {"TrainingQuota": "1000", "ShardMaxAgeSeconds": "4", "ShardMaxSamples": "8", "PackBatchSize": "8",
-             "PackBatchWindowSeconds": "1", "DeadLetterBackoffSeconds": "2",  # the redriver runs every 3 s
+OVERRIDES = {"TrainingQuota": "1000", "PackBatchSize": "8", "PackBatchWindowSeconds": "1",
              "PackLanes": "2"}  # two open shards (tests/functions/test_pack_faults.py races two packers over lanes)
+ENVIRONMENT = {"SHARD_MAX_AGE_S": "4", "SHARD_MAX_SAMPLES": "8",
+               "DEAD_LETTER_BACKOFF_S": "2"}  # the redriver runs every 3 s  # two open shards (tests/functions/test_pack_faults.py races two packers over lanes)
 # Lambda timeouts and visibility timeouts of seconds, not minutes: a crashed batch is back soon.
 PROPERTIES = {"IngestFunction": {"Timeout": 6}, "PackFunction": {"Timeout": 8}, "StartTrainingFunction": {"Timeout": 6},
               "SweepFunction": {"Timeout": 6}, "RedriveFunction": {"Timeout": 10}, "UploadsQueue": {"VisibilityTimeout": 8},
@@ -60,7 +61,7 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
     chaos_file = state / "chaos.json"
     _configure(chaos_file, ChaosConfig())
     options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0, overrides=OVERRIDES,
-                           property_overrides=PROPERTIES, schedule_scale=0.05, chaos_file=chaos_file)
+                           environment=ENVIRONMENT, property_overrides=PROPERTIES, schedule_scale=0.05, chaos_file=chaos_file)
     with LocalStack(options) as stack:
         yield stack
 

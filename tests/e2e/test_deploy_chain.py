@@ -41,7 +41,7 @@ UNET_WEIGHTS = "unet/diffusion_pytorch_model.safetensors"
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, str]]:
     state = tmp_path_factory.mktemp("stack")
     with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0,
-                                 overrides=quick_training(), sign_images=True)) as stack:
+                                 **quick_training(), sign_images=True)) as stack:
         result = drive(stack, DemoOptions(root=REPO, state_dir=state, output=state / "a.png", images=16,
                                           stage_timeout_s=420))
         yield stack, next(j["name"] for j in result[0]["config"]["jobs"] if j["role"] == "train")  # not its encode job

@@ -1,5 +1,5 @@
 """A job that always fails, on the local stack: each failure backs the lineage off, the second in a
-row halts it (TrainingMaxConsecutiveFailures=2), nothing more starts however long we wait, `atelier
+row halts it (TRAINING_MAX_CONSECUTIVE_FAILURES=2), nothing more starts however long we wait, `atelier
 status` says why, and `atelier lineage resume main` starts the next job at once."""
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=35)]
 REPO = Path(__file__).resolve().parents[2]
 # a VAE channel the job does not have: only the container can see that, so every job fails at start, the
 # same way, as a hyperparameter naming a missing channel would on AWS (the function checks every value it can)
-FAILING = {"TrainingQuota": "1", "ShardMaxSamples": "4", "EncodeInstanceType": "", "AutoencoderInstanceType": "",
-           "TrainingHyperparameters": json.dumps({"steps": "2", "batch-size": "2", "resolution": "32",
-                                                  "vae": "elsewhere", "num-workers": "0"}),
-           "TrainingMaxConsecutiveFailures": "2", "TrainingFailureBackoffSeconds": "2",
+FAILING = {"TrainingQuota": "1", "EncodeInstanceType": "", "AutoencoderInstanceType": "",
            "TrainingRetrySchedule": "rate(1 minute)"}
+FAILING_ENVIRONMENT = {"SHARD_MAX_SAMPLES": "4", "TRAINING_MAX_CONSECUTIVE_FAILURES": "2",
+                       "TRAINING_FAILURE_BACKOFF_S": "2"}
+FAILING_RECIPE = {"training": {"hyperparameters": {"steps": "2", "batch-size": "2", "resolution": "32",
+                                                   "vae": "elsewhere", "num-workers": "0"}}}
 
 
 CAUSE = "elsewhere is neither a directory nor a channel (no SM_CHANNEL_ELSEWHERE)"
@@ -45,7 +46,8 @@ def train_jobs(stack: LocalStack) -> list[dict]:
 def test_a_job_that_always_fails_halts_its_lineage_until_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # schedules every 3 s instead of every minute, so the backoff's end is seen within seconds
     with LocalStack(StackOptions(root=REPO, state_dir=tmp_path / "stack", moto_port=0, sagemaker_port=0,
-                                 overrides=FAILING, schedule_scale=0.05)) as stack:
+                                 overrides=FAILING, recipe=FAILING_RECIPE, environment=FAILING_ENVIRONMENT,
+                                 schedule_scale=0.05)) as stack:
         for key, value in stack.env.items():
             monkeypatch.setenv(key, value)
         client.add_partner(stack.outputs, "acme", [LICENSE], [], "e2e")

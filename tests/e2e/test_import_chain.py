@@ -30,7 +30,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSt
     state = tmp_path_factory.mktemp("stack")
     folder = tmp_path_factory.mktemp("source")
     with LocalStack(StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0,
-                                 overrides=quick_training())) as stack:
+                                 **quick_training())) as stack:
         # GIVEN a registered partner who uploaded one image, and a folder of shards: img2dataset's
         # own output (2 tars) and hand-written ones with a corrupt member, that upload again, a cut tar
         client.add_partner(stack.outputs, PARTNER, [LICENSE], [], "e2e")

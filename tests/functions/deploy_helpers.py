@@ -34,7 +34,7 @@ MODELS = "s3://atelier-models-123456789012-us-east-1"  # the stack's models buck
 @pytest.fixture
 def settings(stack: Provisioned, function_env: Callable[[str], dict[str, str]]) -> DeploySettings:
     function_env("DeployFunction")
-    found = DeploySettings.from_env()
+    found = DeploySettings.current()
     put_eval_shard(found.eval_data_uri)
     return found
 

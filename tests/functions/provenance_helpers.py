@@ -16,6 +16,7 @@ import moto.s3.models
 import pytest
 from PIL import Image
 
+from atelier.local import recipe as local_recipe
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table
 from contracts.messages import Manifest, Sample
@@ -25,6 +26,7 @@ from core.partners.licensing import Partner, Terms, put_partner
 from core.start_training.settings import TrainingSettings
 from core.start_training.starter import on_shard_sealed
 from tests.functions.pack_helpers import sealed_record, settings_for
+from tests.support import TEST_RECIPE
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards, load_exclusions
@@ -52,6 +54,7 @@ def clean(stack: Provisioned) -> None:
         for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
             for version in page.get("Versions", []) + page.get("DeleteMarkers", []):
                 s3.delete_object(Bucket=bucket, Key=version["Key"], VersionId=version["VersionId"])
+    local_recipe.set_local(stack.outputs, TEST_RECIPE)  # the stack's recipe, as the `stack` fixture set it
 
 
 @pytest.fixture(autouse=True)
@@ -80,10 +83,13 @@ def configure(stack: Provisioned, function_env: Callable[[str], dict[str, str]],
                                rules=(Terms(license="b-research", uses=("research",)),)))
     put_partner(table, Partner(partner_id="partner-c", licenses=("CC-BY-4.0",), rules=(Terms(not_after="2020-01-31"),)))
 
-    def apply(**variables: str) -> TrainingSettings:
+    def apply(recipe: dict[str, dict[str, Any]] | None = None, **variables: str) -> TrainingSettings:
+        """With the environment's `variables` changed, and the recipe's fields in `recipe` (TEST_RECIPE's otherwise)."""
         for name, value in variables.items():
             monkeypatch.setenv(name, value)
-        return TrainingSettings.from_env()
+        if recipe is not None:
+            local_recipe.set_local(stack.outputs, local_recipe.combined(TEST_RECIPE, recipe))
+        return TrainingSettings.current()
     return apply
 
 

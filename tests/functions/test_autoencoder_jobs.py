@@ -5,7 +5,6 @@ first job, and its model.tar.gz as the `vae` channel of every later job of the l
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 import boto3
@@ -122,7 +121,7 @@ def test_the_stage_s_cpu_threads_reach_its_autoencoder_and_encode_jobs(configure
                                                                       sagemaker: FakeSageMaker) -> None:
     # GIVEN a stage that runs its jobs on one CPU thread (the local demo's samconfig.toml)
     hyperparameters = {"steps": "2", "batch-size": "2", "resolution": "32", "model-config": "tiny", "cpu-threads": "1"}
-    settings = configure(**ON, **ENCODE, TRAINING_HYPERPARAMETERS=json.dumps(hyperparameters))
+    settings = configure(**ON, **ENCODE, recipe={"training": {"hyperparameters": hyperparameters}})
     # WHEN its first job starts with the autoencoder, then the encode job
     name = seal(settings, 1, 2)[1].job_name
     autoencoded(sagemaker, settings, name)
@@ -189,7 +188,7 @@ def test_a_manifest_claimed_after_the_vae_reads_it_too(autoencoding: TrainingSet
 
 def test_every_stage_of_the_run_plan_reads_the_lineage_s_vae(configure: Callable[..., TrainingSettings],
                                                             sagemaker: FakeSageMaker) -> None:
-    settings = configure(**ON, TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(**ON, recipe=TWO_STAGES)
     base = seal(settings, 1, 2)[1].job_name
     autoencoded(sagemaker, settings, base)
 

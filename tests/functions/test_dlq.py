@@ -172,7 +172,7 @@ def test_a_body_its_consumer_cannot_parse_stays_marked_with_its_error(outputs, r
 def test_a_message_failing_every_redrive_is_held_after_the_cap(outputs, redrive) -> None:
     # GIVEN a valid notification whose consumer fails every time (here: nobody deletes it)
     dead_letter(outputs, NOTIFICATION)
-    for attempt in range(3):  # DeadLetterRedriveCap
+    for attempt in range(3):  # DEAD_LETTER_REDRIVE_CAP
         assert redrive(backoff=0)["redriven"] == {"UploadsDLQ": 1}, attempt
         for _ in range(6):  # it fails its five receives again and is dead-lettered again
             boto3.client("sqs").receive_message(QueueUrl=outputs["UploadsQueueUrl"], VisibilityTimeout=0)

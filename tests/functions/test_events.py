@@ -172,7 +172,7 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
         from core.deploy.candidates import on_job_state
         from core.deploy.events import job_state_from_event
         from core.deploy.settings import DeploySettings
-        settings = DeploySettings.from_env(stack.functions["DeployFunction"].environment)
+        settings = DeploySettings.current(stack.functions["DeployFunction"].environment)
         on_job_state(job_state_from_event(job), settings)
         aws.update_item(settings.table, pipeline_table.model_pk(job["TrainingJobName"]), "SET #s = :f",
                         {":f": "eval-failed"}, names={"#s": "status"})
@@ -180,7 +180,7 @@ def arrange_deploy(name: str, event: dict, stack: Provisioned) -> None:
         from core.deploy.candidates import on_job_state
         from core.deploy.events import job_state_from_event
         from core.deploy.settings import DeploySettings
-        on_job_state(job_state_from_event(job), DeploySettings.from_env(stack.functions["DeployFunction"].environment))
+        on_job_state(job_state_from_event(job), DeploySettings.current(stack.functions["DeployFunction"].environment))
         document = json.dumps({"schema": 1, "eval_set": {"digest": "e" * 64, "samples": 4},
                                "models": {"candidate": {"val_loss": 0.1, "clip_score": None}}}).encode()
         buffer = io.BytesIO()

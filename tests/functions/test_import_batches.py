@@ -240,7 +240,7 @@ def test_an_imported_sample_is_in_its_model_s_lineage_and_a_takedown_leaves_it_o
     monkeypatch.setattr(aws, "create_training_job", lambda request: True)  # SageMaker itself is not needed here
     function_env("StartTrainingFunction")
     monkeypatch.setenv("TRAINING_REPLAY_SHARE", "0.5")  # the next manifest replays the first one's shards
-    training = TrainingSettings.from_env()
+    training = TrainingSettings.current()
 
     def imported(*names: str) -> tuple[list[str], str | None]:
         """Each name a tar of two catalog pictures, imported and sealed, its Shard Sealed event delivered;

@@ -121,7 +121,7 @@ def test_the_seal_timer_event_seals_an_old_shard_through_the_handler(
 
 def test_the_timer_seals_a_shard_that_would_pass_its_age_before_the_next_tick(
         stack: Provisioned, function_env: Callable, lambda_context: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sample waits at most ShardMaxAgeSeconds: sealing at the first tick past the age would let
+    """A sample waits at most SHARD_MAX_AGE_S: sealing at the first tick past the age would let
     it wait up to a tick longer (p99 upload-to-shard of the load test: age + 60 s)."""
     function_env("PackFunction")
     monkeypatch.setenv("SHARD_MAX_AGE_S", str(SEAL_TIMER_S - 30))  # the shard is due half-way to the next tick

@@ -35,14 +35,14 @@ from tests.functions.provenance_helpers import (  # noqa: F401  (fixtures)
 
 # --- lineage and attribution ----------------------------------------------------------------------
 
-TWO_STAGES = json.dumps([{"name": "lo", "hyperparameters": {"resolution": "32", "steps": "3"}},
-                         {"name": "hi", "hyperparameters": {"resolution": "64", "steps": "5"}}])
+TWO_STAGES = {"training": {"run_plan": [{"name": "lo", "hyperparameters": {"resolution": "32", "steps": "3"}},
+                                        {"name": "hi", "hyperparameters": {"resolution": "64", "steps": "5"}}]}}
 
 
 def test_lineage_runs_through_every_stage_and_every_earlier_manifest(stack: Provisioned,
                                                                      configure: Callable[..., TrainingSettings]) -> None:
     # GIVEN two manifests of a two-stage run plan, each through both stages
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(recipe=TWO_STAGES)
     one, two = pictures(stack, range(0, 4)), pictures(stack, range(4, 8), "partner-b")
     base_1 = seal(stack, settings, pack(stack, one[:2]), pack(stack, one[2:]))
     on_job_finished(base_1, "Completed", None, settings)

@@ -68,9 +68,9 @@ def stages(stack, uploaded, function_env: Callable, monkeypatch) -> Stages:
     function_env("StartTrainingFunction")
     monkeypatch.setenv("TRAINING_QUOTA", "1")
     monkeypatch.setenv("TRAINING_REPLAY_SHARE", "0")
-    training = TrainingSettings.from_env()
+    training = TrainingSettings.current()
     function_env("DeployFunction")
-    return Stages(settings_for(stack), training, DeploySettings.from_env())
+    return Stages(settings_for(stack), training, DeploySettings.current())
 
 
 def train(stages: Stages, samples: list[Sample], ended: int) -> str:

@@ -28,7 +28,7 @@ def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def orphan_grace(stack: Provisioned, seconds: int) -> None:
-    """SidecarOrphanGraceSeconds as both functions get it from the template."""
+    """SIDECAR_ORPHAN_GRACE_S as both functions get it in their environment."""
     for function in ("IngestFunction", "SweepFunction"):
         stack.functions[function].environment["SIDECAR_ORPHAN_GRACE_S"] = str(seconds)
 
@@ -113,7 +113,7 @@ def test_an_orphan_sidecar_is_recorded_as_such_after_the_grace_period(ingest, st
     sweep, ingest_queue = run
     ingest({"partner-a/lonely.json": CAPTION})
     assert record(stack, "partner-a/lonely.json")[:2] == ("sidecar", "waiting")
-    assert sweep()["redriven"] == []  # within SidecarOrphanGraceSeconds (the template's 3,600 s)
+    assert sweep()["redriven"] == []  # within SIDECAR_ORPHAN_GRACE_S (its default, 3,600 s)
     orphan_grace(stack, 0)
     assert sweep()["redriven"] == ["partner-a/lonely.json"]
     ingest_queue()

@@ -146,7 +146,7 @@ def test_an_encode_job_whose_end_event_was_lost_is_settled_by_the_next_event(enc
 
 def test_each_stage_is_encoded_at_its_own_resolution(configure: Callable[..., TrainingSettings],
                                                      sagemaker: FakeSageMaker) -> None:
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES, TRAINING_ENCODE_INSTANCE_TYPE="ml.g5.2xlarge")
+    settings = configure(recipe=TWO_STAGES, TRAINING_ENCODE_INSTANCE_TYPE="ml.g5.2xlarge")
     base = seal(settings, 1, 2)[1].job_name
     put_latents(settings, base, 1, 2)
     finish(settings, f"{base}-enc", "Completed")

@@ -147,7 +147,8 @@ def test_started_job_request_follows_the_template_settings(settings: TrainingSet
     assert request["CheckpointConfig"] == {"S3Uri": f"s3://{settings.models_bucket}/checkpoints/main/",
                                            "LocalPath": "/opt/ml/checkpoints"}
     assert tags(request) == {"atelier:manifest": expected_manifest(settings, [1, 2]).digest,
-                             "atelier:lineage": "main", "atelier:stage": "main", "atelier:final-stage": "true"}
+                             "atelier:lineage": "main", "atelier:stage": "main", "atelier:final-stage": "true",
+                             "atelier:recipe": settings.recipe_digest}  # the stack's recipe (TEST_RECIPE)
     assert "VpcConfig" not in request and "KmsKeyId" not in request["OutputDataConfig"]
 
 

@@ -38,7 +38,7 @@ from tests.functions.training_jobs_helpers import (  # noqa: F401  (stack, sagem
 
 def test_completed_first_stage_starts_the_second_with_its_instances(configure: Callable[..., TrainingSettings],
                                                                     sagemaker: FakeSageMaker) -> None:
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(recipe=TWO_STAGES)
     base = seal(settings, 1, 2)[1].job_name
 
     # WHEN stage 0 completes
@@ -66,7 +66,7 @@ def test_completed_first_stage_starts_the_second_with_its_instances(configure: C
 
 def test_completed_last_stage_trains_the_shards_and_frees_the_lineage(configure: Callable[..., TrainingSettings],
                                                                       sagemaker: FakeSageMaker) -> None:
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(recipe=TWO_STAGES)
     base = seal(settings, 1, 2)[1].job_name
     finish(settings, base, "Completed")
 
@@ -79,7 +79,7 @@ def test_completed_last_stage_trains_the_shards_and_frees_the_lineage(configure:
 
 def test_next_manifest_s_stages_train_on_from_the_lineage_total(configure: Callable[..., TrainingSettings],
                                                                 sagemaker: FakeSageMaker) -> None:
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(recipe=TWO_STAGES)
     base = seal(settings, 1, 2)[1].job_name
     finish(settings, base, "Completed")
     finish(settings, f"{base}-s1", "Completed")
@@ -96,7 +96,7 @@ def test_next_manifest_s_stages_train_on_from_the_lineage_total(configure: Calla
 
 def test_duplicate_completed_event_of_a_stage_starts_its_successor_once(configure: Callable[..., TrainingSettings],
                                                                         sagemaker: FakeSageMaker) -> None:
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(recipe=TWO_STAGES)
     base = seal(settings, 1, 2)[1].job_name
     finish(settings, base, "Completed")
 
@@ -111,7 +111,7 @@ def test_duplicate_completed_event_of_a_stage_starts_its_successor_once(configur
 def test_failed_later_stage_returns_the_shards_to_pending(status: str, configure: Callable[..., TrainingSettings],
                                                           sagemaker: FakeSageMaker) -> None:
     # GIVEN a manifest whose first stage completed and whose second stage runs
-    settings = configure(TRAINING_RUN_PLAN=TWO_STAGES)
+    settings = configure(recipe=TWO_STAGES)
     base = seal(settings, 1, 2)[1].job_name
     finish(settings, base, "Completed")
     higher = configure(TRAINING_QUOTA="4")  # so the returned shards alone start nothing

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import threading
 from typing import Any, Callable, Iterator
 
@@ -19,19 +18,20 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 
+from atelier.local import recipe as local_recipe
 from atelier.local.provision import Provisioned
 from contracts import pipeline_table
 from contracts.messages import Manifest, ShardRef, ShardSealed
 from core import aws
 from core.start_training.settings import TrainingSettings
 from core.start_training.starter import StartDecision, on_job_finished, on_shard_sealed
-from tests.support import ACCOUNT, REGION
+from tests.support import ACCOUNT, REGION, TEST_RECIPE
 
-TWO_STAGES = json.dumps([
+TWO_STAGES = {"training": {"run_plan": [  # recipe changes
     {"name": "lo", "hyperparameters": {"resolution": "32", "steps": "3"}},
     {"name": "hi", "instance_type": "ml.m5.2xlarge", "instance_count": 2,
      "hyperparameters": {"resolution": "64", "steps": "5"}},
-])
+]}}
 
 
 # --- SageMaker as AWS behaves -------------------------------------------------------------------
@@ -144,6 +144,7 @@ def empty(stack: Provisioned) -> None:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
             for obj in page.get("Contents", []):
                 s3.delete_object(Bucket=bucket, Key=obj["Key"])
+    local_recipe.set_local(stack.outputs, TEST_RECIPE)  # the stack's recipe, as the `stack` fixture set it
 
 
 @pytest.fixture
@@ -159,15 +160,18 @@ def sagemaker(stack: Provisioned, monkeypatch: pytest.MonkeyPatch) -> FakeSageMa
 @pytest.fixture
 def configure(stack: Provisioned, function_env: Callable[[str], dict[str, str]], sagemaker: FakeSageMaker,
               monkeypatch: pytest.MonkeyPatch) -> Callable[..., TrainingSettings]:
-    """StartTrainingFunction's environment from the template (quota 2), with variables changed;
+    """StartTrainingFunction's environment from the template (quota 2) and the stack's recipe, either changed;
     no replay unless a test asks for it (its own tests below), so manifests are the new shards."""
     function_env("StartTrainingFunction")
     monkeypatch.setenv("TRAINING_REPLAY_SHARE", "0")
 
-    def apply(**variables: str) -> TrainingSettings:
+    def apply(recipe: dict[str, dict[str, Any]] | None = None, **variables: str) -> TrainingSettings:
+        """With the environment's `variables` changed, and the recipe's fields in `recipe` (TEST_RECIPE's otherwise)."""
         for name, value in variables.items():
             monkeypatch.setenv(name, value)
-        return TrainingSettings.from_env()
+        if recipe is not None:
+            local_recipe.set_local(stack.outputs, local_recipe.combined(TEST_RECIPE, recipe))
+        return TrainingSettings.current()
     return apply
 
 

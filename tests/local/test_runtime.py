@@ -223,7 +223,7 @@ def test_every_function_of_the_template_is_within_lambdas_environment_quota(stac
     from atelier.local.provision import LAMBDA_ENVIRONMENT_BYTES
 
     sizes = {name: len(json.dumps(spec.environment, separators=(",", ":"))) for name, spec in stack.functions.items()}
-    # the template's defaults leave every function room for long parameter values (ServeEnvironment, hyperparameters)
+    # the template's defaults leave every function room for long parameter values
     assert max(sizes.values()) <= LAMBDA_ENVIRONMENT_BYTES // 2, sizes
 
 

@@ -220,7 +220,7 @@ def gated(outputs, function_env, wide) -> DeploySettings:
     """GIVEN atelier-first deployed (loss 0.1, CLIP 30), then atelier-second held back by the gate:
     the same loss, but a CLIP score 10 below production's (core.deploy writes both records)."""
     function_env("DeployFunction")
-    settings = DeploySettings.from_env()
+    settings = DeploySettings.current()
     bucket, _, prefix = settings.eval_data_uri.removeprefix("s3://").partition("/")
     boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}heldout.tar", Body=bytes(1024))
     table = settings.table

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,7 +88,9 @@ def base(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(command: list[str | Path], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """A command of the base environment, outside the checkout (nothing of it on the path)."""
+    """A command of the base environment, outside the checkout (nothing of it on the path: not the PYTHONPATH a
+    run of the suite may set for its own subprocesses either)."""
+    env = env if env is not None else {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(command, capture_output=True, text=True, cwd="/", env=env, timeout=120)
 
 
@@ -136,6 +139,8 @@ def test_status_without_a_reachable_aws_says_so_in_one_line(base: Path) -> None:
 def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """template.yaml's resources and the stack's outputs on a moto server: its URL."""
     with moto_server() as url:
+        # moto's server keeps its state in the process: empty what a test before this one on the worker left
+        urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"))
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         expanded = expand(REPO / "template.yaml", IMAGES, STACK, REGION, ACCOUNT)
         provisioned = Provisioner(expanded, STACK, REGION, ACCOUNT, boto3.client).provision()

@@ -112,7 +112,7 @@ def test_hamming_counts_differing_bits(a: str, b: str, distance: int) -> None:
 
 # --- the colour signature: what dHash cannot see ------------------------------------------------
 
-COLOUR_DISTANCE = 16  # template.yaml's NearDuplicateColourDistance
+COLOUR_DISTANCE = 16  # template.yaml's NEAR_DUPLICATE_COLOUR_DISTANCE
 
 
 def colour_of(data: bytes) -> str:

@@ -44,7 +44,7 @@ def test_launch_sends_exactly_the_pipelines_request(stack, function_env, tmp_pat
                               "--env-json", str(tmp_path / "env.json"), "--wait"])
     sent = launch.launch(args)
     # THEN the SDK session created the pipeline's request for that manifest, and streamed its logs
-    settings = TrainingSettings.from_env(env)
+    settings = TrainingSettings.current(env)
     expected = training_job_request("manual-1", f"s3://{data}/manifests/atelier-x.manifest", manifest.digest, 0,
                                     settings.run_plan[0].steps, settings)
     assert session.created == [expected] == [sent]
@@ -74,7 +74,7 @@ def test_a_manual_launch_reads_the_lineage_s_own_vae_as_the_pipeline_s_job_would
                                                                                     monkeypatch) -> None:
     env = function_env("StartTrainingFunction")
     (tmp_path / "env.json").write_text(json.dumps(env))
-    settings = TrainingSettings.from_env(env)
+    settings = TrainingSettings.current(env)
     data, vae = stack.outputs["DataBucketName"], f"s3://{stack.outputs['ModelsBucketName']}/training/ae/output/model.tar.gz"
     manifest = Manifest(bucket=data, prefix="shards/", lineage="main", sequence=1, shards=(
         ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="1" * 64, samples=8),))
@@ -94,7 +94,7 @@ def test_a_manual_launch_reads_the_lineage_s_own_vae_as_the_pipeline_s_job_would
 
 
 def test_a_manual_launch_up_to_a_later_step_warms_up_from_its_stage_s_first_step(stack, function_env) -> None:
-    settings = TrainingSettings.from_env(function_env("StartTrainingFunction"))  # one stage of 2 steps (TEST_OVERRIDES)
+    settings = TrainingSettings.current(function_env("StartTrainingFunction"))  # one stage of 2 steps (TEST_RECIPE)
     manifest = Manifest(bucket="data", prefix="shards/", lineage="main", sequence=2, shards=(
         ShardRef(shard_id="shard-1", key="shards/shard-1.tar", sha256="1" * 64, samples=8),))
     args = launch.parse_args(["--manifest", "s3://data/manifests/m.manifest", "--job-name", "manual-5",

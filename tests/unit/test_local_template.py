@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support import IMAGES
+from atelier.local.recipe import file_changes
 from atelier.local.template import Resolver, TemplateError, creation_order, dependencies, expand, load_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,7 +213,9 @@ def test_load_overrides_reads_the_list_form_of_the_real_samconfig() -> None:
 
     assert {k: overrides[k] for k in ("TrainingQuota", "TrainingInstanceType", "EndpointInstanceType")} \
         == {"TrainingQuota": "9", "TrainingInstanceType": "ml.m5.xlarge", "EndpointInstanceType": "ml.m5.large"}
-    assert json.loads(overrides["TrainingHyperparameters"])["model-config"] == "tiny"
+    # what the local jobs train is the local recipe's (recipes/local.toml), no longer a parameter
+    assert file_changes(REPO, "local")["training"]["hyperparameters"]["model-config"] == "tiny"
+    assert "TrainingHyperparameters" not in overrides
 
 
 def test_real_local_overrides_name_only_template_parameters() -> None:
@@ -262,7 +265,7 @@ def test_expand_refuses_a_stack_without_its_images_as_cloudformation_does() -> N
     ({"TrainingImageUri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/atelier-trainer"}, "with a tag or digest"),
     ({"TrainingQuota": "0"}, r"TrainingQuota=0 must be within 1\.\.None"),
     ({"TrainingQuota": "many"}, "must be a number"),
-    ({"TrainingConcurrency": "both"}, "must be one of"),
+    ({"LogRetentionDays": "2"}, "must be one of"),
     ({"SweepSchedule": "cron(0 * * * ? *)"}, "must match pattern"),
 ])
 def test_expand_checks_each_parameter_s_constraints_as_cloudformation_does(override: dict, message: str) -> None:

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from atelier.local.template import Expanded, expand
+from atelier.local.template import Expanded, load_tuning
+from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.ingest.images import DecodePolicy
 from core.deploy.settings import DeploySettings
@@ -18,7 +19,7 @@ from core.redrive.settings import RedriveSettings
 from core.start_training.run_plan import PlannedJob
 from core.sweep.settings import SweepSettings
 from core.start_training.settings import TrainingSettings
-from tests.support import IMAGES
+from tests.support import REPO, TEST_ENVIRONMENT
 from tests.unit.settings_helpers import expanded  # noqa: F401 (a fixture)
 from tests.unit.settings_helpers import (
     ALL,
@@ -28,7 +29,6 @@ from tests.unit.settings_helpers import (
     INGEST_SETTINGS,
     PACK_ENV,
     PACK_SETTINGS,
-    REPO,
     TRAINING_ENV,
     function_environment,
 )
@@ -182,7 +182,16 @@ def test_fractional_aspect_ratio_is_accepted() -> None:
     ("StartTrainingFunction", TrainingSettings), ("DeployFunction", DeploySettings),
 ])
 def test_each_function_environment_in_the_template_parses(expanded: Expanded, logical_id: str, settings: Any) -> None:
-    assert isinstance(settings.from_env(function_environment(expanded, logical_id)), settings)
+    # with the default recipe's values, which the start-training and deploy functions read with their settings
+    assert isinstance(settings.from_env({**function_environment(expanded, logical_id), **packaged().settings()}),
+                      settings)
+
+
+def test_the_template_passes_no_setting_that_the_recipe_gives(expanded: Expanded) -> None:
+    functions = [name for name, r in expanded.resources.items() if r["Type"] == "AWS::Lambda::Function"]
+
+    assert {name: sorted(set(function_environment(expanded, name)) & set(packaged().settings())) for name in functions} \
+        == {name: [] for name in functions}
 
 
 def test_the_template_passes_no_setting_that_has_a_default_in_code(expanded: Expanded) -> None:
@@ -191,6 +200,11 @@ def test_the_template_passes_no_setting_that_has_a_default_in_code(expanded: Exp
     assert len(functions) == 7
     assert {name: sorted(set(function_environment(expanded, name)) & set(DEFAULTS)) for name in functions} \
         == {name: [] for name in functions}
+
+
+def test_the_local_stacks_tuning_names_only_tuning_knobs() -> None:
+    # tuning/local.toml (atelier local up) and the tests' TEST_ENVIRONMENT set variables the settings default
+    assert set(load_tuning(REPO, "local")) | set(TEST_ENVIRONMENT) <= set(DEFAULTS)
 
 
 def test_settings_without_their_variable_take_the_defaults_in_code() -> None:
@@ -223,17 +237,14 @@ def test_template_ingest_defaults_parse_to_exact_settings(expanded: Expanded) ->
         256, 4.0, 95, 3, 16)
 
 
-def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_parameters() -> None:
-    # one default, the template's: the settings have none of their own
-    assert IngestSettings.__pydantic_fields__["near_duplicate_colour_distance"].is_required()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        expanded = expand(REPO / "template.yaml", {**IMAGES, "NearDuplicateDistance": "2",
-                                                   "NearDuplicateColourDistance": "40"}, "atelier", "us-east-1",
-                          "123456789012")
-    ingest = IngestSettings.from_env(function_environment(expanded, "IngestFunction"))
-    imported = ImportSettings.from_env(function_environment(expanded, "ImportFunction")).ingest
+def test_the_near_duplicate_thresholds_reach_ingest_and_import_from_their_variables(expanded: Expanded) -> None:
+    # tuning knobs: one default, the settings' (the template's parameters' before), each variable overriding it
+    variables = {"NEAR_DUPLICATE_DISTANCE": "2", "NEAR_DUPLICATE_COLOUR_DISTANCE": "40"}
+    for environment, expected in (({}, (3, 16)), (variables, (2, 40))):
+        ingest = IngestSettings.from_env({**function_environment(expanded, "IngestFunction"), **environment})
+        imported = ImportSettings.from_env({**function_environment(expanded, "ImportFunction"), **environment}).ingest
 
-    assert [(s.near_duplicate_distance, s.near_duplicate_colour_distance) for s in (ingest, imported)] == [(2, 40)] * 2
+        assert [(s.near_duplicate_distance, s.near_duplicate_colour_distance) for s in (ingest, imported)] \
+            == [expected] * 2
 
 

@@ -19,6 +19,7 @@ from tests.unit.settings_helpers import (
 )
 
 from atelier.local.template import Expanded
+from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.deploy.settings import DeploySettings
 from core.start_training.run_plan import PlannedJob, check_sharding
@@ -292,8 +293,9 @@ def test_settings_take_the_gpus_per_instance_override() -> None:
     with pytest.raises(ConfigError, match="at least 32"):
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_GPUS_PER_INSTANCE": "16"})
 
-def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) -> None:
-    parsed = TrainingSettings.from_env(function_environment(expanded, "StartTrainingFunction"))
+def test_template_and_default_recipe_parse_to_exact_settings(expanded: Expanded) -> None:
+    parsed = TrainingSettings.from_env({**function_environment(expanded, "StartTrainingFunction"),
+                                        **packaged().settings()})
 
     assert (parsed.quota, parsed.max_retries, parsed.lineage, parsed.concurrency, parsed.replay_share,
             parsed.keep_alive_s, parsed.subnets, parsed.security_groups, parsed.kms_key) \
@@ -311,10 +313,11 @@ def test_template_training_defaults_parse_to_exact_settings(expanded: Expanded) 
 
 def test_the_default_run_plan_runs_each_stage_the_fastest_measured_way(expanded: Expanded) -> None:
     """trainer/configs/defaults/fast.json measured the fastest batch and accumulation per preset and resolution:
-    the template's default stages use exactly those, so the default job is the measured one."""
+    the default recipe's stages use exactly those, so the default job is the measured one."""
     from trainer.speed.fast_defaults import table
 
-    stages = TrainingSettings.from_env(function_environment(expanded, "StartTrainingFunction")).run_plan
+    stages = TrainingSettings.from_env({**function_environment(expanded, "StartTrainingFunction"),
+                                        **packaged().settings()}).run_plan
     measured = {(stage.hyperparameters["model-config"], int(stage.hyperparameters["resolution"])): stage for stage in stages}
     matched = [key for key in measured if key in table()]
     assert matched == [("sd2", 256), ("sd2", 512)]  # 1024 is not measured for sd2 yet: it runs eager, batch 8

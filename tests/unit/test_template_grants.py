@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.unit.template_helpers import resources  # noqa: F401 (a fixture)
+from contracts.recipe_file import packaged
 from tests.unit.template_helpers import FUNCTIONS_DIR, REPO, expand_with, function_environments, of_type, resolve
 
 
@@ -128,10 +129,24 @@ def test_the_start_training_function_gets_the_base_and_the_autoencoder_settings(
     env = function_environments(resources)["StartTrainingFunction"]
 
     assert {k: env[k] for k in ("TRAINING_PRETRAINED_MODEL_URI", "TRAINING_AUTOENCODER_INSTANCE_TYPE",
-                                "TRAINING_AUTOENCODER_HYPERPARAMETERS", "TRAINING_EVAL_DATA_URI")} == {
+                                "TRAINING_EVAL_DATA_URI")} == {
         "TRAINING_PRETRAINED_MODEL_URI": "", "TRAINING_AUTOENCODER_INSTANCE_TYPE": "ml.g5.2xlarge",
-        "TRAINING_AUTOENCODER_HYPERPARAMETERS": '{"steps": "20000", "batch-size": "32", "learning-rate": "0.0001"}',
         "TRAINING_EVAL_DATA_URI": "s3://DataBucket/eval/"}
+    # the autoencoder's hyperparameters are the recipe's (contracts/default_recipe.json until one is set)
+    assert packaged().settings()["TRAINING_AUTOENCODER_HYPERPARAMETERS"] \
+        == '{"steps": "20000", "batch-size": "32", "learning-rate": "0.0001"}'
+
+
+def test_the_functions_that_decide_with_the_recipe_read_it_and_none_writes_it(
+        resources: dict[str, dict[str, Any]]) -> None:
+    # the stored recipes (contracts.recipe_file.key) are written by `atelier recipe set`, under the operator's rights
+    recipes = "ModelsBucket.Arn/recipes/*"
+    roles = [logical for logical, r in resources.items() if r["Type"] == "AWS::IAM::Role" and logical.endswith("FunctionRole")]
+
+    assert role_actions_on(resources, "StartTrainingFunctionRole", recipes) == {"s3:GetObject"}
+    assert "s3:GetObject" in role_actions_on(resources, "DeployFunctionRole", "arn:aws:s3:::ModelsBucket/*")  # S3ReadPolicy
+    assert {role: sorted(role_actions_on(resources, role, recipes) - {"s3:GetObject"}) for role in roles} \
+        == {role: [] for role in roles}
 
 
 # --- KMS: what AWS asks of a role that writes to a bucket encrypted with the storage key -------------

@@ -15,7 +15,7 @@ alone up to the last bits of bf16 arithmetic at another batch size.
 
 $SERVE_CPU_THREADS caps torch's CPU threads (unset: every core), as the jobs' `cpu-threads`
 hyperparameter does. Any other $SERVE_* name fails at start: a misspelt setting is not ignored.
-The deploy stage sets these from the template's ServeEnvironment, and checks them with ServeSettings itself,
+The deploy stage sets these from the recipe's serve.environment, and checks them with ServeSettings itself,
 which lives in contracts/serve_environment.py for that reason.
 
 Provenance (what every image says about its model): $ATELIER_MODEL_ID, $ATELIER_MANIFEST_DIGEST and
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-# The settings are a contract (the deploy stage checks a ServeEnvironment's values with the same parser)
+# The settings are a contract (the deploy stage checks a serve.environment's values with the same parser)
 from contracts.serve_environment import ServeSettings
 
 __all__ = ["Provenance", "ServeSettings"]

@@ -18,7 +18,7 @@ from core.aws.dynamodb import (batch_get_items, get_item, put_item, put_item_if_
 from core.aws.events import put_event
 from core.aws.s3 import (copy_object, has_objects, head_object, list_objects, read_json_if_exists, read_object,
                          read_prefix_if_exists, read_prefix_with_etag, read_tar_member, tag_object, version_with_etag,
-                         write_object)
+                         write_object, write_object_if_absent)
 from core.aws.s3_transfer import (Download, UploadGone, abort_multipart, complete_multipart, create_multipart,
                                   delete_object, open_object, put_bytes, read_range, upload_part, upload_part_copy)
 from core.aws.sagemaker import (ServiceQuotaExceeded, create_training_job, describe_endpoint, describe_training_job,
@@ -43,5 +43,5 @@ __all__ = [
     "sagemaker_call", "sagemaker_exists", "sagemaker_tags", "scan", "scan_prefix", "send_message", "tag_object",
     "training_job_tags", "transact_updates", "transfer_client", "update_item", "upload_part", "upload_part_copy",
     "version_with_etag",
-    "write_object",
+    "write_object", "write_object_if_absent",
 ]

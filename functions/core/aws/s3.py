@@ -66,6 +66,17 @@ def write_object(bucket: str, key: str, body: bytes, content_type: str = "applic
     clients.client("s3").put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
 
 
+def write_object_if_absent(bucket: str, key: str, body: bytes, content_type: str = "application/json") -> bool:
+    """Create-only write (S3 answers 412 to an existing key); False when the key exists."""
+    try:
+        clients.client("s3").put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*")
+        return True
+    except ClientError as exc:
+        if error_code(exc) in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
+            return False
+        raise
+
+
 def tag_object(bucket: str, key: str, tags: dict[str, str]) -> None:
     """Replace an object's tags (quarantined uploads are tagged, so they are visible in S3)."""
     clients.client("s3").put_object_tagging(Bucket=bucket, Key=key, Tagging={

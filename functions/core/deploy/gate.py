@@ -2,7 +2,7 @@
 
 Pure: it reads the evaluation job's `evaluation.json` (trainer/jobs/evaluate.py writes it) and decides
 from the candidate's scores, production's scores on the same evaluation set, and the thresholds
-(template parameters GateMaxLoss, GateMaxLossRatio, GateMinClipDelta; docs/deploy.md).
+(the recipe's evaluation.max_loss, max_loss_ratio and min_clip_delta; docs/deploy.md, docs/recipe.md).
 """
 
 from __future__ import annotations

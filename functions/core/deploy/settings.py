@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from contracts import serve_environment
+from core import recipes
 from core.settings import StageSettings, settings, flat_strings, names
 from core.start_training.run_plan import hyperparameters
 
@@ -32,27 +33,33 @@ class DeploySettings(StageSettings):
     gate_min_clip_delta: float = Field(ge=0.0, validation_alias="GATE_MIN_CLIP_DELTA")
     # the rollout
     rollback_alarms: tuple[str, ...] = Field((), validation_alias="ROLLBACK_ALARMS")
-    traffic_routing: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field(validation_alias="TRAFFIC_ROUTING")
-    canary_percent: int = Field(ge=1, le=50, validation_alias="CANARY_PERCENT")
-    wait_interval_s: int = Field(ge=0, le=3600, validation_alias="WAIT_INTERVAL_S")
-    bake_s: int = Field(ge=0, le=3600, validation_alias="BAKE_S")
+    traffic_routing: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field("CANARY", validation_alias="TRAFFIC_ROUTING")
+    # share of capacity for the canary (or each linear step); SageMaker allows at most 50 (a tuning knob, as below)
+    canary_percent: int = Field(10, ge=1, le=50, validation_alias="CANARY_PERCENT")
+    # each canary or linear step is watched this long; the old fleet is kept this long after the shift
+    wait_interval_s: int = Field(300, ge=0, le=3600, validation_alias="WAIT_INTERVAL_S")
+    bake_s: int = Field(600, ge=0, le=3600, validation_alias="BAKE_S")
     max_rollout_s: int = Field(ge=600, le=28800, validation_alias="MAX_ROLLOUT_S")
-    min_instances: int = Field(ge=1, validation_alias="MIN_INSTANCES")
-    max_instances: int = Field(ge=1, validation_alias="MAX_INSTANCES")
-    invocations_per_instance: int = Field(ge=1, validation_alias="INVOCATIONS_PER_INSTANCE")
+    min_instances: int = Field(1, ge=1, validation_alias="MIN_INSTANCES")  # autoscaling's bounds
+    max_instances: int = Field(4, ge=1, validation_alias="MAX_INSTANCES")
+    # autoscaling's target, invocations per instance per minute
+    invocations_per_instance: int = Field(60, ge=1, validation_alias="INVOCATIONS_PER_INSTANCE")
     kms_key: str = Field("", validation_alias="KMS_KEY_ARN")
     # how long a new endpoint instance may take to answer /ping 200: the server compiles the UNet and
     # the VAE decoder before it does (trainer/serve/generation.py; 102 s on an H200, bench/RESULTS.md);
     # 60..3600 is AWS's range for the variant's field
-    startup_timeout_s: int = Field(ge=60, le=3600, validation_alias="ENDPOINT_STARTUP_TIMEOUT_S")
+    startup_timeout_s: int = Field(1200, ge=60, le=3600, validation_alias="ENDPOINT_STARTUP_TIMEOUT_S")
     # the model server's $SERVE_* settings, in every model's container (contracts/serve_environment.py)
     serve_environment: dict[str, str] = Field(default_factory=dict, validation_alias="SERVE_ENVIRONMENT")
     # the Secrets Manager secret (ARN) the model server signs its PNGs with (contracts/c2pa_secret.py); empty: unsigned
     signing_secret_arn: str = Field("", validation_alias="C2PA_SIGNING_SECRET_ARN")
+    # the recipe the gate, the evaluation job and the server's environment came from (contracts.recipe_file)
+    recipe_uri: str = Field("", validation_alias="RECIPE_URI")
+    recipe_digest: str = Field("", validation_alias="RECIPE_DIGEST")
 
     optional: ClassVar[frozenset[str]] = frozenset({
         "CLIP_MODEL_URI", "EVAL_HYPERPARAMETERS", "ROLLBACK_ALARMS", "KMS_KEY_ARN", "SERVE_ENVIRONMENT",
-        "C2PA_SIGNING_SECRET_ARN"})
+        "C2PA_SIGNING_SECRET_ARN", "RECIPE_URI", "RECIPE_DIGEST"})
 
     @field_validator("rollback_alarms", mode="before")
     @classmethod
@@ -67,16 +74,10 @@ class DeploySettings(StageSettings):
     @field_validator("serve_environment", mode="before")
     @classmethod
     def _serve_environment(cls, raw: Any) -> dict[str, str]:
-        """The server's settings as a flat JSON object of its own $SERVE_* names, each value within SageMaker's limit."""
-        values = flat_strings(raw, "SERVE_ENVIRONMENT")
-        if unknown := serve_environment.unknown(values):
-            raise ValueError(f"SERVE_ENVIRONMENT: {unknown} are not the model server's settings; "
-                             f"it reads {', '.join(sorted(serve_environment.VARIABLES))}")
-        if long := sorted(name for name, value in values.items() if len(value) > serve_environment.MAX_VALUE_CHARS):
-            raise ValueError(f"SERVE_ENVIRONMENT: {long} longer than SageMaker's "
-                             f"{serve_environment.MAX_VALUE_CHARS} characters")
-        try:  # each value as the model server parses it at start
-            serve_environment.ServeSettings.from_env(values)
-        except ValueError as error:
-            raise ValueError(f"SERVE_ENVIRONMENT: {error}") from None
-        return values
+        return recipes.serve_settings(raw, "SERVE_ENVIRONMENT")
+
+    @classmethod
+    def current(cls, env: Mapping[str, str] | None = None) -> "DeploySettings":
+        """The settings the function decides with: its environment and the current recipe (core.recipes)."""
+        return cls.from_env(recipes.with_current(env))
+

@@ -36,7 +36,7 @@ MAGIC: tuple[tuple[re.Pattern[bytes], str], ...] = (
     (re.compile(rb"^GIF8[79]a"), "gif"),
     (re.compile(rb"^BM"), "bmp"),
     (re.compile(rb"^(II\*\x00|MM\x00\*)"), "tiff"),
-    # Reached only when these formats are left out of AllowedFormats:
+    # Reached only when these formats are left out of ALLOWED_FORMATS:
     (re.compile(rb"^\xff\xd8\xff"), "jpeg"),
     (re.compile(rb"^\x89PNG\r\n\x1a\n"), "png"),
     (re.compile(rb"^RIFF....WEBP", re.S), "webp"),

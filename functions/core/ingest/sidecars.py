@@ -6,7 +6,7 @@ first. Otherwise its own notification decides:
   so such an image could never have one, and image bytes where a sidecar belongs usually mean a
   client wrote the wrong file there: accepting them would hide that the image beside it lost its
   caption;
-- no image yet: `waiting`; the sweep re-drives it once `SidecarOrphanGraceSeconds` have passed,
+- no image yet: `waiting`; the sweep re-drives it once `SIDECAR_ORPHAN_GRACE_S` have passed,
   and if its image is still missing it is quarantined (`orphan_sidecar`);
 - its image's ingest read this very sidecar (the image records the sidecar's ETag): `read`;
 - its image was accepted and its sample is not packed yet: the sample record's caption and source

@@ -117,7 +117,7 @@ def seal_due(settings: PackSettings, lanes_to_check: list[int] | None = None, ah
 
     `ahead_s`: also seal a shard that would pass its maximum age within that many seconds. The timer
     gives its own period (SEAL_TIMER_S): the next tick would come too late for it, so no sample waits
-    longer than ShardMaxAgeSeconds for its shard (at most a tick less).
+    longer than SHARD_MAX_AGE_S for its shard (at most a tick less).
 
     Without `lanes_to_check` (the timer), every lane up to lanes.MAX_LANES is looked at, in one
     read: shards opened before PackLanes was lowered are sealed too.

@@ -13,9 +13,11 @@ class PackSettings(StageSettings):
     table: str = Field(validation_alias="PIPELINE_TABLE")
     data_bucket: str = Field(validation_alias="DATA_BUCKET")
     event_bus: str = Field(validation_alias="EVENT_BUS_NAME")
-    shard_target_bytes: int = Field(ge=0, validation_alias="SHARD_TARGET_BYTES")  # sealed before it grows past this
-    shard_max_samples: int = Field(ge=0, validation_alias="SHARD_MAX_SAMPLES")
-    shard_max_age_s: int = Field(ge=0, validation_alias="SHARD_MAX_AGE_S")  # ... or once its first segment is this old
+    # A shard is sealed before it grows past this (1 GiB), when it holds this many samples, or at most this long
+    # after its first sample (by the minutely timer), full or not, so a trickle reaches training: tuning knobs
+    shard_target_bytes: int = Field(1 << 30, ge=0, validation_alias="SHARD_TARGET_BYTES")
+    shard_max_samples: int = Field(10000, ge=0, validation_alias="SHARD_MAX_SAMPLES")
+    shard_max_age_s: int = Field(3600, ge=0, validation_alias="SHARD_MAX_AGE_S")
     lanes: int = Field(ge=1, le=MAX_LANES, validation_alias="PACK_LANES")  # open shards packed side by side
     # How long a seal is leased to the invocation finishing it (core.pack.journal.claim_seal): the
     # handler sets the invocation's remaining time; 900 s is Lambda's longest.

@@ -25,8 +25,8 @@ class RedriveSettings(StageSettings):
     event_bus: str = Field(validation_alias="EVENT_BUS_NAME")
     queues: dict[str, DeadLetterQueue] = Field(validation_alias="DEAD_LETTER_QUEUES")  # by logical id, e.g. UploadsDLQ
     # automatic redrives a message gets; failing after the last one proves it poison
-    redrive_cap: int = Field(ge=1, validation_alias="DEAD_LETTER_REDRIVE_CAP")
-    backoff_s: int = Field(ge=0, validation_alias="DEAD_LETTER_BACKOFF_S")  # before the second; doubles after
+    redrive_cap: int = Field(3, ge=1, le=20, validation_alias="DEAD_LETTER_REDRIVE_CAP")  # a tuning knob
+    backoff_s: int = Field(300, ge=0, le=43200, validation_alias="DEAD_LETTER_BACKOFF_S")  # before the second; doubles after
     # a redrive count untouched this long is forgotten (a new incident): a tuning knob
     memory_s: int = Field(86400, ge=1, validation_alias="DEAD_LETTER_MEMORY_S")
 

@@ -29,7 +29,12 @@ def claimed_job(manifest: Manifest, name: str, queue: bool, steps_done: int, aut
             "indexes": any(s.table_key for s in manifest.shards),  # manifests.write_files wrote its indexes manifest
             # decided once: a settings change never strands a claimed job
             "encode": bool(settings.encode_instance_type), "autoencoder": autoencoder, "tokenizer": tokenizer,
-            "pretrained": base.model_dump_json() if base else ""}
+            "pretrained": base.model_dump_json() if base else "", **recipe_fields(settings)}
+
+
+def recipe_fields(settings: TrainingSettings) -> dict[str, str]:
+    """Which recipe a job was started with (its digest, and where it lies): on its record, and as its tag."""
+    return {"recipe": settings.recipe_digest, "recipe_uri": settings.recipe_uri}
 
 
 def record_end(job: dict[str, Any], status: str, reason: str | None, table: str) -> bool:
@@ -43,11 +48,12 @@ def next_planned_job_name(job: dict[str, Any], plan_index: int) -> str:
     return f"{job['base']}-s{plan_index}"
 
 
-def next_planned_job(job: dict[str, Any], plan_index: int) -> dict[str, Any]:
-    """The record of the manifest's run-plan job `plan_index`: the same manifest and lineage, its own instances."""
+def next_planned_job(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> dict[str, Any]:
+    """The record of the manifest's run-plan job `plan_index`: the same manifest and lineage, its own instances,
+    the recipe current when it is recorded."""
     carried = {k: v for k, v in job.items() if k not in NOT_CARRIED}
     return {**carried, "pk": pipeline_table.job_pk(next_planned_job_name(job, plan_index)), "status": "Requested",
-            "stage": plan_index, "at": _now()}
+            "stage": plan_index, "at": _now(), **recipe_fields(settings)}
 
 
 def steps_target(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> int:

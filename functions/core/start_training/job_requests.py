@@ -39,7 +39,7 @@ ENCODE_SUFFIX = "-enc"
 # the run-plan job's hyperparameters trainer/jobs/encode.py shares with trainer/jobs/train.py (its latents depend on them),
 # and the container's own settings (trainer/container.py) it runs with too: the recipe marks them (contracts.recipe_jobs)
 ENCODE_HYPERPARAMETERS = (*EncodeOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
-# ... and those trainer/jobs/autoencoder.py takes from the run-plan job (AutoencoderHyperparameters add the rest)
+# ... and those trainer/jobs/autoencoder.py takes from the run-plan job (training.autoencoder_hyperparameters add the rest)
 AUTOENCODER_PLANNED_JOB_HYPERPARAMETERS = (*AutoencoderOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
 # ... and those trainer/jobs/tokenizer.py takes (the preset names the text encoders its tokenizers serve)
 TOKENIZER_PLANNED_JOB_HYPERPARAMETERS = (*TokenizerOptions.training_job_flags(), *PLANNED_JOB_CONTAINER_HYPERPARAMETERS)
@@ -142,7 +142,8 @@ def encrypt_with_key(request: dict[str, Any], kms_key: str) -> None:
 def _planned_job_tags(manifest_digest: str, plan_index: int, settings: TrainingSettings) -> dict[str, str]:
     return {job_tags.MANIFEST: manifest_digest, job_tags.LINEAGE: settings.lineage,
             job_tags.PLANNED_JOB: settings.run_plan[plan_index].name,
-            job_tags.FINAL_PLANNED_JOB: str(plan_index == len(settings.run_plan) - 1).lower()}
+            job_tags.FINAL_PLANNED_JOB: str(plan_index == len(settings.run_plan) - 1).lower(),
+            **({job_tags.RECIPE: settings.recipe_digest} if settings.recipe_digest else {})}
 
 
 def _helper_tags(training_job: str, role: str, manifest_digest: str, plan_index: int,

@@ -38,18 +38,18 @@ def base_change(lock: dict[str, Any], base: PretrainedBase | None) -> str | None
 
 
 def claim_update(lineage: str, name: str, sequence: int, queue: bool, autoencoder: bool,
-                 base: PretrainedBase | None, tokenizer: bool = False) -> Update:
+                 base: PretrainedBase | None, tokenizer: bool = False, recipe_digest: str = "") -> Update:
     """The claim's change to the lineage: the lock taken (or, under the `queue` policy while a job
-    runs, the job queued), the sequence moved on, and at its first claim whether it trains its own
-    VAE and its own tokenizer, and from which base."""
+    runs, the job queued), the sequence moved on, the recipe of its latest claim, and at its first claim
+    whether it trains its own VAE and its own tokenizer, and from which base."""
     values: dict[str, Any] = {":next": sequence + 1, ":seq": sequence, ":empty": "", ":ae": autoencoder,
-                              ":bd": base_digest(base), ":tok": tokenizer}
+                              ":bd": base_digest(base), ":tok": tokenizer, ":rd": recipe_digest}
     values.update({":one": [name]} if queue else {":job": name})
     return (
         pipeline_table.lineage_pk(lineage),
         ("SET #q = list_append(#q, :one), #seq = :next" if queue else "SET running_job = :job, #seq = :next")
         + ", autoencoder = if_not_exists(autoencoder, :ae), base_digest = if_not_exists(base_digest, :bd)"
-        + ", tokenizer = if_not_exists(tokenizer, :tok)",
+        + ", tokenizer = if_not_exists(tokenizer, :tok), recipe = :rd",
         "running_job <> :empty AND #seq = :seq" if queue else "running_job = :empty AND #seq = :seq",
         values,
     )

@@ -46,26 +46,28 @@ def hyperparameters(values: dict[str, str], name: str) -> dict[str, str]:
     return values
 
 
-def parse_run_plan(raw: str, base: dict[str, str], default: PlannedJob) -> tuple[PlannedJob, ...]:
-    """TRAINING_RUN_PLAN: `[{"name", "instance_type"?, "instance_count"?, "hyperparameters"?}, ...]`;
-    empty: one job with the base instance settings."""
+def parse_run_plan(raw: str, base: dict[str, str], default: PlannedJob,
+                   name: str = "TRAINING_RUN_PLAN") -> tuple[PlannedJob, ...]:
+    """TRAINING_RUN_PLAN (the recipe's training.run_plan, `name` in messages):
+    `[{"name", "instance_type"?, "instance_count"?, "hyperparameters"?}, ...]`; empty: one job with the base
+    instance settings."""
     try:
         plan: Any = json.loads(raw or "[]")
     except json.JSONDecodeError as exc:
-        raise ValueError(f"TRAINING_RUN_PLAN is not JSON: {exc}") from None
+        raise ValueError(f"{name} is not JSON: {exc}") from None
     if not isinstance(plan, list):
-        raise ValueError("TRAINING_RUN_PLAN must be a JSON list of jobs")
+        raise ValueError(f"{name} must be a JSON list of jobs")
     if not plan:
         return (PlannedJob(default.name, default.instance_type, default.instance_count, dict(base)),)
     jobs = []
     for index, item in enumerate(plan):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise ValueError(f"TRAINING_RUN_PLAN[{index}] needs a name")
-        where = f"TRAINING_RUN_PLAN[{index}].hyperparameters"
+            raise ValueError(f"{name}[{index}] needs a name")
+        where = f"{name}[{index}].hyperparameters"
         overrides = hyperparameters(flat_strings(json.dumps(item.get("hyperparameters", {})), where), where)
         count = item.get("instance_count", default.instance_count)
         if not isinstance(count, int) or count < 1:
-            raise ValueError(f"TRAINING_RUN_PLAN[{index}].instance_count must be a whole number >= 1")
+            raise ValueError(f"{name}[{index}].instance_count must be a whole number >= 1")
         jobs.append(PlannedJob(item["name"], str(item.get("instance_type", default.instance_type)), count,
                                {**base, **overrides}))
     return tuple(jobs)

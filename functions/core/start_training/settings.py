@@ -3,12 +3,14 @@ job is paid for (core/settings.py says which settings have a default)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from contracts import model_presets, recipe
 from contracts.recipe_jobs import AutoencoderOptions
+from core import recipes
 from core.errors import ConfigError
 from core.settings import StageSettings, given, settings, flat_strings, names
 from core.start_training.failure_brake import BrakeSettings
@@ -38,14 +40,16 @@ class TrainingSettings(StageSettings):
     quota: int = Field(ge=1, validation_alias="TRAINING_QUOTA")
     role_arn: str = Field(validation_alias="SAGEMAKER_ROLE_ARN")
     image_uri: str = Field(validation_alias="TRAINING_IMAGE_URI")
-    volume_gb: int = Field(validation_alias="TRAINING_VOLUME_GB")
-    max_runtime_s: int = Field(validation_alias="TRAINING_MAX_RUNTIME_S")
-    max_retries: int = Field(ge=1, le=30, validation_alias="TRAINING_MAX_RETRIES")
+    volume_gb: int = Field(200, validation_alias="TRAINING_VOLUME_GB")  # a tuning knob, as below
+    max_runtime_s: int = Field(432000, validation_alias="TRAINING_MAX_RUNTIME_S")  # SageMaker's longest, 5 days
+    max_retries: int = Field(3, ge=1, le=30, validation_alias="TRAINING_MAX_RETRIES")
     lineage: str = Field(validation_alias="TRAINING_LINEAGE")
     # "queue": claim the next manifest while a job runs; "skip": wait
-    concurrency: Literal["queue", "skip"] = Field(validation_alias="TRAINING_CONCURRENCY")
-    replay_share: float = Field(ge=0.0, le=0.9, validation_alias="TRAINING_REPLAY_SHARE")
-    keep_alive_s: int = Field(ge=0, le=3600, validation_alias="TRAINING_KEEP_ALIVE_S")
+    concurrency: Literal["queue", "skip"] = Field("queue", validation_alias="TRAINING_CONCURRENCY")
+    # share of a follow-up job's shards drawn from shards trained before, so old skills stay
+    replay_share: float = Field(0.2, ge=0.0, le=0.9, validation_alias="TRAINING_REPLAY_SHARE")
+    # SageMaker warm pool (billed while kept) so a chained run-plan job or the next job starts fast
+    keep_alive_s: int = Field(600, ge=0, le=3600, validation_alias="TRAINING_KEEP_ALIVE_S")
     subnets: tuple[str, ...] = Field((), validation_alias="TRAINING_SUBNETS")
     security_groups: tuple[str, ...] = Field((), validation_alias="TRAINING_SECURITY_GROUPS")
     kms_key: str = Field("", validation_alias="TRAINING_KMS_KEY")
@@ -67,14 +71,26 @@ class TrainingSettings(StageSettings):
     tokenizer_instance_type: str = Field("", validation_alias="TRAINING_TOKENIZER_INSTANCE_TYPE")
     eval_data_uri: str = Field("", validation_alias="TRAINING_EVAL_DATA_URI")  # the autoencoder job's `validation`
     # backoff and circuit breaker on failing jobs (core.start_training.failure_brake)
-    max_consecutive_failures: int = Field(ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
-    failure_backoff_s: int = Field(ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
-    gpus_per_instance: int = Field(ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
+    # failed jobs in a row (capacity errors not counted) that halt a lineage until `atelier lineage resume`
+    max_consecutive_failures: int = Field(3, ge=1, validation_alias="TRAINING_MAX_CONSECUTIVE_FAILURES")
+    # the wait after a lineage's first failed job; it doubles with each failure in a row (at most 6 hours)
+    failure_backoff_s: int = Field(600, ge=0, validation_alias="TRAINING_FAILURE_BACKOFF_S")
+    gpus_per_instance: int = Field(0, ge=0, validation_alias="TRAINING_GPUS_PER_INSTANCE")  # 0: by instance type
+    # the recipe the run plan and the autoencoder's hyperparameters came from (contracts.recipe_file), recorded on
+    # the lineage, each job's record and each job's tags
+    recipe_uri: str = Field("", validation_alias="RECIPE_URI")
+    recipe_digest: str = Field("", validation_alias="RECIPE_DIGEST")
 
     optional: ClassVar[frozenset[str]] = frozenset({
         "TRAINING_SUBNETS", "TRAINING_SECURITY_GROUPS", "TRAINING_KMS_KEY", "TRAINING_RUN_PLAN",
         "TRAINING_ENCODE_INSTANCE_TYPE", "TRAINING_PRETRAINED_MODEL_URI", "TRAINING_AUTOENCODER_INSTANCE_TYPE",
-        "TRAINING_AUTOENCODER_HYPERPARAMETERS", "TRAINING_TOKENIZER_INSTANCE_TYPE", "TRAINING_EVAL_DATA_URI"})
+        "TRAINING_AUTOENCODER_HYPERPARAMETERS", "TRAINING_TOKENIZER_INSTANCE_TYPE", "TRAINING_EVAL_DATA_URI",
+        "RECIPE_URI", "RECIPE_DIGEST"})
+
+    @classmethod
+    def current(cls, env: Mapping[str, str] | None = None) -> "TrainingSettings":
+        """The settings the function decides with: its environment and the current recipe (core.recipes)."""
+        return cls.from_env(recipes.with_current(env))
 
     @model_validator(mode="before")
     @classmethod

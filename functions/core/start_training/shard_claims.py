@@ -24,7 +24,8 @@ def claim(manifest: Manifest, name: str, lock: dict[str, Any], queue: bool, base
     shard_updates = [(pipeline_table.shard_pk(s.shard_id), "SET #s = :claimed, manifest_job = :job REMOVE gsi1pk, gsi1sk",
                       "#s = :pending", {":claimed": "claimed", ":job": name, ":pending": "pending"})
                      for s in manifest.new_shards]
-    lineage_update = lineage.claim_update(settings.lineage, name, sequence, queue, autoencoder, base, tokenizer)
+    lineage_update = lineage.claim_update(settings.lineage, name, sequence, queue, autoencoder, base, tokenizer,
+                                          settings.recipe_digest)
     job = job_records.claimed_job(manifest, name, queue, steps_done, autoencoder, base, settings, tokenizer)
     return aws.transact_updates(settings.table, [*shard_updates, lineage_update], [job],
                                 names={"#s": "status", **lineage.CLAIM_NAMES})

@@ -286,7 +286,7 @@ def _settle(job: dict[str, Any], status: str, settings: TrainingSettings) -> Non
 def _start_next_planned_job(job: dict[str, Any], plan_index: int, settings: TrainingSettings) -> None:
     """The next run-plan job resumes the lineage's checkpoints on the same manifest, with its own instances."""
     name = job_records.next_planned_job_name(job, plan_index)
-    aws.put_item_if_absent(settings.table, job_records.next_planned_job(job, plan_index))
+    aws.put_item_if_absent(settings.table, job_records.next_planned_job(job, plan_index, settings))
     aws.update_item(settings.table, pipeline_table.lineage_pk(settings.lineage), "SET running_job = :next",
                     {":next": name, ":job": pipeline_table.job_name(job["pk"])}, condition="running_job = :job")
     _ensure_started(name, settings)
