@@ -16,7 +16,7 @@ from typing import Any
 
 from contracts import model_presets, recipe, serve_environment
 from contracts.recipe_file import RECIPE_POINTER, Recipe, RecipeError, Stored, key, packaged, parse
-from contracts.recipe_jobs import AutoencoderOptions
+from contracts.recipe_jobs import AutoencoderOptions, EvaluateOptions
 from core import aws
 from core.errors import ConfigError
 from core.settings import flat_strings
@@ -92,7 +92,10 @@ def _check(candidate: Recipe) -> None:
                                   "training.autoencoder_hyperparameters")
     if refusal := recipe.refusal(autoencoder, AutoencoderOptions):
         raise ValueError(f"training.autoencoder_hyperparameters: {refusal}")
-    hyperparameters(flat_strings(evaluation.hyperparameters, "evaluation.hyperparameters"), "evaluation.hyperparameters")
+    scoring = hyperparameters(flat_strings(evaluation.hyperparameters, "evaluation.hyperparameters"),
+                              "evaluation.hyperparameters")
+    if refusal := recipe.refusal(scoring, EvaluateOptions):
+        raise ValueError(f"evaluation.hyperparameters: {refusal}")
     for name in ("max_loss", "max_loss_ratio", "min_clip_delta"):
         value = getattr(evaluation, name)
         if not 0 <= value < float("inf"):

@@ -112,6 +112,9 @@ def test_bytes_that_are_not_the_named_recipe_are_a_digest_mismatch() -> None:
     pytest.param({"training": {"autoencoder_hyperparameters": {"kl-weigth": "1e-6"}}},
                  "training.autoencoder_hyperparameters: hyperparameter 'kl-weigth' is not an option of the job "
                  "(did you mean 'kl-weight'?)", id="autoencoder"),
+    pytest.param({"evaluation": {"hyperparameters": {"timesteps": "100,100", "seed": "0", "max_samples": "64"}}},
+                 "evaluation.hyperparameters: timesteps '100,100': timesteps are distinct non-negative integers, "
+                 "comma-separated", id="evaluation"),
     pytest.param({"evaluation": {"max_loss": -1.0}}, "evaluation.max_loss=-1.0 is outside 0.0..inf", id="gate"),
     pytest.param({"serve": {"environment": {"SERVE_COMPLE": "off"}}},
                  "serve.environment: ['SERVE_COMPLE'] are not the model server's settings; it reads", id="serve"),
