@@ -1,15 +1,21 @@
 """Benchmark how robust the demo's recipe is: `demo.prompt_match_rate` over several UNet seeds.
 
 The demo's match rate depends on the numbers a machine happens to compute (its thread count, its
-vector unit), so one run says little about the next machine's. This runs the recipe of
-samconfig.toml [local] through the trainer's own entry points, without the stack: the demo's
-catalogue as shards, the autoencoder job once, then per seed (in parallel processes of --threads
-threads each) the encode job, the training job and the demo's twelve prompts, scored by the demo's
-classifier. One JSON line per seed, then `demo.prompt_match_rate_min` over the seeds. With --grid each
-seed also draws the whole catalogue grid (atelier/prompt_match.py GRID_PROMPTS x GRID_SEEDS, colours and
-shape) at the first guidance: `demo.prompt_match_grid`, the mean over the seeds.
+vector unit), so one run says little about the next machine's. This runs the local recipe
+(recipes/local.toml) through the trainer's own entry points, without the stack: the demo's
+catalogue as shards, the autoencoder job once (kept in --work for the next call), then per seed (in
+parallel processes of --threads threads each) the tokenizer job, the encode job, the training job and the
+demo's twelve prompts, scored by the demo's classifier. One JSON line per seed (`train_s` the wall time of
+the tokenizer, encode and training jobs, `train_cpu_s` their CPU time: on one thread, the wall time they
+take on an idle core, the figure to compare on a shared machine), then `demo.prompt_match_rate_min` over
+the seeds. With --grid each seed also draws the whole catalogue grid (atelier/prompt_match.py GRID_PROMPTS
+x GRID_SEEDS, colours and shape) at the first guidance: `demo.prompt_match_grid`, the mean over the seeds.
+A variant's `key=-` drops a shipped key: a transformer family (flow matching) refuses the UNet's
+prediction-type and zero-terminal-snr.
 
     .venv/bin/python bench/demo_recipe.py --seeds 0,1,2,3 --threads 2 [--grid] [--variant NAME:steps=1600 ...]
+    .venv/bin/python bench/demo_recipe.py --seeds 0,1 --threads 1 --grid --work /tmp/demo-grid \
+        --variant dit:model-config=demo-pixart,prediction-type=-,zero-terminal-snr=-,steps=7000
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,21 +59,29 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     import torch
     torch.set_num_threads(threads)
     from atelier.prompt_match import DEMO_PROMPTS, GRID_PROMPTS, GRID_SEEDS, STEPS, matches, matches_grid
-    from trainer.jobs import encode, train
+    from trainer.jobs import encode, tokenizer, train
     from trainer.serve.generation import generate, load_pipeline
     from trainer.serve.protocol import parse_request
     from trainer.serve.settings import ServeSettings
 
     base, work = Path(root), Path(root) / f"{variant}-{seed}"
-    hyper = {**recipe("hyperparameters"), "seed": str(seed), "validation-prompts": "", **overrides}
-    started = time.monotonic()
+    shutil.rmtree(work, ignore_errors=True)  # a --work folder's earlier run of this variant would be resumed
+    hyper = {key: value for key, value in {**recipe("hyperparameters"), "seed": str(seed), "validation-prompts": "",
+                                           **overrides}.items() if value != "-"}  # `key=-` drops a shipped key
+    started, cpu_started = time.monotonic(), time.process_time()
+    # the lineage's tokenizers, learned from the training captions (the stack's tokenizer job), as the encode
+    # and training jobs read them
+    tokenizer.main(tokenizer.parse_args(["--train-dir", str(base / "shards"), "--model-dir", str(work / "tokenizer"),
+                                         "--model-config", hyper["model-config"]]))
     encode.main(encode.parse_args(["--train-dir", str(base / "shards"), "--output-dir", str(work / "latents"),
                                    "--vae", str(base / "vae"), "--seed", str(seed), "--resolution", hyper["resolution"],
-                                   "--model-config", hyper["model-config"],
+                                   "--model-config", hyper["model-config"], "--tokenizer", str(work / "tokenizer"),
                                    "--aspect-buckets", "false", "--num-workers", "0"]))
+    hyper.pop("cpu-threads", None)  # the container's (torch threads, trainer/container.py): here --threads
     summary = train.main(train.parse_args(["--train-dir", str(work / "latents"), "--model-dir", str(work / "model"),
-                                           "--vae", str(base / "vae"), *argv({**hyper, "num-workers": "0"})]))
-    trained_s = time.monotonic() - started
+                                           "--vae", str(base / "vae"), "--tokenizer", str(work / "tokenizer"),
+                                           *argv({**hyper, "num-workers": "0"})]))
+    trained_s, trained_cpu_s = time.monotonic() - started, time.process_time() - cpu_started
     pipeline = load_pipeline(work / "model")
 
     def draw(prompt: str, sample_seed: int, guidance: float) -> bytes:
@@ -81,17 +96,21 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
         matched = [matches(prompt, draw(prompt, 0, guidance)) for prompt in DEMO_PROMPTS]
         scores[f"{guidance:g}"] = {"rate": round(sum(matched) / len(matched), 3),
                                    "missed": [prompt for prompt, hit in zip(DEMO_PROMPTS, matched) if not hit]}
+    # train_cpu_s: the process's CPU time (encode + train); on `threads` 1 the wall time of an idle core
     result = {"variant": variant, "overrides": overrides, "seed": seed, "train_s": round(trained_s, 1),
+              "train_cpu_s": round(trained_cpu_s, 1), "steps": summary["steps"],
               "final_loss": summary["final_loss"], "guidance": scores}
     if grid:
-        hits = [matches_grid(prompt, draw(prompt, sample_seed, guidances[0]))
-                for prompt in GRID_PROMPTS for sample_seed in GRID_SEEDS]
+        pairs = [(prompt, sample_seed) for prompt in GRID_PROMPTS for sample_seed in GRID_SEEDS]
+        hits = [matches_grid(prompt, draw(prompt, sample_seed, guidances[0])) for prompt, sample_seed in pairs]
         result["grid"] = round(sum(hits) / len(hits), 3)
+        result["grid_missed"] = [f"{prompt} #{sample_seed}" for (prompt, sample_seed), hit in zip(pairs, hits) if not hit]
     return result
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
-    """'NAME' or 'NAME:key=value,key=value' (the local recipe's training hyperparameters, overridden)."""
+    """'NAME' or 'NAME:key=value,key=value' (the local recipe's training hyperparameters, overridden; `key=-` removes one,
+    as a transformer family must the UNet's prediction-type and zero-terminal-snr)."""
     name, _, pairs = text.partition(":")
     return name, dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
 
@@ -107,6 +126,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where each seed's jobs run")
     parser.add_argument("--images", type=int, default=None, help="training pictures (default: the demo's)")
     parser.add_argument("--grid", action="store_true", help="also score the whole catalogue grid (demo.prompt_match_grid)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep the data and the VAE here and reuse them on the next call (default: a temporary folder)")
     parser.add_argument("--autoencoder-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override an entry of the local recipe's autoencoder hyperparameters")
     args = parser.parse_args()
@@ -122,17 +143,19 @@ def main() -> None:
     count = args.images or DEMO_IMAGES
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     machine = {"nproc": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "device": args.device}
-    with tempfile.TemporaryDirectory() as root:
-        base = Path(root)
-        catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
-        write_shards(catalogue, base / "shards", int(tomllib.loads((REPO / "tuning" / "local.toml").read_text())["SHARD_MAX_SAMPLES"]), 64)
-        write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES, 64)
-        started = time.monotonic()
-        vae = autoencoder.main(autoencoder.parse_args([
-            "--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"), "--model-dir", str(base / "vae"),
-            *argv({**recipe("autoencoder_hyperparameters"), "num-workers": "0",
-                   **dict(item.split("=", 1) for item in args.autoencoder_set)})]))
-        print(json.dumps({"event": "vae", "psnr_db": vae["psnr_db"], "s": round(time.monotonic() - started, 1)}), flush=True)
+    with tempfile.TemporaryDirectory() as temporary:
+        base = args.work or Path(temporary)
+        root = str(base)
+        if not (base / "vae" / "config.json").is_file():  # a --work folder's data and VAE are made once
+            catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
+            write_shards(catalogue, base / "shards", int(tomllib.loads((REPO / "tuning" / "local.toml").read_text())["SHARD_MAX_SAMPLES"]), 64)
+            write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES, 64)
+            started = time.monotonic()
+            vae = autoencoder.main(autoencoder.parse_args([
+                "--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"), "--model-dir", str(base / "vae"),
+                *argv({**recipe("autoencoder_hyperparameters"), "num-workers": "0",
+                       **dict(item.split("=", 1) for item in args.autoencoder_set)})]))
+            print(json.dumps({"event": "vae", "psnr_db": vae["psnr_db"], "s": round(time.monotonic() - started, 1)}), flush=True)
         jobs = [(name, overrides, seed) for name, overrides in variants for seed in seeds]
         results: dict[str, list[dict]] = {name: [] for name, _ in variants}
         # spawned, not forked: a fork of a process whose OpenMP pool has run deadlocks in torch
