@@ -12,6 +12,7 @@ from diffusers import (DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatch
 from trainer.data.captions import read_captions
 from trainer.data.eval_set import EvalSample
 from trainer.jobs import train
+from trainer.jobs.sampling import save_model
 from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
 from trainer.models.families import condition, sampling_options
 from trainer.models.loading import BaseModelError, from_pretrained, load_models
@@ -205,3 +206,16 @@ def test_an_sd3_model_without_t5_is_saved_and_served(tmp_path, monkeypatch):
     pipeline = load_pipeline(tmp_path / "model")
     assert pipeline.text_encoder_3 is None
     assert generate(pipeline, Generation("a red dog", num_inference_steps=2, height=32, width=32))[0].size == (32, 32)
+
+
+def test_a_pixart_model_trained_off_its_preset_size_is_saved_with_the_positions_it_trained_with(tmp_path):
+    # GIVEN tiny-pixart (built for 64 px) trained at 32 px: its positional embedding at an 8x8 latent
+    models = load_models("tiny-pixart", None, seed=0, captions=lambda: ["a red dog"])
+    latents = torch.randn(1, 4, 8, 8)
+    trained = models.denoiser.pos_embed(latents)
+    # WHEN the run saves its model with 32 px as the default size
+    save_model(models, models.denoiser.state_dict(), 32, tmp_path / "model", None)
+    saved = DiffusionPipeline.from_pretrained(tmp_path / "model")
+    # THEN the loaded transformer draws 32 px by default and reads the same positions
+    assert saved.transformer.config.sample_size * 4 == 32
+    torch.testing.assert_close(saved.transformer.pos_embed(latents), trained)

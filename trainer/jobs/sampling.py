@@ -51,9 +51,20 @@ def save_model(models: Models, weights: dict[str, torch.Tensor], resolution: int
         return lora.save_adapter(models, weights, model_dir, pretrained)
     models.load_text_encoders()  # a family trained on stored embeddings: its text encoders, on the CPU, for the pipeline
     final_unet = sampling_unet(models, weights, torch.device("cpu"))
-    final_unet.register_to_config(sample_size=resolution // models.vae_scale_factor)
+    final_unet.register_to_config(**default_size(final_unet.config, resolution // models.vae_scale_factor))
     build_pipeline(models, final_unet, resolution).save_pretrained(model_dir)
     return None
+
+
+def default_size(config, sample_size: int) -> dict:
+    """The config change that makes `sample_size` (latent side) the saved denoiser's default size. A PixArt
+    transformer recomputes its positional embedding from its config when loaded, at positions scaled by
+    sample_size / (patch * interpolation_scale): the scale moves with the size so the loaded model reads the
+    positions it trained with. (SD3's table is saved with the weights; a UNet has none.)"""
+    if "interpolation_scale" not in config:
+        return {"sample_size": sample_size}
+    scale = config.interpolation_scale or max(config.sample_size // 64, 1)  # the class's own default when unset
+    return {"sample_size": sample_size, "interpolation_scale": scale * sample_size / config.sample_size}
 
 
 def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
