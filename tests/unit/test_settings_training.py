@@ -19,6 +19,7 @@ from tests.unit.settings_helpers import (
 )
 
 from atelier.local.template import Expanded
+from contracts import model_presets
 from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.deploy.settings import DeploySettings
@@ -349,8 +350,11 @@ def test_a_stage_on_its_preset_s_size_multiple_is_accepted(preset: str, resoluti
 
 def test_a_model_config_that_is_no_preset_is_refused() -> None:
     plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "huge"}}])
-    with pytest.raises(ConfigError, match="'only': model-config 'huge' is not a preset: pixart-sigma, sd2, sd3-medium"):
+    with pytest.raises(ConfigError) as refused:
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+    presets = ", ".join(sorted(model_presets.SIZE_MULTIPLES))
+    assert str(refused.value).endswith(f"run-plan job 'only': model-config 'huge' is not a preset: {presets}")
+    assert {"pixart-sigma", "sd2", "sd3-medium", "tiny"} <= set(model_presets.SIZE_MULTIPLES)
 
 
 # --- training: latent shards ----------------------------------------------------------------------
