@@ -25,7 +25,10 @@ v-prediction, the same images and the same GPU time, from scratch.
    gets there first), each with the grid match rate at the target and at the end; loss_and_grid.png.
 
 Each step is recorded in --work, so a call that ran out of time resumes where it stopped (device calls are
-600 s): prepare + `--families dit`, then `--families unet --score` on the same warm machine.
+600 s): prepare + `--families dit`, then `--families unet --score` on the same warm machine. Where the machine
+does not stay warm, one family per call: `--families dit --score` keeps the DiT's records and its VAE (the lease
+script brings them back in $OUT), and a later call given those records and `--vae` trains and scores the UNet on
+the same VAE and reports (data and bases are rebuilt from the same seeds).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ def prepare(args, work: Path) -> None:
         write_shards(held_out[:args.eval_images], work / "eval.tmp", args.eval_images, args.size)
         os.replace(work / "eval.tmp", work / "eval")
         progress("data", images=len(items), s=time.monotonic() - started)
+    if args.vae and not (work / "vae" / "config.json").is_file():
+        shutil.copytree(args.vae, work / "vae")  # the VAE an earlier call trained: both families on one VAE
     if not (work / "vae" / "config.json").is_file():
         train_vae(argparse.Namespace(**{**vars(args), "model_config": args.unet_config}), work)
     for family in FAMILIES:
@@ -258,6 +263,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=20160)
     parser.add_argument("--eval-images", type=int, default=256)
     parser.add_argument("--per-shard", type=int, default=1000)
+    parser.add_argument("--vae", type=Path, default=None,
+                        help="a VAE folder to use instead of training one (an earlier call's, so calls share it)")
     parser.add_argument("--vae-steps", type=int, default=1000)
     parser.add_argument("--vae-batch", type=int, default=32)
     parser.add_argument("--vae-learning-rate", type=float, default=1e-3)
@@ -293,11 +300,14 @@ def main() -> None:
         return
     import torch
     from trainer.data.eval_set import find_eval_shards, read_eval_samples
-    runs = {family: timed(args.work, family, lambda: run_family(args, args.work, family)) for family in FAMILIES}
+    runs = {family: timed(args.work, family, None) for family in FAMILIES if (args.work / f"{family}-run.json").is_file()}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     samples, _ = read_eval_samples(find_eval_shards(str(args.work / "eval")), args.size, args.eval_images)
     scores = score(args.work, runs, samples, device)
-    report(args, runs, scores, len(samples))
+    if len(runs) == len(FAMILIES):
+        report(args, runs, scores, len(samples))
+    else:  # one family per device call: its scores are kept for the call that trains the other
+        progress("scored", families=",".join(runs), report="when every family has run")
 
 
 if __name__ == "__main__":
