@@ -1,13 +1,15 @@
 """How fast the encode job turns captions into a transformer family's stored text embeddings, on this machine.
 
-The encode job's own calls, per batch of captions: `trainer.jobs.encode.caption_embeddings` (the family
-pipeline's encode_prompt, under the job's autocast) and `trainer.data.latents.text_member` for each caption
-(bf16, cut after the mask), on the procedural catalogue's captions (atelier.catalog) with each preset's models
+The encode job's own calls, per batch of captions, one after the other (the job overlaps the members with the
+next batch on its writer thread): `trainer.jobs.encode.caption_embeddings` (the family pipeline's encode_prompt,
+under the job's autocast, cut and cast to bf16 on the device), the copy to the host and
+`trainer.data.latents.text_member` for each caption (cut after its mask), on the procedural catalogue's captions (atelier.catalog) with each preset's models
 (random, seeded; tokenizers learned from those captions), on the GPU when there is one. Prints one JSON
 line per figure and preset:
 - encode.text_captions_per_s_<family>: captions a second through both, the median of --repeats rounds after
   a warm-up; `ratio_vs_encode_prompt`: that over encode_prompt alone on the same batches, timed in the same
-  rounds (A B A B ...): what storing the members costs on top of the text encoders.
+  rounds (A B A B ...): what storing the members costs on top of the text encoders (the members' sizes are
+  measured after the rounds, off the clock).
 - encode.text_bytes_per_caption_<family>: the mean size of one caption's member; `ratio_vs_untrimmed`: that
   over the same tensors stored whole (what cutting the masked positions saves; 1.0 for SD3, which has no mask).
 
@@ -32,8 +34,10 @@ from safetensors.torch import save as save_safetensors  # noqa: E402
 
 from atelier.catalog import caption_of, training_combinations  # noqa: E402
 from bench.stamp import commit, versions  # noqa: E402
-from trainer.data.latents import text_member  # noqa: E402
+from trainer.data.latents import read_text, text_member  # noqa: E402
 from trainer.jobs.encode import caption_embeddings  # noqa: E402
+from trainer.models.families import condition  # noqa: E402
+from trainer.objectives.numerics import autocast  # noqa: E402
 from trainer.models.loading import load_models  # noqa: E402
 
 
@@ -64,26 +68,26 @@ def measure(preset: str, captions: list[str], batch: int, repeats: int, device: 
     models = load_models(preset, None, seed=0, captions=lambda: captions)
     models.frozen_to(device)
     batches = [captions[start:start + batch] for start in range(0, len(captions), batch)]
-    sizes: list[tuple[int, int]] = []
 
     def prompts_alone():
         for texts in batches:
-            caption_embeddings(models, texts, device)
+            with torch.no_grad(), autocast(device):
+                condition(models.family, models.text_pipeline(), texts, device)
 
-    def stored():
+    def stored(members: list[bytes]):
         for texts in batches:
             tensors = {name: tensor.cpu() for name, tensor in caption_embeddings(models, texts, device).items()}
             for number in range(len(texts)):
-                one = {name: tensor[number] for name, tensor in tensors.items()}
-                sizes.append((len(text_member(one, "bench")), untrimmed_bytes(one)))
+                members.append(text_member({name: tensor[number] for name, tensor in tensors.items()}, "bench"))
 
-    job_s, alone_s = [], []
+    job_s, alone_s, members = [], [], []
     for round_number in range(repeats + 1):  # round 0 warms up
-        sizes.clear()
-        job, alone = timed(stored, device), timed(prompts_alone, device)
+        members.clear()
+        job, alone = timed(lambda: stored(members), device), timed(prompts_alone, device)
         if round_number:
             job_s.append(job)
             alone_s.append(alone)
+    sizes = [(len(member), untrimmed_bytes(read_text(member))) for member in members]  # off the clock
     job_median, alone_median = statistics.median(job_s), statistics.median(alone_s)
     kept, whole = (statistics.mean(column) for column in zip(*sizes))
     common = {"commit": commit(), "versions": versions(),

@@ -16,7 +16,7 @@ from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
 from contracts.shard_members import EMPTY_CAPTION_KEY, TEXT, member_name
 from trainer.data.captions import read_captions
-from trainer.data.latents import LatentShardsError, models_identity, read_text
+from trainer.data.latents import LatentShardsError, models_identity, read_text, stored_text, text_member
 from trainer.data.loader import StepBatches, make_loader
 from trainer.data.plan import BatchPlan
 from trainer.data.shards import index_shards
@@ -88,6 +88,24 @@ def test_each_sample_stores_the_pipeline_s_embeddings_of_its_caption_in_bf16(fam
             assert raw["prompt_embeds"].shape[0] == int(expected["prompt_attention_mask"].sum()) < 300
         else:
             assert raw["prompt_embeds"].shape == expected["prompt_embeds"].shape
+
+
+def test_a_batch_cut_and_cast_before_the_host_copy_stores_the_same_bytes(family):
+    """The encode job cuts a batch after the positions its captions hold and casts it on the device
+    (`stored_text`), so a GPU copies a few percent of the padded tensors: each member is byte for byte what
+    the whole batch gives, the full length included."""
+    captions = ["a red circle on a blue background with a small green square beside it", "a cat", ""]
+    conditioning = condition(family["models"].family, family["pipeline"], captions, CPU)
+    whole = conditioning.tensors()
+    cut = stored_text(whole, conditioning.positions)
+    for number in range(len(captions)):
+        assert (text_member({name: tensor[number] for name, tensor in cut.items()}, "identity")
+                == text_member({name: tensor[number] for name, tensor in whole.items()}, "identity"))
+    if conditioning.mask is None:  # SD3: no mask, every position kept
+        assert conditioning.positions is None and cut["prompt_embeds"].shape == whole["prompt_embeds"].shape
+    else:
+        assert cut["prompt_embeds"].shape[1] == conditioning.positions == int(whole["prompt_attention_mask"].sum(1).max())
+        assert conditioning.positions < whole["prompt_embeds"].shape[1]
 
 
 def test_every_shard_opens_with_the_empty_caption_s_embeddings_and_indexes_leave_it_out(family, samples):

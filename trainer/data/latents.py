@@ -160,12 +160,22 @@ def sample_members(key: str, latent_dist: torch.Tensor, time_ids: list[int], ids
 EMBEDS, MASK = "prompt_embeds", "prompt_attention_mask"  # trainer.models.families.STORED_NAMES' token-wise parts
 
 
+def stored_text(tensors: dict[str, torch.Tensor], positions: int | None) -> dict[str, torch.Tensor]:
+    """A batch of encode_prompt's tensors as its text members keep them, where they are (on a GPU: before
+    the copy to the host, a few percent of the padded size for short captions): floating point in bf16,
+    the embeddings cut after the batch's first `positions` (the rest is zero padding; None: uncut). The
+    mask stays whole: its length is the full one, which `text_member` records and `read_text` pads to."""
+    return {name: (tensor[:, :positions] if name == EMBEDS and positions is not None else tensor)
+            .to(torch.bfloat16 if tensor.is_floating_point() else tensor.dtype) for name, tensor in tensors.items()}
+
+
 def text_member(tensors: dict[str, torch.Tensor], identity: str) -> bytes:
-    """One caption's conditioning (one sample's rows of encode_prompt's tensors, by name) as a safetensors
-    member: floating point in bf16, the mask as it is, the token-wise parts cut after the mask's last kept
-    position; header metadata `encoder` (the identity) and `tokens` (the full length, to pad back to)."""
-    tokens = tensors[EMBEDS].shape[0]
+    """One caption's conditioning (one sample's rows of encode_prompt's tensors, by name, or of
+    `stored_text`'s) as a safetensors member: floating point in bf16, the mask as it is, the token-wise parts
+    cut after the mask's last kept position; header metadata `encoder` (the identity) and `tokens` (the full
+    length, the mask's where there is one, to pad back to)."""
     mask = tensors.get(MASK)
+    tokens = tensors[EMBEDS].shape[0] if mask is None else mask.shape[0]
     kept = tokens if mask is None else int(mask.nonzero().max()) + 1 if mask.any() else 1
     stored = {name: (tensor[:kept] if name in (EMBEDS, MASK) else tensor) for name, tensor in tensors.items()}
     stored = {name: (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()

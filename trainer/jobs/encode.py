@@ -55,7 +55,7 @@ from contracts.recipe_jobs import EncodeOptions
 from contracts.s3_layout import INDEXES
 from contracts.shard_members import CAPTION, IMAGE_FORMATS, RECORD
 from trainer.data.images import crop_to_bucket, decode_image
-from trainer.data.latents import empty_caption_member, latent_dir, models_identity
+from trainer.data.latents import empty_caption_member, latent_dir, models_identity, stored_text
 from trainer.data.buckets import check_resolution
 from trainer.data.plan import buckets_of
 from trainer.data.captions import read_captions
@@ -144,9 +144,11 @@ def to_host(latents: torch.Tensor, text: dict[str, torch.Tensor] | None = None
 
 def caption_embeddings(models: Models, captions: list[str], device: torch.device) -> dict[str, torch.Tensor]:
     """A transformer family's conditioning of `captions`, by the names its pipeline gives them: exactly the
-    online path's call (trainer/objectives/diffusion.py)."""
+    online path's call (trainer/objectives/diffusion.py), cut and cast on its device as the text members
+    store it (`stored_text`), so only that crosses to the host."""
     with torch.no_grad(), autocast(device):
-        return condition(models.family, models.text_pipeline(), captions, device).tensors()
+        conditioning = condition(models.family, models.text_pipeline(), captions, device)
+    return stored_text(conditioning.tensors(), conditioning.positions)
 
 
 def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models, resolution: int, device: torch.device,

@@ -97,10 +97,13 @@ class Conditioning:
     context: torch.Tensor  # [batch, tokens, width]
     pooled: torch.Tensor | None = None  # SD3's pooled CLIP projections
     mask: torch.Tensor | None = None  # PixArt's T5 attention mask
+    # the token positions some caption of the batch holds (after them the context is zero padding), known
+    # without reading the mask off the device; None: every position may hold one
+    positions: int | None = None
 
     def repeat_interleave(self, count: int) -> "Conditioning":
         return Conditioning(*(None if part is None else part.repeat_interleave(count, dim=0)
-                              for part in (self.context, self.pooled, self.mask)))
+                              for part in (self.context, self.pooled, self.mask)), positions=self.positions)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Its parts by the names the family's pipeline gives and takes them (what latent shards store)."""
@@ -243,7 +246,8 @@ def condition(family: Family, pipeline, captions: list[str], device: torch.devic
     context, mask, _, _ = pipeline.encode_prompt(captions, do_classifier_free_guidance=False, device=device,
                                                  max_sequence_length=longest)
     missing = family.max_length - context.shape[1]
-    return Conditioning(F.pad(context * mask[..., None].to(context.dtype), (0, 0, 0, missing)), mask=F.pad(mask, (0, missing)))
+    return Conditioning(F.pad(context * mask[..., None].to(context.dtype), (0, 0, 0, missing)), mask=F.pad(mask, (0, missing)),
+                        positions=longest)
 
 
 @torch.no_grad()
