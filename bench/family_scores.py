@@ -33,17 +33,6 @@ from trainer.models.text import encode_captions
 from trainer.objectives.flow_matching import VALIDATION_TIMESTEPS
 
 
-def pipeline_with(base: Path, denoiser: Path, folder: Path) -> Path:
-    """The base pipeline with another denoiser (its `unet/` or `transformer/`): links, no copies."""
-    import shutil
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for entry in base.iterdir():
-        swapped = entry.name in ("unet", "transformer") and entry.is_dir()
-        (folder / entry.name).symlink_to(denoiser.resolve() if swapped else entry.resolve())
-    return folder
-
-
 def flow_times(alphas_cumprod: torch.Tensor) -> torch.Tensor:
     """Each DDPM timestep's flow time: sigma / (alpha + sigma), the same signal-to-noise ratio."""
     alpha, sigma = alphas_cumprod.double().sqrt(), (1 - alphas_cumprod.double()).sqrt()

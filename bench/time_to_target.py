@@ -50,26 +50,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "functions")]
 
-from bench.time_to_target_runs import Run, prepare, progress, run_ours, run_peer  # noqa: E402
+from bench.time_to_target_runs import (Run, emit, emit_to, pipeline_with, prepare, progress, run_ours,  # noqa: E402
+                                       run_peer, time_to, timed)
 
 
 # ---------------------------------------------------------------- scoring
-
-
-def pipeline_with(base: Path, unet: Path, folder: Path) -> Path:
-    """The base pipeline with another UNet: links, no copies."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for entry in base.iterdir():
-        (folder / entry.name).symlink_to(unet.resolve() if entry.name == "unet" else entry.resolve())
-    return folder
 
 
 def scoring_pipeline(work: Path, run: Run, step: int) -> Path:
@@ -138,13 +129,6 @@ def target_of(args, peer_scores: dict[int, dict]) -> tuple[float | None, str]:
          f"prompts (step {reached[0]}) x {args.target_slack:g}")
 
 
-def time_to(target: float | None, run: Run, scores: dict[int, dict]) -> tuple[int | None, float | None]:
-    for step in sorted(scores):
-        if target is not None and scores[step]["val_loss"] <= target:
-            return step, round(run.checkpoints[step], 1)
-    return None, None
-
-
 def drew_prompts(runs: list[tuple[Run, dict[int, dict]]]) -> bool:
     """Whether any checkpoint has a match rate (the plot's second panel)."""
     return any("match" in score for _, scores in runs for score in scores.values())
@@ -186,33 +170,6 @@ def plot(runs: list[tuple[Run, dict[int, dict]]], target: float | None, folder: 
     path = folder / "loss_vs_time.png"
     figure.savefig(path, dpi=120, bbox_inches="tight")
     return str(path)
-
-
-# ---------------------------------------------------------------- output
-
-
-OUT: list[Path] = []  # --out, when given: each line is appended as it is made (a timed-out call keeps them)
-
-
-def emit(line: dict) -> None:
-    text = json.dumps(line)
-    print(text, flush=True)
-    for path in OUT:
-        with open(path, "a") as out:
-            out.write(text + "\n")
-
-
-def timed(work: Path, name: str, runner) -> Run:
-    """`runner()`, or the record of the run this --work already holds (a second call picks up where one stopped)."""
-    record = work / f"{name}-run.json"
-    if record.is_file():
-        saved = json.loads(record.read_text())
-        return Run(saved["name"], 0.0, {int(k): v for k, v in saved["checkpoints"].items()},
-                   {int(k): Path(v) for k, v in saved["directories"].items()}, saved["phases"])
-    run = runner()
-    record.write_text(json.dumps({"name": run.name, "checkpoints": run.checkpoints, "phases": run.phases,
-                                  "directories": {step: str(path) for step, path in run.directories.items()}}))
-    return run
 
 
 def parse_args() -> argparse.Namespace:
@@ -266,8 +223,7 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        OUT.append(args.out)
+        emit_to(args.out)
     prepare(args, args.work)
     if args.prepare_only:
         return

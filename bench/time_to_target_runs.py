@@ -1,6 +1,8 @@
 """The data, the base and the two timed runs of bench/time_to_target.py: the procedural catalogue written as
 shards and as an imagefolder, the autoencoder job's VAE and the base pipeline, then our encode and training
-jobs and the peer's script, each watched from process start for its checkpoints and log events.
+jobs and the peer's script, each watched from process start for its checkpoints and log events. Also what
+bench/family_ttt.py shares with it: a run's record in --work, a base with another denoiser, the time to a
+target loss, and the JSON lines both print.
 """
 
 from __future__ import annotations
@@ -32,6 +34,23 @@ class Run:
     checkpoints: dict[int, float] = field(default_factory=dict)  # step -> seconds since start, when complete
     directories: dict[int, Path] = field(default_factory=dict)  # step -> its UNet directory
     phases: dict[str, float] = field(default_factory=dict)
+
+
+def timed(work: Path, name: str, runner) -> Run:
+    """`runner()`, its record saved in --work, or the record this --work already holds (a second call picks up
+    where one stopped; with `runner` None the record must be there)."""
+    record = work / f"{name}-run.json"
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        # the name the run was made with (the peer is "diffusers" in peer-run.json); where a record has none, its file's
+        return Run(saved.get("name", name), 0.0, {int(k): v for k, v in saved["checkpoints"].items()},
+                   {int(k): Path(v) for k, v in saved["directories"].items()}, saved["phases"])
+    if runner is None:
+        raise FileNotFoundError(f"no run recorded in {record}")
+    run = runner()
+    record.write_text(json.dumps({"name": run.name, "checkpoints": run.checkpoints, "phases": run.phases,
+                                  "directories": {step: str(path) for step, path in run.directories.items()}}))
+    return run
 
 
 # ---------------------------------------------------------------- data
@@ -108,6 +127,16 @@ def build_base(args, work: Path) -> None:
     torch.cuda.empty_cache()
 
 
+def pipeline_with(base: Path, denoiser: Path, folder: Path) -> Path:
+    """The base pipeline with another denoiser (its `unet/` or `transformer/`): links, no copies."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for entry in base.iterdir():
+        swapped = entry.name in ("unet", "transformer") and entry.is_dir()
+        (folder / entry.name).symlink_to(denoiser.resolve() if swapped else entry.resolve())
+    return folder
+
+
 # ---------------------------------------------------------------- the timed runs
 
 
@@ -151,40 +180,51 @@ def timeline(run: Run, job: str):
     return seen
 
 
-def run_ours(args, work: Path, name: str, extra: str) -> Run:
-    """Our encode job, then our training job with `extra` flags; `name` names its records in --work."""
-    run, checkpoints = Run(name), work / f"{name}-checkpoints"
-    shutil.rmtree(checkpoints, ignore_errors=True)
-    shutil.rmtree(work / "latents", ignore_errors=True)
+def encode_then_train(run: Run, log: Path, encode: list[str], train: list[str], checkpoints: Path, done) -> int:
+    """`run` from process start: the encode job with `encode` flags (a failure raises), then the training job with
+    `train` flags until `done()`, each step-N/ in `checkpoints` stamped as it completes; the training job's code."""
     python = [sys.executable, "-m"]
     # the image puts the one package of functions/ the trainer shares (contracts) on its path
     path = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
     run.started = time.monotonic()
-    code = watch([*python, "trainer.jobs.encode", "--train-dir", str(work / "shards"), "--output-dir", str(work / "latents"),
-                  "--pretrained", str(work / "base"), "--model-config", args.model_config, "--resolution", str(args.size),
-                  "--aspect-buckets", "false", "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers),
-                  *args.encode_args.split()],
-                 work / f"{name}.log", on_chunk=timeline(run, "encode"), env=path)
+    code = watch([*python, "trainer.jobs.encode", *encode], log, on_chunk=timeline(run, "encode"), env=path)
     if code:
-        raise RuntimeError(f"the encode job failed ({code}); see {work / (name + '.log')}")
+        raise RuntimeError(f"the {run.name} encode job failed ({code}); see {log}")
     run.phases["encoded_s"] = round(time.monotonic() - run.started, 1)
-    progress(f"{name} encoded", s=run.phases["encoded_s"])
+    progress(f"{run.name} encoded", s=run.phases["encoded_s"])
     stop = threading.Event()
-    poller = threading.Thread(target=poll_checkpoints, args=(checkpoints, run, stop), daemon=True)
-    poller.start()
-    last = args.steps
-    code = watch([*python, "trainer.jobs.train", "--train-dir", str(work / "latents"), "--model-dir", str(work / "ours-model"),
-                  "--checkpoint-dir", str(checkpoints), "--resume", "none", "--pretrained", str(work / "base"),
-                  "--init-unet", "pretrained", "--model-config", args.model_config, "--steps", str(args.steps),
-                  "--batch-size", str(args.batch), "--resolution", str(args.size), "--learning-rate", str(args.learning_rate),
-                  "--max-grad-norm", "1", "--ema-decay", "0", "--final-weights", "trained", "--caption-dropout", "0",
-                  "--aspect-buckets", "false", "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
-                  "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
-                  "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0",
-                  *extra.split()],
-                 work / f"{name}.log", on_chunk=timeline(run, "train"), done=lambda: last in run.checkpoints, env=path)
-    time.sleep(0.2)
+    threading.Thread(target=poll_checkpoints, args=(checkpoints, run, stop), daemon=True).start()
+    code = watch([*python, "trainer.jobs.train", *train], log, on_chunk=timeline(run, "train"), done=done, env=path)
+    time.sleep(0.5)  # the poller's last look
     stop.set()
+    return code
+
+
+def recipe(args) -> list[str]:
+    """The training job's flags both benches hold fixed: constant learning rate, clipping 1, no EMA, no caption
+    dropout, centred crops, every checkpoint kept, the trained (not averaged) weights."""
+    return ["--batch-size", str(args.batch), "--learning-rate", str(args.learning_rate), "--max-grad-norm", "1",
+            "--ema-decay", "0", "--final-weights", "trained", "--caption-dropout", "0", "--aspect-buckets", "false",
+            "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
+            "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
+            "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0"]
+
+
+def run_ours(args, work: Path, name: str, extra: str) -> Run:
+    """Our encode job, then our training job with `extra` flags; `name` names its records in --work."""
+    run, checkpoints, latents, base = Run(name), work / f"{name}-checkpoints", work / "latents", work / "base"
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    shutil.rmtree(latents, ignore_errors=True)
+    last = args.steps
+    code = encode_then_train(
+        run, work / f"{name}.log",
+        ["--train-dir", str(work / "shards"), "--output-dir", str(latents), "--pretrained", str(base),
+         "--model-config", args.model_config, "--resolution", str(args.size), "--aspect-buckets", "false",
+         "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers), *args.encode_args.split()],
+        ["--train-dir", str(latents), "--model-dir", str(work / "ours-model"), "--checkpoint-dir", str(checkpoints),
+         "--resume", "none", "--pretrained", str(base), "--init-unet", "pretrained", "--model-config", args.model_config,
+         "--steps", str(args.steps), "--resolution", str(args.size), *recipe(args), *extra.split()],
+        checkpoints, done=lambda: last in run.checkpoints)
     if code or last not in run.checkpoints:
         raise RuntimeError(f"the training job failed ({code}); see {work / (name + '.log')}")
     return run
@@ -215,6 +255,34 @@ def run_peer(args, work: Path) -> Run:
     if code or last not in run.checkpoints:
         raise RuntimeError(f"the peer script failed ({code}); see {work / 'peer.log'}")
     return run
+
+
+# ---------------------------------------------------------------- scores and output
+
+
+def time_to(target: float | None, run: Run, scores: dict[int, dict]) -> tuple[int | None, float | None]:
+    """(the first scored checkpoint at or under `target`, its seconds from process start); None, None if none."""
+    for step in sorted(scores):
+        if target is not None and scores[step]["val_loss"] <= target:
+            return step, round(run.checkpoints[step], 1)
+    return None, None
+
+
+OUT: list[Path] = []  # --out, when given: each line is appended as it is made (a timed-out call keeps them)
+
+
+def emit_to(path: Path) -> None:
+    """Append every line `emit` prints to `path` too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OUT.append(path)
+
+
+def emit(line: dict) -> None:
+    text = json.dumps(line)
+    print(text, flush=True)
+    for path in OUT:
+        with open(path, "a") as out:
+            out.write(text + "\n")
 
 
 def progress(what: str, **values) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from bench import family_ttt
+from bench import family_ttt, time_to_target_runs
 from bench.family_scores import common_times, ddpm_timesteps, implied_velocity
 from bench.time_to_target_runs import Run
 from trainer.objectives.diffusion import zero_terminal_snr
@@ -57,7 +57,7 @@ def test_the_target_is_the_worse_final_loss_and_the_ratio_the_unet_s_time_over_t
     scores = {"dit": {100: {"val_loss": 0.5, "grid": 0.1}, 200: {"val_loss": 0.29, "grid": 0.2}, 300: {"val_loss": 0.2, "grid": 0.4}},
               "unet": {100: {"val_loss": 0.4, "grid": 0.1}, 200: {"val_loss": 0.3, "grid": 0.3}}}
     out = tmp_path / "lines.jsonl"
-    monkeypatch.setattr(family_ttt, "OUT", [out])
+    monkeypatch.setattr(time_to_target_runs, "OUT", [out])
     monkeypatch.setattr("sys.argv", ["family_ttt.py", "--work", str(tmp_path), "--plot-dir", str(tmp_path)])
     args = family_ttt.parse_args()
     # WHEN the report is made
