@@ -25,8 +25,7 @@ from PIL import Image
 from atelier import client
 from atelier.catalog import LICENSE, make_catalog, procedural_catalog, write_catalog
 from atelier.demo import DemoOptions, drive, kept_stack_banner
-from atelier.prompt_match import DEMO_PROMPTS, GUIDANCE
-from atelier.prompt_match import match_rate
+from atelier.prompt_match import DEMO_PROMPTS, GRID_PROMPTS, GRID_SEEDS, GUIDANCE, STEPS, grid_match_rate, match_rate
 from atelier.cli import parser
 from atelier.demo import PARTNER
 from atelier.local.stack import LocalStack, StackOptions
@@ -53,7 +52,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     # (`cpu-threads`), whatever share of the cores a pytest-xdist worker got: the match rate depends on
     # the thread count's arithmetic, the same here as in the demo whatever the core count.
     with LocalStack(options) as stack:
-        lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES))
+        lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES, grid=True))
         yield stack, lines, output
 
 
@@ -188,32 +187,57 @@ def test_the_tokenizer_job_learned_the_tokenizer_every_later_job_used_from_the_c
     assert figures["captions"] > 0 and figures["tokens_per_word"] <= 1.6 and figures["cut_share"] == 0
 
 
-def test_the_model_draws_the_prompts_colours_and_an_untrained_one_does_not(chain: Any, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def untrained(chain: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The deployed pipeline with its UNet re-initialised: the same VAE, text encoder, tokenizer and sampler."""
+    from diffusers import DiffusionPipeline, UNet2DConditionModel
+    import torch
+    stack, lines, _ = chain
+    with pytest.MonkeyPatch.context() as patch:  # a module fixture comes before the autouse stack_env
+        for key, value in stack.env.items():
+            patch.setenv(key, value)
+        model = boto3.client("sagemaker").describe_training_job(
+            TrainingJobName=next(j["name"] for j in lines[0]["config"]["jobs"] if j["role"] == "train"))
+        bucket, key = model["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").split("/", 1)
+        archive = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    folder = tmp_path_factory.mktemp("untrained")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    pipeline = DiffusionPipeline.from_pretrained(folder)
+    torch.manual_seed(0)
+    pipeline.unet = UNet2DConditionModel.from_config(pipeline.unet.config)
+    return pipeline
+
+
+def drawn(pipeline: Any, prompt: str, seed: int) -> bytes:
+    import torch
+    picture = pipeline(prompt, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
+                       generator=torch.Generator().manual_seed(seed)).images[0]
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_the_model_draws_the_prompts_colours_and_an_untrained_one_does_not(chain: Any, untrained: Any) -> None:
     stack, lines, output = chain
     rate = next(line for line in lines if line["metric"] == "demo.prompt_match_rate")
     assert rate["unit"] == "share" and rate["config"]["prompts"] == len(DEMO_PROMPTS) >= 8
     assert rate["value"] >= 0.8, rate
     assert match_rate([("a red circle on a blue background", output.read_bytes())]) == 1.0  # the saved image
-    # GIVEN the deployed pipeline with its UNet re-initialised: the same VAE, text encoder and prompts
-    from diffusers import DiffusionPipeline, UNet2DConditionModel
-    import torch
-    model = boto3.client("sagemaker").describe_training_job(
-        TrainingJobName=next(j["name"] for j in lines[0]["config"]["jobs"] if j["role"] == "train"))
-    bucket, key = model["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").split("/", 1)
-    with tarfile.open(fileobj=io.BytesIO(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())) as tar:
-        tar.extractall(tmp_path, filter="data")
-    pipeline = DiffusionPipeline.from_pretrained(tmp_path)
-    torch.manual_seed(0)
-    pipeline.unet = UNet2DConditionModel.from_config(pipeline.unet.config)
-    untrained = []
-    for prompt in DEMO_PROMPTS:
-        picture = pipeline(prompt, num_inference_steps=20, guidance_scale=GUIDANCE,
-                           generator=torch.Generator().manual_seed(0)).images[0]
-        buffer = io.BytesIO()
-        picture.save(buffer, format="PNG")
-        untrained.append((prompt, buffer.getvalue()))
-    # THEN it matches about as often as chance (1 in 30), far below the trained model
-    assert match_rate(untrained) <= 0.25
+    # an untrained UNet with the same VAE, text encoder and prompts matches about as often as chance (1 in 30)
+    assert match_rate([(prompt, drawn(untrained, prompt, 0)) for prompt in DEMO_PROMPTS]) <= 0.25
+
+
+def test_the_model_draws_most_of_the_catalogue_grid_and_an_untrained_one_near_chance(chain: Any, untrained: Any) -> None:
+    """Every shape x foreground x background, GRID_SEEDS seeds each, scored on colours and shape (atelier/prompt_match.py);
+    chance is 1 in 90. The demo's recipe drew 0.76-0.82 of it over seeds and runs (bench/RESULTS.md, "The demo's grid"),
+    the recipe before it 0.56-0.61: the floor holds the gain. Issue 42's goal, 0.9, is not reached (the squares)."""
+    stack, lines, output = chain
+    grid = next(line for line in lines if line["metric"] == "demo.prompt_match_grid")
+    assert grid["config"]["prompts"] == len(GRID_PROMPTS) == 90 and grid["config"]["seeds"] == list(GRID_SEEDS)
+    assert grid["value"] >= 0.75, grid
+    untrained_rate = grid_match_rate([(prompt, drawn(untrained, prompt, seed)) for prompt in GRID_PROMPTS for seed in GRID_SEEDS])
+    assert untrained_rate <= 0.05, untrained_rate
 
 
 def test_the_endpoint_serves_the_trained_model_and_draws_a_png(chain: Any) -> None:
@@ -241,7 +265,7 @@ def test_the_server_settings_of_the_template_reach_the_endpoints_container(chain
 
 def test_the_benchmark_lines_have_the_fixed_metric_names(chain: Any) -> None:
     _, lines, _ = chain
-    assert [line["metric"] for line in lines] == ["demo.upload_to_image_s", "demo.prompt_match_rate"]
+    assert [line["metric"] for line in lines] == ["demo.upload_to_image_s", "demo.prompt_match_rate", "demo.prompt_match_grid"]
     assert lines[0]["unit"] == "s" and lines[0]["value"] > 0
 
 
