@@ -140,7 +140,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         with stopped_by_signals():
             result = run_demo(DemoOptions(root=REPO, state_dir=args.state_dir, output=args.output,
-                                          images=args.images, keep_running=args.keep,
+                                          images=args.images, keep_running=args.keep, grid=args.grid,
                                           **({"stage_timeout_s": args.stage_timeout} if args.stage_timeout else {}),
                                           quiet=args.quiet or args.json))
     except DemoFailed as exc:
@@ -310,6 +310,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--stage-timeout", type=float, default=None,
                       help="seconds a stage may take before the demo calls it stalled (default 900)")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
+    demo.add_argument("--grid", action="store_true", help="also draw the whole catalogue grid, scored on colours and shape "
+                      "(demo.prompt_match_grid: 180 pictures, a minute or two more)")
     demo.set_defaults(func=cmd_demo, default_state_dir=DEMO_STATE)
 
     upload = commands.add_parser("upload", help="upload an image or a folder (sidecar .json files first)",

@@ -167,6 +167,16 @@ def test_the_demo_keeps_its_stack_where_state_dir_says_and_by_default_apart_from
     assert given[0].state_dir == where
 
 
+@pytest.mark.parametrize(("flags", "grid"), [([], False), (["--grid"], True)])
+def test_the_demo_draws_the_catalogue_grid_when_asked(monkeypatch: pytest.MonkeyPatch, flags: list[str], grid: bool) -> None:
+    given = []
+    monkeypatch.setattr(demo, "run_demo", lambda options: given.append(options) or [])
+
+    assert cli.main(["demo", "--json", *flags]) == 0
+
+    assert given[0].grid is grid
+
+
 def test_the_kept_demo_stack_s_banner_names_its_state_in_every_command() -> None:
     state = Path("/home/someone/my atelier/.atelier/demo")
 
