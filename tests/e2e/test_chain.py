@@ -228,7 +228,7 @@ def test_the_model_draws_the_prompts_colours_and_an_untrained_one_does_not(chain
 
 def test_the_model_draws_most_of_the_catalogue_grid_and_an_untrained_one_near_chance(chain: Any, untrained: Any) -> None:
     """Every shape x foreground x background, GRID_SEEDS seeds each, scored on colours and shape (atelier/prompt_match.py);
-    chance is 1 in 90. The recipe drew 0.72-0.82 over seeds and chain runs (the packing order varies; bench/RESULTS.md,
+    chance is 1 in 90. The recipe drew 0.72-0.82 over seeds and chain runs (the data order, likely; bench/RESULTS.md,
     "The demo's grid"), the one before 0.56-0.61: the floor holds the gain. Issue 42's goal, 0.9, is not reached."""
     stack, lines, output = chain
     grid = next(line for line in lines if line["metric"] == "demo.prompt_match_grid")
