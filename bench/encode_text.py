@@ -35,9 +35,7 @@ from safetensors.torch import save as save_safetensors  # noqa: E402
 from atelier.catalog import caption_of, training_combinations  # noqa: E402
 from bench.stamp import commit, versions  # noqa: E402
 from trainer.data.latents import read_text, text_member  # noqa: E402
-from trainer.jobs.encode import caption_embeddings  # noqa: E402
-from trainer.models.families import condition  # noqa: E402
-from trainer.objectives.numerics import autocast  # noqa: E402
+from trainer.jobs.encode import caption_conditioning, caption_embeddings  # noqa: E402
 from trainer.models.loading import load_models  # noqa: E402
 
 
@@ -71,8 +69,7 @@ def measure(preset: str, captions: list[str], batch: int, repeats: int, device: 
 
     def prompts_alone():
         for texts in batches:
-            with torch.no_grad(), autocast(device):
-                condition(models.family, models.text_pipeline(), texts, device)
+            caption_conditioning(models, texts, device)
 
     def stored(members: list[bytes]):
         for texts in batches:

@@ -56,11 +56,10 @@ def main() -> None:
             image = picture(shape, colour, ground, size=64, jitter=jitter).resize((args.size, args.size), Image.BICUBIC)
             raw += picture_colours(image) == (colour, ground) and picture_shape(image) == shape
             decoded = round_trip(vae, image)
-            right = picture_colours(decoded) == (colour, ground) and picture_shape(decoded) == shape
-            through += right
-            if not right:
-                misses[f"{shape} read as {picture_shape(decoded)}, colours {'/'.join(picture_colours(decoded))}"
-                       if picture_colours(decoded) != (colour, ground) else f"{shape} read as {picture_shape(decoded)}"] += 1
+            colours, read = picture_colours(decoded), picture_shape(decoded)
+            through += colours == (colour, ground) and read == shape
+            if colours != (colour, ground) or read != shape:
+                misses[f"{shape} read as {read}" + ("" if colours == (colour, ground) else f", colours {'/'.join(colours)}")] += 1
     count = len(combinations) * args.variants
     print(json.dumps({"metric": "demo.grid_ceiling", "value": round(through / count, 3), "unit": "share",
                       "raw": round(raw / count, 3), "pictures": count, "misses": dict(misses.most_common()),

@@ -63,7 +63,7 @@ from trainer.data.shards import CorruptSample, ShardIndex, ShardIndexError, Shar
 from trainer.jobs.hyperparameters import add_options, checked
 from trainer.jobs.latent_writer import ShardWriter
 from trainer.models.bundle import Models
-from trainer.models.families import condition
+from trainer.models.families import Conditioning, condition
 from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import token_ids
 from trainer.objectives.numerics import autocast
@@ -142,12 +142,17 @@ def to_host(latents: torch.Tensor, text: dict[str, torch.Tensor] | None = None
     return hosts.pop(""), hosts if text is not None else None, copied
 
 
-def caption_embeddings(models: Models, captions: list[str], device: torch.device) -> dict[str, torch.Tensor]:
-    """A transformer family's conditioning of `captions`, by the names its pipeline gives them: exactly the
-    online path's call (trainer/objectives/diffusion.py), cut and cast on its device as the text members
-    store it (`stored_text`), so only that crosses to the host."""
+def caption_conditioning(models: Models, captions: list[str], device: torch.device) -> Conditioning:
+    """A transformer family's conditioning of `captions`: exactly the online path's call
+    (trainer/objectives/diffusion.py)."""
     with torch.no_grad(), autocast(device):
-        conditioning = condition(models.family, models.text_pipeline(), captions, device)
+        return condition(models.family, models.text_pipeline(), captions, device)
+
+
+def caption_embeddings(models: Models, captions: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+    """`caption_conditioning` by the names its pipeline gives them, cut and cast on its device as the text
+    members store it (`stored_text`), so only that crosses to the host."""
+    conditioning = caption_conditioning(models, captions, device)
     return stored_text(conditioning.tensors(), conditioning.positions)
 
 
