@@ -1,21 +1,26 @@
 """The demo's UNet training step on a CPU at each thread count: what a second thread buys, and costs.
 
-The tiny preset's UNet (random weights, fp32) at the demo's 32 px and batch 16: forward, MSE loss,
-backward and an AdamW step on random latents and text states of the preset's shapes. The thread
-counts alternate in one process (A B A B ..., `torch.set_num_threads` between rounds, a warm-up of
-each first). Prints one JSON line per thread count and one comparing the last count with the first:
+A preset's UNet (random weights, fp32; default the demo's, at its 32 px and batch 64): forward, MSE loss,
+backward and an AdamW step on random latents and text states of the shapes a job feeds it (the text
+encoder's whole context: the tokenizer pads to it). The thread counts, and the presets when several are
+named, alternate in one process (A B A B ..., `torch.set_num_threads` between rounds, a warm-up of each
+first). Prints one JSON line per preset and thread count and one comparing the last count with the first:
 - train.cpu_step_ms_threads_<n>: wall ms a step, the median over --rounds, with the CPU ms a step
   (process time: every thread's) beside it;
 - train.cpu_threads_speedup: the first count's wall / the last count's, with `cpu_ratio`, the last
-  count's CPU a step / the first's (what the speed-up costs in CPU).
+  count's CPU a step / the first's (what the speed-up costs in CPU), for the first preset;
+- with two presets, train.cpu_step_ratio_presets: the first preset's wall a step / the second's, one line a count.
+With --busy N, N other processes spin on the CPU throughout (a loaded machine: a test suite beside the job).
 
-    .venv/bin/python bench/cpu_threads.py [--threads 1,2] [--rounds 5] [--steps 20]
+    .venv/bin/python bench/cpu_threads.py [--model-config demo,tiny] [--threads 1,2] [--rounds 5] [--steps 20] [--busy 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -28,7 +33,7 @@ sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the
 import torch  # noqa: E402
 
 from bench.stamp import commit, versions  # noqa: E402
-from trainer.models.loading import load_models  # noqa: E402
+from trainer.models.loading import load_models, read_preset  # noqa: E402
 
 
 def step_function(model_config: str, resolution: int, batch: int):
@@ -37,7 +42,8 @@ def step_function(model_config: str, resolution: int, batch: int):
     side = resolution // models.vae_scale_factor
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(batch, unet.config.in_channels, side, side, generator=generator)
-    states = torch.randn(batch, 8, unet.config.cross_attention_dim, generator=generator)
+    context = read_preset(model_config)["text_encoder"].get("max_position_embeddings", 77)
+    states = torch.randn(batch, context, unet.config.cross_attention_dim, generator=generator)
     timesteps = torch.randint(0, 1000, (batch,), generator=generator)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-4)
 
@@ -49,6 +55,27 @@ def step_function(model_config: str, resolution: int, batch: int):
     return step
 
 
+def spin(stop) -> None:
+    while not stop.is_set():
+        sum(range(100_000))
+
+
+@contextlib.contextmanager
+def busy(processes: int):
+    """`processes` others spinning on the CPU while the block runs."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    spinners = [context.Process(target=spin, args=(stop,), daemon=True) for _ in range(processes)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+
+
 def timed(step, steps: int) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
@@ -58,39 +85,50 @@ def timed(step, steps: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-config", default="tiny")
+    parser.add_argument("--model-config", default="demo", help="presets, comma-separated")
     parser.add_argument("--resolution", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="timed steps a round")
+    parser.add_argument("--busy", type=int, default=0, help="other processes spinning on the CPU meanwhile")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.threads.split(",")]
-    step = step_function(args.model_config, args.resolution, args.batch_size)
-    for n in counts:  # warm-up of each
+    presets = args.model_config.split(",")
+    steps = {preset: step_function(preset, args.resolution, args.batch_size) for preset in presets}
+    runs = [(preset, n) for preset in presets for n in counts]
+    for preset, n in runs:  # warm-up of each
         torch.set_num_threads(n)
-        timed(step, 3)
-    walls: dict[int, list[float]] = {n: [] for n in counts}
-    cpus: dict[int, list[float]] = {n: [] for n in counts}
-    for _ in range(args.rounds):
-        for n in counts:
-            torch.set_num_threads(n)
-            wall, cpu = timed(step, args.steps)
-            walls[n].append(wall)
-            cpus[n].append(cpu)
-    common = {"commit": commit(), "machine": {"nproc": os.cpu_count(), "gpu": None}, "versions": versions(),
-              "config": {"model_config": args.model_config, "resolution": args.resolution, "batch": args.batch_size,
-                         "rounds": args.rounds, "steps_a_round": args.steps, "order": "A B A B, one process",
-                         "step": "forward, MSE, backward, AdamW; fp32; random weights and inputs"}}
-    wall = {n: statistics.median(walls[n]) for n in counts}
-    cpu = {n: statistics.median(cpus[n]) for n in counts}
-    for n in counts:
-        print(json.dumps({"metric": f"train.cpu_step_ms_threads_{n}", "value": round(wall[n], 2), "unit": "ms",
-                          "cpu_ms": round(cpu[n], 2), **common}), flush=True)
-    first, last = counts[0], counts[-1]
-    print(json.dumps({"metric": "train.cpu_threads_speedup", "value": float(f"{wall[first] / wall[last]:.3g}"), "unit": "x",
-                      "threads": [first, last], "cpu_ratio": float(f"{cpu[last] / cpu[first]:.3g}"), **common}), flush=True)
+        timed(steps[preset], 3)
+    walls: dict[tuple[str, int], list[float]] = {run: [] for run in runs}
+    cpus: dict[tuple[str, int], list[float]] = {run: [] for run in runs}
+    with busy(args.busy):
+        for _ in range(args.rounds):
+            for preset, n in runs:
+                torch.set_num_threads(n)
+                wall, cpu = timed(steps[preset], args.steps)
+                walls[preset, n].append(wall)
+                cpus[preset, n].append(cpu)
+    wall = {run: statistics.median(walls[run]) for run in runs}
+    cpu = {run: statistics.median(cpus[run]) for run in runs}
 
+    def common(preset: str) -> dict:
+        return {"commit": commit(), "machine": {"nproc": os.cpu_count(), "gpu": None}, "versions": versions(),
+                "config": {"model_config": preset, "resolution": args.resolution, "batch": args.batch_size,
+                           "rounds": args.rounds, "steps_a_round": args.steps, "order": "A B A B, one process",
+                           "busy_processes": args.busy,
+                           "step": "forward, MSE, backward, AdamW; fp32; random weights and inputs"}}
+    for preset, n in runs:
+        print(json.dumps({"metric": f"train.cpu_step_ms_threads_{n}", "value": round(wall[preset, n], 2), "unit": "ms",
+                          "cpu_ms": round(cpu[preset, n], 2), **common(preset)}), flush=True)
+    first, last, preset = counts[0], counts[-1], presets[0]
+    print(json.dumps({"metric": "train.cpu_threads_speedup", "value": float(f"{wall[preset, first] / wall[preset, last]:.3g}"),
+                      "unit": "x", "threads": [first, last],
+                      "cpu_ratio": float(f"{cpu[preset, last] / cpu[preset, first]:.3g}"), **common(preset)}), flush=True)
+    if len(presets) == 2:
+        for n in counts:
+            print(json.dumps({"metric": "train.cpu_step_ratio_presets", "value": float(f"{wall[presets[0], n] / wall[presets[1], n]:.3g}"),
+                              "unit": "x", "presets": presets, "threads": n, **common(",".join(presets))}), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -15,9 +15,8 @@ shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig up
 `task=tokenizer`, trainer.jobs.tokenizer learns the lineage's caption tokenizers into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 The hyperparameter `cpu-threads=N`, for any task, caps the job's CPU threads (torch's and OpenMP's) at N;
-absent, torch takes every core. A small model on a CPU gains little from a second thread (the demo's
-tiny UNet: 1.20x the speed for 1.65x the CPU, bench/cpu_threads.py), and a fixed count gives the same
-arithmetic on any number of cores of one instruction set.
+absent, torch takes every core. A fixed count gives the same arithmetic on any number of cores of one
+instruction set; threads beyond the free cores wait on each other (bench/cpu_threads.py --busy).
 
 <root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
 With several hosts, $ATELIER_MASTER_ADDR and $ATELIER_MASTER_PORT, when set, replace the first host's

@@ -11,7 +11,7 @@ the multiple from every preset and fails when this table and the presets disagre
 
 DEFAULT = "tiny"  # the trainer's --model-config when a job names none
 SIZE_MULTIPLES: dict[str, int] = {
-    "tiny": 8, "tiny-sdxl": 8, "tiny-sd3": 8, "tiny-pixart": 8, "demo-pixart": 8,
+    "tiny": 8, "demo": 8, "tiny-sdxl": 8, "tiny-sd3": 8, "tiny-pixart": 8, "demo-pixart": 8,
     "small": 64, "small-pixart": 16, "sd2": 64, "sdxl": 32, "sd3-medium": 16, "pixart-sigma": 16,
 }
 

@@ -122,7 +122,7 @@ def test_train_writes_the_pipeline_checkpoints_and_health_output(tmp_path, shard
 def test_the_samconfig_demo_hyperparameters_train(tmp_path, shards_dir):
     # the local demo's training.hyperparameters (recipes/local.toml), with one step
     hyperparameters = {"steps": "1", "batch-size": "4", "resolution": "64", "learning-rate": "0.001",
-                       "checkpoint-every": "20", "seed": "0", "model-config": "tiny", "cpu-threads": "1"}
+                       "checkpoint-every": "20", "seed": "0", "model-config": "demo", "cpu-threads": "1"}
     root = make_opt_ml(tmp_path / "opt-ml", shards_dir, hyperparameters)
     result = run_container(root, "train")
     assert result.returncode == 0, result.stderr

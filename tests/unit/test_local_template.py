@@ -214,7 +214,7 @@ def test_load_overrides_reads_the_list_form_of_the_real_samconfig() -> None:
     assert {k: overrides[k] for k in ("TrainingQuota", "TrainingInstanceType", "EndpointInstanceType")} \
         == {"TrainingQuota": "9", "TrainingInstanceType": "ml.m5.xlarge", "EndpointInstanceType": "ml.m5.large"}
     # what the local jobs train is the local recipe's (recipes/local.toml), no longer a parameter
-    assert file_changes(REPO, "local")["training"]["hyperparameters"]["model-config"] == "tiny"
+    assert file_changes(REPO, "local")["training"]["hyperparameters"]["model-config"] == "demo"
     assert "TrainingHyperparameters" not in overrides
 
 
