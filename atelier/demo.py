@@ -49,7 +49,7 @@ class DemoOptions:
     output: Path
     images: int = DEMO_IMAGES
     # a stall detector, not a time goal: on two cores the training stage (autoencoder, encode and
-    # 1,000 UNet steps of 64 pictures) takes 6-9 minutes beside the stack
+    # 2,000 UNet steps of 64 pictures) takes about 9 minutes beside the stack
     stage_timeout_s: float = 900.0
     keep_running: bool = False
     quiet: bool = False  # no progress bar

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from bench.stamp import commit, versions  # noqa: E402
 from trainer.models.loading import load_models, read_preset  # noqa: E402
+from trainer.models.tokenizer import MODEL_MAX_LENGTH  # noqa: E402
 
 
 def step_function(model_config: str, resolution: int, batch: int):
@@ -42,7 +43,7 @@ def step_function(model_config: str, resolution: int, batch: int):
     side = resolution // models.vae_scale_factor
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(batch, unet.config.in_channels, side, side, generator=generator)
-    context = read_preset(model_config)["text_encoder"].get("max_position_embeddings", 77)
+    context = read_preset(model_config)["text_encoder"].get("max_position_embeddings", MODEL_MAX_LENGTH)
     states = torch.randn(batch, context, unet.config.cross_attention_dim, generator=generator)
     timesteps = torch.randint(0, 1000, (batch,), generator=generator)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-4)

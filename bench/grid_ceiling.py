@@ -27,12 +27,12 @@ from PIL import Image  # noqa: E402
 from atelier.catalog import COLOURS, SHAPES, picture  # noqa: E402
 from atelier.prompt_match import picture_colours, picture_shape  # noqa: E402
 from bench.stamp import commit  # noqa: E402
+from trainer.jobs.autoencoder import reconstruct  # noqa: E402
 
 
 def round_trip(vae, image: Image.Image) -> Image.Image:
     pixels = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)[None].float() / 127.5 - 1
-    with torch.no_grad():
-        decoded = vae.decode(vae.encode(pixels).latent_dist.mode()).sample[0]
+    decoded = reconstruct(vae, pixels, torch.device("cpu"))[0]
     return Image.fromarray(((decoded.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy())
 
 
