@@ -8,7 +8,7 @@ v-prediction, the same images and the same GPU time, from scratch.
    held-out set from another seed. One VAE for both (the autoencoder job on the training shards, --vae-steps),
    so both families see the same latents.
 2. Two bases, each the family's pipeline with that VAE, a 1-layer 256-wide text encoder (random, frozen) with a
-   tokenizer learned from the training captions, and its denoiser at seed 0:
+   tokenizer learned from the training captions, and its denoiser at --seed (default 0):
    - `unet`: --unet-config (default `small`, 0.14 B), the demo's scheduler (v-prediction, zero-terminal SNR);
    - `dit`: --dit-config (default `small-pixart`, a PixArt-layout DiT-B/2, 0.12 B, T5), flow matching.
 3. Timed, one family at a time, each from process start: the encode job (image shards -> latent shards, the
@@ -29,6 +29,9 @@ Each step is recorded in --work, so a call that ran out of time resumes where it
 does not stay warm, one family per call: `--families dit --score` keeps the DiT's records and its VAE (the lease
 script brings them back in $OUT), and a later call given those records and `--vae` trains and scores the UNet on
 the same VAE and reports (data and bases are rebuilt from the same seeds).
+
+A second seed (`--seed 1`, its own --work): every random part of both bases and the training jobs' draws (order,
+noise, timesteps) change; the pictures, the held-out set and, given `--vae`, the VAE stay the same.
 """
 
 from __future__ import annotations
@@ -52,7 +55,12 @@ FAMILIES = ("dit", "unet")
 
 
 def prepare(args, work: Path) -> None:
-    """The data, the VAE and the two bases, each made once per --work."""
+    """The data, the VAE and the two bases, each made once per --work (for one --seed)."""
+    marker = work / "seed"
+    if marker.is_file() and int(marker.read_text()) != args.seed:
+        raise SystemExit(f"--work {work} holds the runs of seed {marker.read_text().strip()}, not {args.seed}: "
+                         "give each seed its own --work")
+    marker.write_text(str(args.seed))
     if not (work / "eval").is_dir():
         started = time.monotonic()
         items = make_catalogue(args.images, args.size, 0, args.workers)
@@ -78,7 +86,7 @@ def build_base(args, work: Path, family: str) -> None:
     from trainer.models.pipelines import build_pipeline
     from trainer.objectives.diffusion import zero_terminal_snr
     captions = json.loads((work / "captions.json").read_text())
-    models = load_models(preset(args, family), None, 0, vae=str(work / "vae"), captions=lambda: captions)
+    models = load_models(preset(args, family), None, args.seed, vae=str(work / "vae"), captions=lambda: captions)
     if family == "unet":
         models.noise_scheduler.register_to_config(prediction_type="v_prediction")
         models.noise_scheduler = zero_terminal_snr(models.noise_scheduler)
@@ -107,7 +115,7 @@ def run_family(args, work: Path, family: str) -> Run:
         ["--train-dir", str(work / "shards"), "--output-dir", str(latents), *common, "--aspect-buckets", "false",
          "--batch-size", str(args.encode_batch), "--num-workers", str(args.workers), "--compile", "false"],
         ["--train-dir", str(latents), "--model-dir", str(work / f"{family}-model"), "--checkpoint-dir", str(checkpoints),
-         "--resume", "none", "--init-unet", "pretrained", *common, "--steps", str(args.max_steps), *recipe(args),
+         "--resume", "none", "--init-unet", "pretrained", *common, "--steps", str(args.max_steps), *recipe(args, args.seed),
          "--compile", "false", "--cuda-graphs", "false"],
         checkpoints, done=lambda: time.monotonic() - run.started > args.budget_s)
     if not run.checkpoints:
@@ -153,7 +161,7 @@ def report(args, runs: dict[str, Run], scores: dict[str, dict[int, dict]], eval_
     setup = {"families": {"unet": f"{args.unet_config} (v-prediction, zero-terminal SNR)",
                           "dit": f"{args.dit_config} (flow matching, logit-normal t)"},
              "resolution": args.size, "images": args.images, "eval_images": eval_count, "batch": args.batch,
-             "learning_rate": args.learning_rate, "budget_s": args.budget_s, "checkpoint_every": args.checkpoint_every,
+             "learning_rate": args.learning_rate, "budget_s": args.budget_s, "seed": args.seed, "checkpoint_every": args.checkpoint_every,
              "target": round(target, 5), "target_rule": "the worse of the two runs' last held-out velocity losses",
              "loss": "velocity MSE at the flow times of the UNet schedule's timesteps nearest t = 0, 1/8, ..., 7/8, "
                      "both families, fixed noise (bench/family_scores.py)",
@@ -213,6 +221,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--report-only", action="store_true", help="report from the run and score records in --work")
     parser.add_argument("--unet-config", default="small")
     parser.add_argument("--dit-config", default="small-pixart")
+    parser.add_argument("--seed", type=int, default=0, help="the bases' random parts and the training jobs' draws")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--images", type=int, default=20160)
     parser.add_argument("--eval-images", type=int, default=256)

@@ -200,14 +200,15 @@ def encode_then_train(run: Run, log: Path, encode: list[str], train: list[str], 
     return code
 
 
-def recipe(args) -> list[str]:
+def recipe(args, seed: int = 0) -> list[str]:
     """The training job's flags both benches hold fixed: constant learning rate, clipping 1, no EMA, no caption
-    dropout, centred crops, every checkpoint kept, the trained (not averaged) weights."""
+    dropout, centred crops, every checkpoint kept, the trained (not averaged) weights; `seed` draws its order,
+    noise and timesteps."""
     return ["--batch-size", str(args.batch), "--learning-rate", str(args.learning_rate), "--max-grad-norm", "1",
             "--ema-decay", "0", "--final-weights", "trained", "--caption-dropout", "0", "--aspect-buckets", "false",
             "--random-crop", "false", "--num-workers", str(min(args.workers, 8)),
             "--checkpoint-every", str(args.checkpoint_every), "--keep-checkpoints", "1000",
-            "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", "0"]
+            "--log-every", str(args.checkpoint_every), "--validation-prompts", "", "--seed", str(seed)]
 
 
 def run_ours(args, work: Path, name: str, extra: str) -> Run:

@@ -68,3 +68,17 @@ def test_the_target_is_the_worse_final_loss_and_the_ratio_the_unet_s_time_over_t
     assert lines["train.time_to_target_s_dit"]["config"]["target"] == 0.3
     assert lines["train.ttt_ratio_dit_vs_unet"]["value"] == round(40 / 30, 3)
     assert lines["train.time_to_target_s_dit"]["grid_at_target"] == 0.2
+
+
+def test_a_second_seed_reaches_the_training_job_and_keeps_to_its_own_work_folder(tmp_path, monkeypatch):
+    # GIVEN a --work whose runs were made with seed 0
+    monkeypatch.setattr("sys.argv", ["family_ttt.py", "--work", str(tmp_path), "--seed", "1"])
+    args = family_ttt.parse_args()
+    (tmp_path / "seed").write_text("0")
+    # WHEN seed 1 is asked of it THEN it refuses before it makes or trains anything
+    with pytest.raises(SystemExit, match="seed 0, not 1"):
+        family_ttt.prepare(args, tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["seed"]
+    # AND the training job draws its order, noise and timesteps from the seed asked
+    flags = time_to_target_runs.recipe(args, args.seed)
+    assert flags[flags.index("--seed") + 1] == "1"
