@@ -350,7 +350,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atelier.local.state import StackError, read_env
+    from atelier.local.state import StackError
     from atelier.local.template import TemplateError
     args = parser().parse_args(argv)
     args.state_dir = args.state_dir or getattr(args, "default_state_dir", DEFAULT_STATE)

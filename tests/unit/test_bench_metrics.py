@@ -47,6 +47,16 @@ def test_a_throughput_line_must_match_its_name_s_shards_size_model_and_gpu(chang
     assert problems({**line, **change}) == [problem]
 
 
+def test_the_demo_s_grid_is_the_shipped_recipe_s_and_a_variant_s_line_is_mislabeled() -> None:
+    line = {"metric": "demo.prompt_match_grid", "value": 0.9, "unit": "share",
+            "config": {"variant": "shipped", "overrides": {}, "seeds": [0, 1]}}
+    assert problems(line) == []
+    assert problems({**line, "config": {}}) == []  # make demo's own line: no variant, the recipe as shipped
+    assert problems({**line, "config": {"variant": "lr3e-3", "overrides": {"learning-rate": "0.003"}}}) == [
+        "the recipe's variant 'lr3e-3', defined for the shipped recipe"]
+    assert problems({**line, "metric": "demo.prompt_match_grid_variant", "config": {"variant": "lr3e-3"}}) == []
+
+
 def test_a_name_without_a_definition_of_its_configuration_is_not_checked() -> None:
     assert problems({"metric": "train.config.resident512", "value": 90.0, "config": {"name": "resident512"}}) == []
 
