@@ -37,9 +37,12 @@ from trainer.models.loading import load_models, read_preset  # noqa: E402
 from trainer.models.tokenizer import MODEL_MAX_LENGTH  # noqa: E402
 
 
-def step_function(model_config: str, resolution: int, batch: int):
+def step_function(model_config: str, resolution: int, batch: int, wrap=None):
+    """One training step of the preset's UNet on fixed random inputs; `wrap` (e.g. DistributedDataParallel)
+    wraps the UNet the step calls."""
     models = load_models(model_config, None, 0)
     unet = models.denoiser.train()
+    model = wrap(unet) if wrap else unet
     side = resolution // models.vae_scale_factor
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(batch, unet.config.in_channels, side, side, generator=generator)
@@ -49,7 +52,7 @@ def step_function(model_config: str, resolution: int, batch: int):
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-4)
 
     def step() -> None:
-        loss = unet(latents, timesteps, states).sample.float().pow(2).mean()
+        loss = model(latents, timesteps, states).sample.float().pow(2).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

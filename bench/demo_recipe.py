@@ -4,7 +4,8 @@ The demo's match rate depends on the numbers a machine happens to compute (its t
 vector unit), so one run says little about the next machine's. This runs the local recipe
 (recipes/local.toml) through the trainer's own entry points, without the stack: the demo's
 catalogue as shards, the autoencoder job once (kept in --work for the next call), then per seed (in
-parallel processes of --threads threads each) the tokenizer job, the encode job, the training job and the
+parallel processes of --threads threads each) the tokenizer job, the encode job, the training job (under
+torchrun where the recipe's `cpu-processes` asks for several, each of --threads threads) and the
 demo's twelve prompts, scored by the demo's classifier. One JSON line per seed (`train_s` the wall time of
 the tokenizer, encode and training jobs, `train_cpu_s` their CPU time: on one thread, the wall time they
 take on an idle core, the figure to compare on a shared machine), then `demo.prompt_match_rate_min` over
@@ -79,9 +80,13 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
                                    "--model-config", hyper["model-config"], "--tokenizer", str(work / "tokenizer"),
                                    "--aspect-buckets", "false", "--num-workers", "0"]))
     hyper.pop("cpu-threads", None)  # the container's (torch threads, trainer/container.py): here --threads
-    summary = train.main(train.parse_args(["--train-dir", str(work / "latents"), "--model-dir", str(work / "model"),
-                                           "--vae", str(base / "vae"), "--tokenizer", str(work / "tokenizer"),
-                                           *argv({**hyper, "num-workers": "0"})]))
+    processes = int(hyper.pop("cpu-processes", "1"))  # the container's too: data-parallel under torchrun, as it runs them
+    train_argv = ["--train-dir", str(work / "latents"), "--model-dir", str(work / "model"), "--vae", str(base / "vae"),
+                  "--tokenizer", str(work / "tokenizer"), *argv({**hyper, "num-workers": "0"})]
+    if processes > 1:
+        summary = train_data_parallel(train_argv, processes, threads, work / "train.log")
+    else:
+        summary = train.main(train.parse_args(train_argv))
     trained_s, trained_cpu_s = time.monotonic() - started, time.process_time() - cpu_started
     pipeline = load_pipeline(work / "model")
 
@@ -107,6 +112,21 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
         result["grid"] = round(sum(hits) / len(hits), 3)
         result["grid_missed"] = [f"{prompt} #{sample_seed}" for (prompt, sample_seed), hit in zip(pairs, hits) if not hit]
     return result
+
+
+def train_data_parallel(train_argv: list[str], processes: int, threads: int, log: Path) -> dict:
+    """The training job under torchrun, `processes` ranks of `threads` threads (trainer/container.py's
+    cpu-processes); its record (steps, final loss) from the model it saved."""
+    from trainer.container import TORCHRUN
+    environment = {**os.environ, "OMP_NUM_THREADS": str(threads),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
+    with open(log, "wb") as out:
+        status = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", str(processes), "-m", "trainer.jobs.train",
+                                 *train_argv], stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO).returncode
+    if status:
+        raise RuntimeError(f"the data-parallel training job failed ({status}); see {log}")
+    model_dir = Path(train_argv[train_argv.index("--model-dir") + 1])
+    return json.loads((model_dir / "atelier-training.json").read_text())
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -168,6 +188,7 @@ def main() -> None:
                 results[result["variant"]].append(result)
                 print(json.dumps({"event": "seed", **result}), flush=True)
     for name, overrides in variants:
+        processes = int({**recipe("hyperparameters"), **overrides}.get("cpu-processes", "1"))
         if args.grid:
             grid = [result["grid"] for result in results[name]]
             # the fixed name is the demo's model's: the local recipe as shipped, the demo's pictures and guidance
@@ -175,13 +196,13 @@ def main() -> None:
             print(json.dumps({"metric": "demo.prompt_match_grid" if shipped else "demo.prompt_match_grid_variant",
                               "value": round(sum(grid) / len(grid), 3), "unit": "share",
                               "config": {"variant": name, "overrides": overrides, "guidance": guidances[0], "images": count,
-                                         "threads": args.threads, "seeds": seeds, "rates": grid},
+                                         "threads": args.threads, "processes": processes, "seeds": seeds, "rates": grid},
                               "machine": machine, "commit": commit}))
         for guidance in guidances:
             rates = [result["guidance"][f"{guidance:g}"]["rate"] for result in results[name]]
             print(json.dumps({"metric": "demo.prompt_match_rate_min", "value": min(rates), "unit": "share",
                               "config": {"variant": name, "overrides": overrides, "guidance": guidance, "images": count,
-                                         "threads": args.threads, "seeds": seeds, "rates": rates,
+                                         "threads": args.threads, "processes": processes, "seeds": seeds, "rates": rates,
                                          "mean": round(sum(rates) / len(rates), 3),
                                          "train_s_median": sorted(r["train_s"] for r in results[name])[len(seeds) // 2]},
                               "machine": machine, "commit": commit}))

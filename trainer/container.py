@@ -17,6 +17,10 @@ shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig up
 The hyperparameter `cpu-threads=N`, for any task, caps the job's CPU threads (torch's and OpenMP's) at N;
 absent, torch takes every core. A fixed count gives the same arithmetic on any number of cores of one
 instruction set; threads beyond the free cores wait on each other (bench/cpu_threads.py --busy).
+`cpu-processes=P` (the `train` task, a host without GPUs) trains data-parallel in P processes under torchrun
+(gloo), each of `cpu-threads` threads and `batch-size` pictures a step: they meet once a step, not at every
+operation as threads do, so a busy core slows them by its share instead of stalling them
+(bench/cpu_processes.py). On a host with GPUs it is ignored (one process per GPU), and says so in the log.
 
 <root> is /opt/ml unless $ATELIER_OPT_ML names another (the local stack gives each job its own).
 With several hosts, $ATELIER_MASTER_ADDR and $ATELIER_MASTER_PORT, when set, replace the first host's
@@ -42,6 +46,7 @@ from trainer.serve import server as serve
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # so torchrun's workers import `trainer`
 MASTER_PORT = 29500
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, wherever this Python's scripts are not on PATH
 TASKS = recipe.TASKS  # the `task` hyperparameter
 CONTAINER_HYPERPARAMETERS = recipe.CONTAINER_HYPERPARAMETERS  # the container's own, not the task's arguments
 
@@ -97,6 +102,11 @@ def cpu_threads(root: Path) -> int | None:
     return recipe.cpu_threads(hyperparameters(root).get(recipe.CPU_THREADS))
 
 
+def cpu_processes(root: Path) -> int | None:
+    """The `cpu-processes` hyperparameter: a whole number >= 1, or None when absent."""
+    return recipe.cpu_processes(hyperparameters(root).get(recipe.CPU_PROCESSES))
+
+
 def hyperparameter_argv(root: Path) -> list[str]:
     """The hyperparameters (all strings) as `--name value`, without the container's and the SageMaker SDK's own."""
     argv = []
@@ -125,12 +135,14 @@ def parse_training_args(argv: list[str]):
     return parse_quietly(train.parse_args, argv)
 
 
-def torchrun_command(argv: list[str], gpus: int, resources: dict) -> list[str] | None:
-    """torchrun over every GPU of every host, or None when one process does (0 or 1 GPU, one host)."""
+def torchrun_command(argv: list[str], gpus: int, resources: dict, cpu_processes: int | None = None) -> list[str] | None:
+    """torchrun over every GPU of every host (a host without GPUs: `cpu_processes`, default 1), or None when one
+    process does (0 or 1 GPU, one host)."""
     hosts = resources["hosts"]
-    if gpus <= 1 and len(hosts) <= 1:
+    per_host = gpus if gpus >= 1 else (cpu_processes or 1)
+    if per_host <= 1 and len(hosts) <= 1:
         return None
-    command = ["torchrun", "--nproc_per_node", str(max(gpus, 1))]
+    command = [*TORCHRUN, "--nproc_per_node", str(per_host)]
     if len(hosts) == 1:
         command.append("--standalone")
     else:  # SageMaker names hosts algo-1..algo-N and resolves them; the first one leads the rendezvous
@@ -147,6 +159,7 @@ def prepare_job(root: Path) -> None:
     os.environ.update(cluster.network_environment(resource_config(root), os.environ, cluster.network_interfaces()))
     (root / "model").mkdir(parents=True, exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)  # a reason written now is this run's
+    cpu_processes(root)  # a bad value fails the job here, whatever its task
     if (threads := cpu_threads(root)) is not None:
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # torchrun's workers and any other process the task starts
@@ -175,7 +188,11 @@ def run_training(root: Path) -> None:
     argv = training_argv(root)
     parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
     resources = resource_config(root)
-    command = torchrun_command(argv, torch.cuda.device_count(), resources)
+    gpus, processes = torch.cuda.device_count(), cpu_processes(root)
+    if processes is not None:
+        print(json.dumps({"event": "cpu_processes", "processes": processes if not gpus else None,
+                          **({"ignored": f"{gpus} GPUs: one process per GPU"} if gpus else {})}), flush=True)
+    command = torchrun_command(argv, gpus, resources, processes)
     if command is None:
         train.main(parse_training_args(argv))
         return

@@ -23,10 +23,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from contracts import model_presets
 
 # The container's own hyperparameters (trainer/container.py), never a job's arguments; a run-plan job's encode
-# and autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py).
-TASK, CPU_THREADS = "task", "cpu-threads"
+# and autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py); `cpu-processes` is the
+# training task's alone (data-parallel processes on a host without GPUs).
+TASK, CPU_THREADS, CPU_PROCESSES = "task", "cpu-threads", "cpu-processes"
 TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
-CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS)
+CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS, CPU_PROCESSES)
 PLANNED_JOB_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
 # trainer.jobs.train's flags that name where the container put things (the SM_* environment, the container's
 # --checkpoint-dir): declared here so that they are known not to be recipe fields
@@ -51,14 +52,24 @@ def auto_or_flag(value: Any) -> bool | str:
     return "auto" if isinstance(value, str) and value.lower() == "auto" else flag(value)
 
 
-def cpu_threads(raw: Any) -> int | None:
-    """The `cpu-threads` hyperparameter: a whole number >= 1, or None when absent."""
+def _count(raw: Any, name: str, unit: str) -> int | None:
+    """A container hyperparameter that counts something: a whole number >= 1, or None when absent."""
     if raw is None:
         return None
     text = str(raw).strip()
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise ValueError(f"the hyperparameter `cpu-threads` is a whole number of threads >= 1, not {raw!r}")
+        raise ValueError(f"the hyperparameter `{name}` is a whole number of {unit} >= 1, not {raw!r}")
     return int(text)
+
+
+def cpu_threads(raw: Any) -> int | None:
+    """The `cpu-threads` hyperparameter: a whole number >= 1, or None when absent."""
+    return _count(raw, CPU_THREADS, "threads")
+
+
+def cpu_processes(raw: Any) -> int | None:
+    """The `cpu-processes` hyperparameter: a whole number >= 1, or None when absent."""
+    return _count(raw, CPU_PROCESSES, "processes")
 
 
 Flag = Annotated[bool, BeforeValidator(flag)]
@@ -267,15 +278,16 @@ def unknown_refusal(names: Iterable[str], options: type[Options] = TrainOptions)
 def refusal(hyperparameters: Mapping[str, str], options: type[Options] = TrainOptions,
             added: Mapping[str, str] | None = None) -> str | None:
     """Why a job with these (SageMaker, string) hyperparameters would refuse to start; None if it would not.
-    Each of `options`' flags is parsed as the job parses it, and the container's `cpu-threads`; `added` are the
-    hyperparameters the job request adds (the `pretrained` channel). A name that is none of the job's flags
-    is refused as the job's parser would refuse it (the SageMaker SDK's own `sagemaker_*` names aside)."""
+    Each of `options`' flags is parsed as the job parses it, and the container's `cpu-threads` and
+    `cpu-processes`; `added` are the hyperparameters the job request adds (the `pretrained` channel). A name
+    that is none of the job's flags is refused as the job's parser would refuse it (the SageMaker SDK's own `sagemaker_*` names aside)."""
     if unknown := unknown_refusal(hyperparameters, options):
         return unknown
     known = {name: value for name, value in {**hyperparameters, **(added or {})}.items() if name in options.flags()}
     try:
         options.model_validate(known)
         cpu_threads(hyperparameters.get(CPU_THREADS))
+        cpu_processes(hyperparameters.get(CPU_PROCESSES))
     except ValidationError as error:
         return first_error(error)
     except ValueError as error:

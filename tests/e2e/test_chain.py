@@ -46,9 +46,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     state = tmp_path_factory.mktemp("stack")
     output = state / "image.png"
     options = StackOptions(root=REPO, state_dir=state, moto_port=0, sagemaker_port=0)
-    # The demo as `make demo` runs it. Its jobs run on the one CPU thread recipes/local.toml gives them
-    # (`cpu-threads`), whatever share of the cores a pytest-xdist worker got: the grid depends on the thread
-    # count's arithmetic, the same here as in the demo whatever the core count.
+    # The demo as `make demo` runs it: on the CPU threads and processes recipes/local.toml gives its jobs, whatever
+    # share of the cores a pytest-xdist worker got (the grid depends on their arithmetic, the same here as in the demo).
     with LocalStack(options) as stack:
         lines = drive(stack, DemoOptions(root=REPO, state_dir=state, output=output, images=IMAGES, grid=True))
         yield stack, lines, output
@@ -112,14 +111,17 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     ck_bucket, ck_prefix = job["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
     checkpoints = boto3.client("s3").list_objects_v2(Bucket=ck_bucket, Prefix=ck_prefix).get("Contents", [])
     assert any(o["Key"].endswith("latest") for o in checkpoints)
+    # recipes/local.toml's cpu-processes: two data-parallel processes of one thread, under torchrun
+    events = [json.loads(line) for line in (stack.options.state_dir / "sagemaker" / "jobs" / name / "algo-1" / "logs.txt")
+              .read_text().splitlines() if line.startswith("{")]
+    assert [e["world_size"] for e in events if e["event"] == "start"] == [2] and {"event": "cpu_processes", "processes": 2} in events
 
 
 def claimed_shards(stack: LocalStack, name: str) -> list[str]:
     """The shard keys the job's manifest lists, checked against the claim rule (docs/training-jobs.md,
-    "Starting a job"): the `TrainingQuota` oldest sealed shards (the lineage's first job: no replay),
-    each in the data bucket and claimed by this job. A shard sealed later (the pack stage seals a shard
-    that has waited `SHARD_MAX_AGE_S` half full, as on a slow machine) is no part of it: it is the
-    next job's."""
+    "Starting a job"): the `TrainingQuota` oldest sealed shards (the lineage's first job: no replay), each in
+    the data bucket and claimed by this job. A shard sealed later (the pack stage seals a shard that has waited
+    `SHARD_MAX_AGE_S` half full, as on a slow machine) is no part of it: it is the next job's."""
     table, data = stack.outputs["PipelineTableName"], stack.outputs["DataBucketName"]
     quota = int(stack.provisioned.functions["StartTrainingFunction"].environment["TRAINING_QUOTA"])
     record = aws.get_item(table, pipeline_table.job_pk(name))

@@ -85,14 +85,23 @@ def test_one_host_with_several_gpus_runs_torchrun_standalone():
     resources = {"current_host": "algo-1", "hosts": ["algo-1"]}
     assert container.torchrun_command(["--steps", "5"], 1, resources) is None
     assert container.torchrun_command(["--steps", "5"], 8, resources) == [
-        "torchrun", "--nproc_per_node", "8", "--standalone", "-m", "trainer.jobs.train", "--steps", "5",
+        *container.TORCHRUN, "--nproc_per_node", "8", "--standalone", "-m", "trainer.jobs.train", "--steps", "5",
     ]
+
+
+def test_a_host_without_gpus_runs_cpu_processes_data_parallel_and_a_gpu_host_one_per_gpu():
+    resources = {"current_host": "algo-1", "hosts": ["algo-1"]}
+    assert container.torchrun_command([], 0, resources, 1) is None
+    assert container.torchrun_command(["--steps", "5"], 0, resources, 2) == [
+        *container.TORCHRUN, "--nproc_per_node", "2", "--standalone", "-m", "trainer.jobs.train", "--steps", "5"]
+    assert container.torchrun_command([], 8, resources, 2)[3:5] == ["--nproc_per_node", "8"]
+    assert container.torchrun_command([], 1, resources, 2) is None  # one GPU: one process
 
 
 def test_several_hosts_run_torchrun_with_the_first_host_leading():
     resources = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2", "algo-3"]}
     assert container.torchrun_command([], 8, resources) == [
-        "torchrun", "--nproc_per_node", "8", "--nnodes", "3", "--node_rank", "1",
+        *container.TORCHRUN, "--nproc_per_node", "8", "--nnodes", "3", "--node_rank", "1",
         "--master_addr", "algo-1", "--master_port", "29500", "-m", "trainer.jobs.train",
     ]
 
@@ -103,7 +112,7 @@ def test_the_local_runner_can_point_the_rendezvous_at_loopback(monkeypatch):
     monkeypatch.setenv("ATELIER_MASTER_PORT", "41234")
     resources = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}
     assert container.torchrun_command([], 0, resources) == [
-        "torchrun", "--nproc_per_node", "1", "--nnodes", "2", "--node_rank", "1",
+        *container.TORCHRUN, "--nproc_per_node", "1", "--nnodes", "2", "--node_rank", "1",
         "--master_addr", "127.0.0.1", "--master_port", "41234", "-m", "trainer.jobs.train",
     ]
 
@@ -131,6 +140,20 @@ def test_the_samconfig_demo_hyperparameters_train(tmp_path, shards_dir):
                                                       if line.startswith("{")]
 
 
+def test_cpu_processes_train_one_model_data_parallel(tmp_path, shards_dir):
+    # the local demo's hyperparameters with two processes of one thread: torchrun's ranks meet over gloo
+    hyperparameters = {"steps": "2", "batch-size": "2", "resolution": "32", "checkpoint-every": "20", "seed": "0",
+                       "model-config": "demo", "cpu-threads": "1", "cpu-processes": "2", "num-workers": "0"}
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir, hyperparameters)
+    result = run_container(root, "train")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {"event": "cpu_processes", "processes": 2} in events
+    assert [event["world_size"] for event in events if event.get("event") == "start"] == [2]
+    assert "--cpu-processes" not in container.training_argv(root)
+    assert json.loads((root / "model" / "atelier-training.json").read_text())["steps"] == 2
+
+
 def test_cpu_threads_caps_the_job_s_threads_and_is_the_container_s_not_the_task_s(tmp_path, monkeypatch):
     root = make_opt_ml(tmp_path / "opt-ml", None, {**HYPERPARAMETERS, "cpu-threads": "3"})
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the exports stay inside this test
@@ -154,6 +177,17 @@ def test_a_bad_cpu_threads_fails_the_job_at_start_with_the_reason(tmp_path, shar
     assert container.main(["train"]) == 1
     assert (root / "output" / "failure").read_text().startswith(
         f"ValueError: the hyperparameter `cpu-threads` is a whole number of threads >= 1, not {value!r}\n")
+
+
+@pytest.mark.parametrize("value", ["0", "two", "1.5"])
+def test_a_bad_cpu_processes_fails_the_job_at_start_with_the_reason(tmp_path, shards_dir, monkeypatch, value):
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir, {**HYPERPARAMETERS, "cpu-processes": value})
+    monkeypatch.setenv("ATELIER_OPT_ML", str(root))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(container.train, "main", lambda args: pytest.fail("trained despite the bad value"))
+    assert container.main(["train"]) == 1
+    assert (root / "output" / "failure").read_text().startswith(
+        f"ValueError: the hyperparameter `cpu-processes` is a whole number of processes >= 1, not {value!r}\n")
 
 
 def test_a_reason_the_trainer_wrote_is_kept(tmp_path, shards_dir, monkeypatch):
