@@ -146,6 +146,21 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
         yield provisioned_with_recipe()
 
 
+@pytest.fixture
+def atomic_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DynamoDB applies a write's condition and the write as one step; in-process moto checks, then writes, so two
+    threads can both pass an `attribute_not_exists` (seen under CI load: both deliveries accepted). One lock around
+    each write, as the local stack's moto server takes DynamoDB requests one at a time (atelier/local/moto_server.py)."""
+    import threading
+    from moto.dynamodb.models import DynamoDBBackend
+    lock = threading.Lock()
+    for name in ("put_item", "update_item", "delete_item", "transact_write_items"):
+        def locked(self: Any, *args: Any, _write: Any = getattr(DynamoDBBackend, name), **kwargs: Any) -> Any:
+            with lock:
+                return _write(self, *args, **kwargs)
+        monkeypatch.setattr(DynamoDBBackend, name, locked)
+
+
 @pytest.fixture(scope="module")
 def module_stack() -> Iterator[Provisioned]:
     """`stack`, provisioned once for a whole module (a few seconds each time); a module that uses it

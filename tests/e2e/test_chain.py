@@ -114,7 +114,7 @@ def test_one_training_job_ran_on_the_sealed_shards_with_the_sagemaker_contract(c
     # recipes/local.toml's cpu-processes: two data-parallel processes of one thread, under torchrun
     events = [json.loads(line) for line in (stack.options.state_dir / "sagemaker" / "jobs" / name / "algo-1" / "logs.txt")
               .read_text().splitlines() if line.startswith("{")]
-    assert [e["world_size"] for e in events if e["event"] == "start"] == [2] and {"event": "cpu_processes", "processes": 2} in events
+    assert [e["world_size"] for e in events if e.get("event") == "start"] == [2] and {"event": "cpu_processes", "processes": 2} in events
 
 
 def claimed_shards(stack: LocalStack, name: str) -> list[str]:
@@ -228,12 +228,12 @@ def test_the_model_draws_the_prompts_colours_and_an_untrained_one_does_not(chain
 
 def test_the_model_draws_most_of_the_catalogue_grid_and_an_untrained_one_near_chance(chain: Any, untrained: Any) -> None:
     """Every shape x foreground x background, GRID_SEEDS seeds each, colours and shape (atelier/prompt_match.py; chance
-    1 in 90). The recipe drew 0.88-0.90 over seeds (bench/RESULTS.md, "The demo's grid in the budget"), chain runs of
-    the one before spread 0.1 below its seeds', and that one drew 0.72-0.82: the floor holds the gain. Goal: 0.9."""
+    1 in 90). The issue's goal is the floor: the recipe drew 0.933 in `make demo` and 0.906 on both bench seeds
+    (bench/RESULTS.md, "The demo's UNet in two processes"), its processes' arithmetic fixed at one thread each."""
     stack, lines, output = chain
     grid = next(line for line in lines if line["metric"] == "demo.prompt_match_grid")
     assert grid["config"]["prompts"] == len(GRID_PROMPTS) == 90 and grid["config"]["seeds"] == list(GRID_SEEDS)
-    assert grid["value"] >= 0.8, grid
+    assert grid["value"] >= 0.9, grid
     assert grid_match_rate([(prompt, drawn(untrained, prompt, seed)) for prompt in GRID_PROMPTS for seed in GRID_SEEDS]) <= 0.05
 
 
