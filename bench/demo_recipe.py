@@ -103,7 +103,7 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
         scores[f"{guidance:g}"] = {"rate": round(sum(matched) / len(matched), 3),
                                    "missed": [prompt for prompt, hit in zip(DEMO_PROMPTS, matched) if not hit]}
     # train_cpu_s: the process's CPU time (encode + train); on `threads` 1 the wall time of an idle core
-    result = {"variant": variant, "overrides": overrides, "seed": seed, "train_s": round(trained_s, 1),
+    result = {"variant": variant, "overrides": overrides, "seed": seed, "processes": processes, "train_s": round(trained_s, 1),
               "train_cpu_s": round(trained_cpu_s, 1), "steps": summary["steps"],
               "final_loss": summary["final_loss"], "guidance": scores}
     if grid:
@@ -117,12 +117,12 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
 def train_data_parallel(train_argv: list[str], processes: int, threads: int, log: Path) -> dict:
     """The training job under torchrun, `processes` ranks of `threads` threads (trainer/container.py's
     cpu-processes); its record (steps, final loss) from the model it saved."""
-    from trainer.container import TORCHRUN
+    from trainer.container import torchrun_command
+    command = torchrun_command(train_argv, 0, {"current_host": "algo-1", "hosts": ["algo-1"]}, processes)
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads),
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
     with open(log, "wb") as out:
-        status = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", str(processes), "-m", "trainer.jobs.train",
-                                 *train_argv], stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO).returncode
+        status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO).returncode
     if status:
         raise RuntimeError(f"the data-parallel training job failed ({status}); see {log}")
     model_dir = Path(train_argv[train_argv.index("--model-dir") + 1])
@@ -188,7 +188,7 @@ def main() -> None:
                 results[result["variant"]].append(result)
                 print(json.dumps({"event": "seed", **result}), flush=True)
     for name, overrides in variants:
-        processes = int({**recipe("hyperparameters"), **overrides}.get("cpu-processes", "1"))
+        processes = results[name][0]["processes"]  # the training job's, as one_seed ran it
         if args.grid:
             grid = [result["grid"] for result in results[name]]
             # the fixed name is the demo's model's: the local recipe as shipped, the demo's pictures and guidance

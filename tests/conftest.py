@@ -146,19 +146,22 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provisioned]:
         yield provisioned_with_recipe()
 
 
-@pytest.fixture
-def atomic_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def atomic_dynamodb() -> Iterator[None]:
     """DynamoDB applies a write's condition and the write as one step; in-process moto checks, then writes, so two
-    threads can both pass an `attribute_not_exists` (seen under CI load: both deliveries accepted). One lock around
-    each write, as the local stack's moto server takes DynamoDB requests one at a time (atelier/local/moto_server.py)."""
+    threads can both pass an `attribute_not_exists` (seen under CI load: both of two concurrent deliveries
+    accepted). One lock around each of moto's writes, for every test, as the local stack's moto server takes
+    DynamoDB requests one at a time (atelier/local/moto_server.py)."""
     import threading
     from moto.dynamodb.models import DynamoDBBackend
     lock = threading.Lock()
-    for name in ("put_item", "update_item", "delete_item", "transact_write_items"):
-        def locked(self: Any, *args: Any, _write: Any = getattr(DynamoDBBackend, name), **kwargs: Any) -> Any:
-            with lock:
-                return _write(self, *args, **kwargs)
-        monkeypatch.setattr(DynamoDBBackend, name, locked)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("put_item", "update_item", "delete_item", "transact_write_items"):
+            def locked(self: Any, *args: Any, _write: Any = getattr(DynamoDBBackend, name), **kwargs: Any) -> Any:
+                with lock:
+                    return _write(self, *args, **kwargs)
+            patch.setattr(DynamoDBBackend, name, locked)
+        yield
 
 
 @pytest.fixture(scope="module")

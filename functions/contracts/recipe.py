@@ -280,7 +280,8 @@ def refusal(hyperparameters: Mapping[str, str], options: type[Options] = TrainOp
     """Why a job with these (SageMaker, string) hyperparameters would refuse to start; None if it would not.
     Each of `options`' flags is parsed as the job parses it, and the container's `cpu-threads` and
     `cpu-processes`; `added` are the hyperparameters the job request adds (the `pretrained` channel). A name
-    that is none of the job's flags is refused as the job's parser would refuse it (the SageMaker SDK's own `sagemaker_*` names aside)."""
+    that is none of the job's flags is refused as the job's parser would refuse it (the SageMaker SDK's own
+    `sagemaker_*` names aside)."""
     if unknown := unknown_refusal(hyperparameters, options):
         return unknown
     known = {name: value for name, value in {**hyperparameters, **(added or {})}.items() if name in options.flags()}

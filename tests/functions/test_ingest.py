@@ -98,8 +98,7 @@ def test_the_same_bytes_under_another_name_are_quarantined_as_a_duplicate(ingest
     assert [m["key"] for m in pack_messages(stack)] == ["partner-a/red.png"]
 
 
-def test_concurrent_deliveries_of_one_image_under_two_names_accept_exactly_one(stack, partner, function_env,
-                                                                              atomic_dynamodb) -> None:
+def test_concurrent_deliveries_of_one_image_under_two_names_accept_exactly_one(stack, partner, function_env) -> None:
     function_env("IngestFunction")
     from contracts.messages import UploadRef
     from core.ingest.admission import ingest_upload
