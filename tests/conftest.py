@@ -151,10 +151,11 @@ def atomic_dynamodb() -> Iterator[None]:
     """DynamoDB applies a write's condition and the write as one step; in-process moto checks, then writes, so two
     threads can both pass an `attribute_not_exists` (seen under CI load: both of two concurrent deliveries
     accepted). One lock around each of moto's writes, for every test, as the local stack's moto server takes
-    DynamoDB requests one at a time (atelier/local/moto_server.py)."""
+    DynamoDB requests one at a time (atelier/local/moto_server.py). Reentrant: a transaction's write calls
+    put_item, update_item or delete_item inside it."""
     import threading
     from moto.dynamodb.models import DynamoDBBackend
-    lock = threading.Lock()
+    lock = threading.RLock()
     with pytest.MonkeyPatch.context() as patch:
         for name in ("put_item", "update_item", "delete_item", "transact_write_items"):
             def locked(self: Any, *args: Any, _write: Any = getattr(DynamoDBBackend, name), **kwargs: Any) -> Any:

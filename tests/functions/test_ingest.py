@@ -121,6 +121,22 @@ def test_concurrent_deliveries_of_one_image_under_two_names_accept_exactly_one(s
     assert len(pack_messages(stack)) == 1
 
 
+def test_racing_transactions_complete_and_exactly_one_wins(stack) -> None:
+    """The write lock moto takes for every test is reentrant: a transaction's put runs inside it."""
+    table = stack.outputs["PipelineTableName"]
+    wins: list[bool] = []
+    barrier = threading.Barrier(2)
+
+    def claim(owner: str) -> None:
+        barrier.wait()
+        wins.append(aws.transact_updates(table, [], [{"pk": "claim#race", "owner": owner}]))
+
+    threads = [threading.Thread(target=claim, args=(o,), daemon=True) for o in ("a", "b")]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert sorted(wins) == [False, True]
+
+
 @pytest.mark.parametrize("key, sidecar, detail", [
     ("partner-z/x.png", None, "partner 'partner-z' is not in the registry"),
     ("partner-a/x.png", {"license": "all-rights-reserved"}, "license 'all-rights-reserved' is not one partner-a holds"),
