@@ -1,8 +1,9 @@
-"""The demo's UNet training step on a CPU: one process, the same process on more threads, or data-parallel
+"""The demo's UNet (or VAE) training step on a CPU: one process, the same process on more threads, or data-parallel
 processes of one thread each (the container's `cpu-processes`), at the same pictures a step.
 
 A preset's UNet (bench/cpu_threads.py's step: random weights and inputs, fp32, forward, MSE, backward, AdamW;
-default the demo's, 32 px, 64 pictures a step). Three ways to spend --processes cores on it, alternating in
+default the demo's, 32 px, 64 pictures a step), or with --part vae the autoencoder job's step on the preset's VAE
+(its metrics named autoencoder.* instead of train.*). Three ways to spend --processes cores on it, alternating in
 rounds (A B C A B C ..., each a fresh set of processes, warmed up, then --steps timed steps):
 - `one`: one process, one thread, the whole batch;
 - `threads`: one process, --processes threads (OpenMP: they meet at every operation);
@@ -12,7 +13,7 @@ With --busy N, N other processes spin on the CPU throughout (the local stack and
 Prints train.cpu_step_ms_<way> (wall ms a step, median over --rounds, rank 0's clock) and
 train.cpu_processes_speedup (`one`'s ms / `ddp`'s, with `threads`' speed-up beside it).
 
-    .venv/bin/python bench/cpu_processes.py [--processes 2] [--busy 0] [--rounds 3] [--steps 30]
+    .venv/bin/python bench/cpu_processes.py [--part unet|vae] [--batch-size 64] [--processes 2] [--busy 0] [--rounds 3] [--steps 30]
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ def free_port() -> int:
 def worker(rank: int, world: int, threads: int, port: int, args: argparse.Namespace, results) -> None:
     import torch
     import torch.distributed as dist
-    from bench.cpu_threads import step_function
+    from bench.cpu_threads import step_function, vae_step_function
     torch.set_num_threads(threads)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    step = step_function(args.model_config, args.resolution, args.batch_size // world,
+    step = (vae_step_function if args.part == "vae" else step_function)(args.model_config, args.resolution, args.batch_size // world,
                          wrap=torch.nn.parallel.DistributedDataParallel if world > 1 else None)
     for _ in range(3):
         step()
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.stamp import commit, versions
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-config", default="demo")
+    parser.add_argument("--part", choices=("unet", "vae"), default="unet", help="the UNet's step, or the autoencoder job's")
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=64, help="pictures a step, over all processes")
     parser.add_argument("--processes", type=int, default=2, help="cores spent: threads of one process, or processes")
@@ -99,11 +101,12 @@ def main(argv: list[str] | None = None) -> None:
               "config": {"model_config": args.model_config, "resolution": args.resolution, "batch": args.batch_size,
                          "processes": args.processes, "rounds": args.rounds, "steps_a_round": args.steps,
                          "busy_processes": args.busy, "order": "one, threads, ddp in turn; fresh processes a round",
-                         "step": "forward, MSE, backward, AdamW; fp32; random weights and inputs"}}
+                         "part": args.part, "step": "forward, MSE, backward, AdamW; fp32; random weights and inputs"}}
+    family = "autoencoder" if args.part == "vae" else "train"
     for way in WAYS:
-        print(json.dumps({"metric": f"train.cpu_step_ms_{way}", "value": round(wall[way], 2), "unit": "ms",
+        print(json.dumps({"metric": f"{family}.cpu_step_ms_{way}", "value": round(wall[way], 2), "unit": "ms",
                           "ranks": ranks[way], "rounds_ms": [round(ms, 1) for ms in walls[way]], **common}), flush=True)
-    print(json.dumps({"metric": "train.cpu_processes_speedup", "value": float(f"{wall['one'] / wall['ddp']:.3g}"),
+    print(json.dumps({"metric": f"{family}.cpu_processes_speedup", "value": float(f"{wall['one'] / wall['ddp']:.3g}"),
                       "unit": "x", "threads_speedup": float(f"{wall['one'] / wall['threads']:.3g}"), **common}), flush=True)
 
 

@@ -59,6 +59,27 @@ def step_function(model_config: str, resolution: int, batch: int, wrap=None):
     return step
 
 
+def vae_step_function(model_config: str, resolution: int, batch: int, wrap=None):
+    """One step of the autoencoder job on the preset's VAE: its round trip (trainer.jobs.autoencoder.RoundTrip),
+    MSE plus the KL term, backward, AdamW, on fixed random pixels; `wrap` wraps the round trip."""
+    from diffusers import AutoencoderKL
+    from trainer.jobs.autoencoder import RoundTrip
+    torch.manual_seed(0)
+    vae = AutoencoderKL(**read_preset(model_config)["vae"]).train()
+    round_trip = RoundTrip(vae)
+    model = wrap(round_trip) if wrap else round_trip
+    pixels = torch.rand(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-4)
+
+    def step() -> None:
+        reconstruction, posterior = model(pixels)
+        loss = (reconstruction.float() - pixels).pow(2).mean() + 1e-6 * posterior.kl().mean() / pixels[0].numel()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
 def spin(stop) -> None:
     while not stop.is_set():
         sum(range(100_000))

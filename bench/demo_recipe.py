@@ -84,7 +84,8 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     train_argv = ["--train-dir", str(work / "latents"), "--model-dir", str(work / "model"), "--vae", str(base / "vae"),
                   "--tokenizer", str(work / "tokenizer"), *argv({**hyper, "num-workers": "0"})]
     if processes > 1:
-        summary = train_data_parallel(train_argv, processes, threads, work / "train.log")
+        data_parallel("trainer.jobs.train", train_argv, processes, threads, work / "train.log")
+        summary = json.loads((work / "model" / "atelier-training.json").read_text())
     else:
         summary = train.main(train.parse_args(train_argv))
     trained_s, trained_cpu_s = time.monotonic() - started, time.process_time() - cpu_started
@@ -114,19 +115,18 @@ def one_seed(root: str, variant: str, overrides: dict[str, str], seed: int, thre
     return result
 
 
-def train_data_parallel(train_argv: list[str], processes: int, threads: int, log: Path) -> dict:
-    """The training job under torchrun, `processes` ranks of `threads` threads (trainer/container.py's
-    cpu-processes); its record (steps, final loss) from the model it saved."""
+def data_parallel(module: str, job_argv: list[str], processes: int, threads: int, log: Path) -> None:
+    """A job module (trainer.jobs.train or trainer.jobs.autoencoder) under torchrun, `processes` ranks of `threads`
+    threads, as trainer/container.py runs a job's cpu-processes; its output goes to `log`."""
     from trainer.container import torchrun_command
-    command = torchrun_command(train_argv, 0, {"current_host": "algo-1", "hosts": ["algo-1"]}, processes)
+    command = torchrun_command(job_argv, 0, {"current_host": "algo-1", "hosts": ["algo-1"]}, processes, module)
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads),
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "functions"), os.environ.get("PYTHONPATH")]))}
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO).returncode
     if status:
-        raise RuntimeError(f"the data-parallel training job failed ({status}); see {log}")
-    model_dir = Path(train_argv[train_argv.index("--model-dir") + 1])
-    return json.loads((model_dir / "atelier-training.json").read_text())
+        raise RuntimeError(f"the data-parallel {module} job failed ({status}); see {log}")
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -172,11 +172,21 @@ def main() -> None:
             write_shards(catalogue, base / "shards", int(tomllib.loads((REPO / "tuning" / "local.toml").read_text())["SHARD_MAX_SAMPLES"]), 64)
             write_shards(procedural_catalog(1, seed=1)[:EVAL_IMAGES], base / "eval", EVAL_IMAGES, 64)
             started = time.monotonic()
-            vae = autoencoder.main(autoencoder.parse_args([
-                "--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"), "--model-dir", str(base / "vae"),
-                *argv({**recipe("autoencoder_hyperparameters"), "num-workers": "0",
-                       **dict(item.split("=", 1) for item in args.autoencoder_set)})]))
+            hyper = {**recipe("autoencoder_hyperparameters"), "num-workers": "0",
+                     **dict(item.split("=", 1) for item in args.autoencoder_set)}
+            hyper.pop("cpu-threads", None)  # the container's, as for training: here --threads
+            processes = int(hyper.pop("cpu-processes", "1"))
+            vae_argv = ["--train-dir", str(base / "shards"), "--validation-dir", str(base / "eval"),
+                        "--model-dir", str(base / "vae"), *argv(hyper)]
+            if processes > 1:
+                data_parallel("trainer.jobs.autoencoder", vae_argv, processes, args.threads, base / "vae.log")
+                vae = json.loads((base / "vae" / autoencoder.RECORD).read_text())
+            else:
+                vae = autoencoder.main(autoencoder.parse_args(vae_argv))
             print(json.dumps({"event": "vae", "psnr_db": vae["psnr_db"], "s": round(time.monotonic() - started, 1)}), flush=True)
+        record = json.loads((base / "vae" / autoencoder.RECORD).read_text())  # the VAE the seeds train on, made now or before
+        vae_used = {"psnr_db": record["psnr_db"], "seed": record["args"]["seed"], "steps": record["steps"],
+                    "batch_size": record["args"]["batch_size"], "processes": record.get("world_size", 1)}
         jobs = [(name, overrides, seed) for name, overrides in variants for seed in seeds]
         results: dict[str, list[dict]] = {name: [] for name, _ in variants}
         # spawned, not forked: a fork of a process whose OpenMP pool has run deadlocks in torch
@@ -196,7 +206,8 @@ def main() -> None:
             print(json.dumps({"metric": "demo.prompt_match_grid" if shipped else "demo.prompt_match_grid_variant",
                               "value": round(sum(grid) / len(grid), 3), "unit": "share",
                               "config": {"variant": name, "overrides": overrides, "guidance": guidances[0], "images": count,
-                                         "threads": args.threads, "processes": processes, "seeds": seeds, "rates": grid},
+                                         "threads": args.threads, "processes": processes, "seeds": seeds, "rates": grid,
+                                         "vae": vae_used},
                               "machine": machine, "commit": commit}))
         for guidance in guidances:
             rates = [result["guidance"][f"{guidance:g}"]["rate"] for result in results[name]]

@@ -11,13 +11,14 @@ trainer wrote there itself is kept) and the exit status is 1. With the hyperpara
 hyperparameters as its arguments: a SageMaker training job that scores a candidate model and writes
 <root>/model/evaluation.json. With `task=encode`, trainer.jobs.encode turns the `train` channel's image
 shards into latent shards under <root>/checkpoints/latents/ (CheckpointConfig uploads them to S3). With
-`task=autoencoder`, trainer.jobs.autoencoder trains the lineage's VAE from scratch into <root>/model; with
+`task=autoencoder`, trainer.jobs.autoencoder trains the lineage's VAE from scratch into <root>/model (in one
+process or under torchrun, as training is); with
 `task=tokenizer`, trainer.jobs.tokenizer learns the lineage's caption tokenizers into <root>/model. `serve` answers /ping and /invocations with the pipeline in <root>/model.
 
 The hyperparameter `cpu-threads=N`, for any task, caps the job's CPU threads (torch's and OpenMP's) at N;
 absent, torch takes every core. A fixed count gives the same arithmetic on any number of cores of one
 instruction set; threads beyond the free cores wait on each other (bench/cpu_threads.py --busy).
-`cpu-processes=P` (the `train` task, a host without GPUs) trains data-parallel in P processes under torchrun
+`cpu-processes=P` (the `train` and `autoencoder` tasks, a host without GPUs) trains data-parallel in P processes under torchrun
 (gloo), each of `cpu-threads` threads and `batch-size` pictures a step: they meet once a step, not at every
 operation as threads do, so a busy core slows them by its share instead of stalling them
 (bench/cpu_processes.py). On a host with GPUs it is ignored (one process per GPU), and says so in the log.
@@ -135,9 +136,10 @@ def parse_training_args(argv: list[str]):
     return parse_quietly(train.parse_args, argv)
 
 
-def torchrun_command(argv: list[str], gpus: int, resources: dict, cpu_processes: int | None = None) -> list[str] | None:
-    """torchrun over every GPU of every host (a host without GPUs: `cpu_processes`, default 1), or None when one
-    process does (0 or 1 GPU, one host)."""
+def torchrun_command(argv: list[str], gpus: int, resources: dict, cpu_processes: int | None = None,
+                     module: str = "trainer.jobs.train") -> list[str] | None:
+    """torchrun of `module` over every GPU of every host (a host without GPUs: `cpu_processes`, default 1), or
+    None when one process does (0 or 1 GPU, one host)."""
     hosts = resources["hosts"]
     per_host = gpus if gpus >= 1 else (cpu_processes or 1)
     if per_host <= 1 and len(hosts) <= 1:
@@ -149,7 +151,7 @@ def torchrun_command(argv: list[str], gpus: int, resources: dict, cpu_processes:
         command += ["--nnodes", str(len(hosts)), "--node_rank", str(hosts.index(resources["current_host"])),
                     "--master_addr", os.environ.get("ATELIER_MASTER_ADDR", hosts[0]),
                     "--master_port", os.environ.get("ATELIER_MASTER_PORT", str(MASTER_PORT))]
-    return command + ["-m", "trainer.jobs.train", *argv]
+    return command + ["-m", module, *argv]
 
 
 def prepare_job(root: Path) -> None:
@@ -176,25 +178,26 @@ def run_job(root: Path) -> None:
         argv = ["--output-dir", str(root / "checkpoints" / s3_layout.LATENTS.rstrip("/")), *hyperparameter_argv(root)]
         encode.main(parse_quietly(encode.parse_args, argv))
     elif task == "autoencoder":
-        autoencoder.main(parse_quietly(autoencoder.parse_args, training_argv(root)))
+        run_data_parallel(root, autoencoder)
     elif task == "tokenizer":
         tokenizer.main(parse_quietly(tokenizer.parse_args, hyperparameter_argv(root)))
     else:
-        run_training(root)
+        run_data_parallel(root, train)
 
 
-def run_training(root: Path) -> None:
-    """trainer.jobs.train with the job's hyperparameters: in this process, or under torchrun."""
+def run_data_parallel(root: Path, job) -> None:
+    """A data-parallel job module (trainer.jobs.train, trainer.jobs.autoencoder) with the job's hyperparameters:
+    in this process, or under torchrun."""
     argv = training_argv(root)
-    parse_training_args(argv)  # checked here so a bad hyperparameter fails before torchrun
+    parse_quietly(job.parse_args, argv)  # checked here so a bad hyperparameter fails before torchrun
     resources = resource_config(root)
     gpus, processes = torch.cuda.device_count(), cpu_processes(root)
     if processes is not None:
         print(json.dumps({"event": "cpu_processes", "processes": processes if not gpus else None,
                           **({"ignored": f"{gpus} GPUs: one process per GPU"} if gpus else {})}), flush=True)
-    command = torchrun_command(argv, gpus, resources, processes)
+    command = torchrun_command(argv, gpus, resources, processes, job.__name__)
     if command is None:
-        train.main(parse_training_args(argv))
+        job.main(parse_quietly(job.parse_args, argv))
         return
     python_path = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
     status = subprocess.run(command, env={**os.environ, "PYTHONPATH": python_path}).returncode

@@ -96,6 +96,8 @@ def test_a_host_without_gpus_runs_cpu_processes_data_parallel_and_a_gpu_host_one
         *container.TORCHRUN, "--nproc_per_node", "2", "--standalone", "-m", "trainer.jobs.train", "--steps", "5"]
     assert container.torchrun_command([], 8, resources, 2)[3:5] == ["--nproc_per_node", "8"]
     assert container.torchrun_command([], 1, resources, 2) is None  # one GPU: one process
+    assert container.torchrun_command(["--steps", "5"], 0, resources, 2, "trainer.jobs.autoencoder")[-3:] == [
+        "trainer.jobs.autoencoder", "--steps", "5"]
 
 
 def test_several_hosts_run_torchrun_with_the_first_host_leading():
@@ -152,6 +154,23 @@ def test_cpu_processes_train_one_model_data_parallel(tmp_path, shards_dir):
     assert [event["world_size"] for event in events if event.get("event") == "start"] == [2]
     assert "--cpu-processes" not in container.training_argv(root)
     assert json.loads((root / "model" / "atelier-training.json").read_text())["steps"] == 2
+
+
+def test_cpu_processes_train_the_autoencoder_data_parallel(tmp_path, shards_dir):
+    # the local recipe's autoencoder job in two processes: each its own share of the images, rank 0 saves
+    hyperparameters = {"task": "autoencoder", "steps": "2", "batch-size": "2", "resolution": "32", "model-config": "demo",
+                       "aspect-buckets": "false", "random-crop": "false", "log-every": "1", "checkpoint-every": "20",
+                       "num-workers": "0", "cpu-threads": "1", "cpu-processes": "2"}
+    root = make_opt_ml(tmp_path / "opt-ml", shards_dir, hyperparameters)
+    result = run_container(root, "train")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {"event": "cpu_processes", "processes": 2} in events
+    assert [(e["task"], e["world_size"]) for e in events if e.get("event") == "start"] == [("autoencoder", 2)]
+    assert [e["step"] for e in events if "psnr_db" in e and "event" not in e] == [1, 2]  # rank 0's lines alone
+    record = json.loads((root / "model" / "autoencoder.json").read_text())
+    assert (record["steps"], [entry["step"] for entry in record["history"]]) == (2, [1, 2])
+    assert (root / "model" / "config.json").is_file() and (root / "checkpoints" / "latest").read_text() == "step-00000002"
 
 
 def test_cpu_threads_caps_the_job_s_threads_and_is_the_container_s_not_the_task_s(tmp_path, monkeypatch):

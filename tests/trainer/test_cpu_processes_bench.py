@@ -22,3 +22,12 @@ def test_the_bench_times_each_way_and_the_ddp_way_runs_across_its_processes(caps
 def test_processes_must_split_the_batch():
     with pytest.raises(SystemExit, match="divides --batch-size"):
         cpu_processes.main(["--processes", "3", "--batch-size", "64"])
+
+
+def test_the_autoencoder_s_step_is_timed_under_its_own_names(capsys):
+    cpu_processes.main(["--part", "vae", "--processes", "2", "--rounds", "1", "--steps", "1", "--batch-size", "2"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [line["metric"] for line in lines] == [
+        "autoencoder.cpu_step_ms_one", "autoencoder.cpu_step_ms_threads", "autoencoder.cpu_step_ms_ddp",
+        "autoencoder.cpu_processes_speedup"]
+    assert [line["ranks"] for line in lines[:3]] == [1, 1, 2] and lines[3]["config"]["part"] == "vae"

@@ -3,10 +3,16 @@ whose base brings no VAE; the encode and training jobs after it take it as their
 
 Runbook
 -------
-One process (CPU, or one GPU when there is one):
+One process (CPU, or one GPU):
 
     python -m trainer.jobs.autoencoder --train-dir shards/ --validation-dir eval/ --model-dir out/vae \\
         --model-config tiny --resolution 64 --steps 400 --batch-size 16
+
+Data-parallel under torchrun (one process per GPU, or CPU processes over gloo: the container's
+`cpu-processes`), each process `--batch-size` images a step from its own share of the shards; rank 0
+measures, logs and saves:
+
+    torchrun --standalone --nproc_per_node 2 -m trainer.jobs.autoencoder --train-dir shards/ ...
 
 SageMaker: a training job with the training image and the hyperparameter `task=autoencoder`
 (channels: `train`, the manifest's image shards; `validation`, the held-out evaluation shards;
@@ -53,6 +59,19 @@ from trainer.report.write import write_report
 from trainer.runtime import distributed
 from trainer.runtime.checkpoints import checkpoint_to_resume, load_checkpoint, save_checkpoint
 from trainer.runtime.health import log
+
+
+class RoundTrip(torch.nn.Module):
+    """The VAE's encode, posterior sample and decode as one forward: DistributedDataParallel syncs the
+    gradients of what a forward ran, and the VAE's own forward does not return the posterior the KL needs."""
+
+    def __init__(self, vae: AutoencoderKL):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, pixels: torch.Tensor):
+        posterior = self.vae.encode(pixels).latent_dist
+        return self.vae.decode(posterior.sample()).sample, posterior
 
 RECORD = "autoencoder.json"
 RECONSTRUCTIONS = "reconstructions.png"
@@ -127,17 +146,18 @@ def main(args: argparse.Namespace) -> dict:
     """Train, checkpoint, save the VAE and its record; return the record."""
     # setup
     processes = distributed.setup()
-    if processes.world_size > 1:
-        raise ValueError("trainer.jobs.autoencoder runs as one process (one GPU is plenty for a VAE of this size)")
-    device = processes.device
+    rank, device = processes.rank, processes.device
     model_dir, checkpoint_dir = Path(args.model_dir), Path(args.checkpoint_dir) if args.checkpoint_dir else None
     health_dir = Path(args.output_data_dir) if args.output_data_dir else model_dir / "health"
 
-    # model: the preset's VAE architecture, fresh weights
+    # model: the preset's VAE architecture, fresh weights, the same on every rank
     torch.manual_seed(args.seed)
     vae = AutoencoderKL(**read_preset(args.model_config)["vae"])
     start_near_deterministic(vae, args.initial_logvar)
     vae = vae.to(device).train()
+    if rank:  # each rank's own posterior noise; rank 0 keeps the stream one process draws
+        torch.manual_seed(args.seed + rank)
+    round_trip = distributed.wrap(RoundTrip(vae), processes, "ddp")
     size_multiple = 2 ** (len(vae.config.block_out_channels) - 1)
     resolution = args.resolution or vae.config.sample_size
     plan = plan_from_args(None, args.steps, args.batch_size, resolution, args.learning_rate, args.lr_warmup_steps, resolution,
@@ -150,13 +170,14 @@ def main(args: argparse.Namespace) -> dict:
     if resume_from is not None:
         state = load_checkpoint(resume_from, processes, vae, optimizer, lr_schedule, None)
         step, history = state["step"], state["history"]
-        log(0, event="resumed", checkpoint=str(resume_from), step=step)
+        log(rank, event="resumed", checkpoint=str(resume_from), step=step)
 
-    # data: the training images in batches, and the held-out images
-    index = index_shards(args.train_dir, 0, 1, load_exclusions(args.manifest), args.index_dir)
+    # data: this process's share of the training images in batches, and the held-out images
+    index = index_shards(args.train_dir, processes.local_rank, processes.local_world_size, load_exclusions(args.manifest),
+                         args.index_dir)
     if index.latent:
         raise ValueError(f"{args.train_dir} holds latent shards; an autoencoder trains on images")
-    batch_plan = BatchPlan(index.aspect, plan, args.seed, 0, 1, size_multiple, args.aspect_buckets, keys=index.key)
+    batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, 1, size_multiple, args.aspect_buckets, keys=index.key)
     batches = iter(make_loader(StepBatches(index, batch_plan, step + 1, plan.total_steps, 0.0, args.random_crop, None),
                                args.num_workers))
     eval_shards = find_eval_shards(args.validation_dir) if args.validation_dir else []
@@ -167,9 +188,10 @@ def main(args: argparse.Namespace) -> dict:
     if not samples:
         raise ValueError(f"no readable image in {args.validation_dir or args.train_dir} to measure reconstructions on")
     eval_pixels = torch.stack([sample.pixels for sample in samples])
-    initial_psnr = psnr_db(eval_pixels, reconstruct(vae, eval_pixels, device)) if step == 0 else None
-    log(0, event="start", task="autoencoder", step=step, steps=plan.total_steps, samples=len(index),
-        held_out_samples=len(samples) if held_out else 0, resolution=resolution, device=str(device))
+    initial_psnr = psnr_db(eval_pixels, reconstruct(vae, eval_pixels, device)) if step == 0 and rank == 0 else None
+    log(rank, event="start", task="autoencoder", step=step, steps=plan.total_steps, samples=len(index),
+        held_out_samples=len(samples) if held_out else 0, resolution=resolution, device=str(device),
+        world_size=processes.world_size, backend=processes.backend)
 
     # loop
     started, window_images, window_start = time.perf_counter(), 0, time.perf_counter()
@@ -177,8 +199,7 @@ def main(args: argparse.Namespace) -> dict:
         step += 1
         pixels = next(batches)["pixel_values"].to(device, non_blocking=True)
         with autocast(device):
-            posterior = vae.encode(pixels).latent_dist
-            reconstruction = vae.decode(posterior.sample()).sample
+            reconstruction, posterior = round_trip(pixels)
         loss_function = F.l1_loss if args.reconstruction_loss == "l1" else F.mse_loss
         reconstruction_loss = loss_function(reconstruction.float(), pixels.float())
         kl = posterior.kl().mean() / pixels[0].numel()  # per pixel value, as the reconstruction term
@@ -188,23 +209,37 @@ def main(args: argparse.Namespace) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         lr_schedule.step()
-        window_images += len(pixels)
+        window_images += len(pixels) * processes.world_size
         if step % args.log_every == 0 or step == plan.total_steps:
-            vae.eval()
-            figures = {"step": step, "loss": round(loss.item(), 5), "reconstruction": round(reconstruction_loss.item(), 5),
-                       "kl": round(kl.item(), 5), "psnr_db": round(psnr_db(eval_pixels, reconstruct(vae, eval_pixels, device)), 2)}
-            vae.train()
+            losses = distributed.mean(torch.stack([loss, reconstruction_loss, kl]).detach().float()).tolist()
+            if rank == 0:  # the held-out PSNR on rank 0's copy (every rank holds the same weights)
+                vae.eval()
+                figures = {"step": step, "loss": round(losses[0], 5), "reconstruction": round(losses[1], 5),
+                           "kl": round(losses[2], 5),
+                           "psnr_db": round(psnr_db(eval_pixels, reconstruct(vae, eval_pixels, device)), 2)}
+                vae.train()
+                history.append(figures)
             elapsed = time.perf_counter() - window_start
-            history.append(figures)
-            log(0, **figures, grad_norm=round(grad_norm.item(), 4), lr=optimizer.param_groups[0]["lr"],
-                img_per_s=round(window_images / elapsed, 1) if elapsed else None, steps=plan.total_steps,
-                eta_s=round((plan.total_steps - step) * elapsed / args.log_every, 1))
+            log(rank, **(figures if rank == 0 else {}), grad_norm=round(grad_norm.item(), 4),
+                lr=optimizer.param_groups[0]["lr"], img_per_s=round(window_images / elapsed, 1) if elapsed else None,
+                steps=plan.total_steps, eta_s=round((plan.total_steps - step) * elapsed / args.log_every, 1))
             window_images, window_start = 0, time.perf_counter()
         if checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.total_steps):
             save_checkpoint(checkpoint_dir, processes, vae, optimizer, lr_schedule, None,
                             {"step": step, "history": history}, args.keep_checkpoints)
 
-    # save: the VAE with its measured scaling factor, the record, the reconstructions
+    if not distributed.replicas_agree(vae):  # a rank that trained apart from the others: its gradients never met
+        raise RuntimeError("the ranks' VAE weights differ after training: their gradients were not averaged")
+    # The process group ends here, on every rank, DDP's wrapper dropped first: were the wrapper's reducer the
+    # group's last holder, the group would end as main returns, with the GIL held, waiting on a gloo thread
+    # that needs it (trainer/jobs/train.py's teardown; seen here as a rank that saved and never exited).
+    del round_trip
+    distributed.barrier()
+    distributed.teardown()
+
+    # save (rank 0): the VAE with its measured scaling factor, the record, the reconstructions
+    if rank:
+        return {}
     vae.eval()
     first_batches = make_loader(StepBatches(index, batch_plan, 1, min(args.scaling_batches, plan.total_steps), 0.0,
                                             args.random_crop, None), 0)
@@ -212,7 +247,7 @@ def main(args: argparse.Namespace) -> dict:
     vae.register_to_config(**latent_normalisation(*latent_moments(vae, first_batches, device, args.scaling_batches), shifts))
     reconstructions = reconstruct(vae, eval_pixels, device)
     record = {
-        "task": "autoencoder", "args": vars(args), "steps": step, "resolution": resolution,
+        "task": "autoencoder", "args": vars(args), "steps": step, "resolution": resolution, "world_size": processes.world_size,
         "psnr_db": round(psnr_db(eval_pixels, reconstructions), 2),
         "psnr_db_initial": None if initial_psnr is None else round(initial_psnr, 2),
         "psnr_db_zeros": round(psnr_db(eval_pixels, torch.zeros_like(eval_pixels)), 2),
@@ -227,8 +262,7 @@ def main(args: argparse.Namespace) -> dict:
     health_dir.mkdir(parents=True, exist_ok=True)
     side_by_side(eval_pixels, reconstructions).save(health_dir / RECONSTRUCTIONS)
     write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))
-    log(0, event="saved", model_dir=str(model_dir), psnr_db=record["psnr_db"], scaling_factor=record["scaling_factor"])
-    distributed.teardown()
+    log(rank, event="saved", model_dir=str(model_dir), psnr_db=record["psnr_db"], scaling_factor=record["scaling_factor"])
     return record
 
 
