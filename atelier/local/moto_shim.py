@@ -23,6 +23,8 @@ new code. docs/moto-upstream.md holds the upstream issue text for each. `apply()
   UploadPartCopy, so a part sent to an upload that another packer had just completed failed with a 500
   (a KeyError). S3 answers NoSuchUpload, which the seal handles; here, too.
 - iam-rules: four IAM rules moto's enforcement leaves out (atelier/local/iam_rules.py).
+- s3-checksums: S3 refuses a PutObject or UploadPart whose body does not match the checksum it names (400
+  BadDigest); moto stored it, and every later GET failed botocore's check (atelier/local/s3_checksums.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from moto.sqs.models import Message, Queue
 
 from atelier.local.iam_rules import patch_iam_rules
 from atelier.local.moto_transactions import transact_write_items
+from atelier.local.s3_checksums import patch_s3_checksums
 
 MOTO_VERSION = "5.2.6"
 
@@ -166,6 +169,10 @@ PATCHES = (
         "moto.iam.access_control:IAMRequestBase.__init__": "c4c3427bf20b0ac7",  # the action named from the response's _get_action
         "moto.core.responses:BaseResponse._get_action": "2cada0baea8f0206",  # which moto 5.2.6 names by the operation
         "moto.core.authorization:ActionAuthenticatorMixin._authenticate_and_authorize_action": "bfa58894790d3e79",
+    }),
+    Patch("s3-checksums", patch_s3_checksums, {
+        "moto.s3.responses:S3Response._get_checksum": "144f31ab82aebca2",
+        "moto.s3.utils:compute_checksum": "cdce1c23ae4136fb",
     }),
 )
 
