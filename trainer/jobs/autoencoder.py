@@ -73,6 +73,7 @@ class RoundTrip(torch.nn.Module):
         posterior = self.vae.encode(pixels).latent_dist
         return self.vae.decode(posterior.sample()).sample, posterior
 
+
 RECORD = "autoencoder.json"
 RECONSTRUCTIONS = "reconstructions.png"
 
