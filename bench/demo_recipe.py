@@ -167,6 +167,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         base = args.work or Path(temporary)
         root = str(base)
+        made_s = None  # seconds the autoencoder job took, when this call made the VAE
         if not (base / "vae" / "config.json").is_file():  # a --work folder's data and VAE are made once
             catalogue = procedural_catalog(variants=-(-count // len(training_combinations())))[:count]
             write_shards(catalogue, base / "shards", int(tomllib.loads((REPO / "tuning" / "local.toml").read_text())["SHARD_MAX_SAMPLES"]), 64)
@@ -180,11 +181,12 @@ def main() -> None:
                         "--model-dir", str(base / "vae"), *argv(hyper)]
             if processes > 1:
                 data_parallel("trainer.jobs.autoencoder", vae_argv, processes, args.threads, base / "vae.log")
-                vae = json.loads((base / "vae" / autoencoder.RECORD).read_text())
             else:
-                vae = autoencoder.main(autoencoder.parse_args(vae_argv))
-            print(json.dumps({"event": "vae", "psnr_db": vae["psnr_db"], "s": round(time.monotonic() - started, 1)}), flush=True)
+                autoencoder.main(autoencoder.parse_args(vae_argv))
+            made_s = round(time.monotonic() - started, 1)
         record = json.loads((base / "vae" / autoencoder.RECORD).read_text())  # the VAE the seeds train on, made now or before
+        if made_s is not None:
+            print(json.dumps({"event": "vae", "psnr_db": record["psnr_db"], "s": made_s}), flush=True)
         vae_used = {"psnr_db": record["psnr_db"], "seed": record["args"]["seed"], "steps": record["steps"],
                     "batch_size": record["args"]["batch_size"], "processes": record.get("world_size", 1)}
         jobs = [(name, overrides, seed) for name, overrides in variants for seed in seeds]

@@ -189,7 +189,7 @@ def run_data_parallel(root: Path, job) -> None:
     """A data-parallel job module (trainer.jobs.train, trainer.jobs.autoencoder) with the job's hyperparameters:
     in this process, or under torchrun."""
     argv = training_argv(root)
-    parse_quietly(job.parse_args, argv)  # checked here so a bad hyperparameter fails before torchrun
+    args = parse_quietly(job.parse_args, argv)  # here, so a bad hyperparameter fails before torchrun
     resources = resource_config(root)
     gpus, processes = torch.cuda.device_count(), cpu_processes(root)
     if processes is not None:
@@ -197,7 +197,7 @@ def run_data_parallel(root: Path, job) -> None:
                           **({"ignored": f"{gpus} GPUs: one process per GPU"} if gpus else {})}), flush=True)
     command = torchrun_command(argv, gpus, resources, processes, job.__name__)
     if command is None:
-        job.main(parse_quietly(job.parse_args, argv))
+        job.main(args)
         return
     python_path = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
     status = subprocess.run(command, env={**os.environ, "PYTHONPATH": python_path}).returncode
