@@ -185,6 +185,18 @@ def test_the_validation_loss_is_the_mean_over_eight_equidistant_timesteps_with_f
     assert summary["val_loss"] == pytest.approx(losses.mean().item())
 
 
+def test_a_loaded_model_samples_at_the_shift_it_was_saved_with(trained_family):
+    """Evaluation samples a saved model through build_pipeline: the shift is the saved sampler's at the size the run
+    ended at (tiny presets: 0.5 at 32 px), not a default's, and grows with the side as in training."""
+    saved = DiffusionPipeline.from_pretrained(trained_family["model_dir"]).scheduler.config
+    saved_shift = saved.get("shift") if trained_family["scheduler_class"] is FlowMatchEulerDiscreteScheduler else saved.flow_shift
+    assert saved_shift == 0.5  # tiny presets: 1.0 at 64 px, the run ended at 32
+    models = from_pretrained(trained_family["model_dir"])
+    for side, shift in ((32, 0.5), (64, 1.0)):
+        config = build_pipeline(models, models.denoiser, side).scheduler.config
+        assert (config.get("shift") or config.get("flow_shift")) == pytest.approx(shift)
+
+
 def test_the_model_server_serves_the_family_and_keeps_its_flow_sampler(trained_family):
     pipeline = load_pipeline(trained_family["model_dir"])
     apply_levers(pipeline, {"scheduler": "dpmpp", "fuse_qkv": False, "channels_last": False, "compile": "off"})

@@ -184,7 +184,8 @@ def finite_or_none(value: float) -> float | None:
 
 @torch.no_grad()
 def sample_images(models: Models, prompts: list[str], config: EvalConfig) -> list[Image.Image]:
-    """One DDIM image per prompt at the eval resolution, prompt i from a generator seeded by (seed, i)."""
+    """One image per prompt at the eval resolution (DDIM, or a family's flow sampler at the shift it was saved
+    with, scaled for the resolution), prompt i from a generator seeded by (seed, i)."""
     pipeline = build_pipeline(models, models.denoiser, config.resolution)
     pipeline.set_progress_bar_config(disable=True)
     return [
@@ -228,6 +229,7 @@ def score_model(path: Path, samples: list[EvalSample], config: EvalConfig, score
         return {**block, "clip_score": None, "clip_note": NO_SCORER}
     prompts = [sample.caption for sample in samples]
     score = finite_or_none(clip_score(scorer, sample_images(models, prompts, config), prompts, device))
-    note = (f"mean over {len(prompts)} captions of 100 * max(cos, 0); {config.steps} DDIM steps, guidance {config.guidance:g}"
+    sampler = "DDIM" if models.family is None else "flow-matching"
+    note = (f"mean over {len(prompts)} captions of 100 * max(cos, 0); {config.steps} {sampler} steps, guidance {config.guidance:g}"
             if score is not None else "non-finite CLIP score; written as null")
     return {**block, "clip_score": score, "clip_note": note}

@@ -64,6 +64,11 @@ class Family:
             return FlowMatchEulerDiscreteScheduler(shift=shift)
         return DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=shift)
 
+    def saved_shift(self, path: Path) -> float:
+        """The shift of the sampler a saved pipeline at `path` holds (1: none)."""
+        config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
+        return float(config.get("shift" if self.pipeline_class is StableDiffusion3Pipeline else "flow_shift") or 1.0)
+
 
 SD3 = Family("sd3", SD3Transformer2DModel, StableDiffusion3Pipeline, (
     TextPart("clip_l", "text_encoder", "tokenizer", CLIPTextModelWithProjection),

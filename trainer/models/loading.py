@@ -259,6 +259,8 @@ def from_pretrained(path: Path) -> Models:
     family = families.family_of_pipeline(path)
     if family is not None:
         models = transformer_models(family, None, path, str(path), 0, None, "pretrained", CPU)
+        # sample as the run saved it: its sampler's shift at the size it ended at, scaled for other sizes
+        models.flow = FlowSettings(shift_at_reference=family.saved_shift(path), reference_resolution=models.default_resolution)
     else:
         text_encoders, tokenizers = _text_parts(path, set(base_components(path)))
         models = Models(
