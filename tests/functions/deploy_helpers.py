@@ -78,15 +78,21 @@ def completed(name: str = JOB, ended: int = ENDED, **tags: str) -> JobState:
 
 def evaluation_finished(settings: DeploySettings, model: str, val_loss: float | None,
                         baseline_loss: float | None = None, status: str = "Completed",
-                        digest: str = "e" * 64, clip: float | None = None, baseline_clip: float | None = None) -> JobState:
-    """The evaluation job's end, with the evaluation.json trainer/jobs/evaluate.py writes in its artefact."""
+                        digest: str = "e" * 64, clip: float | None = None, baseline_clip: float | None = None,
+                        measure: str = "", baseline_measure: str | None = None, resolution: int = 32) -> JobState:
+    """The evaluation job's end, with the evaluation.json trainer/jobs/evaluate.py writes in its artefact (what
+    each loss measures only when `measure` is given: documents of before the gate read it have none)."""
     item = aws.get_item(settings.table, pipeline_table.model_pk(model)) or {}
     name = item.get("eval_job") or evaluation_job_name(model)
     key = f"evaluations/{name}/output/model.tar.gz"
     models: dict[str, Any] = {"candidate": {"val_loss": val_loss, "clip_score": clip}}
     if baseline_loss is not None:
         models["baseline"] = {"val_loss": baseline_loss, "clip_score": baseline_clip}
-    document = json.dumps({"schema": 1, "eval_set": {"digest": digest, "samples": 4}, "models": models}).encode()
+    for block, stated in (("candidate", measure), ("baseline", measure if baseline_measure is None else baseline_measure)):
+        if stated and block in models:
+            models[block]["val_loss_measure"] = stated
+    document = json.dumps({"schema": 1, "eval_set": {"digest": digest, "samples": 4}, "config": {"resolution": resolution},
+                           "models": models}).encode()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         info = tarfile.TarInfo("evaluation.json")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import boto3
 import pytest
 
@@ -23,6 +25,9 @@ from tests.functions.deploy_helpers import (  # noqa: F401  (settings, updates: 
     training_jobs,
     updates,
 )
+
+
+FLOW_LOSS, V_LOSS = "flow velocity at t = 0, 1/8, ..., 7/8", "v_prediction at timesteps 100,500,900"
 
 
 def test_a_non_finite_loss_is_held_back(settings: DeploySettings) -> None:
@@ -135,6 +140,46 @@ def test_production_changed_during_evaluation_means_evaluating_again(settings: D
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
     assert result.action == "evaluating"
     assert channels["baseline"] == f"{MODELS}/training/atelier-b/output/model.tar.gz"
+
+
+def test_production_s_score_of_another_measure_is_not_reused_production_is_scored_again(settings: DeploySettings,
+                                                                                      updates: list) -> None:
+    # GIVEN production (b) scored at 32 px, and c scored at 64 px against the model b replaced, on the same set
+    deploy_first(settings)
+    on_job_state(completed("atelier-b", ENDED + 1000), settings)
+    on_job_state(completed("atelier-c", ENDED + 2000), settings)
+    on_job_state(evaluation_finished(settings, "atelier-b", 0.09, baseline_loss=0.1, measure=V_LOSS), settings)
+    # WHEN c's evaluation ends
+    result = on_job_state(evaluation_finished(settings, "atelier-c", 0.2, baseline_loss=0.3, measure=V_LOSS, resolution=64), settings)
+    # THEN b's 32-px loss is not compared with c's 64-px loss: c is scored again beside b
+    job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-c-ev1")
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
+    assert result.action == "evaluating"
+    assert channels["baseline"] == f"{MODELS}/training/atelier-b/output/model.tar.gz"
+
+
+def test_a_flow_model_against_a_unet_in_production_is_judged_by_clip_not_by_the_loss_ratio(settings: DeploySettings,
+                                                                                          updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-dit", ENDED + 1000), settings)
+    # the flow model's velocity loss is 3x the UNet's v loss: another quantity, not a worse model
+    result = on_job_state(evaluation_finished(settings, "atelier-dit", 0.3, baseline_loss=0.1, measure=FLOW_LOSS,
+                                              baseline_measure=V_LOSS, clip=26.0, baseline_clip=25.0), settings)
+    assert result.action == "updated"
+    gate = json.loads(model_record(settings, "atelier-dit")["gate"])
+    assert (gate["decision"], gate["production"]["measure"]) == ("passed", f"{V_LOSS} at 32 px")
+    assert "measure different things; CLIP score 26.00 against production's 25.00" in gate["reason"]
+
+
+def test_a_flow_model_against_a_unet_without_clip_scores_is_held_back_saying_why(settings: DeploySettings,
+                                                                                updates: list) -> None:
+    deploy_first(settings)
+    on_job_state(completed("atelier-dit", ENDED + 1000), settings)
+    result = on_job_state(evaluation_finished(settings, "atelier-dit", 0.05, baseline_loss=0.1, measure=FLOW_LOSS,
+                                              baseline_measure=V_LOSS), settings)
+    assert result.action == "held-back"
+    assert "measure different things, and there is no CLIP score" in result.reason
+    assert updates == []
 
 
 def test_a_busy_endpoint_leaves_the_model_passed_until_it_is_in_service(settings: DeploySettings, updates: list,

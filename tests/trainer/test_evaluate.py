@@ -105,10 +105,11 @@ def test_evaluation_json_has_the_contracted_shape(plain):
     assert plain["eval_set"]["samples"] == 4
     assert plain["eval_set"]["shards"] == ["nested/shard-b.tar", "shard-a.tar"]
     candidate = plain["models"]["candidate"]
-    assert set(candidate) == {"val_loss", "val_loss_by_timestep", "val_loss_note", "clip_score", "clip_note"}
+    assert set(candidate) == {"val_loss", "val_loss_by_timestep", "val_loss_note", "val_loss_measure", "clip_score", "clip_note"}
     assert list(candidate["val_loss_by_timestep"]) == ["100", "500", "900"]
     assert math.isclose(candidate["val_loss"], sum(candidate["val_loss_by_timestep"].values()) / 3, rel_tol=1e-9)
     assert candidate["val_loss_note"] == "mean squared error of the epsilon prediction over 4 samples x 3 timesteps"
+    assert candidate["val_loss_measure"] == "epsilon at timesteps 100,500,900"
 
 
 def test_without_a_baseline_or_a_scorer_there_is_only_the_candidate_and_no_clip_score(plain):
@@ -148,6 +149,7 @@ def test_a_non_finite_loss_is_null_with_a_note():
         "val_loss": None,
         "val_loss_by_timestep": {"100": 0.375, "500": None},
         "val_loss_note": "non-finite loss at timesteps 500; written as null",
+        "val_loss_measure": "epsilon at timesteps 100,500",
     }
 
 

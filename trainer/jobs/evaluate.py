@@ -32,11 +32,12 @@ Output: `$SM_MODEL_DIR/evaluation.json` (SageMaker ships it in the job's model.t
      "eval_set": {"digest", "samples", "shards"},
      "config": {"timesteps", "seed", "resolution", "steps", "guidance"},
      "models": {"candidate": {"val_loss", "val_loss_by_timestep": {"100": ...}, "val_loss_note",
-                              "clip_score", "clip_note"},
+                              "val_loss_measure", "clip_score", "clip_note"},
                 "baseline": {... the same, only with a baseline channel}}}
 
 `eval_set.digest` is the sha256 of the lines `<shard path in the channel>\\t<sha256 of its bytes>\\n`
-sorted by path; `shards` lists those paths; `samples` counts the samples scored. A non-finite
+sorted by path; `val_loss_measure` names what the loss measures (the prediction and timesteps: the gate
+compares two models' losses only when they measure the same at the same resolution); `shards` lists those paths; `samples` counts the samples scored. A non-finite
 loss is written as null and `val_loss_note` says where; `clip_score` is null with `clip_note`
 "no scorer" without a `clip` channel. No eval channel, no shards in it or no readable sample,
 and no candidate model fail the job with an EvaluationError (the container writes it to

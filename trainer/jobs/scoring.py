@@ -164,7 +164,8 @@ def flow_loss_summary(losses: torch.Tensor) -> dict:
     by_timestep = {f"{t:g}": finite_or_none(losses[:, i].mean().item()) for i, t in enumerate(VALIDATION_TIMESTEPS)}
     return {"val_loss": finite_or_none(losses.mean().item()), "val_loss_by_timestep": by_timestep,
             "val_loss_note": f"flow matching: mean squared error of the velocity over {len(losses)} samples x 8 "
-                             "equidistant timesteps t = 0, 1/8, ..., 7/8 with fixed noise (MLPerf Training's Flux.1 metric)"}
+                             "equidistant timesteps t = 0, 1/8, ..., 7/8 with fixed noise (MLPerf Training's Flux.1 metric)",
+            "val_loss_measure": "flow velocity at t = 0, 1/8, ..., 7/8"}
 
 
 def loss_summary(losses: torch.Tensor, config: EvalConfig, prediction_type: str) -> dict:
@@ -175,7 +176,8 @@ def loss_summary(losses: torch.Tensor, config: EvalConfig, prediction_type: str)
     if overall is None:
         bad = [t for t, value in by_timestep.items() if value is None]
         note = f"non-finite loss at timesteps {', '.join(bad)}; written as null"
-    return {"val_loss": overall, "val_loss_by_timestep": by_timestep, "val_loss_note": note}
+    return {"val_loss": overall, "val_loss_by_timestep": by_timestep, "val_loss_note": note,
+            "val_loss_measure": f"{prediction_type} at timesteps {','.join(str(t) for t in config.timesteps)}"}
 
 
 def finite_or_none(value: float) -> float | None:

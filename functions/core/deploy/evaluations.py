@@ -94,12 +94,15 @@ def publish_decision(model: dict[str, Any], gate_record: dict[str, Any]) -> None
 def _production_scores(production: dict[str, Any] | None, model: dict[str, Any],
                        evaluation: Evaluation) -> Scores | None:
     """Production's scores from this very evaluation when it scored production, else from
-    production's own record when that was on the same evaluation set."""
+    production's own record when that was on the same evaluation set and its loss measures what the
+    candidate's does (else production is scored again beside the candidate)."""
     if production is None:
         return None
     if evaluation.baseline and model.get("baseline") == production["model"]:
         return evaluation.baseline
     stored = production.get("scores")
-    if stored and Scores.from_item(stored).eval_set == evaluation.candidate.eval_set:
-        return Scores.from_item(stored)
+    if stored:
+        scores = Scores.from_item(stored)
+        if (scores.eval_set, scores.measure) == (evaluation.candidate.eval_set, evaluation.candidate.measure):
+            return scores
     return None

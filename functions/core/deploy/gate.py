@@ -22,6 +22,7 @@ class Scores:
     eval_set: str  # the evaluation set's digest: scores compare only on the same set
     val_loss: float | None  # None: the loss was not finite
     clip_score: float | None = None  # None: no scorer was available
+    measure: str = ""  # what val_loss measures (its prediction, timesteps and resolution): losses compare only alike
 
     def to_item(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -30,7 +31,7 @@ class Scores:
     def from_item(cls, item: dict[str, Any]) -> "Scores":
         number = lambda v: None if v in (None, "") else float(v)  # noqa: E731 (DynamoDB stores numbers as text here)
         return cls(eval_set=str(item["eval_set"]), val_loss=number(item.get("val_loss")),
-                   clip_score=number(item.get("clip_score")))
+                   clip_score=number(item.get("clip_score")), measure=str(item.get("measure") or ""))
 
 
 @dataclass(frozen=True)
@@ -60,15 +61,20 @@ def parse_evaluation(document: bytes) -> Evaluation:
         data = json.loads(document)
         digest = str(data["eval_set"]["digest"])
         models = data["models"]
-        candidate = _scores(digest, models["candidate"])
-    except (ValueError, KeyError, TypeError) as exc:
+        resolution = (data.get("config") or {}).get("resolution")
+        candidate = _scores(digest, models["candidate"], resolution)
+        baseline = _scores(digest, models["baseline"], resolution) if models.get("baseline") else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BadMessage(f"evaluation.json is not schema 1: {exc!r}") from exc
-    baseline = _scores(digest, models["baseline"]) if models.get("baseline") else None
     return Evaluation(candidate, baseline)
 
 
-def _scores(digest: str, block: dict[str, Any]) -> Scores:
-    return Scores(eval_set=digest, val_loss=_finite(block.get("val_loss")), clip_score=_finite(block.get("clip_score")))
+def _scores(digest: str, block: dict[str, Any], resolution: Any) -> Scores:
+    measure = str(block.get("val_loss_measure") or "")
+    if measure and resolution:
+        measure = f"{measure} at {resolution} px"
+    return Scores(eval_set=digest, val_loss=_finite(block.get("val_loss")), clip_score=_finite(block.get("clip_score")),
+                  measure=measure)
 
 
 def _finite(value: Any) -> float | None:
@@ -89,6 +95,8 @@ def decide(candidate: Scores, production: Scores | None, thresholds: Thresholds)
                               "no production model to compare")
     if production.eval_set != candidate.eval_set:
         return GateVerdict(False, "production was scored on another evaluation set")  # the caller re-evaluates
+    if production.measure != candidate.measure:
+        return _decide_on_clip(candidate, production, thresholds)
     ratio = candidate.val_loss / production.val_loss if production.val_loss > 0 else math.inf
     if ratio > thresholds.max_loss_ratio:
         return GateVerdict(False, f"validation loss {candidate.val_loss:.4f} is {ratio:.3f}x production's "
@@ -99,3 +107,17 @@ def decide(candidate: Scores, production: Scores | None, thresholds: Thresholds)
                                    f"{production.clip_score:.2f} by more than {thresholds.min_clip_delta:g}")
     clip = "" if candidate.clip_score is None else f", CLIP {candidate.clip_score:.2f}"
     return GateVerdict(True, f"validation loss {candidate.val_loss:.4f} is {ratio:.3f}x production's{clip}")
+
+
+def _decide_on_clip(candidate: Scores, production: Scores, thresholds: Thresholds) -> GateVerdict:
+    """Candidate and production losses that measure different things (a flow model's velocity against a UNet's
+    epsilon or v, other timesteps, another resolution) have no meaningful ratio: the CLIP scores decide, or,
+    without them, nothing shows the candidate is as good, and it is held back."""
+    losses = f"the candidate's loss ({candidate.measure or 'unstated'}) and production's ({production.measure or 'unstated'}) measure different things"
+    if candidate.clip_score is None or production.clip_score is None:
+        return GateVerdict(False, f"{losses}, and there is no CLIP score for both to compare instead "
+                                  "(give the evaluation a CLIP model: evaluation.clip_model_uri)")
+    if candidate.clip_score < production.clip_score - thresholds.min_clip_delta:
+        return GateVerdict(False, f"{losses}; CLIP score {candidate.clip_score:.2f} trails production's "
+                                  f"{production.clip_score:.2f} by more than {thresholds.min_clip_delta:g}")
+    return GateVerdict(True, f"{losses}; CLIP score {candidate.clip_score:.2f} against production's {production.clip_score:.2f}")
