@@ -147,6 +147,29 @@ def test_the_t5_tokenizer_has_t5s_special_ids_and_one_piece_per_known_word():
     assert tokenizer("中").input_ids == [tokenizer.convert_tokens_to_ids("▁"), 2, 1]
 
 
+def test_the_t5_tokenizer_covers_every_character_of_its_captions_as_they_are_written(tmp_path):
+    """Learned on the text the saved tokenizer splits (no normalizer): decomposed accents and ligatures the
+    captions hold are pieces, not <unk> (learned on NFKC text, they were unknown after loading)."""
+    written = ["cafe\u0301 cre\u0300me bru\u0302le\u0301e", "\ufb01ne \uff26\uff35\uff2c\uff2c print"]
+    tokenizer = learn_t5(CORPUS + written * 3, 256)
+    tokenizer.save_pretrained(tmp_path / "t5")
+    loaded = T5TokenizerFast.from_pretrained(tmp_path / "t5")
+    for caption in written:
+        assert tokenizer.unk_token_id not in loaded(caption).input_ids, loaded.tokenize(caption)
+
+
+def test_pixart_s_tokenizer_is_learned_and_measured_on_the_lowercased_prompts_its_pipeline_gives_it():
+    preset = read_preset("tiny-pixart")
+    captions = [caption.title() + "  " for caption in CORPUS]  # "A Red Circle On A Blue Background  "
+    tokenizer = text_tokenizers.learn(preset, captions)["tokenizer"]
+    assert tokenizer.tokenize("a red circle on a blue background") == [
+        "▁a", "▁red", "▁circle", "▁on", "▁a", "▁blue", "▁background"]
+    figures = text_tokenizers.figures({"tokenizer": tokenizer}, captions, preset)["tokenizers"]["tokenizer"]
+    assert figures["tokens_per_word"] == 1.0
+    # SD3's T5 is handed the prompt as written: its pieces keep the case
+    assert "▁Red" in text_tokenizers.learn(read_preset("tiny-sd3"), captions)["tokenizer_3"].get_vocab()
+
+
 def test_caption_figures_count_tokens_per_word_and_the_captions_cut_at_the_context():
     tokenizer = build_tokenizer()
     figures = caption_figures(tokenizer, ["a red circle", "dog " * 100, "xq"])
@@ -190,7 +213,7 @@ def test_a_saved_t5_tokenizer_loads_with_t5s_class_and_gives_the_same_ids(tmp_pa
     ("tiny-sd3", {"tokenizer": "clip", "tokenizer_2": "clip", "tokenizer_3": "t5"}), ("tiny-pixart", {"tokenizer": "t5"})])
 def test_a_preset_needs_a_tokenizer_per_text_encoder_saved_and_loaded_as_its_pipeline_subfolders(tmp_path, preset, folders):
     learned = text_tokenizers.learn(read_preset(preset), CORPUS)
-    assert {name: kind for name, (kind, _, _) in text_tokenizers.needed(read_preset(preset)).items()} == folders
+    assert {name: kind for name, (kind, _, _, _) in text_tokenizers.needed(read_preset(preset)).items()} == folders
     text_tokenizers.save(learned, tmp_path, {"captions": len(CORPUS)})
     loaded = text_tokenizers.load(tmp_path, read_preset(preset))
     assert {name: loaded[name](CAPTIONS[0]).input_ids for name in folders} == {

@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> dict:
         preset = {**preset, **_with_vocab_size(preset, args.vocab_size)}
     tokenizers = text_tokenizers.learn(preset, captions)
     report = {"task": "tokenizer", "model_config": args.model_config, "source": "learned from the job's captions",
-              **text_tokenizers.figures(tokenizers, captions), "learn_s": round(time.perf_counter() - started, 2)}
+              **text_tokenizers.figures(tokenizers, captions, preset), "learn_s": round(time.perf_counter() - started, 2)}
     model_dir = Path(args.model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     text_tokenizers.save(tokenizers, model_dir, report)

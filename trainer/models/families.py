@@ -57,6 +57,9 @@ class Family:
     text_parts: tuple[TextPart, ...]
     max_length: int  # the pipeline's default max_sequence_length for T5: training uses what sampling will
     shifts_latents: bool  # latents = (z - shift_factor) * scaling_factor (SD3), else z * scaling_factor
+    # the pipeline lowercases and strips a prompt before its T5 tokenizer sees it (PixArtSigmaPipeline's
+    # _text_preprocessing without clean_caption), so its tokenizer is learned and measured on that text
+    lowercases_prompts: bool = False
 
     def saved_scheduler(self, shift: float):
         """The sampler saved with the pipeline, at the run's last shift."""
@@ -77,7 +80,7 @@ SD3 = Family("sd3", SD3Transformer2DModel, StableDiffusion3Pipeline, (
 ), max_length=256, shifts_latents=True)
 PIXART = Family("pixart", PixArtTransformer2DModel, PixArtSigmaPipeline, (
     TextPart("t5", "text_encoder", "tokenizer", T5EncoderModel),
-), max_length=300, shifts_latents=False)
+), max_length=300, shifts_latents=False, lowercases_prompts=True)
 FAMILIES = {family.name: family for family in (SD3, PIXART)}
 
 

@@ -27,31 +27,39 @@ class TokenizerMissing(ValueError):
     """A tokenizer folder (the `tokenizer` channel) lacks a tokenizer the preset's text encoders need."""
 
 
-def needed(preset: dict) -> dict[str, tuple[str, int, int]]:
-    """{tokenizer subfolder: (kind, vocabulary ceiling, context length)} for the preset's text encoders."""
+def needed(preset: dict) -> dict[str, tuple[str, int, int, bool]]:
+    """{tokenizer subfolder: (kind, vocabulary ceiling, context length, whether the pipeline lowercases the
+    prompt before this tokenizer)} for the preset's text encoders."""
     family = preset.get("family", "unet")
     if family == "unet":
         parts = [(folder, "clip", preset[key]) for key, folder in UNET_TEXT_PARTS if key in preset]
-        max_length = 0
+        max_length, lowercase = 0, False
     else:
         named = families.family_named(family)
         configs = preset.get("text_encoders", {})
         parts = [(part.tokenizer, "t5" if part.encoder_class is T5EncoderModel else "clip", configs[part.role])
                  for part in named.text_parts if part.role in configs]
-        max_length = named.max_length
+        max_length, lowercase = named.max_length, named.lowercases_prompts
     return {folder: (kind, int(config.get("vocab_size") or (T5_VOCAB_SIZE if kind == "t5" else CLIP_VOCAB_SIZE)),
-                     max_length if kind == "t5" else int(config.get("max_position_embeddings", MODEL_MAX_LENGTH)))
+                     max_length if kind == "t5" else int(config.get("max_position_embeddings", MODEL_MAX_LENGTH)),
+                     lowercase and kind == "t5")  # CLIP's tokenizer lowercases by itself
             for folder, kind, config in parts}
 
 
+def as_seen(captions: list[str], lowercase: bool) -> list[str]:
+    """The captions as the pipeline hands them to a tokenizer: lowercased and stripped where it does so."""
+    return [caption.lower().strip() for caption in captions] if lowercase else captions
+
+
 def learn(preset: dict, captions: list[str]) -> dict:
-    """{subfolder: tokenizer} learned from `captions` (each distinct kind, ceiling and length once)."""
-    learned: dict[tuple[str, int, int], object] = {}
+    """{subfolder: tokenizer} learned from `captions` as each tokenizer will see them (each distinct kind,
+    ceiling, length and case once)."""
+    learned: dict[tuple[str, int, int, bool], object] = {}
     for spec in needed(preset).values():
         if spec not in learned:
-            kind, vocab_size, max_length = spec
-            learned[spec] = (learn_t5(captions, max_length, vocab_size) if kind == "t5"
-                             else learn_clip(captions, vocab_size))
+            kind, vocab_size, max_length, lowercase = spec
+            texts = as_seen(captions, lowercase)
+            learned[spec] = (learn_t5(texts, max_length, vocab_size) if kind == "t5" else learn_clip(texts, vocab_size))
             learned[spec].model_max_length = max_length
     return {folder: learned[spec] for folder, spec in needed(preset).items()}
 
@@ -75,12 +83,14 @@ def resolve(preset: dict, folder: Path | None, captions: Callable[[], Iterable[s
     texts = list(captions()) if captions else []
     tokenizers = learn(preset, texts)
     return tokenizers, {"source": "learned from the training captions" if captions else "no captions (bytes)",
-                        **figures(tokenizers, texts)}
+                        **figures(tokenizers, texts, preset)}
 
 
-def figures(tokenizers: dict, captions: list[str]) -> dict:
-    """{subfolder: caption_figures} for each tokenizer over `captions`."""
-    return {"tokenizers": {name: caption_figures(tokenizer, captions) for name, tokenizer in tokenizers.items()}}
+def figures(tokenizers: dict, captions: list[str], preset: dict) -> dict:
+    """{subfolder: caption_figures} for each tokenizer over `captions`, as the pipeline hands them to it."""
+    lowercase = {folder: spec[3] for folder, spec in needed(preset).items()}
+    return {"tokenizers": {name: caption_figures(tokenizer, as_seen(captions, lowercase.get(name, False)))
+                           for name, tokenizer in tokenizers.items()}}
 
 
 def save(tokenizers: dict, model_dir: Path, report: dict | None = None) -> None:

@@ -22,7 +22,7 @@ import math
 import string
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, trainers
 from transformers import CLIPTokenizer, T5TokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -85,10 +85,15 @@ def learn_t5(captions: Iterable[str], max_length: int, vocab_size: int = T5_VOCA
     order); each is scored by its log frequency in the captions as BPE splits them, which is what a
     Unigram model holds. (tokenizers' own UnigramTrainer keeps a few dozen pieces of a small corpus.)"""
     texts = [caption for caption in captions if caption]
+    # learned on the text exactly as the saved tokenizer will split it: T5TokenizerFast rebuilds its own
+    # normalizer (none) and pre-tokenizer on loading, so pieces of any other normalization would be unreachable
+    saved = T5TokenizerFast(vocab=[(special, 0.0) for special in T5_SPECIALS], extra_ids=0).backend_tokenizer
     learner = Tokenizer(models.BPE(unk_token="<unk>"))
-    learner.normalizer = normalizers.NFKC()
-    learner.pre_tokenizer = pre_tokenizers.Metaspace()
-    words = [word for text in texts for word, _ in learner.pre_tokenizer.pre_tokenize_str(learner.normalizer.normalize_str(text))]
+    learner.pre_tokenizer = saved.pre_tokenizer
+    if saved.normalizer is not None:
+        learner.normalizer = saved.normalizer
+    normalize = saved.normalizer.normalize_str if saved.normalizer is not None else (lambda text: text)
+    words = [word for text in texts for word, _ in learner.pre_tokenizer.pre_tokenize_str(normalize(text))]
     alphabet = sorted(set("".join(words)) | set(string.ascii_letters + string.digits + string.punctuation + "\u2581"))
     if vocab_size < len(T5_SPECIALS) + len(alphabet):
         raise ValueError(f"a T5 vocabulary of these captions needs at least {len(T5_SPECIALS) + len(alphabet)} ids")
@@ -98,7 +103,9 @@ def learn_t5(captions: Iterable[str], max_length: int, vocab_size: int = T5_VOCA
     learned = json.loads(learner.to_str())["model"]
     # the same model without the characters as added tokens, which `encode` would cut out of the text first
     splitter = Tokenizer(models.BPE(learned["vocab"], [tuple(pair) for pair in learned["merges"]], unk_token="<unk>"))
-    splitter.normalizer, splitter.pre_tokenizer = learner.normalizer, learner.pre_tokenizer
+    splitter.pre_tokenizer = learner.pre_tokenizer
+    if saved.normalizer is not None:
+        splitter.normalizer = saved.normalizer
     counts = dict.fromkeys(learner.get_vocab(), 0)
     for encoding in splitter.encode_batch(texts):
         for token in encoding.tokens:
