@@ -218,3 +218,16 @@ def test_the_identity_is_the_same_in_another_process():
                                  ).stdout.strip() for seed in (1, 2, 3)}
 
     assert len(identities) == 1 and len(identities.pop()) == 64
+
+
+def test_tokenizers_of_one_vocabulary_that_split_text_apart_have_other_states():
+    from transformers import T5TokenizerFast
+    from trainer.data.latents import tokenizer_state
+    pieces = ["<pad>", "</s>", "<unk>", "\u2581", "a", "b", "\u2581a", "\u2581ab", "ab"]
+    scored = lambda scores: T5TokenizerFast(vocab=list(zip(pieces, scores)), extra_ids=0)  # noqa: E731
+    first, second = scored([0, 0, 0, -3, -3, -3, -2, -1, -2]), scored([0, 0, 0, -3, -3, -3, -1, -9, -1])
+    assert first.get_vocab() == second.get_vocab() and first.tokenize("ab") != second.tokenize("ab")
+    assert tokenizer_state(first) != tokenizer_state(second)
+    before = tokenizer_state(first)
+    first(["ab", "a"], padding="max_length", max_length=8, truncation=True)  # a call sets the backend's padding
+    assert tokenizer_state(first) == before

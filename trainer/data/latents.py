@@ -79,9 +79,21 @@ def models_identity(models: Models) -> str:
     if models.family is not None:
         digest.update(f"{models.family.name} text encoders {text_origin_digest(models.text_origin)}\n".encode())
     for number, tokenizer in enumerate(models.tokenizers):
-        vocabulary = json.dumps(sorted(tokenizer.get_vocab().items()))
-        digest.update(f"tokenizer_{number} {tokenizer.model_max_length}\n{vocabulary}\n".encode())
+        digest.update(f"tokenizer_{number} {tokenizer.model_max_length}\n{tokenizer_state(tokenizer)}\n".encode())
     return digest.hexdigest()
+
+
+def tokenizer_state(tokenizer) -> str:
+    """What decides how a tokenizer splits text, as canonical JSON: its whole model (a vocabulary alone misses
+    BPE merges and Unigram scores), normalizer and pre-tokenizer, without the truncation and padding state
+    a call leaves behind."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a tokenizer without a `tokenizers` backend: its vocabulary is what there is
+        return json.dumps(sorted(tokenizer.get_vocab().items()))
+    state = json.loads(backend.to_str())
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    return json.dumps(state, sort_keys=True)
 
 
 def text_origin_digest(origin: dict) -> str:
