@@ -231,3 +231,9 @@ def test_tokenizers_of_one_vocabulary_that_split_text_apart_have_other_states():
     before = tokenizer_state(first)
     first(["ab", "a"], padding="max_length", max_length=8, truncation=True)  # a call sets the backend's padding
     assert tokenizer_state(first) == before
+
+
+def test_the_summary_counts_the_captions_the_clip_tokenizer_cuts(tmp_path, models, samples, write_shard, encoded):
+    write_shard(tmp_path / "shards" / "shard.tar", [{**samples[0], "caption": "a red dog " * 30}, *samples[1:3]])
+    summary = encode_shards(tmp_path / "shards", tmp_path / "latents", models, RESOLUTION, CPU, batch_size=2, num_workers=0)
+    assert (summary["captions_cut"], encoded["captions_cut"]) == ({"tokenizer": 1}, {"tokenizer": 0})

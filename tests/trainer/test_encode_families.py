@@ -228,3 +228,16 @@ def test_a_run_on_latent_shards_draws_its_validation_grid_from_the_prompts_embed
                           generator=torch.Generator("cpu").manual_seed(seed), **sampling_options(pipeline)).images
                  for pipeline, text in ((with_text, {"prompt": prompts}), (without, {**embeddings, "negative_prompt": None}))]
         torch.testing.assert_close(drawn[1], drawn[0], rtol=0, atol=1e-5)
+
+
+def test_the_summary_counts_the_captions_each_tokenizer_cuts(tmp_path, family, samples, write_shard):
+    # GIVEN a shard whose one caption runs past every tokenizer's context (CLIP 77, SD3's T5 256, PixArt's 300)
+    long = {**samples[0], "caption": "a red dog " * 120}
+    write_shard(tmp_path / "shards" / "shard.tar", [long, *samples[1:3]])
+    # WHEN it is encoded
+    summary = encode_shards(tmp_path / "shards", tmp_path / "latents", family["models"], RESOLUTION, CPU, batch_size=2,
+                            num_workers=0)
+    # THEN each tokenizer of the pipeline counts that caption once
+    folders = [tokenizer for _, tokenizer in family["models"].text_folders]
+    assert summary["captions_cut"] == {folder: 1 for folder in folders} and folders
+    assert family["encoded"]["captions_cut"] == {folder: 0 for folder in folders}

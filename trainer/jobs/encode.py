@@ -27,7 +27,9 @@ image shard. The trainer applies the same list to the latent shards again (same 
 What a latent shard holds, and the identity of the models that wrote it: trainer/data/latents.py. For a
 transformer family (`--model-config tiny-sd3`, a `--pretrained` SD3 or PixArt pipeline) the main thread
 also runs the family's `encode_prompt` on each group's captions, and every shard gets the empty caption's
-embeddings first; the summary's `text_s` is the time that took (bench/encode_text.py measures it).
+embeddings first; the summary's `text_s` is the time that took (bench/encode_text.py measures it). Its
+`captions_cut` counts, per tokenizer, the captions longer than its context, which truncation cuts (a
+pretrained tokenizer's too, which no tokenizer job measured).
 
 Who does what, so that the GPU is never waiting on Python: the loader's worker processes read,
 decode, crop and tokenize; the main thread only hands the pixels to the VAE and queues the copy of
@@ -66,6 +68,7 @@ from trainer.models.bundle import Models
 from trainer.models.families import Conditioning, condition
 from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import token_ids
+from trainer.models.tokenizer import captions_cut
 from trainer.objectives.numerics import autocast
 from trainer.runtime import distributed
 from trainer.speed.vae_compile import compile_vae_encoder
@@ -192,6 +195,7 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     corrupt, encoded = list(index.problems), 0
     waited = {"loader": 0.0, "writer": 0.0}  # the main thread blocked on the workers, on the writer: what bounds it
     text_s = 0.0  # the main thread in the family's encode_prompt
+    cut = {name: 0 for name in tokenizer_names(models)}  # captions longer than each tokenizer's context
     with ShardWriter(outputs, identity, resolution, target / INDEXES, head=head) as writer:
         groups = iter(loader)
         for shard in shard_of_group:
@@ -199,6 +203,8 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
             group = next(groups)
             waited["loader"] += time.perf_counter() - asked
             corrupt += group["corrupt"]
+            for name, tokenizer in zip(cut, models.tokenizers):
+                cut[name] += captions_cut(tokenizer, prompt_texts(models, group["captions"]))
             if group["rows"]:
                 pixel_values = group["pixel_values"]
                 if padded and len(pixel_values) < batch_size:
@@ -225,7 +231,19 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
             "shards_written": len(work), "samples_encoded": encoded, "samples_excluded": index.excluded, "corrupt": corrupt,
             "seconds": round(time.perf_counter() - started, 2), "padded": padded,
             "loader_wait_s": round(waited["loader"], 2), "writer_wait_s": round(waited["writer"], 2),
-            **({"text_s": round(text_s, 2)} if family else {})}
+            "captions_cut": cut, **({"text_s": round(text_s, 2)} if family else {})}
+
+
+def tokenizer_names(models: Models) -> list[str]:
+    """The pipeline subfolder of each of the models' tokenizers, in their order."""
+    if models.family is not None:
+        return [tokenizer for _, tokenizer in models.text_folders]
+    return ["tokenizer", "tokenizer_2"][:len(models.tokenizers)]
+
+
+def prompt_texts(models: Models, captions: list[str]) -> list[str]:
+    """The captions as the pipeline hands them to its tokenizers (PixArt's lowercases and strips them)."""
+    return [caption.lower().strip() for caption in captions] if models.family and models.family.lowercases_prompts else captions
 
 
 def pad_batch(pixel_values: torch.Tensor, size: int) -> torch.Tensor:

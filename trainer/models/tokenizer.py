@@ -116,6 +116,11 @@ def learn_t5(captions: Iterable[str], max_length: int, vocab_size: int = T5_VOCA
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=max_length)
 
 
+def captions_cut(tokenizer, captions: list[str]) -> int:
+    """How many of `captions` are longer than the tokenizer's context (specials included): truncation cuts them."""
+    return sum(len(ids) > tokenizer.model_max_length for ids in tokenizer(captions).input_ids) if captions else 0
+
+
 def caption_figures(tokenizer, captions: Iterable[str]) -> dict:
     """How the captions tokenize: how many, tokens per (whitespace-separated) word without the special
     tokens, and the share of captions longer than the context (`model_max_length`, specials included),
