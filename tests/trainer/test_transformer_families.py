@@ -14,7 +14,8 @@ from trainer.data.eval_set import EvalSample
 from trainer.jobs import train
 from trainer.jobs.sampling import save_model
 from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
-from trainer.models.families import condition, sampling_options
+from trainer.data.buckets import widest_side
+from trainer.models.families import check_positions, condition, sampling_options
 from trainer.models.loading import BaseModelError, from_pretrained, load_models
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives import flow_matching
@@ -83,6 +84,20 @@ def test_the_unet_family_s_noise_schedule_options_are_refused(tmp_path, shards_d
     with pytest.raises(ValueError, match="--prediction-type.*flow matching"):
         train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1",
                               "--model-config", "tiny-sd3", "--prediction-type", "v_prediction"))
+
+
+def test_an_sd3_run_whose_widest_bucket_passes_its_position_table_is_refused_before_its_first_step(
+        tmp_path, shards_dir, train_args):
+    # tiny-sd3's table covers 256 px (32 patches of 2 latent pixels of 4 image pixels); a 256 px phase's
+    # aspect buckets reach 352 px, where diffusers would raise at the first such batch
+    assert widest_side([256], 8, True) == 352 and widest_side([256, 128], 8, False) == 256
+    with pytest.raises(ValueError, match=r"widest image side is 352 px .* covers 256 px \(pos_embed_max_size 32"):
+        train.main(train_args(shards_dir, tmp_path / "m", tmp_path / "c", "--model-config", "tiny-sd3",
+                              "--resolution", "256", "--steps", "1"))
+    models = load_models("tiny-sd3", None, seed=0)
+    check_positions(models.denoiser, models.vae_scale_factor, 256, "tiny-sd3")  # squares at 256 px fit
+    pixart = load_models("tiny-pixart", None, seed=0)
+    check_positions(pixart.denoiser, pixart.vae_scale_factor, 4096, "tiny-pixart")  # no table to outgrow
 
 
 def test_a_preset_whose_parts_do_not_fit_fails_before_any_data_is_read(tmp_path, monkeypatch):

@@ -34,6 +34,12 @@ def bucket_sizes(resolution: int, multiple: int) -> list[tuple[int, int]]:
     return sorted(sizes, key=lambda size: size[0] / size[1])
 
 
+def widest_side(resolutions: list[int], multiple: int, aspect_buckets: bool) -> int:
+    """The longest side a bucket of these phases can have (about sqrt(MAX_ASPECT) x the largest resolution)."""
+    return max(max(max(size) for size in bucket_sizes(resolution, multiple)) if aspect_buckets else resolution
+               for resolution in resolutions)
+
+
 def assign_buckets(aspects: np.ndarray, sizes: list[tuple[int, int]]) -> np.ndarray:
     """The index of the bucket nearest each aspect ratio (width / height)."""
     bucket_logs = np.log([width / height for width, height in sizes])

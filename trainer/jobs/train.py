@@ -65,6 +65,7 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from trainer.data.buckets import widest_side
 from trainer.data.captions import read_captions
 from trainer.data.latents import check_latent_shards
 from trainer.data.loader import StepBatches, make_loader
@@ -75,7 +76,7 @@ from trainer.jobs.sampling import check_health, save_model, weights_to_sample
 from trainer.jobs.step import StepSettings, Trainee, train_step
 from trainer.jobs.train_args import parse_args
 from trainer.models import lora
-from trainer.models.families import check_flow_run
+from trainer.models.families import check_flow_run, check_positions
 from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import caption_ids
 from trainer.objectives.diffusion import zero_terminal_snr
@@ -168,6 +169,9 @@ def main(args: argparse.Namespace) -> dict:
     plan = plan_from_args(args.run_config, args.steps, args.batch_size, args.resolution, args.learning_rate,
                           args.lr_warmup_steps, models.default_resolution, args.lr_final_fraction, args.first_step,
                           models.size_multiple)
+    if models.family is not None:
+        check_positions(models.denoiser, models.vae_scale_factor, widest_side(
+            [phase.resolution for phase in plan.phases], models.size_multiple, args.aspect_buckets), args.model_config)
     models.frozen_to(device)
     log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet, train=args.train)
     unet = models.denoiser

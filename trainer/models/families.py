@@ -229,6 +229,19 @@ def check_fits(family: Family, transformer, vae: AutoencoderKL, encoders: dict, 
                          f"{encoders['text_encoder'].d_model} ({source})")
 
 
+def check_positions(transformer, vae_scale_factor: int, side: int, source: str) -> None:
+    """An SD3 transformer's position table (`pos_embed_max_size` patches a side, cropped to each image) covers
+    the run's widest image `side`: refused before the first step, not when the stage that needs it starts."""
+    table = transformer.config.get("pos_embed_max_size")
+    if table is None:  # PixArt computes its positions for any size
+        return
+    covered = table * transformer.config.patch_size * vae_scale_factor
+    if side > covered:
+        raise ValueError(f"the run's widest image side is {side} px (its largest phase's aspect buckets), but the "
+                         f"transformer's position table covers {covered} px (pos_embed_max_size {table}, {source}): "
+                         "train with --aspect-buckets false, at a lower resolution, or with a larger pos_embed_max_size")
+
+
 # ---------------------------------------------------------------- conditioning, prediction, pipeline
 
 
