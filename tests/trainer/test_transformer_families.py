@@ -1,9 +1,12 @@
 """The transformer families (trainer/families.py) trained with flow matching (trainer/flow_matching.py):
 presets, the objective, a run through trainer.train, the saved pipeline, evaluation and serving."""
 
+import http.client
 import json
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from diffusers import (DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
@@ -22,11 +25,14 @@ from trainer.objectives import flow_matching
 from trainer.objectives.diffusion import diffusion_loss
 from trainer.objectives.flow_matching import FlowSettings, sample_timesteps, shifted
 from trainer.objectives.numerics import step_generator
-from trainer.serve.generation import generate, load_pipeline
+from trainer.serve.generation import check_sides, generate, load_pipeline
 from trainer.serve.levers import apply_levers
-from trainer.serve.protocol import Generation
+from trainer.serve.protocol import BadRequest, Generation
+from trainer.serve.server import InferenceServer
+from trainer.serve.settings import Provenance, ServeSettings
 
 CPU = torch.device("cpu")
+PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16, attribution="s3://models/a.json")
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 FAMILIES = [("tiny-sd3", StableDiffusion3Pipeline, FlowMatchEulerDiscreteScheduler),
             ("tiny-pixart", PixArtSigmaPipeline, DPMSolverMultistepScheduler)]
@@ -218,6 +224,34 @@ def test_the_model_server_serves_the_family_and_keeps_its_flow_sampler(trained_f
     assert type(pipeline.scheduler) is trained_family["scheduler_class"]  # DPM-Solver++ would sample a DDPM schedule
     images = generate(pipeline, Generation("a red dog", num_inference_steps=2, height=48, width=32))
     assert images[0].size == (32, 48)
+
+
+def test_fused_qkv_serves_a_family_model_the_same_images(trained_family):
+    plain = load_pipeline(trained_family["model_dir"])
+    fused = load_pipeline(trained_family["model_dir"], ServeSettings(fuse_qkv=True))  # the pipeline has no fuse_qkv_projections
+    request = Generation("a red dog", num_inference_steps=2, height=32, width=32)
+    torch.testing.assert_close(torch.tensor(np.array(generate(fused, request)[0]), dtype=torch.float32),
+                               torch.tensor(np.array(generate(plain, request)[0]), dtype=torch.float32), atol=2, rtol=0)
+
+
+def test_a_side_the_model_cannot_draw_is_a_400_that_says_why(trained_family):
+    """SD3's position table (tiny-sd3: 256 px) and a transformer's size multiple (VAE x patch) bound a request's
+    sides: the pipeline would fail on them, a 500."""
+    pipeline = load_pipeline(trained_family["model_dir"])
+    with InferenceServer("127.0.0.1", 0, ServeSettings(max_side=512), PROVENANCE, pipeline) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        connection = http.client.HTTPConnection(*server.server_address, timeout=60)
+        connection.request("POST", "/invocations", json.dumps({"prompt": "a red dog", "height": 264, "width": 32}),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        status, body = response.status, response.read()
+        server.shutdown()
+    if trained_family["preset"] == "tiny-sd3":
+        assert (status, json.loads(body)["error"]) == (400, '"height" must be at most 256 for this model (its position table)')
+    else:  # PixArt computes its positions for any size
+        assert status == 200 and body.startswith(b"\x89PNG")
+    with pytest.raises(BadRequest, match='"width" must be a multiple of 8 for this model'):
+        check_sides(pipeline, Generation("a red dog", height=32, width=36))
 
 
 def test_an_sd3_model_without_t5_is_saved_and_served(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ from PIL import Image
 
 from trainer.models import lora
 from trainer.models.families import absent_parts, negative_prompt, sampling_options
-from trainer.serve.levers import apply_levers, compiled, lever_plan
-from trainer.serve.protocol import Generation
+from trainer.serve.levers import apply_levers, compiled, denoiser_of, lever_plan
+from trainer.serve.protocol import BadRequest, Generation
 from trainer.serve.settings import ServeSettings
 
 WARMUP_STEPS = 3  # CUDA graph trees warm up, record, then replay: the third UNet call replays
@@ -67,6 +67,23 @@ def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Imag
         generator=[torch.Generator("cpu").manual_seed(seed) for seed in generation.seeds],
         **sampling_options(pipeline),
     ).images
+
+
+def check_sides(pipeline: DiffusionPipeline, generation: Generation) -> None:
+    """BadRequest for a height or width this model cannot draw (which the pipeline would fail on, a 500): a
+    transformer's sides are multiples of its VAE's downsampling times its patch, and SD3's fit its position table."""
+    denoiser = denoiser_of(pipeline)
+    patch = denoiser.config.get("patch_size") or 1
+    multiple = pipeline.vae_scale_factor * patch
+    table = denoiser.config.get("pos_embed_max_size")
+    largest = table * patch * pipeline.vae_scale_factor if table else None
+    for name in ("height", "width"):
+        side = getattr(generation, name)
+        if side is not None and side % multiple:
+            raise BadRequest(f'"{name}" must be a multiple of {multiple} for this model (its VAE\'s downsampling '
+                             f"{pipeline.vae_scale_factor} x its patch {patch})")
+        if side is not None and largest and side > largest:
+            raise BadRequest(f'"{name}" must be at most {largest} for this model (its position table)')
 
 
 def batch_key(generation: Generation) -> tuple:

@@ -84,7 +84,11 @@ def apply_levers(pipeline: DiffusionPipeline, plan: dict) -> None:
         pipeline.scheduler = DPMSolverMultistepScheduler.from_config(
             pipeline.scheduler.config, algorithm_type="dpmsolver++", solver_order=2)
     if plan["fuse_qkv"]:
-        pipeline.fuse_qkv_projections()
+        if hasattr(pipeline, "fuse_qkv_projections"):
+            pipeline.fuse_qkv_projections()
+        else:  # the SD3 and PixArt pipelines have none: their transformer and VAE fuse their own
+            denoiser_of(pipeline).fuse_qkv_projections()
+            pipeline.vae.fuse_qkv_projections()
     denoiser = denoiser_of(pipeline)
     if plan["channels_last"]:
         denoiser.to(memory_format=torch.channels_last)
