@@ -210,3 +210,22 @@ def test_stages_hand_off_by_themselves_and_a_resumed_job_continues_in_the_right_
     # THEN it continues in stage 1 and repeats step 4 exactly
     assert [(line["step"], line["stage"]) for line in resumed if line.get("event") == "stage"] == [(4, 1)]
     assert losses(resumed) == {4: straight[4]}
+
+
+def test_a_rank_s_generators_restore_on_a_host_with_fewer_gpus(monkeypatch):
+    """A rank saves its own GPU's generator alone and restores it into its own device; a file of before, with
+    every visible GPU's state (8 here), restores only this process's (device 3), on a host of any size."""
+    from trainer.runtime import checkpoints
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([3], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(int(state[0])))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every device's generator set"))
+    states = checkpoints.rng_states()
+    assert int(states["cuda"][0]) == 3
+    checkpoints.restore_rng_states(states)
+    checkpoints.restore_rng_states({**states, "cuda": [torch.tensor([n], dtype=torch.uint8) for n in range(8)]})
+    checkpoints.restore_rng_states({**states, "cuda": [torch.tensor([0], dtype=torch.uint8)]})  # a 1-GPU file: not ours
+    checkpoints.restore_rng_states({**states, "cuda": []})  # written on a CPU host
+    assert restored == [3, 3]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from diffusers import UNet2DConditionModel
+from diffusers import PixArtTransformer2DModel, UNet2DConditionModel
 
 from trainer.jobs import train
 from trainer.jobs.encode import encode_shards
@@ -61,6 +61,13 @@ def test_two_processes_train_with_ddp_and_a_checkpoint_resumes_with_fsdp_and_wit
     train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "4"))
     # THEN it continues at step 4
     assert list(losses(json_lines(capsys.readouterr().out))) == [4]
+
+
+def test_two_fsdp_processes_train_a_transformer_family_and_save_its_checkpoint(tmp_path, shards_dir):
+    result = torchrun(tmp_path, shards_dir, "--steps", "2", "--strategy", "fsdp", "--model-config", "tiny-pixart")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(losses(json_lines(result.stdout))) == [1, 2]
+    PixArtTransformer2DModel.from_pretrained(tmp_path / "ckpt" / "step-00000002" / "unet")
 
 
 @pytest.mark.parametrize("kind", ["image", "latent"])

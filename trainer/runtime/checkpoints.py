@@ -64,9 +64,11 @@ class CheckpointError(Exception):
 
 
 def rng_states() -> dict:
+    """This process's generators: the CPU's and its own GPU's only (the device `distributed.setup` set), so a
+    rank's file restores on a host with any number of GPUs."""
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         "python": random.getstate(),
         "numpy": np.random.get_state(),
     }
@@ -74,8 +76,11 @@ def rng_states() -> dict:
 
 def restore_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    cuda = states["cuda"]
+    if isinstance(cuda, list):  # files written before: every visible GPU's state; this process's is its own index
+        cuda = cuda[torch.cuda.current_device()] if cuda and torch.cuda.is_available() and torch.cuda.current_device() < len(cuda) else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
 

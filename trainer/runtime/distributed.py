@@ -67,12 +67,20 @@ def wrap(unet: torch.nn.Module, processes: Processes, strategy: str) -> torch.nn
         return unet
     if strategy == "fsdp":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if processes.device.type == "cuda" else MixedPrecisionPolicy()
-        for block in [*unet.down_blocks, unet.mid_block, *unet.up_blocks]:
+        for block in shard_units(unet):
             fully_shard(block, mp_policy=policy)
         fully_shard(unet, mp_policy=policy)
         return unet
     device_ids = [processes.device.index] if processes.device.type == "cuda" else None
     return DistributedDataParallel(unet, device_ids=device_ids, gradient_as_bucket_view=True)
+
+
+def shard_units(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks FSDP shards one by one (each gathered only while it runs): a UNet's down, mid and up blocks,
+    a transformer's (SD3's, PixArt's) transformer blocks."""
+    if hasattr(denoiser, "down_blocks"):
+        return [*denoiser.down_blocks, denoiser.mid_block, *denoiser.up_blocks]
+    return list(denoiser.transformer_blocks)
 
 
 def gradient_sync(model: torch.nn.Module, sync: bool):
