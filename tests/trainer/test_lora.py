@@ -146,6 +146,15 @@ def test_a_lora_checkpoint_does_not_resume_a_full_run(lora_run, shards_dir, trai
                               "--resume", str(lora_run["checkpoints"] / "step-00000003")))
 
 
+def test_a_lora_checkpoint_does_not_resume_an_adapter_of_another_alpha(lora_run, shards_dir, train_args, tmp_path):
+    """Same parameter names, another scale: the weights would mean something else."""
+    other = [("16" if previous == "--lora-alpha" else value)
+             for previous, value in zip(("",) + lora_run["extra"], lora_run["extra"])]
+    with pytest.raises(CheckpointError, match=r"an adapter of rank 4, alpha 8 on .*, this run one of rank 4, alpha 16"):
+        train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "checkpoints", *other,
+                              "--resume", str(lora_run["checkpoints"] / "step-00000003")))
+
+
 # ---------------------------------------------------------------- the saved model: base + adapter
 
 

@@ -214,10 +214,25 @@ def take_snapshot(processes: Processes, unet, optimizer, lr_schedule, ema: EMA |
     rng = io.BytesIO()
     torch.save(rng_states(), rng)
     training_state = copy.deepcopy({**state, "lr_scheduler": lr_schedule.state_dict(),
-                                    "ema": ema.state_dict() if ema else None})
+                                    "ema": ema.state_dict() if ema else None, "adapter": adapter_shape(unet)})
     config = {**dict(unet.config), "_class_name": model_class_name(unet)}
     return Snapshot(state["step"], config, weights, ema_weights,
                     {**training_state, "optimizer": optimizer_state}, every_rank(rng.getvalue()))
+
+
+def describe_adapter(shape: dict | None) -> str:
+    return "no adapter (a whole model)" if shape is None else f"rank {shape['rank']}, alpha {shape['alpha']} on {', '.join(shape['targets'])}"
+
+
+def adapter_shape(unet) -> dict | None:
+    """The LoRA adapter the denoiser trains through, as a checkpoint records it (rank, alpha, targets: what
+    its weights mean), or None for a whole model."""
+    while hasattr(unet, "module") or hasattr(unet, "_orig_mod"):
+        unet = getattr(unet, "module", None) or unet._orig_mod
+    config = getattr(unet, "peft_config", {}).get("default") if getattr(unet, "_hf_peft_config_loaded", False) else None
+    if config is None:
+        return None
+    return {"rank": config.r, "alpha": config.lora_alpha, "targets": sorted(config.target_modules)}
 
 
 def model_class_name(model) -> str:
@@ -371,6 +386,10 @@ def load_checkpoint(path: Path, processes: Processes, unet, optimizer, lr_schedu
         raise CheckpointError(f"{path} holds other weights than this run trains: a LoRA adapter's and a whole model's "
                               "do not resume each other, nor adapters on other targets")
     state = torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
+    saved, current = state.pop("adapter", "unrecorded"), adapter_shape(unet)
+    if saved != "unrecorded" and saved != current:  # the same names, but scaled or placed otherwise
+        raise CheckpointError(f"{path} trained an adapter of {describe_adapter(saved)}, this run one of "
+                              f"{describe_adapter(current)}: resume with the same --lora-rank and --lora-alpha")
     load_full_state(unet, optimizer, weights, state.pop("optimizer"))
     lr_schedule.load_state_dict(state.pop("lr_scheduler"))
     # The next step's rate by this job's schedule, not the saved one: a later stage's job resumes the optimizer of

@@ -30,8 +30,9 @@ class EMA:
         return {"decay": self.decay, "updates": self.updates}
 
     def load_state_dict(self, state: dict, weights: dict[str, torch.Tensor]) -> None:
-        """The counters from a checkpoint's training state, the weights from its ema_unet/."""
-        self.decay, self.updates = state["decay"], state["updates"]
+        """The update count from a checkpoint's training state, the weights from its ema_unet/; the decay stays
+        this run's (`--ema-decay`), as the learning rate follows this job's schedule."""
+        self.updates = state["updates"]
         for name, shadow in self.shadow.items():
             full = weights[name].to(shadow.device)
             if isinstance(shadow, DTensor):  # FSDP: keep this rank's shard of the full tensor
