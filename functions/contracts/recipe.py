@@ -26,6 +26,9 @@ from contracts import model_presets
 # and autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py); `cpu-processes` is the
 # training task's alone (data-parallel processes on a host without GPUs).
 TASK, CPU_THREADS, CPU_PROCESSES = "task", "cpu-threads", "cpu-processes"
+OWN_TASKS = {"TrainOptions": "train", "AutoencoderOptions": "autoencoder", "EvaluateOptions": "evaluate",
+             "EncodeOptions": "encode", "TokenizerOptions": "tokenizer"}  # each job's `task`, by its options
+RUN_CONFIG = "run-config"  # trainer.jobs.train's phases preset: a run by hand (the pipeline plans with run_plan)
 TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
 CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS, CPU_PROCESSES)
 PLANNED_JOB_CONTAINER_HYPERPARAMETERS = (CPU_THREADS,)
@@ -228,6 +231,12 @@ class TrainOptions(Options):
                              "pipeline), with which it is served")
         if self.lora_rank < 1 or self.lora_alpha is not None and self.lora_alpha < 1:
             raise ValueError("--lora-rank and --lora-alpha must be >= 1")
+        family = model_presets.FAMILIES.get(self.preset)
+        if family and not self.pretrained:  # the preset's family trains (a base brings its own: checked as it loads)
+            if refusal := (model_presets.flow_refusal(family, self.prediction_type, self.zero_terminal_snr,
+                                                      self.snr_gamma, self.noise_offset)
+                           or model_presets.position_refusal(self.preset, self.resolution, self.aspect_buckets)):
+                raise ValueError(refusal)
         return self
 
 
@@ -284,6 +293,16 @@ def refusal(hyperparameters: Mapping[str, str], options: type[Options] = TrainOp
     `sagemaker_*` names aside)."""
     if unknown := unknown_refusal(hyperparameters, options):
         return unknown
+    own_task = OWN_TASKS.get(options.__name__)
+    if pipelines := sorted(name for name in hyperparameters
+                           if name in TRAIN_PATHS or name == TASK and hyperparameters[name] != own_task):
+        # the job's task and where its container puts the files are the pipeline's (a recipe's `manifest` would
+        # point the job away from the manifest channel, and its licensing and takedown exclusions with it)
+        return (f"hyperparameter {pipelines[0]!r} is the pipeline's to set (the job's task, {own_task!r} here, and where "
+                "the container puts its files): a recipe cannot set it")
+    if options is TrainOptions and RUN_CONFIG in hyperparameters:
+        return (f"{RUN_CONFIG}: the pipeline sets each job's steps and plans a lineage's phases with training.run_plan "
+                f"(one job a phase); {RUN_CONFIG} is for running the trainer by hand")
     known = {name: value for name, value in {**hyperparameters, **(added or {})}.items() if name in options.flags()}
     try:
         options.model_validate(known)

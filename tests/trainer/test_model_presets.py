@@ -59,3 +59,21 @@ def test_the_geometry_read_from_a_preset_s_configs_is_its_models_the_table_s() -
     from trainer.models.loading import preset_geometry
 
     assert {name: preset_geometry(name)[0] for name in SIZE_MULTIPLES} == SIZE_MULTIPLES
+
+
+def test_the_pipeline_s_family_and_position_tables_are_the_presets() -> None:
+    from contracts.model_presets import FAMILIES, POSITION_COVER, position_refusal
+    from trainer.models.loading import preset_geometry
+
+    presets = sorted(path.stem for path in CONFIGS_DIR.glob("*.json"))
+    assert {name: read_preset(name).get("family", "unet") for name in presets} == FAMILIES
+    covers = {}
+    for name in presets:
+        preset = read_preset(name)
+        table = preset.get("transformer", {}).get("pos_embed_max_size")
+        if table is not None:  # SD3's table, in pixels: patches x patch x the VAE's downsampling
+            vae_scale = 2 ** (len(preset["vae"]["block_out_channels"]) - 1)
+            covers[name] = table * preset["transformer"]["patch_size"] * vae_scale
+    assert covers == POSITION_COVER
+    for name in POSITION_COVER:  # a preset trains at its own size with aspect buckets
+        assert position_refusal(name, preset_geometry(name)[1], True) is None

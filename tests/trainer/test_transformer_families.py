@@ -1,6 +1,7 @@
 """The transformer families (trainer/families.py) trained with flow matching (trainer/flow_matching.py):
 presets, the objective, a run through trainer.train, the saved pipeline, evaluation and serving."""
 
+import argparse
 import http.client
 import json
 import threading
@@ -18,7 +19,7 @@ from trainer.jobs import train
 from trainer.jobs.sampling import save_model
 from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
 from trainer.data.buckets import widest_side
-from trainer.models.families import check_positions, condition, sampling_options
+from trainer.models.families import PIXART, check_flow_run, check_positions, condition, sampling_options
 from trainer.models.loading import BaseModelError, from_pretrained, load_models
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives import flow_matching
@@ -86,21 +87,30 @@ def test_the_flow_loss_trains_the_transformer_towards_the_velocity(preset):
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_the_unet_family_s_noise_schedule_options_are_refused(tmp_path, shards_dir, train_args):
-    with pytest.raises(ValueError, match="--prediction-type.*flow matching"):
-        train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1",
-                              "--model-config", "tiny-sd3", "--prediction-type", "v_prediction"))
+def test_the_unet_family_s_noise_schedule_options_are_refused(tmp_path, shards_dir, train_args, capsys):
+    # a preset's family: refused as the options are parsed (the pipeline refuses the recipe alike, contracts.recipe)
+    with pytest.raises(SystemExit):
+        train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--model-config", "tiny-sd3",
+                   "--prediction-type", "v_prediction")
+    assert "--prediction-type: options of the UNet family's noise schedule; a sd3 model" in capsys.readouterr().err
+    # a base's family, known once it loads: refused then
+    options = argparse.Namespace(prediction_type=None, zero_terminal_snr=False, snr_gamma=5.0, noise_offset=0.0)
+    with pytest.raises(ValueError, match="--snr-gamma.*a pixart model trains with flow matching"):
+        check_flow_run(PIXART, options)
 
 
 def test_an_sd3_run_whose_widest_bucket_passes_its_position_table_is_refused_before_its_first_step(
-        tmp_path, shards_dir, train_args):
+        tmp_path, shards_dir, train_args, capsys):
     # tiny-sd3's table covers 256 px (32 patches of 2 latent pixels of 4 image pixels); a 256 px phase's
     # aspect buckets reach 352 px, where diffusers would raise at the first such batch
     assert widest_side([256], 8, True) == 352 and widest_side([256, 128], 8, False) == 256
+    with pytest.raises(SystemExit):  # a preset run: refused as its options are parsed, as the pipeline refuses it
+        train_args(shards_dir, tmp_path / "m", tmp_path / "c", "--model-config", "tiny-sd3", "--resolution", "256")
+    assert "widest image side at resolution 256 is 352 px (its aspect buckets), but tiny-sd3's position table covers 256 px" \
+        in capsys.readouterr().err
+    models = load_models("tiny-sd3", None, seed=0)  # a base's transformer: checked at the run's start
     with pytest.raises(ValueError, match=r"widest image side is 352 px .* covers 256 px \(pos_embed_max_size 32"):
-        train.main(train_args(shards_dir, tmp_path / "m", tmp_path / "c", "--model-config", "tiny-sd3",
-                              "--resolution", "256", "--steps", "1"))
-    models = load_models("tiny-sd3", None, seed=0)
+        check_positions(models.denoiser, models.vae_scale_factor, 352, "a base")
     check_positions(models.denoiser, models.vae_scale_factor, 256, "tiny-sd3")  # squares at 256 px fit
     pixart = load_models("tiny-pixart", None, seed=0)
     check_positions(pixart.denoiser, pixart.vae_scale_factor, 4096, "tiny-pixart")  # no table to outgrow

@@ -360,7 +360,7 @@ def test_a_model_config_that_is_no_preset_is_refused() -> None:
 # --- training: latent shards ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("hyperparameters, refusal", [
-    ({"run-config": "sd2-progressive"}, "'hi' sets run-config, several resolutions in one job"),
+    ({"run-config": "sd2-progressive"}, "'hi': run-config: the pipeline sets each job's steps"),
     ({"resolution": "500"}, "'hi': resolution '500' must be a whole number of pixels, a multiple of 8"),
     ({"resolution": "big"}, "'hi': resolution 'big' must be a whole number"),
 ])
@@ -389,3 +389,26 @@ def test_random_crops_on_latent_shards_are_a_config_error_naming_the_stage() -> 
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge",
                                    "TRAINING_RUN_PLAN": plan})
     assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[1].name == "hi"
+
+
+@pytest.mark.parametrize("hyperparameters, refusal", [
+    ({"manifest": ""}, "hyperparameter 'manifest' is the pipeline's to set"),  # it would drop the exclusions
+    ({"task": "evaluate"}, "hyperparameter 'task' is the pipeline's to set"),
+    ({"train-dir": "/tmp/x"}, "hyperparameter 'train-dir' is the pipeline's to set"),
+    ({"run-config": "sd2-progressive"}, "run-config: the pipeline sets each job's steps and plans a lineage's phases"),
+    ({"model-config": "tiny-sd3", "noise-offset": "0.05"}, "--noise-offset: options of the UNet family's noise schedule"),
+    ({"model-config": "pixart-sigma", "zero-terminal-snr": "true"}, "--zero-terminal-snr: options of the UNet family"),
+    ({"model-config": "tiny-sd3", "resolution": "256"}, "the widest image side at resolution 256 is 352 px"),
+])
+def test_what_a_job_would_refuse_at_its_start_is_refused_before_any_job(hyperparameters, refusal) -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": hyperparameters}])
+    with pytest.raises(ConfigError, match=f"run-plan job 'only': {re.escape(refusal)}"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+
+
+def test_a_base_s_family_is_the_base_s_to_decide_not_the_preset_s() -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "tiny-sd3", "noise-offset": "0.05",
+                                                            "resolution": "256"}}])
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan,
+                                          "TRAINING_PRETRAINED_MODEL_URI": "s3://models/base/"})
+    assert settings.run_plan[0].hyperparameters["noise-offset"] == "0.05"  # the trainer checks the base's as it loads

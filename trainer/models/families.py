@@ -36,6 +36,7 @@ from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEule
                        StableDiffusion3Pipeline)
 from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel)
 
+from contracts.model_presets import flow_refusal
 from trainer.objectives.flow_matching import TIMESTEP_SCALE
 
 
@@ -309,12 +310,10 @@ def build_pipeline(family: Family, transformer, vae: AutoencoderKL, encoders: di
 
 
 def check_flow_run(family: Family, args) -> None:
-    """What a flow-matching run cannot take, refused at its start: the UNet family's noise-schedule options."""
-    given = [flag for flag, value in (("--prediction-type", args.prediction_type), ("--zero-terminal-snr", args.zero_terminal_snr),
-                                      ("--snr-gamma", args.snr_gamma), ("--noise-offset", args.noise_offset)) if value]
-    if given:
-        raise ValueError(f"{', '.join(given)}: options of the UNet family's noise schedule; a {family.name} model "
-                         "trains with flow matching (its preset's `flow` block sets the timestep sampling)")
+    """What a flow-matching run cannot take, refused at its start: the UNet family's noise-schedule options (a
+    preset's family is refused them when the options are parsed too, and by the pipeline before a job starts)."""
+    if refusal := flow_refusal(family.name, args.prediction_type, args.zero_terminal_snr, args.snr_gamma, args.noise_offset):
+        raise ValueError(refusal)
 
 
 def absent_parts(path: Path) -> dict:

@@ -75,14 +75,11 @@ def parse_run_plan(raw: str, base: dict[str, str], default: PlannedJob,
 
 def check_encodable(job: PlannedJob) -> None:
     """Latent shards hold one centred crop per sample at the job's resolution (trainer/jobs/encode.py):
-    a job they cannot serve is refused here, when the function starts, before any encode job is paid for."""
+    a job they cannot serve is refused here, when the function starts, before any encode job is paid for
+    (a job's run-config, several resolutions in one job, contracts.recipe refuses for every job)."""
     if job.hyperparameters.get("random-crop", "false").lower() in {"true", "1", "yes"}:
         raise ConfigError(f"run-plan job {job.name!r} asks for random-crop, which needs image shards: "
                           "set TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty or drop random-crop")
-    if job.hyperparameters.get("run-config"):
-        raise ConfigError(f"run-plan job {job.name!r} sets run-config, several resolutions in one job, but its encode job "
-                          "writes latents at one: give each resolution its own TRAINING_RUN_PLAN job, or set "
-                          "TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty to train on image shards")
 
 
 def check_sharding(quota: int, job: PlannedJob, gpus_override: int) -> None:
