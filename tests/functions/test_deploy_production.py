@@ -127,31 +127,20 @@ def test_a_newer_model_that_passed_first_keeps_the_endpoint(settings: DeploySett
     assert [u["EndpointConfigName"] for u in updates] == ["atelier-c"]
 
 
-def test_production_changed_during_evaluation_means_evaluating_again(settings: DeploySettings, updates: list) -> None:
+@pytest.mark.parametrize("b_scored, c_scored", [
+    ({}, {"digest": "f" * 64}),  # c on another evaluation set than b's record
+    ({"measure": V_LOSS}, {"measure": V_LOSS, "resolution": 64}),  # b's loss at 32 px, c's at 64: other measures
+], ids=["another set", "another measure"])
+def test_production_changed_during_evaluation_means_evaluating_again(settings: DeploySettings, updates: list,
+                                                                     b_scored: dict, c_scored: dict) -> None:
     deploy_first(settings)
     on_job_state(completed("atelier-b", ENDED + 1000), settings)
     on_job_state(completed("atelier-c", ENDED + 2000), settings)
-    on_job_state(evaluation_finished(settings, "atelier-b", 0.09, baseline_loss=0.1), settings)
+    on_job_state(evaluation_finished(settings, "atelier-b", 0.09, baseline_loss=0.1, **b_scored), settings)
 
-    # c was scored against the first model, which no longer serves, on another evaluation set than b's record
-    result = on_job_state(evaluation_finished(settings, "atelier-c", 0.08, baseline_loss=0.1, digest="f" * 64), settings)
+    # c was scored against the first model, which no longer serves, and b's record does not compare with c's scores
+    result = on_job_state(evaluation_finished(settings, "atelier-c", 0.08, baseline_loss=0.1, **c_scored), settings)
 
-    job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-c-ev1")
-    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
-    assert result.action == "evaluating"
-    assert channels["baseline"] == f"{MODELS}/training/atelier-b/output/model.tar.gz"
-
-
-def test_production_s_score_of_another_measure_is_not_reused_production_is_scored_again(settings: DeploySettings,
-                                                                                      updates: list) -> None:
-    # GIVEN production (b) scored at 32 px, and c scored at 64 px against the model b replaced, on the same set
-    deploy_first(settings)
-    on_job_state(completed("atelier-b", ENDED + 1000), settings)
-    on_job_state(completed("atelier-c", ENDED + 2000), settings)
-    on_job_state(evaluation_finished(settings, "atelier-b", 0.09, baseline_loss=0.1, measure=V_LOSS), settings)
-    # WHEN c's evaluation ends
-    result = on_job_state(evaluation_finished(settings, "atelier-c", 0.2, baseline_loss=0.3, measure=V_LOSS, resolution=64), settings)
-    # THEN b's 32-px loss is not compared with c's 64-px loss: c is scored again beside b
     job = boto3.client("sagemaker").describe_training_job(TrainingJobName="atelier-c-ev1")
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in job["InputDataConfig"]}
     assert result.action == "evaluating"
