@@ -1,5 +1,5 @@
 """The start-training function's settings (core/start_training/settings.py): hyperparameters, the run plan,
-quota against instances and GPUs, presets and latent shards."""
+quota against instances and GPUs, latent shards (what a job would refuse: test_settings_refusals.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from tests.unit.settings_helpers import (
 )
 
 from atelier.local.template import Expanded
-from contracts import model_presets
 from contracts.recipe_file import packaged
 from core.errors import ConfigError
 from core.deploy.settings import DeploySettings
@@ -328,35 +327,6 @@ def test_the_default_run_plan_runs_each_stage_the_fastest_measured_way(expanded:
             == (fast.batch_size, fast.gradient_accumulation), key
 
 
-# --- training: a stage's resolution, by its model preset -------------------------------------------
-
-@pytest.mark.parametrize("encode_instance_type", ["", "ml.g5.2xlarge"])
-def test_a_stage_off_its_preset_s_size_multiple_is_refused_before_any_job(encode_instance_type: str) -> None:
-    # 520 is a multiple of 8 (the VAE's downsampling) but not of sd2's 64 (VAE x UNet downsampling)
-    plan = json.dumps([{"name": "lo", "hyperparameters": {"resolution": "512"}},
-                       {"name": "hi", "hyperparameters": {"model-config": "sd2", "resolution": "520"}}])
-    with pytest.raises(ConfigError, match="'hi': resolution '520' must be a whole number of pixels, a multiple of 64 "
-                                          r"\(model-config 'sd2'"):
-        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": encode_instance_type,
-                                   "TRAINING_RUN_PLAN": plan})
-
-
-@pytest.mark.parametrize("preset, resolution", [("sd2", "512"), ("sdxl", "1056"), ("sd3-medium", "528"),
-                                                ("pixart-sigma", "1040"), ("tiny-sd3", "40")])
-def test_a_stage_on_its_preset_s_size_multiple_is_accepted(preset: str, resolution: str) -> None:
-    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": preset, "resolution": resolution}}])
-    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[0].name == "only"
-
-
-def test_a_model_config_that_is_no_preset_is_refused() -> None:
-    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "huge"}}])
-    with pytest.raises(ConfigError) as refused:
-        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
-    presets = ", ".join(sorted(model_presets.SIZE_MULTIPLES))
-    assert str(refused.value).endswith(f"run-plan job 'only': model-config 'huge' is not a preset: {presets}")
-    assert {"pixart-sigma", "sd2", "sd3-medium", "tiny"} <= set(model_presets.SIZE_MULTIPLES)
-
-
 # --- training: latent shards ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("hyperparameters, refusal", [
@@ -389,26 +359,3 @@ def test_random_crops_on_latent_shards_are_a_config_error_naming_the_stage() -> 
         TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": "ml.g5.2xlarge",
                                    "TRAINING_RUN_PLAN": plan})
     assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[1].name == "hi"
-
-
-@pytest.mark.parametrize("hyperparameters, refusal", [
-    ({"manifest": ""}, "hyperparameter 'manifest' is the pipeline's to set"),  # it would drop the exclusions
-    ({"task": "evaluate"}, "hyperparameter 'task' is the pipeline's to set"),
-    ({"train-dir": "/tmp/x"}, "hyperparameter 'train-dir' is the pipeline's to set"),
-    ({"run-config": "sd2-progressive"}, "run-config: the pipeline sets each job's steps and plans a lineage's phases"),
-    ({"model-config": "tiny-sd3", "noise-offset": "0.05"}, "--noise-offset: options of the UNet family's noise schedule"),
-    ({"model-config": "pixart-sigma", "zero-terminal-snr": "true"}, "--zero-terminal-snr: options of the UNet family"),
-    ({"model-config": "tiny-sd3", "resolution": "256"}, "the widest image side at resolution 256 is 352 px"),
-])
-def test_what_a_job_would_refuse_at_its_start_is_refused_before_any_job(hyperparameters, refusal) -> None:
-    plan = json.dumps([{"name": "only", "hyperparameters": hyperparameters}])
-    with pytest.raises(ConfigError, match=f"run-plan job 'only': {re.escape(refusal)}"):
-        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
-
-
-def test_a_base_s_family_is_the_base_s_to_decide_not_the_preset_s() -> None:
-    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "tiny-sd3", "noise-offset": "0.05",
-                                                            "resolution": "256"}}])
-    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan,
-                                          "TRAINING_PRETRAINED_MODEL_URI": "s3://models/base/"})
-    assert settings.run_plan[0].hyperparameters["noise-offset"] == "0.05"  # the trainer checks the base's as it loads

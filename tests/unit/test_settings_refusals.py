@@ -1,0 +1,68 @@
+"""The start-training function refuses, before any job is paid for, what a job would refuse at its start: a
+stage's resolution off its preset's size multiple, a preset that is none, the options a preset's family cannot
+take, an SD3 preset's bucket past its position table, and what the pipeline sets itself."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.unit.settings_helpers import TRAINING_ENV
+
+from contracts import model_presets
+from core.errors import ConfigError
+from core.start_training.settings import TrainingSettings
+
+
+# --- training: a stage's resolution, by its model preset -------------------------------------------
+
+@pytest.mark.parametrize("encode_instance_type", ["", "ml.g5.2xlarge"])
+def test_a_stage_off_its_preset_s_size_multiple_is_refused_before_any_job(encode_instance_type: str) -> None:
+    # 520 is a multiple of 8 (the VAE's downsampling) but not of sd2's 64 (VAE x UNet downsampling)
+    plan = json.dumps([{"name": "lo", "hyperparameters": {"resolution": "512"}},
+                       {"name": "hi", "hyperparameters": {"model-config": "sd2", "resolution": "520"}}])
+    with pytest.raises(ConfigError, match="'hi': resolution '520' must be a whole number of pixels, a multiple of 64 "
+                                          r"\(model-config 'sd2'"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_ENCODE_INSTANCE_TYPE": encode_instance_type,
+                                   "TRAINING_RUN_PLAN": plan})
+
+
+@pytest.mark.parametrize("preset, resolution", [("sd2", "512"), ("sdxl", "1056"), ("sd3-medium", "528"),
+                                                ("pixart-sigma", "1040"), ("tiny-sd3", "40")])
+def test_a_stage_on_its_preset_s_size_multiple_is_accepted(preset: str, resolution: str) -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": preset, "resolution": resolution}}])
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[0].name == "only"
+
+
+def test_a_model_config_that_is_no_preset_is_refused() -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "huge"}}])
+    with pytest.raises(ConfigError) as refused:
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+    presets = ", ".join(sorted(model_presets.SIZE_MULTIPLES))
+    assert str(refused.value).endswith(f"run-plan job 'only': model-config 'huge' is not a preset: {presets}")
+    assert {"pixart-sigma", "sd2", "sd3-medium", "tiny"} <= set(model_presets.SIZE_MULTIPLES)
+
+
+@pytest.mark.parametrize("hyperparameters, refusal", [
+    ({"manifest": ""}, "hyperparameter 'manifest' is the pipeline's to set"),  # it would drop the exclusions
+    ({"task": "evaluate"}, "hyperparameter 'task' is the pipeline's to set"),
+    ({"train-dir": "/tmp/x"}, "hyperparameter 'train-dir' is the pipeline's to set"),
+    ({"run-config": "sd2-progressive"}, "run-config: the pipeline sets each job's steps and plans a lineage's phases"),
+    ({"model-config": "tiny-sd3", "noise-offset": "0.05"}, "--noise-offset: options of the UNet family's noise schedule"),
+    ({"model-config": "pixart-sigma", "zero-terminal-snr": "true"}, "--zero-terminal-snr: options of the UNet family"),
+    ({"model-config": "tiny-sd3", "resolution": "256"}, "the widest image side at resolution 256 is 352 px"),
+])
+def test_what_a_job_would_refuse_at_its_start_is_refused_before_any_job(hyperparameters, refusal) -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": hyperparameters}])
+    with pytest.raises(ConfigError, match=f"run-plan job 'only': {re.escape(refusal)}"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+
+
+def test_a_base_s_family_is_the_base_s_to_decide_not_the_preset_s() -> None:
+    plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": "tiny-sd3", "noise-offset": "0.05",
+                                                            "resolution": "256"}}])
+    settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan,
+                                          "TRAINING_PRETRAINED_MODEL_URI": "s3://models/base/"})
+    assert settings.run_plan[0].hyperparameters["noise-offset"] == "0.05"  # the trainer checks the base's as it loads
