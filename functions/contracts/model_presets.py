@@ -31,6 +31,15 @@ FAMILIES: dict[str, str] = {
     "pixart-sigma": "pixart",
 }
 POSITION_COVER: dict[str, int] = {"tiny-sd3": 256, "sd3-medium": 3072}  # SD3's position table, in pixels a side
+# what a UNet preset's noise schedule predicts unless --prediction-type changes it
+PREDICTION_TYPES: dict[str, str] = {name: "epsilon" for name in ("tiny", "demo", "tiny-sdxl", "small", "sd2", "sdxl")}
+
+
+def schedule_refusal(preset: str, prediction_type: str | None, zero_terminal_snr: bool) -> str | None:
+    """Why a UNet preset's schedule cannot be rescaled to zero terminal SNR: it predicts epsilon there."""
+    if zero_terminal_snr and (prediction_type or PREDICTION_TYPES.get(preset, "v_prediction")) != "v_prediction":
+        return "--zero-terminal-snr needs --prediction-type v_prediction (epsilon is undefined at SNR 0)"
+    return None
 
 
 def flow_refusal(family: str, prediction_type: str | None, zero_terminal_snr: bool, snr_gamma: float | None,

@@ -235,7 +235,8 @@ class TrainOptions(Options):
         if family and not self.pretrained:  # the preset's family trains (a base brings its own: checked as it loads)
             if refusal := (model_presets.flow_refusal(family, self.prediction_type, self.zero_terminal_snr,
                                                       self.snr_gamma, self.noise_offset)
-                           or model_presets.position_refusal(self.preset, self.resolution, self.aspect_buckets)):
+                           or model_presets.position_refusal(self.preset, self.resolution, self.aspect_buckets)
+                           or model_presets.schedule_refusal(self.preset, self.prediction_type, self.zero_terminal_snr)):
                 raise ValueError(refusal)
         return self
 

@@ -77,3 +77,10 @@ def test_the_pipeline_s_family_and_position_tables_are_the_presets() -> None:
     assert covers == POSITION_COVER
     for name in POSITION_COVER:  # a preset trains at its own size with aspect buckets
         assert position_refusal(name, preset_geometry(name)[1], True) is None
+
+
+def test_the_pipeline_s_prediction_types_are_the_unet_presets_schedules() -> None:
+    from contracts.model_presets import FAMILIES, PREDICTION_TYPES
+
+    unets = [name for name, family in FAMILIES.items() if family == "unet"]
+    assert {name: read_preset(name)["scheduler"]["prediction_type"] for name in unets} == PREDICTION_TYPES

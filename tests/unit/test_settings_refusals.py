@@ -53,6 +53,7 @@ def test_a_model_config_that_is_no_preset_is_refused() -> None:
     ({"model-config": "tiny-sd3", "noise-offset": "0.05"}, "--noise-offset: options of the UNet family's noise schedule"),
     ({"model-config": "pixart-sigma", "zero-terminal-snr": "true"}, "--zero-terminal-snr: options of the UNet family"),
     ({"model-config": "tiny-sd3", "resolution": "256"}, "the widest image side at resolution 256 is 352 px"),
+    ({"zero-terminal-snr": "true"}, "--zero-terminal-snr needs --prediction-type v_prediction"),  # tiny predicts epsilon
 ])
 def test_what_a_job_would_refuse_at_its_start_is_refused_before_any_job(hyperparameters, refusal) -> None:
     plan = json.dumps([{"name": "only", "hyperparameters": hyperparameters}])
@@ -66,3 +67,16 @@ def test_a_base_s_family_is_the_base_s_to_decide_not_the_preset_s() -> None:
     settings = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan,
                                           "TRAINING_PRETRAINED_MODEL_URI": "s3://models/base/"})
     assert settings.run_plan[0].hyperparameters["noise-offset"] == "0.05"  # the trainer checks the base's as it loads
+
+
+def test_cuda_graphs_forced_on_a_job_of_several_processes_is_refused_before_any_job() -> None:
+    plan = json.dumps([{"name": "one", "instance_type": "ml.g5.2xlarge", "instance_count": 1,
+                        "hyperparameters": {"cuda-graphs": "true"}},
+                       {"name": "eight", "instance_type": "ml.p4d.24xlarge", "instance_count": 1,
+                        "hyperparameters": {"cuda-graphs": "true"}}])
+    with pytest.raises(ConfigError, match=r"run-plan job 'eight': cuda-graphs true runs in a single process, and this "
+                                          r"job runs 8 \(1 x ml.p4d.24xlarge\)"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "8", "TRAINING_RUN_PLAN": plan})
+    auto = json.dumps([{"name": "eight", "instance_type": "ml.p4d.24xlarge", "instance_count": 1,
+                        "hyperparameters": {"cuda-graphs": "auto"}}])
+    assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "8", "TRAINING_RUN_PLAN": auto}).run_plan

@@ -82,6 +82,17 @@ def check_encodable(job: PlannedJob) -> None:
                           "set TRAINING_ENCODE_INSTANCE_TYPE (EncodeInstanceType) empty or drop random-crop")
 
 
+def check_cuda_graphs(job: PlannedJob, gpus_override: int) -> None:
+    """`cuda-graphs true` runs a single process (the gradient all-reduce is not captured): refused for a job of
+    several instances or GPUs here, as the trainer would refuse it at its start (`auto` turns them off there)."""
+    if str(job.hyperparameters.get("cuda-graphs", "auto")).strip().lower() not in {"true", "1", "yes"}:
+        return
+    processes = job.instance_count * (gpus_override or GPUS_PER_INSTANCE.get(job.instance_type, 1))
+    if processes > 1:
+        raise ConfigError(f"run-plan job {job.name!r}: cuda-graphs true runs in a single process, and this job runs "
+                          f"{processes} ({job.instance_count} x {job.instance_type}); set cuda-graphs auto or false")
+
+
 def check_sharding(quota: int, job: PlannedJob, gpus_override: int) -> None:
     """ShardedByS3Key gives each instance quota/instances shards; each of its GPUs reads whole
     shards, so it needs at least one, and the same number as its neighbours. The loader's workers

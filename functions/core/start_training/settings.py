@@ -15,7 +15,7 @@ from core.errors import ConfigError
 from core.settings import StageSettings, given, settings, flat_strings, names
 from core.start_training.failure_brake import BrakeSettings
 from core.start_training.pretrained import AUTOENCODER_SUFFIX, check_uri
-from core.start_training.run_plan import PlannedJob, check_encodable, check_sharding, hyperparameters, parse_run_plan
+from core.start_training.run_plan import PlannedJob, check_cuda_graphs, check_encodable, check_sharding, hyperparameters, parse_run_plan
 
 
 @settings
@@ -155,6 +155,7 @@ class TrainingSettings(StageSettings):
                 raise ConfigError(f"run-plan job {job.name!r}: {refusal}")
             if self.encode_instance_type:
                 check_encodable(job)
+            check_cuda_graphs(job, self.gpus_per_instance)
         if self.autoencoder_instance_type and (
                 refusal := recipe.refusal(self.autoencoder_hyperparameters, AutoencoderOptions)):
             raise ConfigError(f"TRAINING_AUTOENCODER_HYPERPARAMETERS: {refusal}")
