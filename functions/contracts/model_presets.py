@@ -32,7 +32,7 @@ FAMILIES: dict[str, str] = {
 }
 POSITION_COVER: dict[str, int] = {"tiny-sd3": 256, "sd3-medium": 3072}  # SD3's position table, in pixels a side
 # what a UNet preset's noise schedule predicts unless --prediction-type changes it
-PREDICTION_TYPES: dict[str, str] = {name: "epsilon" for name in ("tiny", "demo", "tiny-sdxl", "small", "sd2", "sdxl")}
+PREDICTION_TYPES: dict[str, str] = {name: "epsilon" for name, family in FAMILIES.items() if family == "unet"}
 
 
 def schedule_refusal(preset: str, prediction_type: str | None, zero_terminal_snr: bool) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
@@ -26,8 +26,6 @@ from contracts import model_presets
 # and autoencoder jobs take its `cpu-threads` too (core/start_training/job_requests.py); `cpu-processes` is the
 # training task's alone (data-parallel processes on a host without GPUs).
 TASK, CPU_THREADS, CPU_PROCESSES = "task", "cpu-threads", "cpu-processes"
-OWN_TASKS = {"TrainOptions": "train", "AutoencoderOptions": "autoencoder", "EvaluateOptions": "evaluate",
-             "EncodeOptions": "encode", "TokenizerOptions": "tokenizer"}  # each job's `task`, by its options
 RUN_CONFIG = "run-config"  # trainer.jobs.train's phases preset: a run by hand (the pipeline plans with run_plan)
 TASKS = ("train", "evaluate", "encode", "autoencoder", "tokenizer")  # the values of `task`
 CONTAINER_HYPERPARAMETERS = (TASK, CPU_THREADS, CPU_PROCESSES)
@@ -101,6 +99,7 @@ def dest(field: Any) -> str:
 class Options(BaseModel):
     """A job's options: validated by field name from argparse, by alias (the flag) from hyperparameters."""
 
+    task: ClassVar[str]  # the container's `task` that runs the job (TASKS)
     model_config = ConfigDict(alias_generator=lambda name: name.replace("_", "-"), validate_by_name=True,
                               validate_by_alias=True, extra="forbid", frozen=True)
 
@@ -136,6 +135,7 @@ WHERE, MODEL, RUN, SYSTEM, DATA, HEALTH = ("where", "model", "run (a single phas
 class TrainOptions(Options):
     """trainer.jobs.train's options (docs/trainer.md, "Arguments")."""
 
+    task: ClassVar[str] = "train"
     resume: str = option("latest", "'latest' (the newest complete checkpoint, if any), 'none', or a checkpoint directory", WHERE)
     preset: str = option(model_presets.DEFAULT, "a preset in trainer/configs/ (without .json)", MODEL,
                          flag="model-config")
@@ -294,12 +294,11 @@ def refusal(hyperparameters: Mapping[str, str], options: type[Options] = TrainOp
     `sagemaker_*` names aside)."""
     if unknown := unknown_refusal(hyperparameters, options):
         return unknown
-    own_task = OWN_TASKS.get(options.__name__)
     if pipelines := sorted(name for name in hyperparameters
-                           if name in TRAIN_PATHS or name == TASK and hyperparameters[name] != own_task):
+                           if name in TRAIN_PATHS or name == TASK and hyperparameters[name] != options.task):
         # the job's task and where its container puts the files are the pipeline's (a recipe's `manifest` would
         # point the job away from the manifest channel, and its licensing and takedown exclusions with it)
-        return (f"hyperparameter {pipelines[0]!r} is the pipeline's to set (the job's task, {own_task!r} here, and where "
+        return (f"hyperparameter {pipelines[0]!r} is the pipeline's to set (the job's task, {options.task!r} here, and where "
                 "the container puts its files): a recipe cannot set it")
     if options is TrainOptions and RUN_CONFIG in hyperparameters:
         return (f"{RUN_CONFIG}: the pipeline sets each job's steps and plans a lineage's phases with training.run_plan "

@@ -11,7 +11,7 @@ tests/trainer/test_recipe.py holds each `from_training_job` field to the trainin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from contracts import model_presets
 from pydantic import field_validator
@@ -29,6 +29,7 @@ DEFAULT_EVAL_TIMESTEPS = "100,300,500,700,900"
 class EncodeOptions(Options):
     """trainer.jobs.encode's options."""
 
+    task: ClassVar[str] = "encode"
     preset: str = option(model_presets.DEFAULT, "a preset in trainer/configs/, as the training job's",
                          from_training_job=True, flag="model-config")
     pretrained: str | None = option(None, "a local diffusers pipeline directory or channel, as the training job's",
@@ -49,6 +50,7 @@ class EncodeOptions(Options):
 class AutoencoderOptions(Options):
     """trainer.jobs.autoencoder's options; TRAINING_AUTOENCODER_HYPERPARAMETERS set those not from the training job."""
 
+    task: ClassVar[str] = "autoencoder"
     resume: str = option("latest", "'latest' (if any), 'none', or a checkpoint directory")
     preset: str = option(model_presets.DEFAULT, "the preset whose `vae` architecture is trained", from_training_job=True,
                          flag="model-config")
@@ -78,6 +80,7 @@ class AutoencoderOptions(Options):
 class TokenizerOptions(Options):
     """trainer.jobs.tokenizer's options."""
 
+    task: ClassVar[str] = "tokenizer"
     preset: str = option(model_presets.DEFAULT, "the preset whose text encoders need them", from_training_job=True,
                          flag="model-config")
     vocab_size: int = option(0, "the vocabulary ceiling (0: each text encoder's, CLIP 49,408 and T5 32,000)")
@@ -97,6 +100,7 @@ class TokenizerOptions(Options):
 class EvaluateOptions(Options):
     """trainer.jobs.evaluate's options: the evaluation job's hyperparameters (what the deploy gate scores with)."""
 
+    task: ClassVar[str] = "evaluate"
     timesteps: str = option(DEFAULT_EVAL_TIMESTEPS, "comma-separated noise timesteps for a UNet's loss (a flow "
                             "model's is MLPerf's 8 equidistant ones)")
     seed: int = option(0, "seeds every noise draw and sampled image")

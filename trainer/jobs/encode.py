@@ -68,6 +68,7 @@ from trainer.models.bundle import Models
 from trainer.models.families import Conditioning, condition
 from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import token_ids
+from trainer.models.text_tokenizers import UNET_TEXT_PARTS, as_seen
 from trainer.models.tokenizer import captions_cut
 from trainer.objectives.numerics import autocast
 from trainer.runtime import distributed
@@ -80,10 +81,13 @@ from trainer.speed.vae_compile import compile_vae_encoder
 class ImageGroups(Dataset):
     """Item i: a group of samples of one shard and one bucket, decoded and cropped as the trainer does
     online, with their captions and their token ids (the tokenizers, if any, run in the loader's workers,
-    beside the GPU; a transformer family's pipeline tokenizes on its own)."""
+    beside the GPU; a transformer family's pipeline tokenizes on its own), and how many captions each of
+    `counted` (tokenizers by pipeline subfolder) cuts at its context, as the pipeline hands them over."""
 
-    def __init__(self, index: ShardIndex, groups: list[tuple[tuple[int, int], list[int]]], tokenizers: list):
+    def __init__(self, index: ShardIndex, groups: list[tuple[tuple[int, int], list[int]]], tokenizers: list,
+                 counted: dict | None = None, lowercase: bool = False):
         self.index, self.groups, self.tokenizers, self.reader = index, groups, tokenizers, ShardReader(index)
+        self.counted, self.lowercase = counted or {}, lowercase
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -108,6 +112,8 @@ class ImageGroups(Dataset):
                 "time_ids": [entry[2] for entry in loaded],
                 "ids": token_ids(self.tokenizers, [entry[3] for entry in loaded]) if loaded and self.tokenizers else None,
                 "captions": [entry[3] for entry in loaded],
+                "cut": {name: captions_cut(tokenizer, as_seen([entry[3] for entry in loaded], self.lowercase))
+                        for name, tokenizer in self.counted.items()},
                 "records": [entry[4] for entry in loaded], "corrupt": corrupt}
 
 
@@ -187,7 +193,11 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     work = [(shard, groups) for shard, groups in groups_of(index, assignment, sizes, batch_size) if not outputs[shard].is_file()]
     flat = [group for _, groups in work for group in groups]
     shard_of_group = [shard for shard, groups in work for _ in groups]
-    loader = DataLoader(ImageGroups(index, flat, [] if family else models.tokenizers), batch_size=None, num_workers=num_workers,
+    names = [folder for _, folder in models.text_folders] if family else [folder for _, folder in UNET_TEXT_PARTS]
+    counted = dict(zip(names, models.tokenizers))  # captions longer than each tokenizer's context
+    lowercase = family and models.family.lowercases_prompts
+    loader = DataLoader(ImageGroups(index, flat, [] if family else models.tokenizers, counted, lowercase),
+                        batch_size=None, num_workers=num_workers,
                         prefetch_factor=4 if num_workers else None, pin_memory=device.type == "cuda")
     groups_left = defaultdict(int)
     for shard in shard_of_group:
@@ -195,7 +205,7 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
     corrupt, encoded = list(index.problems), 0
     waited = {"loader": 0.0, "writer": 0.0}  # the main thread blocked on the workers, on the writer: what bounds it
     text_s = 0.0  # the main thread in the family's encode_prompt
-    cut = {name: 0 for name in tokenizer_names(models)}  # captions longer than each tokenizer's context
+    cut = dict.fromkeys(counted, 0)
     with ShardWriter(outputs, identity, resolution, target / INDEXES, head=head) as writer:
         groups = iter(loader)
         for shard in shard_of_group:
@@ -203,8 +213,8 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
             group = next(groups)
             waited["loader"] += time.perf_counter() - asked
             corrupt += group["corrupt"]
-            for name, tokenizer in zip(cut, models.tokenizers):
-                cut[name] += captions_cut(tokenizer, prompt_texts(models, group["captions"]))
+            for name, count in group["cut"].items():
+                cut[name] += count
             if group["rows"]:
                 pixel_values = group["pixel_values"]
                 if padded and len(pixel_values) < batch_size:
@@ -232,18 +242,6 @@ def encode_shards(train_dir: str | Path, output_dir: str | Path, models: Models,
             "seconds": round(time.perf_counter() - started, 2), "padded": padded,
             "loader_wait_s": round(waited["loader"], 2), "writer_wait_s": round(waited["writer"], 2),
             "captions_cut": cut, **({"text_s": round(text_s, 2)} if family else {})}
-
-
-def tokenizer_names(models: Models) -> list[str]:
-    """The pipeline subfolder of each of the models' tokenizers, in their order."""
-    if models.family is not None:
-        return [tokenizer for _, tokenizer in models.text_folders]
-    return ["tokenizer", "tokenizer_2"][:len(models.tokenizers)]
-
-
-def prompt_texts(models: Models, captions: list[str]) -> list[str]:
-    """The captions as the pipeline hands them to its tokenizers (PixArt's lowercases and strips them)."""
-    return [caption.lower().strip() for caption in captions] if models.family and models.family.lowercases_prompts else captions
 
 
 def pad_batch(pixel_values: torch.Tensor, size: int) -> torch.Tensor:

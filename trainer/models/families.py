@@ -230,17 +230,22 @@ def check_fits(family: Family, transformer, vae: AutoencoderKL, encoders: dict, 
                          f"{encoders['text_encoder'].d_model} ({source})")
 
 
-def check_positions(transformer, vae_scale_factor: int, side: int, source: str) -> None:
-    """An SD3 transformer's position table (`pos_embed_max_size` patches a side, cropped to each image) covers
-    the run's widest image `side`: refused before the first step, not when the stage that needs it starts."""
+def position_cover(transformer, vae_scale_factor: int) -> int | None:
+    """The image side an SD3 transformer's position table covers (`pos_embed_max_size` patches, cropped to each
+    image), in pixels; None for a transformer that computes its positions for any size (PixArt) or a UNet."""
     table = transformer.config.get("pos_embed_max_size")
-    if table is None:  # PixArt computes its positions for any size
-        return
-    covered = table * transformer.config.patch_size * vae_scale_factor
-    if side > covered:
+    return table * transformer.config.patch_size * vae_scale_factor if table else None
+
+
+def check_positions(transformer, vae_scale_factor: int, side: int, source: str) -> None:
+    """The transformer's position table covers the run's widest image `side`: refused before the first step,
+    not when the stage that needs it starts."""
+    covered = position_cover(transformer, vae_scale_factor)
+    if covered is not None and side > covered:
         raise ValueError(f"the run's widest image side is {side} px (its largest phase's aspect buckets), but the "
-                         f"transformer's position table covers {covered} px (pos_embed_max_size {table}, {source}): "
-                         "train with --aspect-buckets false, at a lower resolution, or with a larger pos_embed_max_size")
+                         f"transformer's position table covers {covered} px (pos_embed_max_size "
+                         f"{transformer.config.pos_embed_max_size}, {source}): train with --aspect-buckets false, at a "
+                         "lower resolution, or with a larger pos_embed_max_size")
 
 
 # ---------------------------------------------------------------- conditioning, prediction, pipeline

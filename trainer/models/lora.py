@@ -31,7 +31,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
 from trainer.models.bundle import Models
-from trainer.runtime.checkpoints import sha256_of
+from trainer.runtime.checkpoints import adapter_config, sha256_of
 
 ADAPTER_WEIGHTS = "pytorch_lora_weights.safetensors"  # the name load_lora_weights looks for by default
 ADAPTER_RECORD = "atelier-lora.json"
@@ -55,11 +55,6 @@ def family_name(models: Models) -> str:
 def denoiser_folder(models: Models) -> str:
     """The denoiser's subfolder and its prefix in the adapter's file: `unet` or `transformer`."""
     return "transformer" if models.family is not None else "unet"
-
-
-def adapter_config(denoiser: torch.nn.Module) -> LoraConfig | None:
-    """The LoRA adapter the denoiser trains through, or None when it trains in full."""
-    return denoiser.peft_config.get("default") if getattr(denoiser, "_hf_peft_config_loaded", False) else None
 
 
 def check_run(models: Models, args) -> None:

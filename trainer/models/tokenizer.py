@@ -88,12 +88,9 @@ def learn_t5(captions: Iterable[str], max_length: int, vocab_size: int = T5_VOCA
     # learned on the text exactly as the saved tokenizer will split it: T5TokenizerFast rebuilds its own
     # normalizer (none) and pre-tokenizer on loading, so pieces of any other normalization would be unreachable
     saved = T5TokenizerFast(vocab=[(special, 0.0) for special in T5_SPECIALS], extra_ids=0).backend_tokenizer
-    learner = Tokenizer(models.BPE(unk_token="<unk>"))
-    learner.pre_tokenizer = saved.pre_tokenizer
-    if saved.normalizer is not None:
-        learner.normalizer = saved.normalizer
-    normalize = saved.normalizer.normalize_str if saved.normalizer is not None else (lambda text: text)
-    words = [word for text in texts for word, _ in learner.pre_tokenizer.pre_tokenize_str(normalize(text))]
+    learner = _splitting_as(Tokenizer(models.BPE(unk_token="<unk>")), saved)
+    words = [word for text in texts for word, _ in saved.pre_tokenizer.pre_tokenize_str(
+        saved.normalizer.normalize_str(text) if saved.normalizer is not None else text)]
     alphabet = sorted(set("".join(words)) | set(string.ascii_letters + string.digits + string.punctuation + "\u2581"))
     if vocab_size < len(T5_SPECIALS) + len(alphabet):
         raise ValueError(f"a T5 vocabulary of these captions needs at least {len(T5_SPECIALS) + len(alphabet)} ids")
@@ -102,10 +99,8 @@ def learn_t5(captions: Iterable[str], max_length: int, vocab_size: int = T5_VOCA
     learner.train_from_iterator(texts, trainer)
     learned = json.loads(learner.to_str())["model"]
     # the same model without the characters as added tokens, which `encode` would cut out of the text first
-    splitter = Tokenizer(models.BPE(learned["vocab"], [tuple(pair) for pair in learned["merges"]], unk_token="<unk>"))
-    splitter.pre_tokenizer = learner.pre_tokenizer
-    if saved.normalizer is not None:
-        splitter.normalizer = saved.normalizer
+    splitter = _splitting_as(Tokenizer(models.BPE(learned["vocab"], [tuple(pair) for pair in learned["merges"]],
+                                                  unk_token="<unk>")), saved)
     counts = dict.fromkeys(learner.get_vocab(), 0)
     for encoding in splitter.encode_batch(texts):
         for token in encoding.tokens:
@@ -114,6 +109,14 @@ def learn_t5(captions: Iterable[str], max_length: int, vocab_size: int = T5_VOCA
     pieces = sorted(learner.get_vocab().items(), key=lambda item: item[1])
     vocab = [(piece, 0.0 if piece in T5_SPECIALS else math.log((counts[piece] + 1) / total)) for piece, _ in pieces]
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=max_length)
+
+
+def _splitting_as(tokenizer: Tokenizer, saved: Tokenizer) -> Tokenizer:
+    """`tokenizer`, normalizing and splitting text as `saved` does."""
+    tokenizer.pre_tokenizer = saved.pre_tokenizer
+    if saved.normalizer is not None:
+        tokenizer.normalizer = saved.normalizer
+    return tokenizer
 
 
 def captions_cut(tokenizer, captions: list[str]) -> int:

@@ -224,12 +224,15 @@ def describe_adapter(shape: dict | None) -> str:
     return "no adapter (a whole model)" if shape is None else f"rank {shape['rank']}, alpha {shape['alpha']} on {', '.join(shape['targets'])}"
 
 
-def adapter_shape(unet) -> dict | None:
+def adapter_config(denoiser: torch.nn.Module):
+    """The LoRA adapter (peft's LoraConfig) the denoiser trains through, or None when it trains in full."""
+    return denoiser.peft_config.get("default") if getattr(denoiser, "_hf_peft_config_loaded", False) else None
+
+
+def adapter_shape(denoiser: torch.nn.Module) -> dict | None:
     """The LoRA adapter the denoiser trains through, as a checkpoint records it (rank, alpha, targets: what
     its weights mean), or None for a whole model."""
-    while hasattr(unet, "module") or hasattr(unet, "_orig_mod"):
-        unet = getattr(unet, "module", None) or unet._orig_mod
-    config = getattr(unet, "peft_config", {}).get("default") if getattr(unet, "_hf_peft_config_loaded", False) else None
+    config = adapter_config(denoiser)
     if config is None:
         return None
     return {"rank": config.r, "alpha": config.lora_alpha, "targets": sorted(config.target_modules)}

@@ -11,7 +11,7 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 
 from trainer.models import lora
-from trainer.models.families import absent_parts, negative_prompt, sampling_options
+from trainer.models.families import absent_parts, negative_prompt, position_cover, sampling_options
 from trainer.serve.levers import apply_levers, compiled, denoiser_of, lever_plan
 from trainer.serve.protocol import BadRequest, Generation
 from trainer.serve.settings import ServeSettings
@@ -75,14 +75,15 @@ def check_sides(pipeline: DiffusionPipeline, generation: Generation) -> None:
     denoiser = denoiser_of(pipeline)
     patch = denoiser.config.get("patch_size") or 1
     multiple = pipeline.vae_scale_factor * patch
-    table = denoiser.config.get("pos_embed_max_size")
-    largest = table * patch * pipeline.vae_scale_factor if table else None
+    largest = position_cover(denoiser, pipeline.vae_scale_factor)
     for name in ("height", "width"):
         side = getattr(generation, name)
-        if side is not None and side % multiple:
+        if side is None:  # the model's own size
+            continue
+        if side % multiple:
             raise BadRequest(f'"{name}" must be a multiple of {multiple} for this model (its VAE\'s downsampling '
                              f"{pipeline.vae_scale_factor} x its patch {patch})")
-        if side is not None and largest and side > largest:
+        if largest and side > largest:
             raise BadRequest(f'"{name}" must be at most {largest} for this model (its position table)')
 
 

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.recipe import auto_or_flag
 from core.errors import ConfigError
 from core.settings import flat_strings
 from core.start_training.instance_types import GPUS_PER_INSTANCE
@@ -85,7 +86,7 @@ def check_encodable(job: PlannedJob) -> None:
 def check_cuda_graphs(job: PlannedJob, gpus_override: int) -> None:
     """`cuda-graphs true` runs a single process (the gradient all-reduce is not captured): refused for a job of
     several instances or GPUs here, as the trainer would refuse it at its start (`auto` turns them off there)."""
-    if str(job.hyperparameters.get("cuda-graphs", "auto")).strip().lower() not in {"true", "1", "yes"}:
+    if auto_or_flag(job.hyperparameters.get("cuda-graphs", "auto")) is not True:
         return
     processes = job.instance_count * (gpus_override or GPUS_PER_INSTANCE.get(job.instance_type, 1))
     if processes > 1:
