@@ -308,7 +308,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--output", type=Path, default=REPO / "demo-output" / "image.png",
                       help="where the drawn PNG goes (default demo-output/image.png)")
     demo.add_argument("--stage-timeout", type=float, default=None,
-                      help="seconds a stage may take before the demo calls it stalled (default 900)")
+                      help="seconds without progress (no status change, no new job log line) before the demo calls a stage stalled (default 900)")
     demo.add_argument("--keep", action="store_true", help="keep the stack running afterwards")
     demo.add_argument("--grid", action="store_true", help="also draw the whole catalogue grid, scored on colours and shape "
                       "(demo.prompt_match_grid: 180 pictures, a minute or two more)")

@@ -5,8 +5,9 @@ captions from the attributes), uploads it through the S3 API as a partner would,
 (ingest, shards, the autoencoder job, encode, training, the gate, the endpoint) until the endpoint
 answers, and saves the image. Then it asks the endpoint for every prompt of DEMO_PROMPTS, half of
 them combinations no training picture shows, and scores the pictures with a pixel classifier
-(atelier/prompt_match.py): `demo.prompt_match_rate`. Each stage has a deadline: a stage that stalls
-ends the demo with the reason and the logs to read.
+(atelier/prompt_match.py): `demo.prompt_match_rate`. A stage in which nothing moves (no status
+change, no new line in a running job's log) for stage_timeout_s ends the demo with the reason and the
+logs to read.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class DemoOptions:
     state_dir: Path
     output: Path
     images: int = DEMO_IMAGES
-    # a stall detector, not a time goal: on two cores the training stage (autoencoder, encode and
-    # 2,000 UNet steps of 64 pictures) takes about 9 minutes beside the stack
+    # a stall detector, not a time goal: a stage fails when neither the pipeline's status nor a running
+    # job's log changed for this long, however long the stage takes on a slow or loaded machine
     stage_timeout_s: float = 900.0
     keep_running: bool = False
     quiet: bool = False  # no progress bar
@@ -167,20 +168,31 @@ def _follow(stack: LocalStack, options: DemoOptions, started: float) -> client.S
         task, training = bar.add_task("stages", total=len(stages)), {}
         for name, reached in stages:
             bar.update(task, description=f"waiting: {name}")
-            deadline = time.monotonic() + options.stage_timeout_s
+            mark, moved = progress_mark(stack, status), time.monotonic()
             while not reached(status):
                 stack.check()
                 _fail_on_failure(status, stack)
                 if not options.quiet:
                     _show_training(bar, stack, status, training)
-                if time.monotonic() > deadline:
-                    raise DemoFailed(f"stalled waiting for: {name} ({options.stage_timeout_s:.0f} s); "
+                if (now := progress_mark(stack, status)) != mark:
+                    mark, moved = now, time.monotonic()
+                elif time.monotonic() - moved > options.stage_timeout_s:
+                    raise DemoFailed(f"stalled waiting for: {name} (nothing moved in {options.stage_timeout_s:.0f} s); "
                                      f"status {json.dumps(status.to_json())}; logs in {stack.options.state_dir / 'logs'}")
                 time.sleep(poll_interval(status))
                 status = client.pipeline_status(stack.outputs)
             bar.console.print(f"[{time.monotonic() - started:5.0f} s] {name}: {_summary(status)}")
             bar.advance(task)
     return status
+
+
+def progress_mark(stack: LocalStack, status: client.Status) -> str:
+    """What changes while the chain moves: the pipeline's status and the log tail of each running job.
+    A slow machine keeps changing it; a hung job or a lost event does not."""
+    assert stack.sagemaker is not None
+    logs = {job["name"]: stack.sagemaker.training_log_tail(job["name"], lines=2)
+            for job in status.jobs if job["status"] == "InProgress"}
+    return json.dumps([status.to_json(), logs], sort_keys=True)
 
 
 def poll_interval(status: client.Status) -> float:

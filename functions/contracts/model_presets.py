@@ -16,6 +16,8 @@ bucket it can draw are known before any job starts (contracts.recipe.TrainOption
 
 from __future__ import annotations
 
+from pydantic import TypeAdapter, ValidationError
+
 from contracts.bucket_sizes import widest_side
 
 DEFAULT = "tiny"  # the trainer's --model-config when a job names none
@@ -73,7 +75,16 @@ def resolution_refusal(hyperparameters: dict[str, str]) -> str | None:
     if preset not in SIZE_MULTIPLES:
         return f"model-config {preset!r} is not a preset: {', '.join(sorted(SIZE_MULTIPLES))}"
     resolution, multiple = hyperparameters.get("resolution"), SIZE_MULTIPLES[preset]
-    if resolution is not None and (not resolution.isdigit() or int(resolution) % multiple):
+    if resolution is None:
+        return None
+    try:  # as the trainer's options parse it (contracts.recipe.TrainOptions): " 256" is 256, "²" is no number
+        pixels = _PIXELS.validate_python(resolution)
+    except ValidationError:
+        pixels = 0
+    if pixels <= 0 or pixels % multiple:
         return (f"resolution {resolution!r} must be a whole number of pixels, a multiple of {multiple} (model-config "
                 f"{preset!r}: its VAE's downsampling times its denoiser's)")
     return None
+
+
+_PIXELS = TypeAdapter(int)

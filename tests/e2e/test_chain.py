@@ -35,8 +35,8 @@ from tests.functions.import_helpers import sample_of, webdataset_tar
 from tests.functions.test_cli_base import pipeline
 from tests.unit.test_cli_text import commands
 
-# The module fixture runs the whole demo: it may take more than one test's 900 s default on a loaded machine.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=360), pytest.mark.timeout(1800)]
+# The module fixture runs the whole demo, past 900 s on a loaded machine; the demo's stall detector catches a hang.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(seconds=360), pytest.mark.timeout(3000)]
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = DemoOptions.images  # the demo's own run
 

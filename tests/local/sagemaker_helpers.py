@@ -143,7 +143,9 @@ def put_shards(s3: Any, *keys: str) -> None:
         s3.put_object(Bucket="data", Key=key, Body=f"tar bytes of {key}".encode())
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 15, what: str = "condition") -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
+    """Poll until condition() holds. The timeout only catches a hang: a container's Python starts in a
+    second here but in tens of seconds on a loaded two-core CI machine, which the design allows."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := condition():

@@ -116,7 +116,7 @@ def serve_pid(service: LocalSageMaker, config: str) -> int:
 
 def update_ended(sm: Any) -> dict[str, Any]:
     return wait_for(lambda: (e := sm.describe_endpoint(EndpointName="atelier"))["EndpointStatus"] != "Updating"
-                    and e, timeout=30, what="the update to end")
+                    and e, what="the update to end")
 
 
 def of_type(events: list[dict[str, Any]], detail_type: str) -> list[dict[str, Any]]:
@@ -204,7 +204,8 @@ def test_a_failing_model_trips_a_real_5xx_alarm_and_rolls_back_on_its_own(
                 assert error.response["Error"]["Code"] == "ModelError"
             endpoint = sm.describe_endpoint(EndpointName="atelier")
             return endpoint if endpoint["EndpointStatus"] != "Updating" else None
-        endpoint = wait_for(rolled_back, timeout=20, what="the automatic rollback")
+        # within the 60 s bake: past it the update would complete instead of rolling back
+        endpoint = wait_for(rolled_back, timeout=50, what="the automatic rollback")
     finally:
         evaluator.stop()
 

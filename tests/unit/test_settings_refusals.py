@@ -12,6 +12,7 @@ import pytest
 from tests.unit.settings_helpers import TRAINING_ENV
 
 from contracts import model_presets
+from contracts.recipe import TrainOptions
 from core.errors import ConfigError
 from core.start_training.settings import TrainingSettings
 
@@ -34,6 +35,18 @@ def test_a_stage_off_its_preset_s_size_multiple_is_refused_before_any_job(encode
 def test_a_stage_on_its_preset_s_size_multiple_is_accepted(preset: str, resolution: str) -> None:
     plan = json.dumps([{"name": "only", "hyperparameters": {"model-config": preset, "resolution": resolution}}])
     assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[0].name == "only"
+
+
+@pytest.mark.parametrize("resolution, pixels", [("256 ", 256), ("+256", 256), ("²", None), ("0", None), ("-64", None)])
+def test_a_stage_s_resolution_is_read_as_the_trainer_reads_it(resolution: str, pixels: int | None) -> None:
+    # "²".isdigit() holds but int("²") fails: the check must answer with a refusal, never crash the function
+    plan = json.dumps([{"name": "only", "hyperparameters": {"resolution": resolution}}])
+    if pixels is None:
+        with pytest.raises(ConfigError, match=f"'only': resolution {re.escape(repr(resolution))} must be a whole number"):
+            TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+    else:
+        assert TrainOptions.model_validate({"resolution": resolution}).resolution == pixels
+        assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan}).run_plan[0].name == "only"
 
 
 def test_a_model_config_that_is_no_preset_is_refused() -> None:
@@ -80,3 +93,15 @@ def test_cuda_graphs_forced_on_a_job_of_several_processes_is_refused_before_any_
     auto = json.dumps([{"name": "eight", "instance_type": "ml.p4d.24xlarge", "instance_count": 1,
                         "hyperparameters": {"cuda-graphs": "auto"}}])
     assert TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_QUOTA": "8", "TRAINING_RUN_PLAN": auto}).run_plan
+
+
+@pytest.mark.parametrize("instance_type", ["ml.c5.2xlarge", "ml.g4ad.4xlarge", "ml.trn1.2xlarge"])
+def test_cuda_graphs_forced_on_an_instance_without_an_nvidia_gpu_is_refused_before_any_job(instance_type: str) -> None:
+    plan = json.dumps([{"name": "cpu", "instance_type": instance_type, "instance_count": 1,
+                        "hyperparameters": {"cuda-graphs": "true"}}])
+    with pytest.raises(ConfigError, match=f"run-plan job 'cpu': cuda-graphs true needs a CUDA device, and "
+                                          f"{re.escape(instance_type)} has no NVIDIA GPU"):
+        TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan})
+    # the operator's TRAINING_GPUS_PER_INSTANCE vouches for a GPU the table does not know
+    vouched = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan, "TRAINING_GPUS_PER_INSTANCE": "1"})
+    assert vouched.run_plan[0].name == "cpu"

@@ -27,6 +27,11 @@ GPUS_PER_INSTANCE: dict[str, int] = {
     "ml.g5.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.12xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3.8xlarge": 4,
 }
 
+# NVIDIA GPUs (CUDA) on every size of the family; g4ad's are AMD's, trn/inf are AWS's own chips.
+CUDA_FAMILIES: frozenset[str] = frozenset({
+    "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "g4dn", "g5", "g5g", "g6", "g6e", "gr6",
+})
+
 _TYPE = re.compile(r"ml\.(?P<family>[a-z0-9-]+)\.(?P<size>[a-z0-9]+)")
 
 
@@ -36,6 +41,11 @@ def family(instance_type: str) -> str:
     if not found:
         raise ValueError(f"not a SageMaker instance type (ml.<family>.<size>): {instance_type!r}")
     return found["family"]
+
+
+def has_cuda(instance_type: str) -> bool:
+    """Whether the type's accelerators are NVIDIA GPUs (what CUDA graphs, bf16 autocast on CUDA, ... need)."""
+    return family(instance_type) in CUDA_FAMILIES
 
 
 def has_instance_store(instance_type: str) -> bool:

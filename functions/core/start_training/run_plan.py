@@ -11,7 +11,7 @@ from typing import Any
 from contracts.recipe import auto_or_flag
 from core.errors import ConfigError
 from core.settings import flat_strings
-from core.start_training.instance_types import GPUS_PER_INSTANCE
+from core.start_training.instance_types import GPUS_PER_INSTANCE, has_cuda
 
 # CreateTrainingJob's HyperParameters (botocore's model): 100 entries, keys of 256 and values of 2,500
 # characters, each matching `.*`, which (in Java, as in Python) takes no line break
@@ -84,10 +84,14 @@ def check_encodable(job: PlannedJob) -> None:
 
 
 def check_cuda_graphs(job: PlannedJob, gpus_override: int) -> None:
-    """`cuda-graphs true` runs a single process (the gradient all-reduce is not captured): refused for a job of
-    several instances or GPUs here, as the trainer would refuse it at its start (`auto` turns them off there)."""
+    """`cuda-graphs true` runs a single process on an NVIDIA GPU (the gradient all-reduce is not captured):
+    refused for a job of several instances or GPUs, or on a type without CUDA, as the trainer would refuse it at
+    its start (`auto` turns them off there). TRAINING_GPUS_PER_INSTANCE, when set, vouches for the GPUs."""
     if auto_or_flag(job.hyperparameters.get("cuda-graphs", "auto")) is not True:
         return
+    if not gpus_override and not has_cuda(job.instance_type):
+        raise ConfigError(f"run-plan job {job.name!r}: cuda-graphs true needs a CUDA device, and {job.instance_type} "
+                          "has no NVIDIA GPU; set cuda-graphs auto or false")
     processes = job.instance_count * (gpus_override or GPUS_PER_INSTANCE.get(job.instance_type, 1))
     if processes > 1:
         raise ConfigError(f"run-plan job {job.name!r}: cuda-graphs true runs in a single process, and this job runs "
