@@ -41,6 +41,7 @@ TRAINING_ENV = {
     "TRAINING_IMAGE_URI": "atelier-trainer:latest",
     "TRAINING_INSTANCE_TYPE": "ml.p5.48xlarge",
     "TRAINING_INSTANCE_COUNT": "2",
+    "TRAINING_TOKENIZER_INSTANCE_TYPE": "ml.g5.2xlarge",  # no base: the hosts share a tokenizer job's tokenizers
     "TRAINING_VOLUME_GB": "200",
     "TRAINING_MAX_RUNTIME_S": "432000",
     "TRAINING_MAX_RETRIES": "3",

@@ -41,7 +41,8 @@ def test_training_settings_from_a_full_environment() -> None:
         keep_alive_s=600, subnets=("subnet-a", "subnet-b"), security_groups=("sg-1",),
         kms_key="arn:aws:kms:us-east-1:123456789012:key/1234abcd",
         run_plan=(PlannedJob("main", "ml.p5.48xlarge", 2, {"steps": "100000", "batch-size": "32"}),),
-        use="commercial", max_consecutive_failures=3, failure_backoff_s=600, gpus_per_instance=0)
+        use="commercial", max_consecutive_failures=3, failure_backoff_s=600, gpus_per_instance=0,
+        tokenizer_instance_type="ml.g5.2xlarge")
 
 
 def test_ingest_settings_from_a_full_environment() -> None:

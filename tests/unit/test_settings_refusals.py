@@ -105,3 +105,13 @@ def test_cuda_graphs_forced_on_an_instance_without_an_nvidia_gpu_is_refused_befo
     # the operator's TRAINING_GPUS_PER_INSTANCE vouches for a GPU the table does not know
     vouched = TrainingSettings.from_env({**TRAINING_ENV, "TRAINING_RUN_PLAN": plan, "TRAINING_GPUS_PER_INSTANCE": "1"})
     assert vouched.run_plan[0].name == "cpu"
+
+
+def test_a_job_of_several_instances_with_no_tokenizer_to_share_is_refused_before_any_job() -> None:
+    # GIVEN no base and no tokenizer job: each host would learn its own tokenizer from its own shards
+    alone = {**TRAINING_ENV, "TRAINING_TOKENIZER_INSTANCE_TYPE": ""}
+    with pytest.raises(ConfigError, match="run-plan job 'main' runs on 2 instances with no tokenizer"):
+        TrainingSettings.from_env(alone)
+    # one instance learns one; a base brings its own (or the lineage's tokenizer job learns one)
+    assert TrainingSettings.from_env({**alone, "TRAINING_INSTANCE_COUNT": "1", "TRAINING_QUOTA": "8"}).run_plan
+    assert TrainingSettings.from_env({**alone, "TRAINING_PRETRAINED_MODEL_URI": "s3://models/base/"}).run_plan

@@ -156,6 +156,12 @@ class TrainingSettings(StageSettings):
             if self.encode_instance_type:
                 check_encodable(job)
             check_cuda_graphs(job, self.gpus_per_instance)
+            if job.instance_count > 1 and not self.tokenizer_instance_type and not self.pretrained_uri:
+                # without a base's or a tokenizer job's, each host would learn its own from its own shards
+                # (trainer/jobs/train.py refuses that at its start)
+                raise ConfigError(f"run-plan job {job.name!r} runs on {job.instance_count} instances with no tokenizer: "
+                                  "no base (PretrainedModelUri) brings one and no tokenizer job learns one (set "
+                                  "TRAINING_TOKENIZER_INSTANCE_TYPE, AutoencoderInstanceType in the template)")
         if self.autoencoder_instance_type and (
                 refusal := recipe.refusal(self.autoencoder_hyperparameters, AutoencoderOptions)):
             raise ConfigError(f"TRAINING_AUTOENCODER_HYPERPARAMETERS: {refusal}")
