@@ -49,7 +49,7 @@ def test_completed_first_stage_starts_the_second_with_its_instances(configure: C
     assert sagemaker.created == [base, s1]
     first, second = sagemaker.request(base), sagemaker.request(s1)
     assert (first["ResourceConfig"]["InstanceType"], first["ResourceConfig"]["InstanceCount"]) == ("ml.m5.xlarge", 1)
-    assert (second["ResourceConfig"]["InstanceType"], second["ResourceConfig"]["InstanceCount"]) == ("ml.m5.2xlarge", 2)
+    assert (second["ResourceConfig"]["InstanceType"], second["ResourceConfig"]["InstanceCount"]) == ("ml.m5.2xlarge", 1)
     assert first["HyperParameters"] == {"steps": "3", "batch-size": "2", "resolution": "32", "model-config": "tiny"}
     assert second["HyperParameters"] == {"steps": "8", "batch-size": "2", "resolution": "64", "model-config": "tiny",
                                          "first-step": "4"}
