@@ -1,7 +1,7 @@
 """The trainer's model presets (trainer/configs/<name>.json) and each one's size multiple: a stage's
 resolution, and both sides of every aspect bucket, must be multiples of it. It is the VAE's downsampling
-times the denoiser's: the UNet's (2 per down block after the first) or a transformer's patch size
-(`Models.size_multiple` in trainer/models/bundle.py).
+times the denoiser's: the UNet's (2 per down block after the first) or a transformer's patch size (Flux's
+2x2 packing; `Models.size_multiple` in trainer/models/bundle.py).
 
 StartTrainingFunction checks every run-plan stage against this table when it starts, before any job is
 paid for (core/settings.py); the trainer checks the same rule where it reads its plan, with the size
@@ -22,14 +22,14 @@ from contracts.bucket_sizes import widest_side
 
 DEFAULT = "tiny"  # the trainer's --model-config when a job names none
 SIZE_MULTIPLES: dict[str, int] = {
-    "tiny": 8, "demo": 8, "tiny-sdxl": 8, "tiny-sd3": 8, "tiny-pixart": 8, "demo-pixart": 8,
-    "small": 64, "small-pixart": 16, "sd2": 64, "sdxl": 32, "sd3-medium": 16, "pixart-sigma": 16,
+    "tiny": 8, "demo": 8, "tiny-sdxl": 8, "tiny-sd3": 8, "tiny-flux": 8, "tiny-pixart": 8, "demo-pixart": 8,
+    "small": 64, "small-pixart": 16, "sd2": 64, "sdxl": 32, "sd3-medium": 16, "flux1": 16, "pixart-sigma": 16,
 }
 
 
 FAMILIES: dict[str, str] = {
     "tiny": "unet", "demo": "unet", "tiny-sdxl": "unet", "small": "unet", "sd2": "unet", "sdxl": "unet",
-    "tiny-sd3": "sd3", "sd3-medium": "sd3", "tiny-pixart": "pixart", "demo-pixart": "pixart", "small-pixart": "pixart",
+    "tiny-sd3": "sd3", "sd3-medium": "sd3", "tiny-flux": "flux", "flux1": "flux", "tiny-pixart": "pixart", "demo-pixart": "pixart", "small-pixart": "pixart",
     "pixart-sigma": "pixart",
 }
 POSITION_COVER: dict[str, int] = {"tiny-sd3": 256, "sd3-medium": 3072}  # SD3's position table, in pixels a side

@@ -1,6 +1,7 @@
 """bf16 on a GPU, where every job runs it (issue 44, defect 10): trainer.jobs.step.train_step in bf16 autocast
 against fp32, compiled (--compile) and from CUDA graphs (--cuda-graphs) against eager, and bf16 weights with
-fp32 masters (trainer/speed/master_weights.py) against fp32 weights, on the tiny UNet and tiny SD3 presets.
+fp32 masters (trainer/speed/master_weights.py) against fp32 weights, on the tiny UNet, SD3 and Flux presets (tiny
+Flux added 2026-12-06, not yet run on a GPU: no device time was left that session).
 
 Each comparison starts both runs from the same weights and feeds them the same micro-batches and the same
 noise and timesteps (the step's seeded generators), so the loss curves are comparable step by step.
@@ -23,7 +24,7 @@ from trainer.speed.master_weights import MasterWeights
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 CUDA = torch.device("cuda")
-PRESETS = ["tiny", "tiny-sd3"]
+PRESETS = ["tiny", "tiny-sd3", "tiny-flux"]
 STEPS = 20  # at lr 1e-4 the loss falls by 7-28%: the weights move well past bf16's rounding
 
 

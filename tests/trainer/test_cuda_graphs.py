@@ -50,10 +50,10 @@ def test_a_graph_is_specialised_to_every_input_s_shape_and_dtype():
                 [(2, 4, False), (3, 4, False), (2, 8, False), (2, 4, True)]}) == 4
 
 
-@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-pixart"])
+@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-flux", "tiny-pixart"])
 def test_a_graph_s_static_inputs_carry_a_transformer_s_conditioning(preset):
-    # GIVEN a micro-batch of a transformer family made ready for its forward: SD3 brings pooled projections,
-    # PixArt an attention mask, beside the context
+    # GIVEN a micro-batch of a transformer family made ready for its forward: SD3 and Flux bring pooled projections,
+    # PixArt an attention mask, beside the context (and Flux how its transformer reads them: packed latents)
     models = load_models(preset, None, seed=0)
     noised = noised_inputs(models, pixels_batch(0, 32, 32, CPU.device), CPU.device,
                            step_generator(0, 1, 0, 0, CPU.device))
@@ -65,6 +65,8 @@ def test_a_graph_s_static_inputs_carry_a_transformer_s_conditioning(preset):
     conditioning = rebuilt.conditioning
     parts = [part for part in (conditioning.context, conditioning.pooled, conditioning.mask) if part is not None]
     assert len(parts) == 2 and all(any(part is tensor for tensor in static) for part in parts)
+    assert (conditioning.packed, conditioning.guidance, conditioning.positions) == (
+        noised.conditioning.packed, noised.conditioning.guidance, noised.conditioning.positions)
     with torch.no_grad():
         assert prediction_loss(models.denoiser, rebuilt) == prediction_loss(models.denoiser, noised)
 

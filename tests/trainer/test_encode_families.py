@@ -12,7 +12,7 @@ import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
 from safetensors.torch import load as load_safetensors
-from transformers import CLIPTextModelWithProjection, T5EncoderModel
+from transformers import CLIPTextModel, CLIPTextModelWithProjection, T5EncoderModel
 
 from contracts.shard_members import EMPTY_CAPTION_KEY, TEXT, member_name
 from trainer.data.captions import read_captions
@@ -23,7 +23,7 @@ from trainer.data.shards import index_shards
 from trainer.data.phases import RunPlan
 from trainer.jobs import train
 from trainer.jobs.encode import encode_shards
-from trainer.models.families import condition, sampling_options
+from trainer.models.families import condition, negative_prompt, sampling_options
 from trainer.models.loading import load_models
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives.diffusion import diffusion_loss
@@ -37,7 +37,7 @@ RESOLUTION = 32
 BF16_STEP = 2 ** -7  # bf16 keeps 8 significant bits: a value rounded to it is within 2^-8 of itself, two within 2^-7
 
 
-@pytest.fixture(scope="module", params=["tiny-sd3", "tiny-pixart"])
+@pytest.fixture(scope="module", params=["tiny-sd3", "tiny-flux", "tiny-pixart"])
 def family(request, tmp_path_factory, shards_dir) -> dict:
     """A tiny family pipeline saved as a base (tokenizers learned from the shards' captions), and the image
     shards encoded at 32 px by the models loaded from it."""
@@ -146,7 +146,7 @@ def test_training_on_latent_shards_loads_no_text_encoder_and_follows_the_image_s
                                                                                              monkeypatch):
     # GIVEN a count of the text encoders loaded, and a step that records it and the bundle's text encoders
     loads, seen, real_step = [], [], train.train_step
-    for encoder_class in (T5EncoderModel, CLIPTextModelWithProjection):
+    for encoder_class in (T5EncoderModel, CLIPTextModel, CLIPTextModelWithProjection):
         monkeypatch.setattr(encoder_class, "from_pretrained", counted(encoder_class.from_pretrained.__func__, loads))
 
     def recording(trainee, models, *args):
@@ -226,13 +226,15 @@ def test_a_run_on_latent_shards_draws_its_validation_grid_from_the_prompts_embed
     for seed in seeds:
         drawn = [pipeline(**text, num_inference_steps=2, height=RESOLUTION, width=RESOLUTION, output_type="pt",
                           generator=torch.Generator("cpu").manual_seed(seed), **sampling_options(pipeline)).images
-                 for pipeline, text in ((with_text, {"prompt": prompts}), (without, {**embeddings, "negative_prompt": None}))]
+                 for pipeline, text in ((with_text, {"prompt": prompts, "negative_prompt": negative_prompt(with_text, None)}),
+                                        (without, {**embeddings, "negative_prompt": None}))]
         torch.testing.assert_close(drawn[1], drawn[0], rtol=0, atol=1e-5)
 
 
 def test_the_summary_counts_the_captions_each_tokenizer_cuts(tmp_path, family, samples, write_shard):
-    # GIVEN a shard whose one caption runs past every tokenizer's context (CLIP 77, SD3's T5 256, PixArt's 300)
-    long = {**samples[0], "caption": "a red dog " * 120}
+    # GIVEN a shard whose one caption runs past every tokenizer's context (CLIP 77, SD3's T5 256, PixArt's 300,
+    # Flux's 512)
+    long = {**samples[0], "caption": "a red dog " * 200}
     write_shard(tmp_path / "shards" / "shard.tar", [long, *samples[1:3]])
     # WHEN it is encoded
     summary = encode_shards(tmp_path / "shards", tmp_path / "latents", family["models"], RESOLUTION, CPU, batch_size=2,

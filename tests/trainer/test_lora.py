@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow(seconds=50)
 
 CPU = torch.device("cpu")
 ADAPTER_FILE = "unet/diffusion_pytorch_model.safetensors"  # a checkpoint's trained weights: the adapter's alone
-PRESETS = ["tiny", "tiny-sd3"]
+PRESETS = ["tiny", "tiny-sd3", "tiny-flux"]
+FAMILY = {"tiny": "unet", "tiny-sd3": "sd3", "tiny-flux": "flux"}
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -166,8 +167,7 @@ def test_the_model_is_the_base_byte_for_byte_with_the_adapter_and_its_record(lor
     record = json.loads((model_dir / lora.ADAPTER_RECORD).read_text())
     assert record["base"] == lora_run["record"]["base"] == {
         "pretrained": str(base_dir), "digest": lora.base_digest(base_dir), "files": len(files)}
-    assert (record["family"], record["rank"], record["alpha"]) == (
-        "unet" if lora_run["preset"] == "tiny" else "sd3", 4, 8)
+    assert (record["family"], record["rank"], record["alpha"]) == (FAMILY[lora_run["preset"]], 4, 8)
     assert record["targets"] == sorted(lora.TARGETS[record["family"]])
     assert json.loads((model_dir / "atelier-training.json").read_text())["base"] == record["base"]
 

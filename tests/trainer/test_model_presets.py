@@ -9,6 +9,7 @@ from contracts.model_presets import DEFAULT, SIZE_MULTIPLES
 from trainer.data.phases import plan_from_args
 from trainer.jobs import encode, train
 from trainer.models.bundle import Models
+from trainer.models.families import new_transformer
 from trainer.models.loading import CONFIGS_DIR, preset_family, read_preset
 
 
@@ -17,14 +18,14 @@ def size_multiple_of(name: str) -> int:
     preset, family = read_preset(name), preset_family(name, None)
     with torch.device("meta"):
         vae = AutoencoderKL(**preset["vae"])
-        denoiser = family.transformer_class(**preset["transformer"]) if family else UNet2DConditionModel(**preset["unet"])
+        denoiser = new_transformer(family, preset["transformer"]) if family else UNet2DConditionModel(**preset["unet"])
     return Models(vae=vae, text_encoders=[], tokenizers=[], denoiser=denoiser, noise_scheduler=None,
                   family=family).size_multiple
 
 
 def test_the_pipeline_s_table_is_every_preset_s_size_multiple() -> None:
     presets = sorted(path.stem for path in CONFIGS_DIR.glob("*.json"))
-    assert {"tiny-sd3", "tiny-pixart", "sd3-medium", "pixart-sigma"} <= set(presets)
+    assert {"tiny-sd3", "tiny-flux", "tiny-pixart", "sd3-medium", "flux1", "pixart-sigma"} <= set(presets)
     assert {name: size_multiple_of(name) for name in presets} == SIZE_MULTIPLES
 
 
@@ -84,3 +85,12 @@ def test_the_pipeline_s_prediction_types_are_the_unet_presets_schedules() -> Non
 
     unets = [name for name, family in FAMILIES.items() if family == "unet"]
     assert {name: read_preset(name)["scheduler"]["prediction_type"] for name in unets} == PREDICTION_TYPES
+
+
+@pytest.mark.parametrize("name, billions", [("sd3-medium", 2.03), ("flux1", 11.9), ("pixart-sigma", 0.61)])
+def test_a_full_size_preset_has_its_model_s_parameter_count(name: str, billions: float) -> None:
+    """The layouts the presets copy (SD3-medium, FLUX.1, PixArt-Sigma), counted on the meta device (no weights)."""
+    preset, family = read_preset(name), preset_family(name, None)
+    with torch.device("meta"):
+        transformer = new_transformer(family, preset["transformer"])
+    assert sum(p.numel() for p in transformer.parameters()) / 1e9 == pytest.approx(billions, rel=0.01)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import (DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
+from diffusers import (DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,
                        PixArtSigmaPipeline, StableDiffusion3Pipeline)
 
 from trainer.data.captions import read_captions
@@ -19,7 +19,7 @@ from trainer.jobs import train
 from trainer.jobs.sampling import save_model
 from trainer.jobs.scoring import flow_loss_summary, flow_validation_losses
 from trainer.data.buckets import widest_side
-from trainer.models.families import PIXART, check_flow_run, check_positions, condition, sampling_options
+from trainer.models.families import PIXART, check_flow_run, check_positions, condition, prepared, sampling_options
 from trainer.models.loading import BaseModelError, from_pretrained, load_models
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives import flow_matching
@@ -36,6 +36,7 @@ CPU = torch.device("cpu")
 PROVENANCE = Provenance(model_id="atelier-0123456789abcdef0123", manifest="9f2c" * 16, attribution="s3://models/a.json")
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 FAMILIES = [("tiny-sd3", StableDiffusion3Pipeline, FlowMatchEulerDiscreteScheduler),
+            ("tiny-flux", FluxPipeline, FlowMatchEulerDiscreteScheduler),
             ("tiny-pixart", PixArtSigmaPipeline, DPMSolverMultistepScheduler)]
 
 
@@ -71,7 +72,7 @@ def test_training_timesteps_are_logit_normal_from_the_step_generator():
     assert sample_timesteps(settings, 4000, 1024, CPU, torch.Generator().manual_seed(1)).median() > 0.75
 
 
-@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-pixart"])
+@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-flux", "tiny-pixart"])
 def test_the_flow_loss_trains_the_transformer_towards_the_velocity(preset):
     """Fifty steps on one batch with the same draws every step: the loss falls to well under half."""
     models = load_models(preset, None, seed=0)
@@ -144,7 +145,8 @@ def trained_family(request, tmp_path_factory, shards_dir):
 
 def test_a_run_trains_the_transformer_and_saves_the_family_s_pipeline(trained_family):
     assert torch.isfinite(torch.tensor(trained_family["record"]["final_loss"]))
-    pipeline = DiffusionPipeline.from_pretrained(trained_family["model_dir"])
+    # prepared: FluxPipeline's own default size is 128 latent pixels whatever the model (the others read their config)
+    pipeline = prepared(DiffusionPipeline.from_pretrained(trained_family["model_dir"]))
     assert type(pipeline) is trained_family["pipeline_class"]
     assert type(pipeline.scheduler) is trained_family["scheduler_class"]
     after = pipeline.transformer.state_dict()
@@ -290,3 +292,16 @@ def test_a_pixart_model_trained_off_its_preset_size_is_saved_with_the_positions_
     # THEN the loaded transformer draws 32 px by default and reads the same positions
     assert saved.transformer.config.sample_size * 4 == 32
     torch.testing.assert_close(saved.transformer.pos_embed(latents), trained)
+
+
+def test_a_flux_base_without_a_default_size_takes_flux_pipeline_s_and_one_of_ours_keeps_its_own(tmp_path):
+    """FLUX.1-dev's transformer config holds no sample_size (FluxPipeline draws 128 latent pixels a side by default);
+    a tiny-flux model (built for 64 px) trained at 32 px keeps that size, and the pipeline loaded back draws it."""
+    models = load_models("tiny-flux", None, seed=0, captions=lambda: ["a red dog"])
+    save_model(models, models.denoiser.state_dict(), 32, tmp_path / "ours", None)
+    assert prepared(DiffusionPipeline.from_pretrained(tmp_path / "ours")).default_sample_size == 8  # 32 px
+    config = json.loads((tmp_path / "ours" / "transformer" / "config.json").read_text())
+    del config["sample_size"]
+    (tmp_path / "ours" / "transformer" / "config.json").write_text(json.dumps(config))
+    assert from_pretrained(tmp_path / "ours").default_resolution == 128 * 4  # the tiny VAE's downsampling
+    assert prepared(DiffusionPipeline.from_pretrained(tmp_path / "ours")).default_sample_size == 128

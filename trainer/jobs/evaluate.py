@@ -58,6 +58,7 @@ from contracts.recipe_jobs import EvaluateOptions
 from trainer.data.eval_set import EvaluationError, eval_set_digest, find_eval_shards, read_eval_samples
 from trainer.jobs.hyperparameters import add_options, checked
 from trainer.jobs.scoring import EvalConfig, load_scorer, score_model
+from trainer.models.families import sample_size
 from trainer.runtime.health import log
 
 SCHEMA = 1
@@ -85,7 +86,7 @@ def channel_dir(channel: str | None, scratch: Path, name: str, marker: str = "mo
 
 
 def trained_resolution(path: Path) -> int:
-    """The resolution of the model's last training phase, else the size its UNet was built for."""
+    """The resolution of the model's last training phase, else the size its denoiser was built for."""
     record_path = path / "atelier-training.json"
     if record_path.is_file():
         stages = json.loads(record_path.read_text()).get("stages") or []
@@ -94,7 +95,7 @@ def trained_resolution(path: Path) -> int:
     denoiser = path / "unet" / "config.json"
     denoiser = denoiser if denoiser.is_file() else path / "transformer" / "config.json"
     vae = json.loads((path / "vae" / "config.json").read_text())
-    return json.loads(denoiser.read_text())["sample_size"] * 2 ** (len(vae["block_out_channels"]) - 1)
+    return sample_size(json.loads(denoiser.read_text())) * 2 ** (len(vae["block_out_channels"]) - 1)
 
 
 # ---------------------------------------------------------------- main

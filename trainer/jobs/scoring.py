@@ -30,7 +30,7 @@ from trainer.data.eval_set import EvalSample, EvaluationError
 from trainer.models.bundle import Models
 from trainer.models.loading import from_pretrained
 from trainer.models.pipelines import build_pipeline
-from trainer.models.families import condition, predict, sampling_options
+from trainer.models.families import condition, negative_prompt, predict, sampling_options
 from trainer.models.text import encode_captions
 from trainer.objectives.flow_matching import VALIDATION_TIMESTEPS
 from trainer.objectives.flow_matching import noised as flow_noised
@@ -191,9 +191,10 @@ def sample_images(models: Models, prompts: list[str], config: EvalConfig) -> lis
     pipeline = build_pipeline(models, models.denoiser, config.resolution)
     pipeline.set_progress_bar_config(disable=True)
     return [
-        pipeline(prompt, num_inference_steps=config.steps, guidance_scale=config.guidance, height=config.resolution,
-                 width=config.resolution, generator=torch.Generator("cpu").manual_seed(draw_seed(config.seed, number)),
-                 **sampling_options(pipeline)).images[0]
+        pipeline(prompt, negative_prompt=negative_prompt(pipeline, None), num_inference_steps=config.steps,
+                 guidance_scale=config.guidance, height=config.resolution, width=config.resolution,
+                 generator=torch.Generator("cpu").manual_seed(draw_seed(config.seed, number)),
+                 **sampling_options(pipeline, config.guidance)).images[0]
         for number, prompt in enumerate(prompts)
     ]
 

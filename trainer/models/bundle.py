@@ -59,13 +59,13 @@ class Models:
     def size_multiple(self) -> int:
         """Image sides must be multiples of this: the VAE's and the denoiser's downsampling (a transformer's patch) together."""
         if self.family is not None:
-            return self.vae_scale_factor * self.denoiser.config.patch_size
+            return families.size_multiple(self.denoiser, self.vae_scale_factor)
         return self.vae_scale_factor * 2 ** (len(self.denoiser.config.block_out_channels) - 1)
 
     @property
     def default_resolution(self) -> int:
         """The image size the model was built for: latent sample size times the VAE's downsampling."""
-        return self.denoiser.config.sample_size * self.vae_scale_factor
+        return families.sample_size(self.denoiser.config) * self.vae_scale_factor
 
     def latents(self, sample: torch.Tensor) -> torch.Tensor:
         """A VAE latent sample made unit-variance as the family's pipeline expects (SD3 subtracts a shift first)."""

@@ -1,10 +1,12 @@
-"""The transformer families: an MMDiT (SD3) and a cross-attention DiT (PixArt-Sigma), trained with
-flow matching (trainer/flow_matching.py), built from diffusers' and transformers' own classes.
+"""The transformer families: two MMDiTs (SD3, and Flux.1's layout of double- and single-stream blocks)
+and a cross-attention DiT (PixArt-Sigma), trained with flow matching (trainer/flow_matching.py), built
+from diffusers' and transformers' own classes.
 
-A preset names its family (`"family": "sd3"` or `"pixart"`) and gives the configs of its parts:
-`transformer` (the diffusers class's config), `vae` (AutoencoderKL: 16 latent channels for SD3, 4
-for PixArt), `text_encoders` by role (`clip_l` and `clip_g`, CLIPTextModelWithProjection, and an
-optional `t5` for SD3; `t5`, T5EncoderModel, for PixArt) and `flow` (flow_matching.FlowSettings).
+A preset names its family (`"family": "sd3"`, `"flux"` or `"pixart"`) and gives the configs of its parts:
+`transformer` (the diffusers class's config), `vae` (AutoencoderKL: 16 latent channels for SD3 and
+Flux, 4 for PixArt), `text_encoders` by role (`clip_l` and `clip_g`, CLIPTextModelWithProjection, and an
+optional `t5` for SD3; `clip_l`, CLIPTextModel, and `t5` for Flux; `t5`, T5EncoderModel, for PixArt) and
+`flow` (flow_matching.FlowSettings).
 A `--pretrained` pipeline folder brings any of them instead (`text_encoder*`/`tokenizer*`, `vae`,
 `transformer`), as for the UNet family.
 
@@ -13,11 +15,18 @@ trainer calls the pipeline's own `encode_prompt` (on a pipeline holding the text
 trained on the embeddings it is served with:
 - SD3: CLIP-L's and CLIP-G's penultimate hidden states side by side, zero-padded to the T5 width and
   followed by T5's last hidden state (zeros without a T5), plus both CLIPs' pooled projections.
+- Flux: T5's last hidden state (all 512 positions: the transformer attends to the padding too) and
+  CLIP-L's pooled output. Its transformer reads the latents packed as tokens of 2x2 latent pixels
+  with their positions as ids (rotary: no table to outgrow), and the timestep in [0, 1].
 - PixArt: T5's last hidden state and its attention mask.
 On latent shards the encode job has stored these (trainer/data/latents.py) and training loads no text
 encoder; `text_configs`/`load_text_configs` give their configs without weights, so the parts are still checked.
 
-The saved sampler: SD3 saves `FlowMatchEulerDiscreteScheduler` with the last phase's shift.
+The saved sampler: SD3 and Flux save `FlowMatchEulerDiscreteScheduler` with the last phase's shift (Flux's
+without its dynamic shifting, so sampling shifts as training did). A Flux transformer without guidance
+embeddings (trained here from scratch) is sampled with true classifier-free guidance (`true_cfg_scale`, the
+empty negative prompt); a guidance-distilled base (`guidance_embeds`) trains and samples with the embedded
+guidance, as diffusers' Flux scripts do.
 PixArtSigmaPipeline reads `init_noise_sigma` and calls `scale_model_input`, which the flow-matching
 Euler scheduler lacks, so PixArt saves `DPMSolverMultistepScheduler` in its flow mode
 (`use_flow_sigmas`, `prediction_type="flow_prediction"`, the same shift): the sampler diffusers
@@ -31,10 +40,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
-                       PixArtSigmaPipeline, PixArtTransformer2DModel, SD3Transformer2DModel,
+from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+                       FluxTransformer2DModel, PixArtSigmaPipeline, PixArtTransformer2DModel, SD3Transformer2DModel,
                        StableDiffusion3Pipeline)
-from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel)
+from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config,
+                          T5EncoderModel)
 
 from contracts.model_presets import flow_refusal
 from trainer.objectives.flow_matching import TIMESTEP_SCALE
@@ -61,17 +71,19 @@ class Family:
     # the pipeline lowercases and strips a prompt before its T5 tokenizer sees it (PixArtSigmaPipeline's
     # _text_preprocessing without clean_caption), so its tokenizer is learned and measured on that text
     lowercases_prompts: bool = False
+    # the transformer reads latents packed as tokens of 2x2 latent pixels, with position ids (Flux)
+    packs_latents: bool = False
 
     def saved_scheduler(self, shift: float):
         """The sampler saved with the pipeline, at the run's last shift."""
-        if self.pipeline_class is StableDiffusion3Pipeline:
-            return FlowMatchEulerDiscreteScheduler(shift=shift)
+        if self.pipeline_class is not PixArtSigmaPipeline:
+            return FlowMatchEulerDiscreteScheduler(shift=shift, use_dynamic_shifting=False)
         return DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=shift)
 
     def saved_shift(self, path: Path) -> float:
         """The shift of the sampler a saved pipeline at `path` holds (1: none)."""
         config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-        return float(config.get("shift" if self.pipeline_class is StableDiffusion3Pipeline else "flow_shift") or 1.0)
+        return float(config.get("flow_shift" if self.pipeline_class is PixArtSigmaPipeline else "shift") or 1.0)
 
 
 SD3 = Family("sd3", SD3Transformer2DModel, StableDiffusion3Pipeline, (
@@ -79,10 +91,17 @@ SD3 = Family("sd3", SD3Transformer2DModel, StableDiffusion3Pipeline, (
     TextPart("clip_g", "text_encoder_2", "tokenizer_2", CLIPTextModelWithProjection),
     TextPart("t5", "text_encoder_3", "tokenizer_3", T5EncoderModel, required=False),
 ), max_length=256, shifts_latents=True)
+FLUX = Family("flux", FluxTransformer2DModel, FluxPipeline, (
+    TextPart("clip_l", "text_encoder", "tokenizer", CLIPTextModel),
+    TextPart("t5", "text_encoder_2", "tokenizer_2", T5EncoderModel),
+), max_length=512, shifts_latents=True, packs_latents=True)
 PIXART = Family("pixart", PixArtTransformer2DModel, PixArtSigmaPipeline, (
     TextPart("t5", "text_encoder", "tokenizer", T5EncoderModel),
 ), max_length=300, shifts_latents=False, lowercases_prompts=True)
-FAMILIES = {family.name: family for family in (SD3, PIXART)}
+FAMILIES = {family.name: family for family in (SD3, FLUX, PIXART)}
+FLUX_TRAINING_GUIDANCE = 3.5  # a guidance-distilled base's embedded guidance in training (diffusers' Flux scripts)
+FLUX_SAMPLING_GUIDANCE = 3.5  # true CFG for an undistilled Flux where a call names no scale (FluxPipeline's own default)
+FLUX_DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline's default latent side (1024 px), for a transformer config without one
 
 
 def family_named(name: str) -> Family:
@@ -109,10 +128,13 @@ class Conditioning:
     # the token positions some caption of the batch holds (after them the context is zero padding), known
     # without reading the mask off the device; None: every position may hold one
     positions: int | None = None
+    packed: bool = False  # Flux: the transformer reads packed latents and position ids (layout())
+    guidance: float | None = None  # Flux: a guidance-distilled transformer's embedded guidance
 
     def repeat_interleave(self, count: int) -> "Conditioning":
         return Conditioning(*(None if part is None else part.repeat_interleave(count, dim=0)
-                              for part in (self.context, self.pooled, self.mask)), positions=self.positions)
+                              for part in (self.context, self.pooled, self.mask)), positions=self.positions,
+                            packed=self.packed, guidance=self.guidance)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Its parts by the names the family's pipeline gives and takes them (what latent shards store)."""
@@ -124,6 +146,15 @@ class Conditioning:
 
 
 STORED_NAMES = {"context": "prompt_embeds", "pooled": "pooled_prompt_embeds", "mask": "prompt_attention_mask"}
+
+
+def layout(family: Family, transformer, conditioning: Conditioning) -> Conditioning:
+    """`conditioning` marked with how `transformer` reads its inputs: packed latents and, for a guidance-distilled
+    Flux transformer, the embedded guidance it trains at (what stored embeddings cannot say)."""
+    if family.packs_latents:
+        conditioning.packed = True
+        conditioning.guidance = FLUX_TRAINING_GUIDANCE if transformer.config.guidance_embeds else None
+    return conditioning
 
 
 # ---------------------------------------------------------------- building and loading
@@ -196,6 +227,29 @@ def load_text_configs(family: Family, base: Path) -> dict:
             for part in base_text_parts(family, base)}
 
 
+def new_transformer(family: Family, config: dict):
+    """A fresh transformer of the preset's `config`. Flux's class takes no `sample_size`: it is kept in the config
+    (as the other families keep theirs), where the saved pipeline's default image size is read from (prepared())."""
+    if not family.packs_latents or "sample_size" not in config:
+        return family.transformer_class(**config)
+    transformer = family.transformer_class(**{key: value for key, value in config.items() if key != "sample_size"})
+    transformer.register_to_config(sample_size=config["sample_size"])
+    return transformer
+
+
+def sample_size(config) -> int:
+    """A denoiser config's default latent side: its `sample_size`, else FluxPipeline's fixed 128 (a Flux
+    transformer from elsewhere, FLUX.1-dev's, holds none)."""
+    return config.get("sample_size") or FLUX_DEFAULT_SAMPLE_SIZE
+
+
+def size_multiple(transformer, vae_scale_factor: int) -> int:
+    """Image sides a transformer can take are multiples of this: the VAE's downsampling times its patch (Flux:
+    its 2x2 packing of latent pixels)."""
+    packing = 2 if isinstance(transformer, FluxTransformer2DModel) else 1
+    return vae_scale_factor * (transformer.config.get("patch_size") or 1) * packing
+
+
 def load_transformer(family: Family, base: Path):
     return family.transformer_class.from_pretrained(base, subfolder="transformer")
 
@@ -208,10 +262,19 @@ def check_fits(family: Family, transformer, vae: AutoencoderKL, encoders: dict, 
     """The parts fit: the transformer reads the VAE's latents and the text encoders' widths (`encoders`: their
     configs by subfolder, so the check needs no weights)."""
     config = transformer.config
-    if config.in_channels != vae.config.latent_channels:
-        raise ValueError(f"the transformer takes {config.in_channels} latent channels but the VAE makes "
+    channels = config.in_channels // 4 if family.packs_latents else config.in_channels  # Flux: 2x2 latent pixels a token
+    if channels != vae.config.latent_channels:
+        raise ValueError(f"the transformer takes {channels} latent channels but the VAE makes "
                          f"{vae.config.latent_channels} ({source})")
-    if family is SD3:
+    if family.shifts_latents and vae.config.shift_factor is None:
+        raise ValueError(f"a {family.name} model's VAE needs a shift_factor ({source})")
+    if family is FLUX:
+        widths = {"pooled_projection_dim": (config.pooled_projection_dim, encoders["text_encoder"].hidden_size, "CLIP-L"),
+                  "joint_attention_dim": (config.joint_attention_dim, encoders["text_encoder_2"].d_model, "T5")}
+        for name, (wanted, given, encoder) in widths.items():
+            if wanted != given:
+                raise ValueError(f"the transformer's {name} is {wanted} but {encoder} gives {given} ({source})")
+    elif family is SD3:
         clips = [encoders[name] for name in ("text_encoder", "text_encoder_2")]
         pooled = sum(encoder.projection_dim for encoder in clips)
         if pooled != config.pooled_projection_dim:
@@ -223,8 +286,6 @@ def check_fits(family: Family, transformer, vae: AutoencoderKL, encoders: dict, 
         if max(widths) > config.joint_attention_dim or widths[-1] != config.joint_attention_dim and len(widths) == 2:
             raise ValueError(f"the transformer's joint_attention_dim is {config.joint_attention_dim} but the text "
                              f"encoders give widths {widths} ({source})")
-        if vae.config.shift_factor is None:
-            raise ValueError(f"an SD3 model's VAE needs a shift_factor ({source})")
     elif encoders["text_encoder"].d_model != config.caption_channels:
         raise ValueError(f"the transformer's caption_channels is {config.caption_channels} but T5 gives "
                          f"{encoders['text_encoder'].d_model} ({source})")
@@ -266,6 +327,9 @@ def condition(family: Family, pipeline, captions: list[str], device: torch.devic
                                                        do_classifier_free_guidance=False,
                                                        max_sequence_length=family.max_length)
         return Conditioning(context, pooled=pooled)
+    if family is FLUX:
+        context, pooled, _ = pipeline.encode_prompt(captions, None, device=device, max_sequence_length=family.max_length)
+        return layout(family, pipeline.transformer, Conditioning(context, pooled=pooled))
     # T5 runs on the longest caption's tokens, not the 300 the pipeline pads to: the padded positions are masked
     # out of the transformer's cross-attention and stored as zeros, and the real ones do not depend on the padding
     texts = pipeline._text_preprocessing(captions, clean_caption=False)  # what encode_prompt tokenizes
@@ -288,6 +352,12 @@ def prompt_embeddings(family: Family, pipeline, prompts: list[str]) -> dict[str,
             max_sequence_length=family.max_length)
         return {"prompt_embeds": embeds, "negative_prompt_embeds": negative, "pooled_prompt_embeds": pooled,
                 "negative_pooled_prompt_embeds": negative_pooled}
+    if family is FLUX:
+        (embeds, pooled, _), (negative, negative_pooled, _) = (
+            pipeline.encode_prompt(texts, None, device=cpu, max_sequence_length=family.max_length)
+            for texts in (prompts, [""] * len(prompts)))
+        return {"prompt_embeds": embeds, "negative_prompt_embeds": negative, "pooled_prompt_embeds": pooled,
+                "negative_pooled_prompt_embeds": negative_pooled}
     embeds, mask, negative, negative_mask = pipeline.encode_prompt(
         prompts, do_classifier_free_guidance=True, negative_prompt="", device=cpu, max_sequence_length=family.max_length)
     return {"prompt_embeds": embeds, "prompt_attention_mask": mask, "negative_prompt_embeds": negative,
@@ -296,6 +366,8 @@ def prompt_embeddings(family: Family, pipeline, prompts: list[str]) -> dict[str,
 
 def predict(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
     """The transformer's velocity for latents `noisy` at timesteps `t` in [0, 1]."""
+    if conditioning.packed:
+        return _predict_packed(transformer, noisy, t, conditioning)
     timestep = t * TIMESTEP_SCALE
     if conditioning.mask is None:
         return transformer(hidden_states=noisy, encoder_hidden_states=conditioning.context,
@@ -305,13 +377,38 @@ def predict(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Con
     return output[:, :noisy.shape[1]]  # a learned-variance layout (2x channels) keeps its first half
 
 
+def _predict_packed(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
+    """Flux's velocity: the latents packed as tokens of 2x2 latent pixels with their (0, row, column) ids, the
+    text's ids zero, the timestep (and a distilled model's guidance) in [0, 1] as FluxPipeline passes them;
+    the tokens unpacked back to latents."""
+    batch, channels, height, width = noisy.shape
+    tokens = FluxPipeline._pack_latents(noisy, batch, channels, height, width)
+    image_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, noisy.device, noisy.dtype)
+    text_ids = torch.zeros(conditioning.context.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
+    guidance = None if conditioning.guidance is None else torch.full((batch,), conditioning.guidance, device=noisy.device)
+    output = transformer(hidden_states=tokens, encoder_hidden_states=conditioning.context,
+                         pooled_projections=conditioning.pooled, timestep=t, img_ids=image_ids, txt_ids=text_ids,
+                         guidance=guidance).sample
+    return (output.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+            .reshape(batch, channels, height, width))
+
+
 def build_pipeline(family: Family, transformer, vae: AutoencoderKL, encoders: dict, tokenizers: dict, shift: float):
     """The family's diffusers pipeline around `transformer`, with the flow sampler at `shift`."""
     parts = {"transformer": transformer, "vae": vae, "scheduler": family.saved_scheduler(shift), **encoders, **tokenizers}
     for part in family.text_parts:  # absent: an optional encoder (SD3's T5), or a run on stored embeddings
         parts.setdefault(part.encoder, None)
         parts.setdefault(part.tokenizer, None)
-    return family.pipeline_class(**parts)
+    return prepared(family.pipeline_class(**parts))
+
+
+def prepared(pipeline):
+    """A loaded or built pipeline that draws at its model's own size when a call names none: FluxPipeline's
+    default is a fixed 128 latent pixels a side, whatever its transformer trained at (the others read it from
+    their denoiser's config)."""
+    if isinstance(pipeline, FluxPipeline):
+        pipeline.default_sample_size = sample_size(pipeline.transformer.config)
+    return pipeline
 
 
 def check_flow_run(family: Family, args) -> None:
@@ -332,15 +429,26 @@ def absent_parts(path: Path) -> dict:
             for name in (part.encoder, part.tokenizer) if (index.get(name) or [None])[0] is None}
 
 
+def _true_cfg(pipeline) -> bool:
+    """Whether the pipeline guides by true classifier-free guidance only when given a negative prompt and
+    `true_cfg_scale`: a Flux transformer without guidance embeddings (FluxPipeline ignores guidance_scale then)."""
+    return isinstance(pipeline, FluxPipeline) and not pipeline.transformer.config.guidance_embeds
+
+
 def negative_prompt(pipeline, value):
-    """The request's negative prompt as the pipeline takes it: PixArt's pipelines need a string where none is given."""
-    return "" if value is None and isinstance(pipeline, PixArtSigmaPipeline) else value
+    """The request's negative prompt as the pipeline takes it: PixArt's pipelines need a string where none is
+    given, and Flux's guides only with one."""
+    return "" if value is None and (isinstance(pipeline, PixArtSigmaPipeline) or _true_cfg(pipeline)) else value
 
 
-def sampling_options(pipeline) -> dict:
+def sampling_options(pipeline, guidance_scale: float | None = None) -> dict:
     """Keyword arguments the pipeline needs to draw exactly the asked height and width, from the prompt as it was
-    trained: PixArt's pipelines otherwise snap the size to the aspect-ratio bins of their 256-2048 px checkpoints,
-    and clean the prompt (lower case, no URLs, ...) where bs4 and ftfy are installed, which training's
-    encode_prompt never does (or log that they are missing, at every request)."""
+    trained, guided by `guidance_scale` (None: the pipeline's default): PixArt's pipelines otherwise snap the size
+    to the aspect-ratio bins of their 256-2048 px checkpoints, and clean the prompt (lower case, no URLs, ...)
+    where bs4 and ftfy are installed, which training's encode_prompt never does (or log that they are missing,
+    at every request); a Flux transformer without guidance embeddings takes the scale as `true_cfg_scale`."""
     parameters = inspect.signature(pipeline.__call__).parameters
-    return {name: False for name in ("use_resolution_binning", "clean_caption") if name in parameters}
+    options = {name: False for name in ("use_resolution_binning", "clean_caption") if name in parameters}
+    if _true_cfg(pipeline):
+        options["true_cfg_scale"] = FLUX_SAMPLING_GUIDANCE if guidance_scale is None else guidance_scale
+    return options

@@ -157,8 +157,8 @@ def preset_geometry(name: str) -> tuple[int, int]:
     preset = read_preset(name)
     vae_scale = 2 ** (len(preset["vae"].get("block_out_channels", [0])) - 1)
     if "transformer" in preset:
-        denoiser = preset["transformer"]
-        return vae_scale * denoiser.get("patch_size", 2), denoiser["sample_size"] * vae_scale
+        denoiser, packing = preset["transformer"], 2 if families.family_named(preset["family"]).packs_latents else 1
+        return vae_scale * denoiser.get("patch_size", 2) * packing, denoiser["sample_size"] * vae_scale
     denoiser = preset["unet"]
     return vae_scale * 2 ** (len(denoiser["block_out_channels"]) - 1), denoiser["sample_size"] * vae_scale
 
@@ -319,7 +319,7 @@ def transformer_models(family: Family, model_config: str | None, base: Path | No
         if has("transformer") and init != "random":
             transformer = families.load_transformer(family, base).to(device)
         else:
-            transformer = seeded(seed, family.transformer_class, preset["transformer"], device)
+            transformer = seeded(seed, lambda **config: families.new_transformer(family, config), preset["transformer"], device)
         autoencoder = load_vae(vae) if vae else families.load_vae(base) if has("vae") else seeded(seed, AutoencoderKL, preset["vae"])
         families.check_fits(family, transformer, autoencoder, configs, pretrained or model_config)
     except (KeyError, ValueError) as error:

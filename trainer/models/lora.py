@@ -5,8 +5,9 @@ diffusers integrates it (`add_adapter`, `get_peft_model_state_dict`, the pipelin
 Only the adapter's parameters (fp32, diffusers' `cast_training_params`) are optimised, clipped, averaged
 (EMA) and checkpointed; the base comes from `--pretrained` again on resume. The adapter targets the
 attention projections, per family (TARGETS): the UNet's `to_q`, `to_k`, `to_v`, `to_out.0` (self- and
-cross-attention, as diffusers' train_text_to_image_lora.py) and SD3's joint attention, the image stream's
-and the text stream's projections (as train_dreambooth_lora_sd3.py). PixArt has none: in diffusers 0.42
+cross-attention, as diffusers' train_text_to_image_lora.py) and SD3's and Flux's joint attention, the image
+stream's and the text stream's projections (as train_dreambooth_lora_sd3.py; Flux's single-stream blocks
+match their query, key and value). PixArt has none: in diffusers 0.42
 PixArtSigmaPipeline has no `load_lora_weights` and PixArtTransformer2DModel no `add_adapter`.
 
 The model a LoRA run saves is the base's pipeline folder copied byte for byte (model_index.json and the
@@ -42,6 +43,7 @@ TARGETS = {
     "sd3": ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
             "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"),
 }
+TARGETS["flux"] = TARGETS["sd3"]  # the double-stream blocks' both streams; the single-stream blocks' to_q/k/v
 
 
 class LoraError(ValueError):

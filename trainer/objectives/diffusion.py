@@ -30,7 +30,7 @@ from diffusers import DDPMScheduler
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
 from trainer.models.bundle import Models
-from trainer.models.families import STORED_NAMES, Conditioning, condition, predict
+from trainer.models.families import STORED_NAMES, Conditioning, condition, layout, predict
 from trainer.objectives import flow_matching
 from trainer.objectives.flow_matching import sample_timesteps
 from trainer.models.text import encode_captions, encode_token_ids
@@ -105,8 +105,8 @@ def flow_inputs(models: Models, batch: dict, device: torch.device, generator: to
     with torch.no_grad(), autocast(device):
         latents = image_latents(models, batch, device, generator)
         if STORED_NAMES["context"] in batch:  # latent shards: what encode_prompt gave, stored in bf16
-            conditioning = Conditioning.from_tensors({name: batch[name].to(device, non_blocking=True) for name
-                                                      in STORED_NAMES.values() if name in batch})
+            conditioning = layout(models.family, models.denoiser, Conditioning.from_tensors(
+                {name: batch[name].to(device, non_blocking=True) for name in STORED_NAMES.values() if name in batch}))
             conditioning.context = conditioning.context.float()  # as the online path's (autocast casts it on a GPU)
             if conditioning.pooled is not None:
                 conditioning.pooled = conditioning.pooled.float()

@@ -77,10 +77,10 @@ def wrap(unet: torch.nn.Module, processes: Processes, strategy: str) -> torch.nn
 
 def shard_units(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks FSDP shards one by one (each gathered only while it runs): a UNet's down, mid and up blocks,
-    a transformer's (SD3's, PixArt's) transformer blocks."""
+    a transformer's (SD3's, PixArt's) transformer blocks, and Flux's single-stream blocks after its double-stream ones."""
     if hasattr(denoiser, "down_blocks"):
         return [*denoiser.down_blocks, denoiser.mid_block, *denoiser.up_blocks]
-    return list(denoiser.transformer_blocks)
+    return [*denoiser.transformer_blocks, *getattr(denoiser, "single_transformer_blocks", ())]
 
 
 def gradient_sync(model: torch.nn.Module, sync: bool):

@@ -11,7 +11,8 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 
 from trainer.models import lora
-from trainer.models.families import absent_parts, negative_prompt, position_cover, sampling_options
+from trainer.models.families import (absent_parts, negative_prompt, position_cover, prepared, sampling_options,
+                                     size_multiple)
 from trainer.serve.levers import apply_levers, compiled, denoiser_of, lever_plan
 from trainer.serve.protocol import BadRequest, Generation
 from trainer.serve.settings import ServeSettings
@@ -27,7 +28,7 @@ def load_pipeline(model_dir: str | Path, settings: ServeSettings = ServeSettings
     if not (Path(model_dir) / "model_index.json").is_file():  # never a hub id: diffusers would try to download it
         raise FileNotFoundError(f"no diffusers pipeline (model_index.json) in {model_dir}")
     adapter = lora.verified_adapter(Path(model_dir))
-    pipeline = DiffusionPipeline.from_pretrained(str(model_dir), **absent_parts(Path(model_dir)))
+    pipeline = prepared(DiffusionPipeline.from_pretrained(str(model_dir), **absent_parts(Path(model_dir))))
     if adapter is not None:
         lora.merge_adapter(getattr(pipeline, adapter["denoiser"]), Path(model_dir), adapter)
     pipeline.set_progress_bar_config(disable=True)
@@ -65,7 +66,7 @@ def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Imag
         num_images_per_prompt=generation.num_images,
         # CPU generators draw the same starting noise whatever device runs the model.
         generator=[torch.Generator("cpu").manual_seed(seed) for seed in generation.seeds],
-        **sampling_options(pipeline),
+        **sampling_options(pipeline, generation.guidance_scale),
     ).images
 
 
@@ -73,8 +74,7 @@ def check_sides(pipeline: DiffusionPipeline, generation: Generation) -> None:
     """BadRequest for a height or width this model cannot draw (which the pipeline would fail on, a 500): a
     transformer's sides are multiples of its VAE's downsampling times its patch, and SD3's fit its position table."""
     denoiser = denoiser_of(pipeline)
-    patch = denoiser.config.get("patch_size") or 1
-    multiple = pipeline.vae_scale_factor * patch
+    multiple = size_multiple(denoiser, pipeline.vae_scale_factor)
     largest = position_cover(denoiser, pipeline.vae_scale_factor)
     for name in ("height", "width"):
         side = getattr(generation, name)
@@ -82,7 +82,7 @@ def check_sides(pipeline: DiffusionPipeline, generation: Generation) -> None:
             continue
         if side % multiple:
             raise BadRequest(f'"{name}" must be a multiple of {multiple} for this model (its VAE\'s downsampling '
-                             f"{pipeline.vae_scale_factor} x its patch {patch})")
+                             f"{pipeline.vae_scale_factor} x its patch)")
         if largest and side > largest:
             raise BadRequest(f'"{name}" must be at most {largest} for this model (its position table)')
 
@@ -103,7 +103,7 @@ def generate_batch(pipeline: DiffusionPipeline, generations: list[Generation]) -
             prompts, negative_prompt=negative_prompt(pipeline, negatives), num_inference_steps=first.num_inference_steps,
             guidance_scale=first.guidance_scale, height=first.height, width=first.width,
             generator=[torch.Generator("cpu").manual_seed(seed) for g in generations for seed in g.seeds],
-            **sampling_options(pipeline),
+            **sampling_options(pipeline, first.guidance_scale),
         ).images
     split, start = [], 0
     for generation in generations:

@@ -24,9 +24,10 @@ here (`usable` says why not).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from trainer.models.families import Conditioning
 from trainer.objectives.diffusion import Noised, prediction_loss
 
 
@@ -65,7 +66,7 @@ def _rebuilt(noised: Noised, tensors: list[torch.Tensor]) -> Noised:
     if noised.conditioning is not None:
         pooled = rest.pop(0) if noised.conditioning.pooled is not None else None
         mask = rest.pop(0) if noised.conditioning.mask is not None else None
-        conditioning = Conditioning(context, pooled, mask)
+        conditioning = dataclasses.replace(noised.conditioning, context=context, pooled=pooled, mask=mask)
     return Noised(noisy_latents, timesteps, context, target, weights, added, conditioning)
 
 
