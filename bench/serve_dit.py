@@ -46,14 +46,17 @@ def progress(**fields) -> None:
 
 
 def build(preset_name: str, folder: Path, resolution: int) -> None:
-    """The preset's pipeline (no T5) with random weights, built on the GPU and saved in bf16."""
+    """The preset's pipeline (no T5 where the family can do without one) with random weights, built on the GPU and
+    saved in bf16."""
     preset = read_preset(preset_name)
     family = families.family_named(preset["family"])
-    preset["text_encoders"] = {role: config for role, config in preset["text_encoders"].items() if role != "t5"}
+    optional = {part.role for part in family.text_parts if not part.required}
+    preset["text_encoders"] = {role: config for role, config in preset["text_encoders"].items()
+                               if not (role == "t5" and role in optional)}
     with torch.device("cuda"):
         encoders, tokenizers = families.build_text_parts(family, preset, seed=0,
                                                         tokenizers=text_tokenizers.learn(preset, []))
-        transformer = family.transformer_class(**preset["transformer"])
+        transformer = families.new_transformer(family, preset["transformer"])
         vae = AutoencoderKL(**preset["vae"])
     # the server warms up (compiles) at the model's default size, as a trained model's is its last stage's
     transformer.register_to_config(sample_size=resolution // 2 ** (len(vae.config.block_out_channels) - 1))

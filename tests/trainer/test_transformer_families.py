@@ -26,7 +26,7 @@ from trainer.objectives import flow_matching
 from trainer.objectives.diffusion import diffusion_loss
 from trainer.objectives.flow_matching import FlowSettings, sample_timesteps, shifted
 from trainer.objectives.numerics import step_generator
-from trainer.serve.generation import check_sides, generate, load_pipeline
+from trainer.serve.generation import check_request, generate, load_pipeline
 from trainer.serve.levers import apply_levers
 from trainer.serve.protocol import BadRequest, Generation
 from trainer.serve.server import InferenceServer
@@ -179,6 +179,7 @@ def test_the_saved_pipeline_conditions_captions_as_training_did(trained_family, 
     assert torch.equal(trained_on.context, served.context)
     for part in ("pooled", "mask"):
         assert (getattr(trained_on, part) is None) == (getattr(served, part) is None)
+        assert getattr(trained_on, part) is None or torch.equal(getattr(trained_on, part), getattr(served, part))
 
 
 def test_pixart_s_t5_reads_the_longest_caption_s_tokens_and_gives_what_the_300_padded_call_gives():
@@ -263,7 +264,7 @@ def test_a_side_the_model_cannot_draw_is_a_400_that_says_why(trained_family):
     else:  # PixArt computes its positions for any size
         assert status == 200 and body.startswith(b"\x89PNG")
     with pytest.raises(BadRequest, match='"width" must be a multiple of 8 for this model'):
-        check_sides(pipeline, Generation("a red dog", height=32, width=36))
+        check_request(pipeline, Generation("a red dog", height=32, width=36))
 
 
 def test_an_sd3_model_without_t5_is_saved_and_served(tmp_path, monkeypatch):

@@ -35,6 +35,7 @@ gives flow-matching DiTs of the PixArt line (Sana).
 
 import inspect
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +82,12 @@ class Family:
         return DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=shift)
 
     def saved_shift(self, path: Path) -> float:
-        """The shift of the sampler a saved pipeline at `path` holds (1: none)."""
+        """The shift of the sampler a saved pipeline at `path` holds (1: none); a sampler that shifts by the image's
+        tokens (FLUX.1's `use_dynamic_shifting`) gives its shift at the model's own size."""
         config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
+        if config.get("use_dynamic_shifting"):
+            transformer = json.loads((path / "transformer" / "config.json").read_text())
+            return dynamic_shift(config, (sample_size(transformer) // 2) ** 2)
         return float(config.get("flow_shift" if self.pipeline_class is PixArtSigmaPipeline else "shift") or 1.0)
 
 
@@ -102,6 +107,14 @@ FAMILIES = {family.name: family for family in (SD3, FLUX, PIXART)}
 FLUX_TRAINING_GUIDANCE = 3.5  # a guidance-distilled base's embedded guidance in training (diffusers' Flux scripts)
 FLUX_SAMPLING_GUIDANCE = 3.5  # true CFG for an undistilled Flux where a call names no scale (FluxPipeline's own default)
 FLUX_DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline's default latent side (1024 px), for a transformer config without one
+
+
+def dynamic_shift(scheduler_config: dict, tokens: int) -> float:
+    """exp(mu) for an image of `tokens` packed tokens, mu linear in them between the scheduler's base and max shift
+    (diffusers' calculate_shift, as FluxPipeline calls it); shifted() by it is the scheduler's exponential time shift."""
+    base_tokens, max_tokens = scheduler_config.get("base_image_seq_len", 256), scheduler_config.get("max_image_seq_len", 4096)
+    base, top = scheduler_config.get("base_shift", 0.5), scheduler_config.get("max_shift", 1.15)
+    return math.exp(base + (top - base) * (tokens - base_tokens) / (max_tokens - base_tokens))
 
 
 def family_named(name: str) -> Family:
@@ -383,7 +396,7 @@ def _predict_packed(transformer, noisy: torch.Tensor, t: torch.Tensor, condition
     the tokens unpacked back to latents."""
     batch, channels, height, width = noisy.shape
     tokens = FluxPipeline._pack_latents(noisy, batch, channels, height, width)
-    image_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, noisy.device, noisy.dtype)
+    image_ids = _image_ids(height // 2, width // 2, noisy.device, noisy.dtype)
     text_ids = torch.zeros(conditioning.context.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
     guidance = None if conditioning.guidance is None else torch.full((batch,), conditioning.guidance, device=noisy.device)
     output = transformer(hidden_states=tokens, encoder_hidden_states=conditioning.context,
@@ -391,6 +404,13 @@ def _predict_packed(transformer, noisy: torch.Tensor, t: torch.Tensor, condition
                          guidance=guidance).sample
     return (output.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
             .reshape(batch, channels, height, width))
+
+
+def _image_ids(rows: int, columns: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Each packed token's (0, row, column), as FluxPipeline._prepare_latent_image_ids gives them, but made on the
+    device: that one builds them on the CPU and copies them over, a synchronisation a CUDA graph capture refuses."""
+    grid = torch.meshgrid(torch.arange(rows, device=device), torch.arange(columns, device=device), indexing="ij")
+    return torch.stack([torch.zeros_like(grid[0]), *grid], dim=-1).reshape(rows * columns, 3).to(dtype)
 
 
 def build_pipeline(family: Family, transformer, vae: AutoencoderKL, encoders: dict, tokenizers: dict, shift: float):
@@ -429,16 +449,26 @@ def absent_parts(path: Path) -> dict:
             for name in (part.encoder, part.tokenizer) if (index.get(name) or [None])[0] is None}
 
 
-def _true_cfg(pipeline) -> bool:
-    """Whether the pipeline guides by true classifier-free guidance only when given a negative prompt and
-    `true_cfg_scale`: a Flux transformer without guidance embeddings (FluxPipeline ignores guidance_scale then)."""
+def true_cfg(pipeline) -> bool:
+    """Whether the pipeline guides by true classifier-free guidance, only when given a negative prompt and
+    `true_cfg_scale`, calling its transformer twice a step: a Flux transformer without guidance embeddings
+    (FluxPipeline ignores guidance_scale then)."""
     return isinstance(pipeline, FluxPipeline) and not pipeline.transformer.config.guidance_embeds
 
 
-def negative_prompt(pipeline, value):
+def embedded_guidance(pipeline) -> bool:
+    """Whether the pipeline's guidance is an input of its transformer (a guidance-distilled Flux, FLUX.1-dev's),
+    with no negative prompt to guide away from."""
+    return isinstance(pipeline, FluxPipeline) and bool(pipeline.transformer.config.guidance_embeds)
+
+
+def negative_prompt(pipeline, value, prompts: int | None = None):
     """The request's negative prompt as the pipeline takes it: PixArt's pipelines need a string where none is
-    given, and Flux's guides only with one."""
-    return "" if value is None and (isinstance(pipeline, PixArtSigmaPipeline) or _true_cfg(pipeline)) else value
+    given, and Flux's guides only with one; for a call of several `prompts`, one empty negative each (Flux
+    encodes a lone "" once, a batch of one beside the prompts' batch)."""
+    if value is not None or not (isinstance(pipeline, PixArtSigmaPipeline) or true_cfg(pipeline)):
+        return value
+    return "" if prompts is None else [""] * prompts
 
 
 def sampling_options(pipeline, guidance_scale: float | None = None) -> dict:
@@ -449,6 +479,6 @@ def sampling_options(pipeline, guidance_scale: float | None = None) -> dict:
     at every request); a Flux transformer without guidance embeddings takes the scale as `true_cfg_scale`."""
     parameters = inspect.signature(pipeline.__call__).parameters
     options = {name: False for name in ("use_resolution_binning", "clean_caption") if name in parameters}
-    if _true_cfg(pipeline):
+    if true_cfg(pipeline):
         options["true_cfg_scale"] = FLUX_SAMPLING_GUIDANCE if guidance_scale is None else guidance_scale
     return options

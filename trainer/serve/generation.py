@@ -11,8 +11,8 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 
 from trainer.models import lora
-from trainer.models.families import (absent_parts, negative_prompt, position_cover, prepared, sampling_options,
-                                     size_multiple)
+from trainer.models.families import (absent_parts, embedded_guidance, negative_prompt, position_cover, prepared,
+                                     sampling_options, size_multiple)
 from trainer.serve.levers import apply_levers, compiled, denoiser_of, lever_plan
 from trainer.serve.protocol import BadRequest, Generation
 from trainer.serve.settings import ServeSettings
@@ -70,9 +70,18 @@ def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Imag
     ).images
 
 
+def check_request(pipeline: DiffusionPipeline, generation: Generation) -> None:
+    """BadRequest for what this model cannot do (which the pipeline would fail on, a 500, or silently ignore): a
+    side it cannot draw (a transformer's are multiples of its VAE's downsampling times its patch, and SD3's fit
+    its position table), or a negative prompt for a model whose guidance is embedded (FLUX.1-dev's)."""
+    if generation.negative_prompt is not None and embedded_guidance(pipeline):
+        raise BadRequest('"negative_prompt" has no effect on this model: its guidance is an input of its transformer '
+                         "(a guidance-distilled Flux), with nothing to guide away from")
+    check_sides(pipeline, generation)
+
+
 def check_sides(pipeline: DiffusionPipeline, generation: Generation) -> None:
-    """BadRequest for a height or width this model cannot draw (which the pipeline would fail on, a 500): a
-    transformer's sides are multiples of its VAE's downsampling times its patch, and SD3's fit its position table."""
+    """BadRequest for a height or width this model cannot draw."""
     denoiser = denoiser_of(pipeline)
     multiple = size_multiple(denoiser, pipeline.vae_scale_factor)
     largest = position_cover(denoiser, pipeline.vae_scale_factor)
@@ -82,7 +91,7 @@ def check_sides(pipeline: DiffusionPipeline, generation: Generation) -> None:
             continue
         if side % multiple:
             raise BadRequest(f'"{name}" must be a multiple of {multiple} for this model (its VAE\'s downsampling '
-                             f"{pipeline.vae_scale_factor} x its patch)")
+                             f"{pipeline.vae_scale_factor} x its patch of {multiple // pipeline.vae_scale_factor})")
         if largest and side > largest:
             raise BadRequest(f'"{name}" must be at most {largest} for this model (its position table)')
 
@@ -100,7 +109,8 @@ def generate_batch(pipeline: DiffusionPipeline, generations: list[Generation]) -
     negatives = None if first.negative_prompt is None else [g.negative_prompt for g in generations for _ in range(g.num_images)]
     with torch.compiler.set_stance("eager_on_recompile"):
         images = pipeline(
-            prompts, negative_prompt=negative_prompt(pipeline, negatives), num_inference_steps=first.num_inference_steps,
+            prompts, negative_prompt=negative_prompt(pipeline, negatives, len(prompts)),
+            num_inference_steps=first.num_inference_steps,
             guidance_scale=first.guidance_scale, height=first.height, width=first.width,
             generator=[torch.Generator("cpu").manual_seed(seed) for g in generations for seed in g.seeds],
             **sampling_options(pipeline, first.guidance_scale),

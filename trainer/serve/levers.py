@@ -38,6 +38,7 @@ import torch
 from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
 from contracts.serve_environment import COMPILE_MODES, SCHEDULERS  # the settings' choices, a contract
+from trainer.models.families import true_cfg
 
 NO_CUDA = "skipped: no CUDA device (compile and CUDA graphs are for the GPU endpoint)"
 
@@ -68,7 +69,7 @@ def compiled(plan: dict) -> bool:
 
 
 def denoiser_of(pipeline: DiffusionPipeline) -> torch.nn.Module:
-    """The pipeline's UNet, or its transformer (the SD3 and PixArt families)."""
+    """The pipeline's UNet, or its transformer (the SD3, Flux and PixArt families)."""
     return pipeline.unet if hasattr(pipeline, "unet") else pipeline.transformer
 
 
@@ -96,8 +97,17 @@ def apply_levers(pipeline: DiffusionPipeline, plan: dict) -> None:
     if compiled(plan):
         # One graph per shape (dynamic=False): the shapes are few and known (warm-up), and static
         # shapes are what max-autotune and CUDA graphs need.
-        denoiser.compile(mode=plan["compile"], fullgraph=True, dynamic=False)
+        denoiser.compile(mode=denoiser_mode(pipeline, plan["compile"]), fullgraph=True, dynamic=False)
         pipeline.vae.decoder.compile(mode=plan["compile"], fullgraph=True, dynamic=False)
+
+
+def denoiser_mode(pipeline: DiffusionPipeline, mode: str) -> str:
+    """The denoiser's compile mode: the plan's, without CUDA graphs where the pipeline calls it twice a step (true
+    CFG, an undistilled Flux's). Each call into a graphed function starts a new generation of Inductor's graph
+    trees, whose outputs overwrite the previous call's before the pipeline combines the two."""
+    if not true_cfg(pipeline):
+        return mode
+    return {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
 
 
 # ---------------------------------------------------------------- the generation thread

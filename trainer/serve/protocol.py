@@ -1,9 +1,10 @@
 """One /invocations request and its response: the fields, their bounds, the headers, the bodies.
 
 Request fields: "prompt" (required, non-empty), "negative_prompt", "num_inference_steps" (20),
-"guidance_scale" (5.0), "seed" (0; image i uses seed + i), "height"/"width" (multiples of 8,
-default the model's size; for a transformer also of its VAE's downsampling times its patch, and for
-SD3 within its position table: trainer/serve/generation.py `check_sides`), "num_images" (1). Anything else, a wrong type or a value out of bounds
+"guidance_scale" (5.0; an undistilled Flux's true-CFG scale), "seed" (0; image i uses seed + i), "height"/"width"
+(multiples of 8, default the model's size; for a transformer also of its VAE's downsampling times its patch, Flux's
+2x2 packing included, and for SD3 within its position table: trainer/serve/generation.py `check_request`, which
+also refuses a negative prompt for a guidance-distilled Flux), "num_images" (1). Anything else, a wrong type or a value out of bounds
 is a 400 {"error": "<why>"}; a body over the size bound a 413; a Content-Type other than JSON a
 415; an Accept that cannot be met (several images as one PNG) a 406; a failure while generating a
 500. The response is a PNG for one image unless Accept asks for application/json, and JSON for

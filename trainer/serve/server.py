@@ -30,7 +30,7 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 
 from trainer.serve.credentials import Credentials
-from trainer.serve.generation import batch_key, check_sides, generate, generate_batch, load_pipeline
+from trainer.serve.generation import batch_key, check_request, generate, generate_batch, load_pipeline
 from trainer.serve.levers import Batcher, lever_plan
 from trainer.serve.protocol import (JSON, PNG, BadRequest, Generation, body_length, check_content_type, json_body,
                                     parse_request, png_bytes, response_type)
@@ -62,7 +62,7 @@ class InferenceHandler(BaseHTTPRequestHandler):
             self.respond_error(503, "loading the model")
             return
         try:
-            check_sides(self.server.pipeline, generation)
+            check_request(self.server.pipeline, generation)
         except BadRequest as error:
             self.respond_error(error.status, str(error))
             return
