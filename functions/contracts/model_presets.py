@@ -27,6 +27,13 @@ SIZE_MULTIPLES: dict[str, int] = {
 }
 
 
+# the VAE's downsampling alone: what an autoencoder job's resolution must be a multiple of (it trains the VAE only)
+VAE_DOWNSAMPLING: dict[str, int] = {
+    "tiny": 4, "demo": 4, "tiny-sdxl": 4, "tiny-sd3": 4, "tiny-flux": 4, "tiny-pixart": 4, "demo-pixart": 4,
+    "small": 8, "small-pixart": 8, "sd2": 8, "sdxl": 8, "sd3-medium": 8, "flux1": 8, "pixart-sigma": 8,
+}
+
+
 FAMILIES: dict[str, str] = {
     "tiny": "unet", "demo": "unet", "tiny-sdxl": "unet", "small": "unet", "sd2": "unet", "sdxl": "unet",
     "tiny-sd3": "sd3", "sd3-medium": "sd3", "tiny-flux": "flux", "flux1": "flux", "tiny-pixart": "pixart", "demo-pixart": "pixart", "small-pixart": "pixart",
@@ -68,13 +75,15 @@ def position_refusal(preset: str, resolution: int | None, aspect_buckets: bool) 
             "larger pos_embed_max_size")
 
 
-def resolution_refusal(hyperparameters: dict[str, str]) -> str | None:
+def resolution_refusal(hyperparameters: dict[str, str], multiples: dict[str, int] = SIZE_MULTIPLES,
+                       what: str = "its VAE's downsampling times its denoiser's") -> str | None:
     """Why a job with these (SageMaker, string) hyperparameters cannot train at its resolution; None if it can.
-    Without `resolution` the trainer takes the preset's own size, a multiple already."""
+    Without `resolution` the trainer takes the preset's own size, a multiple already. `multiples`: the training
+    job's (SIZE_MULTIPLES), or VAE_DOWNSAMPLING for an autoencoder job."""
     preset = hyperparameters.get("model-config", DEFAULT)
-    if preset not in SIZE_MULTIPLES:
-        return f"model-config {preset!r} is not a preset: {', '.join(sorted(SIZE_MULTIPLES))}"
-    resolution, multiple = hyperparameters.get("resolution"), SIZE_MULTIPLES[preset]
+    if preset not in multiples:
+        return f"model-config {preset!r} is not a preset: {', '.join(sorted(multiples))}"
+    resolution, multiple = hyperparameters.get("resolution"), multiples[preset]
     if resolution is None:
         return None
     try:  # as the trainer's options parse it (contracts.recipe.TrainOptions): " 256" is 256, "²" is no number
@@ -83,7 +92,7 @@ def resolution_refusal(hyperparameters: dict[str, str]) -> str | None:
         pixels = 0
     if pixels <= 0 or pixels % multiple:
         return (f"resolution {resolution!r} must be a whole number of pixels, a multiple of {multiple} (model-config "
-                f"{preset!r}: its VAE's downsampling times its denoiser's)")
+                f"{preset!r}: {what})")
     return None
 
 

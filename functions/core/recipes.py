@@ -20,7 +20,7 @@ from contracts.recipe_jobs import AutoencoderOptions, EvaluateOptions
 from core import aws
 from core.errors import ConfigError
 from core.settings import flat_strings
-from core.start_training.run_plan import PlannedJob, hyperparameters, parse_run_plan
+from core.start_training.run_plan import PlannedJob, check_autoencoder_resolution, hyperparameters, parse_run_plan
 
 
 class StaleRecipe(RecipeError):
@@ -92,6 +92,11 @@ def _check(candidate: Recipe) -> None:
                                   "training.autoencoder_hyperparameters")
     if refusal := recipe.refusal(autoencoder, AutoencoderOptions):
         raise ValueError(f"training.autoencoder_hyperparameters: {refusal}")
+    for job in plan:
+        try:
+            check_autoencoder_resolution(job, autoencoder)
+        except ConfigError as error:
+            raise ValueError(f"training.autoencoder_hyperparameters: {error}") from None
     scoring = hyperparameters(flat_strings(evaluation.hyperparameters, "evaluation.hyperparameters"),
                               "evaluation.hyperparameters")
     if refusal := recipe.refusal(scoring, EvaluateOptions):

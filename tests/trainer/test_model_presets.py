@@ -27,6 +27,8 @@ def test_the_pipeline_s_table_is_every_preset_s_size_multiple() -> None:
     presets = sorted(path.stem for path in CONFIGS_DIR.glob("*.json"))
     assert {"tiny-sd3", "tiny-flux", "tiny-pixart", "sd3-medium", "flux1", "pixart-sigma"} <= set(presets)
     assert {name: size_multiple_of(name) for name in presets} == SIZE_MULTIPLES
+    from contracts.model_presets import VAE_DOWNSAMPLING  # the autoencoder job's multiple: the VAE's alone
+    assert {name: 2 ** (len(read_preset(name)["vae"]["block_out_channels"]) - 1) for name in presets} == VAE_DOWNSAMPLING
 
 
 def test_the_pipeline_s_default_preset_is_the_trainer_s() -> None:

@@ -112,6 +112,10 @@ def test_bytes_that_are_not_the_named_recipe_are_a_digest_mismatch() -> None:
     pytest.param({"training": {"autoencoder_hyperparameters": {"kl-weigth": "1e-6"}}},
                  "training.autoencoder_hyperparameters: hyperparameter 'kl-weigth' is not an option of the job "
                  "(did you mean 'kl-weight'?)", id="autoencoder"),
+    pytest.param({"training": {"autoencoder_hyperparameters": {"resolution": "252"}}},
+                 "training.autoencoder_hyperparameters: run-plan job '256''s autoencoder job: resolution '252' must be a "
+                 "whole number of pixels, a multiple of 8 (model-config 'sd2': its VAE's downsampling)",
+                 id="autoencoder-resolution"),
     pytest.param({"evaluation": {"hyperparameters": {"timesteps": "100,100", "seed": "0", "max_samples": "64"}}},
                  "evaluation.hyperparameters: timesteps '100,100': timesteps are distinct non-negative integers, "
                  "comma-separated", id="evaluation"),

@@ -115,3 +115,15 @@ def test_a_job_of_several_instances_with_no_tokenizer_to_share_is_refused_before
     # one instance learns one; a base brings its own (or the lineage's tokenizer job learns one)
     assert TrainingSettings.from_env({**alone, "TRAINING_INSTANCE_COUNT": "1", "TRAINING_QUOTA": "8"}).run_plan
     assert TrainingSettings.from_env({**alone, "TRAINING_PRETRAINED_MODEL_URI": "s3://models/base/"}).run_plan
+
+
+def test_an_autoencoder_resolution_off_its_vae_s_downsampling_is_refused_before_any_job() -> None:
+    # the tiny preset's VAE halves twice: 34 is no multiple of 4 (the autoencoder job would refuse it at its start)
+    env = {**TRAINING_ENV, "TRAINING_AUTOENCODER_INSTANCE_TYPE": "ml.g5.2xlarge",
+           "TRAINING_AUTOENCODER_HYPERPARAMETERS": json.dumps({"resolution": "34"})}
+    with pytest.raises(ConfigError, match=r"run-plan job 'main''s autoencoder job: resolution '34' must be a whole number "
+                                          r"of pixels, a multiple of 4 \(model-config 'tiny': its VAE's downsampling\)"):
+        TrainingSettings.from_env(env)
+    # 20 is one, though not of 8 (the training job's rule: the VAE's and the UNet's downsampling)
+    ok = TrainingSettings.from_env({**env, "TRAINING_AUTOENCODER_HYPERPARAMETERS": json.dumps({"resolution": "20"})})
+    assert ok.autoencoder_hyperparameters == {"resolution": "20"}

@@ -8,7 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from contracts import model_presets
 from contracts.recipe import auto_or_flag
+from contracts.recipe_jobs import AutoencoderOptions
 from core.errors import ConfigError
 from core.settings import flat_strings
 from core.start_training.instance_types import GPUS_PER_INSTANCE, has_cuda
@@ -113,3 +115,13 @@ def check_sharding(quota: int, job: PlannedJob, gpus_override: int) -> None:
     if per_instance % gpus:
         raise ConfigError(f"run-plan job {job.name}: {per_instance} shards per instance do not split evenly over "
                           f"{gpus} GPUs; use a multiple of {job.instance_count * gpus}")
+
+
+def check_autoencoder_resolution(job: PlannedJob, autoencoder: dict[str, str]) -> None:
+    """The autoencoder job's resolution, as its request merges it (the run-plan job's options it takes, then the
+    recipe's autoencoder hyperparameters), is a multiple of its preset's VAE downsampling, which the job refuses
+    at its start otherwise (the training job's own resolution is checked with the denoiser's multiple)."""
+    taken = AutoencoderOptions.training_job_flags()
+    merged = {**{k: v for k, v in job.hyperparameters.items() if k in taken}, **autoencoder}
+    if refusal := model_presets.resolution_refusal(merged, model_presets.VAE_DOWNSAMPLING, "its VAE's downsampling"):
+        raise ConfigError(f"run-plan job {job.name!r}'s autoencoder job: {refusal}")

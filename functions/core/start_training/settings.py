@@ -15,7 +15,8 @@ from core.errors import ConfigError
 from core.settings import StageSettings, given, settings, flat_strings, names
 from core.start_training.failure_brake import BrakeSettings
 from core.start_training.pretrained import AUTOENCODER_SUFFIX, check_uri
-from core.start_training.run_plan import PlannedJob, check_cuda_graphs, check_encodable, check_sharding, hyperparameters, parse_run_plan
+from core.start_training.run_plan import (PlannedJob, check_autoencoder_resolution, check_cuda_graphs, check_encodable,
+                                         check_sharding, hyperparameters, parse_run_plan)
 
 
 @settings
@@ -165,3 +166,6 @@ class TrainingSettings(StageSettings):
         if self.autoencoder_instance_type and (
                 refusal := recipe.refusal(self.autoencoder_hyperparameters, AutoencoderOptions)):
             raise ConfigError(f"TRAINING_AUTOENCODER_HYPERPARAMETERS: {refusal}")
+        if self.autoencoder_instance_type:
+            for job in self.run_plan:
+                check_autoencoder_resolution(job, self.autoencoder_hyperparameters)
