@@ -101,6 +101,10 @@ def _check(candidate: Recipe) -> None:
                               "evaluation.hyperparameters")
     if refusal := recipe.refusal(scoring, EvaluateOptions):
         raise ValueError(f"evaluation.hyperparameters: {refusal}")
+    # the candidate is the last run-plan job's model: the evaluation job refuses a resolution off its size multiple
+    final = plan[-1].hyperparameters.get("model-config", model_presets.DEFAULT)
+    if "resolution" in scoring and (refusal := model_presets.resolution_refusal({**scoring, "model-config": final})):
+        raise ValueError(f"evaluation.hyperparameters: {refusal}")
     for name in ("max_loss", "max_loss_ratio", "min_clip_delta"):
         value = getattr(evaluation, name)
         if not 0 <= value < float("inf"):

@@ -119,6 +119,9 @@ def test_bytes_that_are_not_the_named_recipe_are_a_digest_mismatch() -> None:
     pytest.param({"evaluation": {"hyperparameters": {"timesteps": "100,100", "seed": "0", "max_samples": "64"}}},
                  "evaluation.hyperparameters: timesteps '100,100': timesteps are distinct non-negative integers, "
                  "comma-separated", id="evaluation"),
+    pytest.param({"evaluation": {"hyperparameters": {"resolution": "520"}}},
+                 "evaluation.hyperparameters: resolution '520' must be a whole number of pixels, a multiple of 64 "
+                 "(model-config 'sd2'", id="evaluation-resolution"),  # the last run-plan job's preset
     pytest.param({"evaluation": {"max_loss": -1.0}}, "evaluation.max_loss=-1.0 is outside 0.0..inf", id="gate"),
     pytest.param({"serve": {"environment": {"SERVE_COMPLE": "off"}}},
                  "serve.environment: ['SERVE_COMPLE'] are not the model server's settings; it reads", id="serve"),
