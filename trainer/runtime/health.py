@@ -235,14 +235,14 @@ def validation_grid(pipeline, prompts: list[str], seeds: list[int], resolution: 
     from trainer.models.families import negative_prompt, sampling_options
     pipeline.set_progress_bar_config(disable=True)
     generators = [torch.Generator("cpu").manual_seed(seed) for _ in prompts for seed in seeds]
-    text = {}
     if embeddings is not None:
         device = pipeline.transformer.device
         text = {name: tensor.repeat_interleave(len(seeds), dim=0).to(device) for name, tensor in embeddings.items()}
         text["negative_prompt"] = None  # the negative's embeddings are among them (PixArt would take "" too)
-    words = [[prompt for prompt in prompts for _ in seeds]] if embeddings is None else []
-    if embeddings is None:
-        text["negative_prompt"] = negative_prompt(pipeline, None)  # Flux guides only with one
+        words = []
+    else:
+        text = {"negative_prompt": negative_prompt(pipeline, None)}  # Flux guides only with one
+        words = [[prompt for prompt in prompts for _ in seeds]]
     images = pipeline(*words, **text, num_inference_steps=steps, generator=generators,
                       height=resolution, width=resolution, **sampling_options(pipeline)).images
     return label_grid(images, prompts, seeds)
