@@ -4,8 +4,9 @@
 
 A pipeline of the preset's layout is built with random weights on the GPU and saved in bf16 (the T5 left
 out: its per-request encode costs both sides the same, and building 4.7 B random parameters would take the
-lease), then served two ways at each resolution, 28 flow-matching Euler steps, guidance 5 (classifier-free,
-so the transformer runs on a batch of 2), batch 1:
+lease; Flux cannot do without it: `--t5-layers` cuts it), then served two ways at each resolution, 28
+flow-matching Euler steps, guidance 5 (classifier-free: the transformer runs on a batch of 2, or twice a step
+for Flux's true CFG, both sides given the empty negative prompt), batch 1:
 - `plain`: `DiffusionPipeline.from_pretrained(dir, torch_dtype=bf16).to("cuda")`, nothing else;
 - `ours`: trainer.serve.generation.load_pipeline with the server's default settings ($SERVE_COMPILE=default,
   $SERVE_CUDA_GRAPHS=1: the transformer and VAE decoder compiled, replayed as CUDA graphs), its warm-up
@@ -45,19 +46,26 @@ def progress(**fields) -> None:
     print(json.dumps({"progress": True, **fields}), file=sys.stderr, flush=True)
 
 
-def build(preset_name: str, folder: Path, resolution: int) -> None:
-    """The preset's pipeline (no T5 where the family can do without one) with random weights, built on the GPU and
-    saved in bf16."""
+def build(preset_name: str, folder: Path, resolution: int, t5_layers: int | None = None) -> None:
+    """The preset's pipeline (no T5 where the family can do without one, `t5_layers` of it where set) with random
+    weights, built on the GPU and saved in bf16."""
     preset = read_preset(preset_name)
     family = families.family_named(preset["family"])
     optional = {part.role for part in family.text_parts if not part.required}
     preset["text_encoders"] = {role: config for role, config in preset["text_encoders"].items()
                                if not (role == "t5" and role in optional)}
-    with torch.device("cuda"):
-        encoders, tokenizers = families.build_text_parts(family, preset, seed=0,
-                                                        tokenizers=text_tokenizers.learn(preset, []))
-        transformer = families.new_transformer(family, preset["transformer"])
-        vae = AutoencoderKL(**preset["vae"])
+    if t5_layers and "t5" in preset["text_encoders"]:
+        preset["text_encoders"]["t5"] = {**preset["text_encoders"]["t5"], "num_layers": t5_layers}
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # drawn as saved: FLUX.1's 11.9 B in fp32 and a bf16 copy would not fit 80 GB
+    try:
+        with torch.device("cuda"):
+            encoders, tokenizers = families.build_text_parts(family, preset, seed=0,
+                                                            tokenizers=text_tokenizers.learn(preset, []))
+            transformer = families.new_transformer(family, preset["transformer"])
+            vae = AutoencoderKL(**preset["vae"])
+    finally:
+        torch.set_default_dtype(default)
     # the server warms up (compiles) at the model's default size, as a trained model's is its last stage's
     transformer.register_to_config(sample_size=resolution // 2 ** (len(vae.config.block_out_channels) - 1))
     shift = FlowSettings.from_preset(preset.get("flow")).shift(resolution)
@@ -83,6 +91,8 @@ def main() -> None:
     parser.add_argument("--resolutions", default="512,1024")
     parser.add_argument("--requests", type=int, default=5)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--t5-layers", type=int, default=None,
+                        help="a required T5 cut to this many layers (its one encode a request costs both sides alike)")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     machine = {"gpu": torch.cuda.get_device_name(), "nproc": os.cpu_count()}
@@ -99,15 +109,19 @@ def main() -> None:
     for resolution in (int(r) for r in args.resolutions.split(",")):
         folder = Path(tempfile.mkdtemp(prefix="serve-dit-"))
         started = time.perf_counter()
-        build(args.preset, folder, resolution)
+        build(args.preset, folder, resolution, args.t5_layers)
         progress(event="built", resolution=resolution, s=round(time.perf_counter() - started, 1))
         request = Generation("a red circle on a blue background", num_inference_steps=STEPS, guidance_scale=GUIDANCE,
                              height=resolution, width=resolution)
         plain = DiffusionPipeline.from_pretrained(folder, dtype=torch.bfloat16, **families.absent_parts(folder)).to("cuda")
         plain.set_progress_bar_config(disable=True)
-        options = families.sampling_options(plain)
-        plain_times = timed(lambda: plain(request.prompt, num_inference_steps=STEPS, guidance_scale=GUIDANCE, height=resolution,
-                                          width=resolution, generator=torch.Generator("cpu").manual_seed(0), **options),
+        # the guidance the server gives the same request: a Flux transformer without guidance embeddings guides by
+        # true CFG, only with a negative prompt and `true_cfg_scale` (its transformer run twice a step, as ours)
+        options = families.sampling_options(plain, GUIDANCE)
+        negative = families.negative_prompt(plain, None)
+        plain_times = timed(lambda: plain(request.prompt, negative_prompt=negative, num_inference_steps=STEPS,
+                                          guidance_scale=GUIDANCE, height=resolution, width=resolution,
+                                          generator=torch.Generator("cpu").manual_seed(0), **options),
                             args.requests)
         del plain
         torch.cuda.empty_cache()
@@ -121,7 +135,8 @@ def main() -> None:
         torch._dynamo.reset()
         p50_plain, p50_ours = statistics.median(plain_times), statistics.median(ours_times)
         emit({"metric": f"serve.p50_latency_s_dit_{resolution}", "value": round(p50_ours, 4), "unit": "s",
-              "baseline_p50_s": round(p50_plain, 4), "cold_start_s": round(cold, 1)})
+              "baseline_p50_s": round(p50_plain, 4), "cold_start_s": round(cold, 1), "t5_layers": args.t5_layers,
+              "true_cfg": bool(options.get("true_cfg_scale"))})
         emit({"metric": "serve.ratio_vs_diffusers_dit", "value": round(p50_plain / p50_ours, 3), "unit": "x",
               "resolution": resolution, "baseline": "DiffusionPipeline bf16, no compile"})
 

@@ -1,23 +1,27 @@
 """The transformer presets' training step on one GPU: img/s, MFU and peak memory, one JSON line per configuration.
 
-    PYTHONUNBUFFERED=1 python bench/train_transformers.py --configs sd3m256,sd3m512,pixart512 --levers compile
+    PYTHONUNBUFFERED=1 python bench/train_transformers.py --configs sd3m256,sd3m512,pixart512,flux512+lora+bf16base
 
 What runs: the preset's transformer (trainer/configs/<preset>.json) with random weights, in fp32 with bf16
 autocast, fused AdamW, gradient clipping; the flow-matching loss of trainer.objectives.flow_matching
 (logit-normal timesteps shifted for the resolution, velocity target); latents and text embeddings
 already on the GPU ("precomputed text embeddings", as the issue's anchors and MLPerf's Flux.1 run):
 SD3: [batch, 77 + 256, 4096] context and [batch, 2048] pooled; PixArt: [batch, 300, 4096] context with
-its attention mask (a caption of 60 tokens, as the mask a real T5 caption gives). The bound of the
-latent-shard path: no loader, no VAE.
+its attention mask (a caption of 60 tokens, as the mask a real T5 caption gives); Flux: [batch, 512, 4096]
+T5 context and [batch, 768] pooled CLIP-L, its 16-channel latents packed as the trainer packs them. The
+bound of the latent-shard path: no loader, no VAE.
 
 FLOPs: torch.utils.flop_counter.FlopCounterMode over one eager forward + backward of one image
 (attention included), times img/s, over 989e12 (H200 dense bf16) for MFU.
 
-Configurations: `<preset><res>` (sd3m, pixart) at the batch of `--batch` (default: the anchors'),
+Configurations: `<preset><res>` (sd3m, pixart, flux: FLUX.1's 11.9 B layout, whose full training needs more than
+one GPU, so only with `lora`) at the batch of `--batch` (default: the anchors'),
 levers joined with `+`: `compile` (torch.compile of the transformer), `b<N>`, `fp8` (torchao float8
 training on the transformer's linears with dims multiple of 16), `cudnnattn` (SDPA on cuDNN's
 attention kernels), `bf16w` (bf16 weights with fp32 masters: trainer's master_weights), `ckpt`
-(gradient checkpointing).
+(gradient checkpointing), `lora` (the base frozen, a rank-4 adapter on the trainer's targets, trainer/models/lora.py;
+`r<N>` another rank), `bf16base` (with `lora`: the frozen base in bf16, as a GPU LoRA job keeps it, against fp32).
+`--fixed-name METRIC=CONFIG` also prints CONFIG's line under the protocol's fixed name METRIC.
 """
 
 import argparse
@@ -34,8 +38,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 PEAK_BF16 = 989e12
 ANCHOR_BATCH = {("sd3m", 256): 64, ("sd3m", 512): 16, ("pixart", 512): 32, ("sd3m", 1024): 4, ("pixart", 1024): 8,
-                ("pixart", 256): 128}
-PRESETS = {"sd3m": "sd3-medium", "pixart": "pixart-sigma"}
+                ("pixart", 256): 128, ("flux", 512): 2, ("flux", 1024): 1}
+PRESETS = {"sd3m": "sd3-medium", "pixart": "pixart-sigma", "flux": "flux1"}
+LORA_RANK = 4  # the recipe's default --lora-rank (functions/contracts/recipe.py)
 
 
 def progress(**fields):
@@ -49,21 +54,40 @@ def commit() -> str:
         return "unknown"
 
 
-def build(preset_name: str, device):
-    from trainer.models.families import family_named
+def build(preset_name: str, device, dtype=torch.float32):
+    from trainer.models.families import family_named, new_transformer
     preset = json.loads((CONFIGS / f"{preset_name}.json").read_text())
     family = family_named(preset["family"])
     torch.manual_seed(0)
-    with torch.device(device):
-        model = family.transformer_class(**preset["transformer"])
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # drawn in the dtype it trains in: FLUX.1's 11.9 B would not fit twice
+    try:
+        with torch.device(device):
+            model = new_transformer(family, preset["transformer"])
+    finally:
+        torch.set_default_dtype(default)
     return family, preset, model
+
+
+def adapted(model, family_name: str, rank: int) -> None:
+    """The trainer's LoRA: the base frozen (in the dtype it was built in), a gaussian-initialised adapter in fp32."""
+    from peft import LoraConfig
+    from trainer.models.lora import TARGETS, add_adapter
+    config = LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=list(TARGETS[family_name]))
+    add_adapter(model, config, seed=0, frozen=next(model.parameters()).dtype)
 
 
 def inputs(family_name: str, preset: dict, batch: int, resolution: int, device):
     """Latents and precomputed text conditioning on the GPU."""
     from trainer.models.families import Conditioning
-    channels = preset["transformer"]["in_channels"]
+    from trainer.models.families import family_named
+    packed = family_named(family_name).packs_latents  # in_channels counts a packed token's 2x2 latent pixels
+    channels = preset["transformer"]["in_channels"] // (4 if packed else 1)
     latents = torch.randn(batch, channels, resolution // 8, resolution // 8, device=device)
+    if packed:
+        widths = preset["transformer"]["joint_attention_dim"], preset["transformer"]["pooled_projection_dim"]
+        return latents, Conditioning(torch.randn(batch, 512, widths[0], device=device, dtype=torch.bfloat16),
+                                     pooled=torch.randn(batch, widths[1], device=device, dtype=torch.bfloat16), packed=True)
     if family_name == "sd3":
         return latents, Conditioning(torch.randn(batch, 77 + 256, 4096, device=device, dtype=torch.bfloat16),
                                      pooled=torch.randn(batch, 2048, device=device, dtype=torch.bfloat16))
@@ -78,7 +102,7 @@ def loss_of(step_model, latents, conditioning, settings, resolution, generator):
     noise = torch.randn(latents.shape, device=latents.device, generator=generator)
     noisy, target = noised(latents, noise, t)
     from trainer.models.families import predict
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(latents.device.type, dtype=torch.bfloat16):
         prediction = predict(step_model, noisy, t, conditioning)
     return torch.nn.functional.mse_loss(prediction.float(), target.float())
 
@@ -116,17 +140,21 @@ def run(config: str, args, device, flops_cache: dict) -> dict:
     for lever in levers:
         if lever.startswith("b") and lever[1:].isdigit():
             batch = int(lever[1:])
-    family, preset, model = build(PRESETS[name], device)
+    lora = "lora" in levers
+    rank = next((int(lever[1:]) for lever in levers if lever.startswith("r") and lever[1:].isdigit()), LORA_RANK)
+    family, preset, model = build(PRESETS[name], device, torch.bfloat16 if "bf16base" in levers else torch.float32)
     settings = FlowSettings.from_preset(preset.get("flow"))
     params = sum(p.numel() for p in model.parameters())
-    key = (name, resolution)
+    if lora:
+        adapted(model, family.name, rank)
+    key = (name, resolution, lora)  # an adapter's backward computes no gradient of the frozen weights
     if key not in flops_cache:
         flops_cache[key] = count_flops(model, family.name, preset, resolution, settings, device)
     if "ckpt" in levers:
         model.enable_gradient_checkpointing()
     fp8_count = fp8_linears(model) if "fp8" in levers else 0
     masters = None
-    trained = list(model.parameters())
+    trained = [p for p in model.parameters() if p.requires_grad]
     if "bf16w" in levers:
         masters = [p.detach().clone().float() for p in trained]
         model.to(torch.bfloat16)
@@ -170,6 +198,7 @@ def run(config: str, args, device, flops_cache: dict) -> dict:
     flops = flops_cache[key]
     line = {"metric": f"train.transformer.{config}", "value": round(img_per_s, 2), "unit": "img/s",
             "config": config, "batch": batch, "resolution": resolution, "params_b": round(params / 1e9, 3),
+            "trained_params_m": round(sum(p.numel() for p in trained) / 1e6, 2), "lora_rank": rank if lora else None,
             "tflop_per_image": round(flops / 1e12, 3), "mfu": round(flops * img_per_s / PEAK_BF16, 4),
             "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "first_step_s": round(times[0], 1), "step_s_median": round(median, 4), "fp8_linears": fp8_count,
@@ -187,7 +216,10 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--fixed-name", action="append", default=[], metavar="METRIC=CONFIG",
+                        help="also print CONFIG's line under the protocol's fixed metric name")
     args = parser.parse_args()
+    fixed = {config: metric for metric, config in (pair.split("=", 1) for pair in args.fixed_name)}
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     base = {"commit": commit(), "machine": {"gpu": torch.cuda.get_device_name(), "nproc": os.cpu_count()},
@@ -200,11 +232,14 @@ def main():
         except Exception as error:  # one failing lever does not lose the lines after it
             line = {"metric": f"train.transformer.{config}", "error": f"{type(error).__name__}: {str(error)[:300]}", **base}
             torch.cuda.empty_cache()
-        text = json.dumps(line)
-        print(text, flush=True)
-        if out:
-            out.write(text + "\n")
-            out.flush()
+        lines = [line] + ([{**line, "metric": fixed[config], "bench_metric": line["metric"]}]
+                          if config in fixed and "error" not in line else [])
+        for each in lines:
+            text = json.dumps(each)
+            print(text, flush=True)
+            if out:
+                out.write(text + "\n")
+                out.flush()
 
 
 CONFIGS = ROOT / "trainer" / "configs"

@@ -1,7 +1,7 @@
 """bf16 on a GPU, where every job runs it (issue 44, defect 10): trainer.jobs.step.train_step in bf16 autocast
 against fp32, compiled (--compile) and from CUDA graphs (--cuda-graphs) against eager, and bf16 weights with
-fp32 masters (trainer/speed/master_weights.py) against fp32 weights, on the tiny UNet, SD3 and Flux presets (tiny
-Flux added 2026-12-06, not yet run on a GPU: no device time was left that session).
+fp32 masters (trainer/speed/master_weights.py) against fp32 weights, a LoRA adapter on a base frozen in bf16
+(trainer/models/lora.py, frozen_dtype) against one on an fp32 base, on the tiny UNet, SD3 and Flux presets.
 
 Each comparison starts both runs from the same weights and feeds them the same micro-batches and the same
 noise and timesteps (the step's seeded generators), so the loss curves are comparable step by step.
@@ -17,7 +17,10 @@ import pytest
 import torch
 
 from tests.trainer.precision_helpers import loss_gap, micro_batches, trained, trainee_of, weight_drift
+from peft import LoraConfig
+
 from trainer.jobs.step import Trainee
+from trainer.models import lora
 from trainer.models.loading import load_models
 from trainer.speed.master_weights import MasterWeights
 
@@ -118,3 +121,38 @@ def test_bf16_weights_with_fp32_masters_train_as_fp32_weights_under_autocast_do(
     assert (trained_weights.dtype, run_weights.dtype) == (torch.float32, torch.bfloat16)
     assert compare.gap <= 0.01
     assert compare.drift <= 0.5
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_an_adapter_on_a_base_frozen_in_bf16_trains_as_on_an_fp32_base(preset, record_property):
+    # GIVEN one adapter (rank 4) on the preset's denoiser twice, its weights copied alike: once on the base in
+    # fp32, once on the base cast to bf16 as a GPU LoRA job casts it (lora.frozen_dtype)
+    models = load_models(preset, None, seed=0, device=CUDA)
+    config = LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
+                        target_modules=list(lora.TARGETS[models.family.name if models.family else "unet"]))
+    starts = {dtype: copy.deepcopy(models.denoiser) for dtype in (torch.float32, torch.bfloat16)}
+    for dtype, start in starts.items():
+        lora.add_adapter(start, copy.deepcopy(config), seed=0, frozen=dtype)
+    adapter = (lambda module: {name: p for name, p in module.named_parameters() if "lora_" in name})
+    with torch.no_grad():
+        for name, parameter in adapter(starts[torch.bfloat16]).items():
+            parameter.copy_(adapter(starts[torch.float32])[name])
+    # WHEN each trains 20 steps in bf16 autocast on the same micro-batches and draws
+    batches = micro_batches(4, models.default_resolution, size=4)
+    reference, reference_run = trained(models, starts[torch.float32], batches, STEPS, CUDA, bf16=True)
+    losses, run = trained(models, starts[torch.bfloat16], batches, STEPS, CUDA, bf16=True)
+    flat = (lambda module: torch.cat([p.detach().float().flatten() for p in adapter(module).values()]))
+    drift = ((flat(run.unet) - flat(reference_run.unet)).norm()
+             / (flat(reference_run.unet) - flat(starts[torch.float32])).norm()).item()
+    gap = loss_gap(losses, reference)
+    record_property("loss_gap", round(gap, 6))
+    record_property("adapter_drift", round(drift, 6))
+    print(f"{preset}: gap {gap:.6f}, adapter drift {drift:.6f}")
+    # THEN the base stayed bf16 and the adapter fp32, and the runs agree within bf16's bounds above: autocast casts
+    # an fp32 base's weights to bf16 at every matmul, so the two differ only where an op runs outside autocast
+    # with the base's own weights (norms' scales, biases added in fp32)
+    dtypes = {name: p.dtype for name, p in run.unet.named_parameters()}
+    assert {d for name, d in dtypes.items() if "lora_" in name} == {torch.float32}
+    assert {d for name, d in dtypes.items() if "lora_" not in name} == {torch.bfloat16}
+    assert gap <= 0.01
+    assert drift <= 0.5

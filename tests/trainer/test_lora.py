@@ -120,6 +120,34 @@ def test_only_the_adapter_trains_and_the_base_weights_stay_bit_identical(base):
     assert not torch.isclose(adapted_loss, base_loss)
 
 
+
+def test_the_frozen_base_trains_in_bf16_on_a_gpu_unless_fsdp_shards_it():
+    cuda, cpu = torch.device("cuda", 0), CPU
+    assert lora.frozen_dtype(cuda, "ddp", 8) == lora.frozen_dtype(cuda, "fsdp", 1) == torch.bfloat16
+    assert lora.frozen_dtype(cuda, "fsdp", 2) == torch.float32  # FSDP2 shards one dtype a group
+    assert lora.frozen_dtype(cpu, "ddp", 1) == torch.float32  # no autocast on a CPU: bf16 weights would meet fp32
+
+
+def test_a_base_frozen_in_bf16_trains_its_fp32_adapter_under_autocast_and_stays_as_cast(base):
+    """GIVEN the base adapted with its weights frozen in bf16 (a GPU job's, lora.frozen_dtype), WHEN a step runs
+    under bf16 autocast, THEN the adapter (fp32) gets gradients, the base none, and the base is its bf16 cast."""
+    models = load_models(base["preset"], str(base["dir"]), seed=0)
+    cast = {name: tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+            for name, tensor in models.denoiser.state_dict().items()}
+    lora.adapt(models, lora_args(base), torch.bfloat16)
+    parameters = dict(models.denoiser.named_parameters())
+    assert {p.dtype for name, p in parameters.items() if "lora_" in name} == {torch.float32}
+    assert {p.dtype for name, p in parameters.items() if "lora_" not in name} == {torch.bfloat16}
+    with torch.autocast("cpu", torch.bfloat16):
+        loss = prediction_loss(models.denoiser, noised(models))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for name, p in parameters.items() if "lora_B" in name)
+    assert all(p.grad is None for name, p in parameters.items() if "lora_" not in name)
+    frozen = {name.replace(".base_layer", ""): tensor for name, tensor in models.denoiser.state_dict().items()
+              if "lora_" not in name}
+    assert frozen.keys() == cast.keys() and all(torch.equal(frozen[name], cast[name]) for name in cast)
+
 def test_a_lora_checkpoint_holds_the_adapter_alone(lora_run):
     step = lora_run["checkpoints"] / "step-00000003"
     models = load_models(lora_run["preset"], str(lora_run["dir"]), seed=0)

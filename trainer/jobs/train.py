@@ -158,7 +158,8 @@ def main(args: argparse.Namespace) -> dict:
                          load_exclusions(args.manifest), args.index_dir)
     models = load_models(args.model_config, args.pretrained, args.seed, args.vae, args.init_unet, device,
                          args.tokenizer, training_captions(args, processes), text_encoders=not index.latent)
-    lora.adapt(models, args)  # --train lora: the base frozen, an adapter's parameters alone train (trainer/models/lora.py)
+    # --train lora: the base frozen, an adapter's parameters alone train (trainer/models/lora.py)
+    lora.adapt(models, args, lora.frozen_dtype(device, args.strategy, processes.world_size))
     torch.manual_seed(args.seed + rank)  # any draw outside the seeded step generators differs per rank
     random.seed(args.seed + rank)
     empty_ids = check_flow_run(models.family, args) if models.family else None  # before the UNet-only options

@@ -85,19 +85,33 @@ def check_run(models: Models, args) -> None:
                         "than the base's, with which the adapter is served")
 
 
-def adapt(models: Models, args) -> LoraConfig | None:
-    """`--train lora`: the denoiser frozen, an adapter added whose parameters alone train (fp32), drawn from
-    `--seed` alike on every rank; None for `--train full`."""
+def frozen_dtype(device: torch.device, strategy: str, world_size: int) -> torch.dtype:
+    """The dtype the frozen base's weights train in: bf16 on a GPU, where autocast runs its matmuls in bf16 anyway
+    (half the memory, no cast of every weight at every call: diffusers' LoRA scripts keep it at weight_dtype);
+    fp32 on a CPU, which trains without autocast, and under FSDP, which shards only parameters of one dtype."""
+    sharded = strategy == "fsdp" and world_size > 1
+    return torch.bfloat16 if device.type == "cuda" and not sharded else torch.float32
+
+
+def adapt(models: Models, args, frozen: torch.dtype = torch.float32) -> LoraConfig | None:
+    """`--train lora`: the denoiser frozen (its weights cast to `frozen`, frozen_dtype), an adapter added whose
+    parameters alone train (fp32), drawn from `--seed` alike on every rank; None for `--train full`."""
     if args.train != "lora":
         return None
     check_run(models, args)
     config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha or args.lora_rank, init_lora_weights="gaussian",
                         target_modules=list(TARGETS[family_name(models)]))
-    models.denoiser.requires_grad_(False)
-    torch.manual_seed(args.seed)  # lora_A's draws; lora_B starts at zero, so the adapted model starts as the base
-    models.denoiser.add_adapter(config)
-    cast_training_params(models.denoiser, torch.float32)
+    add_adapter(models.denoiser, config, args.seed, frozen)
     return config
+
+
+def add_adapter(denoiser: torch.nn.Module, config: LoraConfig, seed: int, frozen: torch.dtype) -> None:
+    """`denoiser`'s own weights frozen in `frozen`, the adapter `config` added in fp32, its draws from `seed`."""
+    denoiser.requires_grad_(False)
+    denoiser.to(frozen)
+    torch.manual_seed(seed)  # lora_A's draws; lora_B starts at zero, so the adapted model starts as the base
+    denoiser.add_adapter(config)
+    cast_training_params(denoiser, torch.float32)
 
 
 def base_denoiser(models: Models) -> torch.nn.Module:
