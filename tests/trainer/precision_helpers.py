@@ -39,14 +39,27 @@ def micro_batches(count: int, side: int, size: int = 2) -> list[dict]:
 def numerics_of(models, device: torch.device, bf16: bool):
     """The trainer's numerics on `device` while inside: bf16 autocast with the frozen parts in bf16 (what a GPU
     job runs, trainer/objectives/numerics.py and Models.frozen_to), or fp32 throughout (TF32 off: the reference)."""
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, (exact_fp32() if device.type == "cuda" and not bf16
+                                                 else contextlib.nullcontext()):
         patch.setattr(numerics, "AUTOCAST_DEVICE_TYPES", frozenset({device.type} if bf16 else ()))
-        if device.type == "cuda" and not bf16:
-            patch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-            patch.setattr(torch.backends.cudnn, "allow_tf32", False)
         for frozen in (models.vae, *models.text_encoders):
             frozen.to(device, torch.bfloat16 if bf16 else torch.float32)
         yield
+
+
+@contextlib.contextmanager
+def exact_fp32():
+    """TF32 off for CUDA matmuls and convolutions while inside, by torch's fp32_precision settings (torch 2.11 on
+    the GPU machine no longer reads the older allow_tf32 flags back)."""
+    settings = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+    before = [setting.fp32_precision for setting in settings]
+    for setting in settings:
+        setting.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        for setting, value in zip(settings, before):
+            setting.fp32_precision = value
 
 
 def trainee_of(unet: torch.nn.Module, step_model=None, graphed: bool = False,
