@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "functions")]
 
 from diffusers import AutoencoderKL, DiffusionPipeline  # noqa: E402
 
+from bench import stamp  # noqa: E402
 from trainer.models import families, text_tokenizers  # noqa: E402
 from trainer.models.loading import read_preset  # noqa: E402
 from trainer.objectives.flow_matching import FlowSettings  # noqa: E402
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--t5-layers", type=int, default=None,
                         help="a required T5 cut to this many layers (its one encode a request costs both sides alike)")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = stamp.commit()
     machine = {"gpu": torch.cuda.get_device_name(), "nproc": os.cpu_count()}
     out = open(args.out, "a") if args.out else None
 

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "functions")]  # a script: the repo's trainer and bench packages
 PEAK_BF16 = 989e12
 ANCHOR_BATCH = {("sd3m", 256): 64, ("sd3m", 512): 16, ("pixart", 512): 32, ("sd3m", 1024): 4, ("pixart", 1024): 8,
                 ("pixart", 256): 128, ("flux", 512): 2, ("flux", 1024): 1}
@@ -45,13 +45,6 @@ LORA_RANK = 4  # the recipe's default --lora-rank (functions/contracts/recipe.py
 
 def progress(**fields):
     print(json.dumps({"progress": True, **fields}), file=sys.stderr, flush=True)
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def build(preset_name: str, device, dtype=torch.float32):
@@ -222,6 +215,9 @@ def main():
     fixed = {config: metric for metric, config in (pair.split("=", 1) for pair in args.fixed_name)}
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
+    from trainer.objectives.numerics import without_cudnn_attention
+    without_cudnn_attention()  # as the trainer's steps run (`cudnnattn` puts cuDNN first again, for its scope)
+    from bench.stamp import commit
     base = {"commit": commit(), "machine": {"gpu": torch.cuda.get_device_name(), "nproc": os.cpu_count()},
             "versions": {"torch": torch.__version__}}
     flops_cache: dict = {}
