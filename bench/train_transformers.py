@@ -70,23 +70,23 @@ def adapted(model, family_name: str, rank: int) -> None:
     add_adapter(model, config, seed=0, frozen=next(model.parameters()).dtype)
 
 
-def inputs(family_name: str, preset: dict, batch: int, resolution: int, device):
-    """Latents and precomputed text conditioning on the GPU."""
-    from trainer.models.families import Conditioning
-    from trainer.models.families import family_named
-    packed = family_named(family_name).packs_latents  # in_channels counts a packed token's 2x2 latent pixels
-    channels = preset["transformer"]["in_channels"] // (4 if packed else 1)
+def inputs(family, model, preset: dict, batch: int, resolution: int, device):
+    """Latents and precomputed text conditioning on the GPU, marked with how the model reads them (families.layout)."""
+    from trainer.models.families import Conditioning, layout
+    channels = preset["transformer"]["in_channels"] // (4 if family.packs_latents else 1)  # 2x2 latent pixels a token
     latents = torch.randn(batch, channels, resolution // 8, resolution // 8, device=device)
-    if packed:
+    if family.packs_latents:
         widths = preset["transformer"]["joint_attention_dim"], preset["transformer"]["pooled_projection_dim"]
-        return latents, Conditioning(torch.randn(batch, 512, widths[0], device=device, dtype=torch.bfloat16),
-                                     pooled=torch.randn(batch, widths[1], device=device, dtype=torch.bfloat16), packed=True)
-    if family_name == "sd3":
-        return latents, Conditioning(torch.randn(batch, 77 + 256, 4096, device=device, dtype=torch.bfloat16),
-                                     pooled=torch.randn(batch, 2048, device=device, dtype=torch.bfloat16))
-    mask = torch.zeros(batch, 300, device=device, dtype=torch.long)
-    mask[:, :60] = 1
-    return latents, Conditioning(torch.randn(batch, 300, 4096, device=device, dtype=torch.bfloat16), mask=mask)
+        conditioning = Conditioning(torch.randn(batch, family.max_length, widths[0], device=device, dtype=torch.bfloat16),
+                                    pooled=torch.randn(batch, widths[1], device=device, dtype=torch.bfloat16))
+    elif family.name == "sd3":
+        conditioning = Conditioning(torch.randn(batch, 77 + 256, 4096, device=device, dtype=torch.bfloat16),
+                                    pooled=torch.randn(batch, 2048, device=device, dtype=torch.bfloat16))
+    else:
+        mask = torch.zeros(batch, 300, device=device, dtype=torch.long)
+        mask[:, :60] = 1
+        conditioning = Conditioning(torch.randn(batch, 300, 4096, device=device, dtype=torch.bfloat16), mask=mask)
+    return latents, layout(family, model, conditioning)
 
 
 def loss_of(step_model, latents, conditioning, settings, resolution, generator):
@@ -100,9 +100,9 @@ def loss_of(step_model, latents, conditioning, settings, resolution, generator):
     return torch.nn.functional.mse_loss(prediction.float(), target.float())
 
 
-def count_flops(model, family_name, preset, resolution, settings, device) -> float:
+def count_flops(model, family, preset, resolution, settings, device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
-    latents, conditioning = inputs(family_name, preset, 1, resolution, device)
+    latents, conditioning = inputs(family, model, preset, 1, resolution, device)
     generator = torch.Generator(device).manual_seed(0)
     counter = FlopCounterMode(display=False)
     with counter:
@@ -135,14 +135,16 @@ def run(config: str, args, device, flops_cache: dict) -> dict:
             batch = int(lever[1:])
     lora = "lora" in levers
     rank = next((int(lever[1:]) for lever in levers if lever.startswith("r") and lever[1:].isdigit()), LORA_RANK)
+    if "bf16base" in levers and not lora or lora and "bf16w" in levers:
+        raise ValueError(f"{config}: bf16base goes with lora (it is the frozen base's dtype), bf16w without it")
     family, preset, model = build(PRESETS[name], device, torch.bfloat16 if "bf16base" in levers else torch.float32)
     settings = FlowSettings.from_preset(preset.get("flow"))
     params = sum(p.numel() for p in model.parameters())
     if lora:
         adapted(model, family.name, rank)
-    key = (name, resolution, lora)  # an adapter's backward computes no gradient of the frozen weights
+    key = (name, resolution, rank if lora else None)  # an adapter's backward computes no frozen weight's gradient
     if key not in flops_cache:
-        flops_cache[key] = count_flops(model, family.name, preset, resolution, settings, device)
+        flops_cache[key] = count_flops(model, family, preset, resolution, settings, device)
     if "ckpt" in levers:
         model.enable_gradient_checkpointing()
     fp8_count = fp8_linears(model) if "fp8" in levers else 0
@@ -158,7 +160,7 @@ def run(config: str, args, device, flops_cache: dict) -> dict:
     if "cudnnattn" in levers:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         attention = sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
-    latents, conditioning = inputs(family.name, preset, batch, resolution, device)
+    latents, conditioning = inputs(family, model, preset, batch, resolution, device)
     generator = torch.Generator(device).manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
@@ -212,11 +214,13 @@ def main():
     parser.add_argument("--fixed-name", action="append", default=[], metavar="METRIC=CONFIG",
                         help="also print CONFIG's line under the protocol's fixed metric name")
     args = parser.parse_args()
-    fixed = {config: metric for metric, config in (pair.split("=", 1) for pair in args.fixed_name)}
+    fixed: dict[str, list[str]] = {}
+    for metric, config in (pair.split("=", 1) for pair in args.fixed_name):
+        if config not in args.configs.split(","):
+            parser.error(f"--fixed-name {metric}={config}: {config} is not among --configs")
+        fixed.setdefault(config, []).append(metric)
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    from trainer.objectives.numerics import without_cudnn_attention
-    without_cudnn_attention()  # as the trainer's steps run (`cudnnattn` puts cuDNN first again, for its scope)
     from bench.stamp import commit
     base = {"commit": commit(), "machine": {"gpu": torch.cuda.get_device_name(), "nproc": os.cpu_count()},
             "versions": {"torch": torch.__version__}}
@@ -228,8 +232,8 @@ def main():
         except Exception as error:  # one failing lever does not lose the lines after it
             line = {"metric": f"train.transformer.{config}", "error": f"{type(error).__name__}: {str(error)[:300]}", **base}
             torch.cuda.empty_cache()
-        lines = [line] + ([{**line, "metric": fixed[config], "bench_metric": line["metric"]}]
-                          if config in fixed and "error" not in line else [])
+        lines = [line] + [{**line, "metric": metric, "bench_metric": line["metric"]}
+                          for metric in (fixed.get(config, []) if "error" not in line else [])]
         for each in lines:
             text = json.dumps(each)
             print(text, flush=True)

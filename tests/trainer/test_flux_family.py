@@ -55,6 +55,20 @@ def test_the_velocity_is_the_transformer_s_output_on_the_inputs_flux_pipeline_gi
     assert torch.equal(ours, unpacked)
 
 
+def test_the_velocity_is_computed_off_cudnn_s_attention_kernels_and_the_setting_restored(flux):
+    """On the GPU cuDNN's SDPA backward gave Flux NaN gradients (families.FLUX_TRAINING_ATTENTION)."""
+    seen = []
+    hook = flux.denoiser.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    conditioning = families.condition(flux.family, flux.text_pipeline(), ["a red dog"], CPU)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        with torch.no_grad():
+            predict(flux.denoiser, torch.randn(1, 16, 8, 8), torch.tensor([0.5]), conditioning)
+    finally:
+        hook.remove()
+    assert before and seen == [False]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
 def test_stored_embeddings_are_marked_with_the_transformer_s_layout(flux, distilled):
     stored = {"prompt_embeds": torch.zeros(1, 512, 64), "pooled_prompt_embeds": torch.zeros(1, 32)}
     plain = layout(flux.family, flux.denoiser, Conditioning.from_tensors(stored))

@@ -18,6 +18,7 @@ from trainer.jobs import train
 from trainer.models import families, lora
 from trainer.models.loading import from_pretrained, load_models
 from trainer.models.pipelines import build_pipeline
+from trainer.objectives import numerics
 from trainer.objectives.diffusion import noised_inputs, prediction_loss
 from trainer.objectives.numerics import step_generator
 from trainer.runtime.checkpoints import CheckpointError
@@ -120,7 +121,6 @@ def test_only_the_adapter_trains_and_the_base_weights_stay_bit_identical(base):
     assert not torch.isclose(adapted_loss, base_loss)
 
 
-
 def test_the_frozen_base_trains_in_bf16_on_a_gpu_unless_fsdp_shards_it():
     cuda, cpu = torch.device("cuda", 0), CPU
     assert lora.frozen_dtype(cuda, "ddp", 8) == lora.frozen_dtype(cuda, "fsdp", 1) == torch.bfloat16
@@ -147,6 +147,22 @@ def test_a_base_frozen_in_bf16_trains_its_fp32_adapter_under_autocast_and_stays_
     frozen = {name.replace(".base_layer", ""): tensor for name, tensor in models.denoiser.state_dict().items()
               if "lora_" not in name}
     assert frozen.keys() == cast.keys() and all(torch.equal(frozen[name], cast[name]) for name in cast)
+
+def test_a_job_under_bf16_autocast_trains_its_adapter_on_a_base_frozen_in_bf16(base, shards_dir, train_args, tmp_path,
+                                                                              monkeypatch):
+    """GIVEN steps under bf16 autocast (a GPU's numerics, here on the CPU), WHEN a LoRA job runs (its validation
+    sampling too), THEN its base trained frozen in bf16 (lora.frozen_dtype) and its fp32 adapter was saved."""
+    monkeypatch.setattr(numerics, "AUTOCAST_DEVICE_TYPES", frozenset({"cpu"}))
+    adapted, add_adapter = [], lora.add_adapter
+    monkeypatch.setattr(lora, "add_adapter",
+                        lambda denoiser, *rest: (adapted.append(denoiser), add_adapter(denoiser, *rest)))
+    train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "checkpoints", "--model-config", base["preset"],
+                          "--train", "lora", "--pretrained", str(base["dir"]), "--steps", "2",
+                          "--final-weights", "trained"))
+    (denoiser,) = adapted
+    assert {p.dtype for name, p in denoiser.named_parameters() if "lora_" not in name} == {torch.bfloat16}
+    saved = load_file(tmp_path / "model" / lora.ADAPTER_WEIGHTS)
+    assert saved and {tensor.dtype for tensor in saved.values()} == {torch.float32}
 
 def test_a_lora_checkpoint_holds_the_adapter_alone(lora_run):
     step = lora_run["checkpoints"] / "step-00000003"

@@ -26,37 +26,6 @@ def test_autocast_is_bf16_on_a_gpu_and_off_on_a_cpu_unless_asked(monkeypatch):
         assert not torch.is_autocast_cache_enabled()
 
 
-
-def test_an_autocast_step_leaves_cudnn_attention_off_and_a_cpu_step_leaves_it_as_it_was(monkeypatch):
-    """cuDNN's attention backward gave NaN gradients for Flux on the GPU (numerics.without_cudnn_attention)."""
-    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", _Recorder(torch.backends.cuda.enable_cudnn_sdp))
-    with numerics.autocast(CPU):
-        pass
-    assert torch.backends.cuda.enable_cudnn_sdp.calls == []
-    monkeypatch.setattr(numerics, "AUTOCAST_DEVICE_TYPES", frozenset({"cpu"}))
-    with numerics.autocast(CPU):
-        pass
-    assert torch.backends.cuda.enable_cudnn_sdp.calls == [False]
-
-
-class _Recorder:
-    """torch.backends.cuda.enable_cudnn_sdp, its calls recorded and passed on (restored by monkeypatch after)."""
-
-    def __init__(self, wrapped):
-        self.wrapped, self.calls = wrapped, []
-
-    def __call__(self, enabled: bool) -> None:
-        self.calls.append(enabled)
-        self.wrapped(enabled)
-
-
-@pytest.fixture(autouse=True)
-def _cudnn_attention_restored():
-    before = torch.backends.cuda.cudnn_sdp_enabled()
-    yield
-    torch.backends.cuda.enable_cudnn_sdp(before)
-
-
 @pytest.mark.parametrize("preset", ["tiny", "tiny-sd3"])
 def test_bf16_autocast_steps_train_as_fp32_steps_do(preset):
     # GIVEN the tiny model's weights and four micro-batches of two 32 px images

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from diffusers import (AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,
                        FluxTransformer2DModel, PixArtSigmaPipeline, PixArtTransformer2DModel, SD3Transformer2DModel,
                        StableDiffusion3Pipeline)
@@ -105,6 +106,11 @@ PIXART = Family("pixart", PixArtTransformer2DModel, PixArtSigmaPipeline, (
 ), max_length=300, shifts_latents=False, lowercases_prompts=True)
 FAMILIES = {family.name: family for family in (SD3, FLUX, PIXART)}
 FLUX_TRAINING_GUIDANCE = 3.5  # a guidance-distilled base's embedded guidance in training (diffusers' Flux scripts)
+# Flux's attention in training, never on cuDNN's SDPA kernels: with torch 2.11 on an H100 their backward, and the
+# default backend's, which behaved as theirs, gave NaN gradients (tiny-flux, 576 tokens) or a faulting kernel (FLUX.1's layout at 256 px) where
+# flash and memory-efficient attention gave finite ones (bench/RESULTS.md, 2026-12-06). Forward-only sampling and
+# serving keep the default.
+FLUX_TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 FLUX_SAMPLING_GUIDANCE = 3.5  # true CFG for an undistilled Flux where a call names no scale (FluxPipeline's own default)
 FLUX_DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline's default latent side (1024 px), for a transformer config without one
 
@@ -399,9 +405,10 @@ def _predict_packed(transformer, noisy: torch.Tensor, t: torch.Tensor, condition
     image_ids = _image_ids(height // 2, width // 2, noisy.device, noisy.dtype)
     text_ids = torch.zeros(conditioning.context.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
     guidance = None if conditioning.guidance is None else torch.full((batch,), conditioning.guidance, device=noisy.device)
-    output = transformer(hidden_states=tokens, encoder_hidden_states=conditioning.context,
-                         pooled_projections=conditioning.pooled, timestep=t, img_ids=image_ids, txt_ids=text_ids,
-                         guidance=guidance).sample
+    with sdpa_kernel(FLUX_TRAINING_ATTENTION):
+        output = transformer(hidden_states=tokens, encoder_hidden_states=conditioning.context,
+                             pooled_projections=conditioning.pooled, timestep=t, img_ids=image_ids, txt_ids=text_ids,
+                             guidance=guidance).sample
     return (output.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
             .reshape(batch, channels, height, width))
 

@@ -1,6 +1,7 @@
 """LoRA (`--train lora`): a pretrained base's denoiser fine-tuned through a low-rank adapter, with peft as
 diffusers integrates it (`add_adapter`, `get_peft_model_state_dict`, the pipeline's `save_lora_weights`,
-`load_lora_adapter`), the base's weights frozen and bit-identical.
+`load_lora_adapter`), the base's weights frozen (cast to bf16 where steps run under autocast: frozen_dtype), its
+files copied byte for byte.
 
 Only the adapter's parameters (fp32, diffusers' `cast_training_params`) are optimised, clipped, averaged
 (EMA) and checkpointed; the base comes from `--pretrained` again on resume. The adapter targets the
@@ -32,6 +33,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
 from trainer.models.bundle import Models
+from trainer.objectives import numerics
 from trainer.runtime.checkpoints import adapter_config, sha256_of
 
 ADAPTER_WEIGHTS = "pytorch_lora_weights.safetensors"  # the name load_lora_weights looks for by default
@@ -86,11 +88,11 @@ def check_run(models: Models, args) -> None:
 
 
 def frozen_dtype(device: torch.device, strategy: str, world_size: int) -> torch.dtype:
-    """The dtype the frozen base's weights train in: bf16 on a GPU, where autocast runs its matmuls in bf16 anyway
-    (half the memory, no cast of every weight at every call: diffusers' LoRA scripts keep it at weight_dtype);
-    fp32 on a CPU, which trains without autocast, and under FSDP, which shards only parameters of one dtype."""
+    """The dtype the frozen base's weights train in: bf16 where steps run under bf16 autocast (a GPU's), which runs
+    its matmuls in bf16 anyway (half the memory: diffusers' LoRA scripts keep the base at weight_dtype); fp32 on a
+    CPU, which trains without autocast, and when FSDP shards the model over several processes (one dtype a group)."""
     sharded = strategy == "fsdp" and world_size > 1
-    return torch.bfloat16 if device.type == "cuda" and not sharded else torch.float32
+    return torch.bfloat16 if device.type in numerics.AUTOCAST_DEVICE_TYPES and not sharded else torch.float32
 
 
 def adapt(models: Models, args, frozen: torch.dtype = torch.float32) -> LoraConfig | None:
@@ -114,15 +116,17 @@ def add_adapter(denoiser: torch.nn.Module, config: LoraConfig, seed: int, frozen
     cast_training_params(denoiser, torch.float32)
 
 
-def base_denoiser(models: Models) -> torch.nn.Module:
-    """The base's denoiser as it is on disk (the trained one is wrapped, maybe sharded)."""
+def base_denoiser(models: Models, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The base's denoiser as it is on disk (the trained one is wrapped, maybe sharded), in `dtype`."""
     model_class = models.family.transformer_class if models.family is not None else UNet2DConditionModel
-    return model_class.from_pretrained(models.base, subfolder=denoiser_folder(models))
+    return model_class.from_pretrained(models.base, subfolder=denoiser_folder(models), torch_dtype=dtype)
 
 
 def sampling_denoiser(models: Models, weights: dict[str, torch.Tensor], device: torch.device) -> torch.nn.Module:
-    """A plain copy of the base's denoiser carrying the adapter with `weights` (trained or EMA, by parameter name)."""
-    denoiser = base_denoiser(models)
+    """A plain copy of the base's denoiser carrying the adapter with `weights` (trained or EMA, by parameter name),
+    the base in the dtype it trains in (beside it on the GPU, an fp32 copy of FLUX.1's 11.9 B would not fit)."""
+    frozen = next(p.dtype for name, p in models.denoiser.named_parameters() if "lora_" not in name)
+    denoiser = base_denoiser(models, frozen)
     with torch.random.fork_rng(devices=[]):  # the init draws are overwritten: the run's RNG stays where it was
         denoiser.add_adapter(copy.deepcopy(adapter_config(models.denoiser)))
     missing, unexpected = denoiser.load_state_dict(weights, strict=False)

@@ -14,21 +14,10 @@ AUTOCAST_DEVICE_TYPES = frozenset({"cuda"})
 
 
 def autocast(device: torch.device, cache: bool = True):
-    """bf16 autocast on GPUs (trained weights stay fp32), with attention off cuDNN's kernels
-    (without_cudnn_attention); full precision on CPU."""
+    """bf16 autocast on GPUs (trained weights stay fp32); full precision on CPU."""
     if device.type in AUTOCAST_DEVICE_TYPES:
-        without_cudnn_attention()
         return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
-
-
-def without_cudnn_attention() -> None:
-    """Scaled-dot-product attention on the flash and memory-efficient kernels, never cuDNN's, process-wide: with
-    torch 2.11 and cuDNN 9.19, where SDPA picks cuDNN by default for Flux's attention, its backward gave NaN
-    gradients (tiny-flux, 576 tokens) or a faulting kernel (FLUX.1's layout at 256 px) while flash and
-    memory-efficient attention gave finite ones (bench/RESULTS.md, 2026-12-06); cuDNN was no faster for SD3 or
-    PixArt (1.00x). Set before the first step's trace, so compiled and graphed steps keep it."""
-    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
