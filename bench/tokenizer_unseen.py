@@ -12,6 +12,9 @@ grammar whose every content word never occurs in the training captions:
   distribution and kept only if training never had them (new compositions of known roots and affixes,
   and rare roots); tokens over all words of those captions, function words included, BOS/EOS not.
 - `unseen_content_word`: the same, over the unseen content words alone.
+- `one_token_a_morpheme`: the same captions at one token per morpheme (function word, prefix, root, suffix): what a
+  tokenizer that had learned every root and affix as one piece would give, and `morphemes_per_unseen_content_word`.
+  A new word is mostly a new composition of known parts, so this is the floor the goal meets.
 - `novel_roots`: the hardest case, content words on roots from a disjoint set training never drew from.
 - `seen_heldout`: held-out captions of the training distribution (what most captions of a job are).
 
@@ -72,10 +75,14 @@ class Language:
         return words
 
     def content_word(self, rng: random.Random, roots: list[str] | None = None) -> str:
+        return "".join(self.content_parts(rng, roots))
+
+    def content_parts(self, rng: random.Random, roots: list[str] | None = None) -> tuple[str, str, str]:
+        """A content word's prefix, root and suffix (an absent affix is "")."""
         root = rng.choice(roots) if roots else rng.choices(self.roots, cum_weights=self.root_weights)[0]
         prefix = rng.choice(self.prefixes) if rng.random() < 0.15 else ""
         suffix = rng.choice(self.suffixes) if rng.random() < 0.5 else ""
-        return prefix + root + suffix
+        return prefix, root, suffix
 
     def caption(self, rng: random.Random, content=None) -> str:
         """6-14 words: a function word, then one or two content words, and again."""
@@ -105,9 +112,12 @@ def measure(captions: int, test: int, seed: int, vocab_size: int = CLIP_VOCAB_SI
     tokenizer = learn_clip(training, vocab_size)
     learn_s = time.perf_counter() - started
 
+    morphemes: dict[str, int] = {}  # each unseen content word's prefix, root and suffix present
+
     def unseen(rng: random.Random) -> str:
-        while (word := language.content_word(rng)) in seen:
+        while (word := "".join(parts := language.content_parts(rng))) in seen:
             pass
+        morphemes.setdefault(word, sum(1 for part in parts if part))
         return word
     test_rng = random.Random(seed + 2)
     heldout = [language.caption(test_rng) for _ in range(test)]
@@ -116,7 +126,12 @@ def measure(captions: int, test: int, seed: int, vocab_size: int = CLIP_VOCAB_SI
                   for _ in range(test)]
     assert not any(word in seen for c in over_unseen for word in c.split() if word not in language.function)
     content = (lambda word: word not in language.function)
+    words = [word for caption in over_unseen for word in caption.split()]
+    content_morphemes = [morphemes[word] for word in words if content(word)]
     return {"value": round(tokens_per_word(tokenizer, over_unseen), 3),
+            # one token a morpheme, what a tokenizer that knows every root and affix would spend on these captions
+            "one_token_a_morpheme": round((len(words) - len(content_morphemes) + sum(content_morphemes)) / len(words), 3),
+            "morphemes_per_unseen_content_word": round(sum(content_morphemes) / len(content_morphemes), 3),
             "unseen_content_word": round(tokens_per_word(tokenizer, over_unseen, content), 3),
             "novel_roots": round(tokens_per_word(tokenizer, over_novel), 3),
             "novel_roots_content_word": round(tokens_per_word(tokenizer, over_novel, content), 3),
