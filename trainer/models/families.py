@@ -107,9 +107,9 @@ PIXART = Family("pixart", PixArtTransformer2DModel, PixArtSigmaPipeline, (
 FAMILIES = {family.name: family for family in (SD3, FLUX, PIXART)}
 FLUX_TRAINING_GUIDANCE = 3.5  # a guidance-distilled base's embedded guidance in training (diffusers' Flux scripts)
 # Flux's attention in training, never on cuDNN's SDPA kernels: with torch 2.11 on an H100 their backward, and the
-# default backend's, which behaved as theirs, gave NaN gradients (tiny-flux, 576 tokens) or a faulting kernel (FLUX.1's layout at 256 px) where
-# flash and memory-efficient attention gave finite ones (bench/RESULTS.md, 2026-12-06). Forward-only sampling and
-# serving keep the default.
+# default backend's, which behaved as theirs, gave NaN gradients (tiny-flux, 576 tokens) or a faulting kernel
+# (FLUX.1's layout at 256 px) where flash and memory-efficient attention gave finite ones (bench/RESULTS.md,
+# 2026-12-06). Forward-only sampling and serving keep the default.
 FLUX_TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 FLUX_SAMPLING_GUIDANCE = 3.5  # true CFG for an undistilled Flux where a call names no scale (FluxPipeline's own default)
 FLUX_DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline's default latent side (1024 px), for a transformer config without one
