@@ -25,8 +25,9 @@ def test_captions_over_words_the_tokenizer_never_saw_take_under_two_tokens_a_wor
 
 
 def test_a_new_word_costs_near_one_piece_a_morpheme_and_that_floor_is_above_1_6():
-    """The goal's 1.6 lies below one token per morpheme on captions of new words (bench/RESULTS.md): no tokenizer
-    that spells a new word from known parts can reach it; the learned one spends under 1.25 pieces a morpheme."""
+    """The goal's 1.6 lies below one token per morpheme on captions of new words (bench/RESULTS.md): a tokenizer
+    reaches it only by holding whole compositions of parts that it never saw together; the learned one spends
+    under 1.25 pieces a morpheme."""
     figures = tokenizer_unseen.measure(captions=10000, test=500, seed=0)
 
     assert figures["one_token_a_morpheme"] > 1.6
