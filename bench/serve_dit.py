@@ -32,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "functions")]
 from diffusers import AutoencoderKL, DiffusionPipeline  # noqa: E402
 
 from bench import stamp  # noqa: E402
+from bench.building import drawn_in  # noqa: E402
 from trainer.models import families, text_tokenizers  # noqa: E402
 from trainer.models.loading import read_preset  # noqa: E402
 from trainer.objectives.flow_matching import FlowSettings  # noqa: E402
@@ -56,16 +57,12 @@ def build(preset_name: str, folder: Path, resolution: int, t5_layers: int | None
                                if not (role == "t5" and role in optional)}
     if t5_layers and "t5" in preset["text_encoders"]:
         preset["text_encoders"]["t5"] = {**preset["text_encoders"]["t5"], "num_layers": t5_layers}
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # drawn as saved: FLUX.1's 11.9 B in fp32 and a bf16 copy would not fit 80 GB
-    try:
-        with torch.device("cuda"):
-            encoders, tokenizers = families.build_text_parts(family, preset, seed=0,
-                                                            tokenizers=text_tokenizers.learn(preset, []))
-            transformer = families.new_transformer(family, preset["transformer"])
-            vae = AutoencoderKL(**preset["vae"])
-    finally:
-        torch.set_default_dtype(default)
+    # drawn as saved: FLUX.1's 11.9 B in fp32 and a bf16 copy would not fit 80 GB
+    with drawn_in(torch.bfloat16), torch.device("cuda"):
+        encoders, tokenizers = families.build_text_parts(family, preset, seed=0,
+                                                        tokenizers=text_tokenizers.learn(preset, []))
+        transformer = families.new_transformer(family, preset["transformer"])
+        vae = AutoencoderKL(**preset["vae"])
     # the server warms up (compiles) at the model's default size, as a trained model's is its last stage's
     transformer.register_to_config(sample_size=resolution // 2 ** (len(vae.config.block_out_channels) - 1))
     shift = FlowSettings.from_preset(preset.get("flow")).shift(resolution)

@@ -48,26 +48,20 @@ def progress(**fields):
 
 
 def build(preset_name: str, device, dtype=torch.float32):
+    from bench.building import drawn_in
     from trainer.models.families import family_named, new_transformer
     preset = json.loads((CONFIGS / f"{preset_name}.json").read_text())
     family = family_named(preset["family"])
     torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # drawn in the dtype it trains in: FLUX.1's 11.9 B would not fit twice
-    try:
-        with torch.device(device):
-            model = new_transformer(family, preset["transformer"])
-    finally:
-        torch.set_default_dtype(default)
+    with drawn_in(dtype), torch.device(device):  # the dtype it trains in: FLUX.1's 11.9 B would not fit twice
+        model = new_transformer(family, preset["transformer"])
     return family, preset, model
 
 
 def adapted(model, family_name: str, rank: int) -> None:
     """The trainer's LoRA: the base frozen (in the dtype it was built in), a gaussian-initialised adapter in fp32."""
-    from peft import LoraConfig
-    from trainer.models.lora import TARGETS, add_adapter
-    config = LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=list(TARGETS[family_name]))
-    add_adapter(model, config, seed=0, frozen=next(model.parameters()).dtype)
+    from trainer.models.lora import add_adapter, config_for
+    add_adapter(model, config_for(family_name, rank), seed=0, frozen=next(model.parameters()).dtype)
 
 
 def inputs(family, model, preset: dict, batch: int, resolution: int, device):

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from peft import LoraConfig
 
 from tests.trainer.precision_helpers import loss_gap, micro_batches, trained, trainee_of, weight_drift
 from trainer.jobs.step import Trainee
@@ -127,8 +126,7 @@ def test_an_adapter_on_a_base_frozen_in_bf16_trains_as_on_an_fp32_base(preset, r
     # GIVEN one adapter (rank 4) on the preset's denoiser twice, its weights copied alike: once on the base in
     # fp32, once on the base cast to bf16 as a GPU LoRA job casts it (lora.frozen_dtype)
     models = load_models(preset, None, seed=0, device=CUDA)
-    config = LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
-                        target_modules=list(lora.TARGETS[lora.family_name(models)]))
+    config = lora.config_for(lora.family_name(models), rank=4)
     starts = {dtype: copy.deepcopy(models.denoiser) for dtype in (torch.float32, torch.bfloat16)}
     for dtype, start in starts.items():
         lora.add_adapter(start, copy.deepcopy(config), seed=0, frozen=dtype)

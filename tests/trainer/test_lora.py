@@ -148,6 +148,7 @@ def test_a_base_frozen_in_bf16_trains_its_fp32_adapter_under_autocast_and_stays_
               if "lora_" not in name}
     assert frozen.keys() == cast.keys() and all(torch.equal(frozen[name], cast[name]) for name in cast)
 
+
 def test_a_job_under_bf16_autocast_trains_its_adapter_on_a_base_frozen_in_bf16(base, shards_dir, train_args, tmp_path,
                                                                               monkeypatch):
     """GIVEN steps under bf16 autocast (a GPU's numerics, here on the CPU), WHEN a LoRA job runs (its validation

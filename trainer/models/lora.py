@@ -101,10 +101,16 @@ def adapt(models: Models, args, frozen: torch.dtype = torch.float32) -> LoraConf
     if args.train != "lora":
         return None
     check_run(models, args)
-    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha or args.lora_rank, init_lora_weights="gaussian",
-                        target_modules=list(TARGETS[family_name(models)]))
+    config = config_for(family_name(models), args.lora_rank, args.lora_alpha)
     add_adapter(models.denoiser, config, args.seed, frozen)
     return config
+
+
+def config_for(family: str, rank: int, alpha: int | None = None) -> LoraConfig:
+    """The adapter a `family`'s denoiser gets: rank `rank`, scaled by alpha / rank (alpha the rank by default),
+    lora_A drawn from a gaussian, on the family's TARGETS."""
+    return LoraConfig(r=rank, lora_alpha=alpha or rank, init_lora_weights="gaussian",
+                      target_modules=list(TARGETS[family]))
 
 
 def add_adapter(denoiser: torch.nn.Module, config: LoraConfig, seed: int, frozen: torch.dtype) -> None:
