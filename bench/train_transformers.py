@@ -16,7 +16,8 @@ FLOPs: torch.utils.flop_counter.FlopCounterMode over one eager forward + backwar
 
 Configurations: `<preset><res>` (sd3m, pixart, flux: FLUX.1's 11.9 B layout, whose full training needs more than
 one GPU, so only with `lora`) at the batch of `--batch` (default: the anchors'),
-levers joined with `+`: `compile` (torch.compile of the transformer), `b<N>`, `fp8` (torchao float8
+levers joined with `+`: `compile` (torch.compile of the transformer), `rcompile` (regional compilation: each
+repeated block compiled in place, trainer/speed/regional_compile.py), `b<N>`, `fp8` (torchao float8
 training on the transformer's linears with dims multiple of 16), `cudnnattn` (SDPA on cuDNN's
 attention kernels), `bf16w` (bf16 weights with fp32 masters: trainer's master_weights), `ckpt`
 (gradient checkpointing), `lora` (the base frozen, a rank-4 adapter on the trainer's targets, trainer/models/lora.py;
@@ -25,7 +26,6 @@ attention kernels), `bf16w` (bf16 weights with fp32 masters: trainer's master_we
 """
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -99,7 +99,8 @@ def count_flops(model, family, preset, resolution, settings, device) -> float:
     latents, conditioning = inputs(family, model, preset, 1, resolution, device)
     generator = torch.Generator(device).manual_seed(0)
     counter = FlopCounterMode(display=False)
-    with counter:
+    from trainer.models.families import training_attention
+    with counter, training_attention(family):  # Flux's backward faults on the default backend (families.py)
         loss_of(model, latents, conditioning, settings, resolution, generator).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
@@ -150,7 +151,11 @@ def run(config: str, args, device, flops_cache: dict) -> dict:
         trained = list(model.parameters())
     optimizer = torch.optim.AdamW(masters or trained, lr=1e-4, fused=True)
     step_model = torch.compile(model, dynamic=False) if "compile" in levers else model
-    attention = contextlib.nullcontext()
+    if "rcompile" in levers:
+        from trainer.speed.regional_compile import compile_regions
+        compile_regions(model, family.name)
+    from trainer.models.families import training_attention
+    attention = training_attention(family)  # forward and backward on the family's kernels, as train_step runs them
     if "cudnnattn" in levers:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         attention = sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])

@@ -2,6 +2,7 @@
 guidance (true CFG, or embedded for a distilled base), and its sampler's shift. The run, the saved pipeline and
 serving are tests/trainer/test_transformer_families.py's, with the other families."""
 
+import copy
 import json
 import math
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from diffusers import FluxPipeline
 
+from tests.trainer.precision_helpers import micro_batches, trained
 from trainer.models import families
 from trainer.models.families import Conditioning, layout, negative_prompt, predict, sampling_options
 from trainer.models.loading import CONFIGS_DIR, from_pretrained, load_models
@@ -55,19 +57,24 @@ def test_the_velocity_is_the_transformer_s_output_on_the_inputs_flux_pipeline_gi
     assert torch.equal(ours, unpacked)
 
 
-def test_the_velocity_is_computed_off_cudnn_s_attention_kernels_and_the_setting_restored(flux):
-    """On the GPU cuDNN's SDPA backward gave Flux NaN gradients (families.FLUX_TRAINING_ATTENTION)."""
+def test_a_flux_step_runs_its_forward_and_its_checkpointed_recompute_off_cudnn_s_attention(flux):
+    """On the GPU cuDNN's SDPA backward gave Flux NaN gradients (families.FLUX_TRAINING_ATTENTION); and a forward
+    recomputed by gradient checkpointing inside the backward, outside the forward's backends, picked other kernels
+    and failed checkpoint's metadata check (FLUX.1's layout at 1024 px)."""
+    # GIVEN the tiny Flux transformer with gradient checkpointing, its first block noting the SDPA setting it runs in
+    start = copy.deepcopy(flux.denoiser)
+    start.enable_gradient_checkpointing()
     seen = []
-    hook = flux.denoiser.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
-    conditioning = families.condition(flux.family, flux.text_pipeline(), ["a red dog"], CPU)
-    before = torch.backends.cuda.cudnn_sdp_enabled()
-    try:
-        with torch.no_grad():
-            predict(flux.denoiser, torch.randn(1, 16, 8, 8), torch.tensor([0.5]), conditioning)
-    finally:
-        hook.remove()
-    assert before and seen == [False]
+    start.transformer_blocks[0].register_forward_pre_hook(
+        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
     assert torch.backends.cuda.cudnn_sdp_enabled()
+    # WHEN one training step runs (trainer.jobs.step.train_step)
+    trained(flux, start, micro_batches(1, flux.default_resolution), steps=1, device=CPU, bf16=False)
+    # THEN the block ran twice, in the forward and in the backward's recompute, both off cuDNN's kernels; and the
+    # process's setting is as it was
+    assert seen == [False, False]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
 
 def test_stored_embeddings_are_marked_with_the_transformer_s_layout(flux, distilled):
     stored = {"prompt_embeds": torch.zeros(1, 512, 64), "pooled_prompt_embeds": torch.zeros(1, 32)}

@@ -1,7 +1,8 @@
 """One optimizer step of the UNet, the step trainer/jobs/train.py runs and bench/train_timing.py times.
 
 A step: for each micro-batch the diffusion loss (trainer/objectives/diffusion.py: noise, timesteps, target,
-noise offset, min-SNR weighting) from that micro-batch's own seeded generator, its backward scaled
+noise offset, min-SNR weighting) from that micro-batch's own seeded generator (forward and backward on the
+family's attention kernels, trainer/models/families.py training_attention), its backward scaled
 by 1 / micro-batches (the gradient all-reduce on the last alone; the UNet's part replayed from a
 CUDA graph with `Trainee.graphs`, the draws still made eagerly); then gradient clipping, one
 finiteness check over every rank, AdamW and the EMA when it is finite (the weights stay as they
@@ -15,6 +16,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainer.models.bundle import Models
+from trainer.models.families import training_attention
 from trainer.objectives.diffusion import diffusion_loss, noised_inputs
 from trainer.objectives.numerics import step_generator
 from trainer.runtime import distributed
@@ -78,7 +80,8 @@ def train_step(trainee: Trainee, models: Models, batches: Iterator[dict], window
     seen = []
     for micro in range(accumulation):
         batch = window.wait_for(batches)
-        with distributed.gradient_sync(trainee.model, settings.sync_every_micro_batch or micro == accumulation - 1):
+        with distributed.gradient_sync(trainee.model, settings.sync_every_micro_batch or micro == accumulation - 1), \
+                training_attention(models.family):
             generator = step_generator(settings.seed, step, processes.rank, micro, device)
             if trainee.graphs is None:
                 loss = diffusion_loss(trainee.step_model, models, batch, device, generator, settings.noise_offset,

@@ -92,6 +92,7 @@ from trainer.runtime.watchdog import stops_watchdogs, training_watchdog
 from trainer.speed import cuda_graphs
 from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
 from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
+from trainer.speed.regional_compile import compile_mode, compile_regions
 from trainer.speed.vae_compile import compile_vae_encoder
 
 
@@ -180,11 +181,15 @@ def main(args: argparse.Namespace) -> dict:
         unet.to(memory_format=torch.channels_last)
     if args.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
+    compiled = compile_mode(args.compile, compile_by_default(
+        args.model_config, [phase.resolution for phase in plan.phases], device.type == "cuda"),
+        models.family.name if models.family else None, args.strategy == "fsdp" and processes.world_size > 1)
+    compiling = compiled is not None
+    if compiled == "regional":  # before the wrap: FSDP shards these same blocks
+        compile_regions(unet, models.family.name)
     model = distributed.wrap(unet, processes, args.strategy)
     step_model = model  # what the step calls; `model` keeps DDP's / FSDP's gradient-sync switches
-    compiling = args.compile if args.compile != "auto" else compile_by_default(
-        args.model_config, [phase.resolution for phase in plan.phases], device.type == "cuda")
-    if compiling:
+    if compiled == "whole":
         step_model = torch.compile(model, dynamic=False)  # one graph per bucket shape, compiled at its first step
     fused = args.fused_adamw and device.type == "cuda" and args.strategy == "ddp"
     trained = [(name, parameter) for name, parameter in unet.named_parameters() if parameter.requires_grad]
@@ -230,7 +235,7 @@ def main(args: argparse.Namespace) -> dict:
 
     # loop
     log(rank, event="start", step=step, steps=plan.total_steps, world_size=processes.world_size, device=str(device),
-        backend=processes.backend, strategy=args.strategy, compile=compiling, cuda_graphs=graphing, sdxl=models.sdxl, stages=plan.describe(),
+        backend=processes.backend, strategy=args.strategy, compile=compiled or False, cuda_graphs=graphing, sdxl=models.sdxl, stages=plan.describe(),
         preflight=checks)
     watchdog = training_watchdog(args.watchdog_minutes, rank, step)
     board = Board(None if args.tensorboard_dir == "none" else Path(args.tensorboard_dir or default_dir(health_dir)), rank)

@@ -33,6 +33,7 @@ Euler scheduler lacks, so PixArt saves `DPMSolverMultistepScheduler` in its flow
 gives flow-matching DiTs of the PixArt line (Sana).
 """
 
+import contextlib
 import inspect
 import json
 import math
@@ -75,6 +76,8 @@ class Family:
     lowercases_prompts: bool = False
     # the transformer reads latents packed as tokens of 2x2 latent pixels, with position ids (Flux)
     packs_latents: bool = False
+    # the SDPA backends its training steps may use (empty: torch's choice); see training_attention
+    training_backends: tuple[SDPBackend, ...] = ()
 
     def saved_scheduler(self, shift: float):
         """The sampler saved with the pipeline, at the run's last shift."""
@@ -97,20 +100,20 @@ SD3 = Family("sd3", SD3Transformer2DModel, StableDiffusion3Pipeline, (
     TextPart("clip_g", "text_encoder_2", "tokenizer_2", CLIPTextModelWithProjection),
     TextPart("t5", "text_encoder_3", "tokenizer_3", T5EncoderModel, required=False),
 ), max_length=256, shifts_latents=True)
+# Flux's attention in training, never on cuDNN's SDPA kernels: with torch 2.11 on an H100 their backward, and the
+# default backend's, which behaved as theirs, gave NaN gradients (tiny-flux, 576 tokens) or a faulting kernel
+# (FLUX.1's layout at 256 px) where flash and memory-efficient attention gave finite ones (bench/RESULTS.md,
+# 2026-12-06). Forward-only sampling and serving keep the default.
+FLUX_TRAINING_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 FLUX = Family("flux", FluxTransformer2DModel, FluxPipeline, (
     TextPart("clip_l", "text_encoder", "tokenizer", CLIPTextModel),
     TextPart("t5", "text_encoder_2", "tokenizer_2", T5EncoderModel),
-), max_length=512, shifts_latents=True, packs_latents=True)
+), max_length=512, shifts_latents=True, packs_latents=True, training_backends=FLUX_TRAINING_ATTENTION)
 PIXART = Family("pixart", PixArtTransformer2DModel, PixArtSigmaPipeline, (
     TextPart("t5", "text_encoder", "tokenizer", T5EncoderModel),
 ), max_length=300, shifts_latents=False, lowercases_prompts=True)
 FAMILIES = {family.name: family for family in (SD3, FLUX, PIXART)}
 FLUX_TRAINING_GUIDANCE = 3.5  # a guidance-distilled base's embedded guidance in training (diffusers' Flux scripts)
-# Flux's attention in training, never on cuDNN's SDPA kernels: with torch 2.11 on an H100 their backward, and the
-# default backend's, which behaved as theirs, gave NaN gradients (tiny-flux, 576 tokens) or a faulting kernel
-# (FLUX.1's layout at 256 px) where flash and memory-efficient attention gave finite ones (bench/RESULTS.md,
-# 2026-12-06). Forward-only sampling and serving keep the default.
-FLUX_TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 FLUX_SAMPLING_GUIDANCE = 3.5  # true CFG for an undistilled Flux where a call names no scale (FluxPipeline's own default)
 FLUX_DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline's default latent side (1024 px), for a transformer config without one
 
@@ -383,6 +386,16 @@ def prompt_embeddings(family: Family, pipeline, prompts: list[str]) -> dict[str,
             "negative_prompt_attention_mask": negative_mask}
 
 
+def training_attention(family: Family | None):
+    """The context a training step's forward and backward run in together: the family's SDPA backends (none for
+    the UNet family, or a family that names none). Together, because gradient checkpointing recomputes the forward
+    inside the backward: a recompute outside the forward's backends picks other kernels, whose saved tensors fail
+    torch.utils.checkpoint's metadata check (FLUX.1's layout at 1024 px with checkpointing did, 2026-12-06)."""
+    if family is None or not family.training_backends:
+        return contextlib.nullcontext()
+    return sdpa_kernel(list(family.training_backends))
+
+
 def predict(transformer, noisy: torch.Tensor, t: torch.Tensor, conditioning: Conditioning) -> torch.Tensor:
     """The transformer's velocity for latents `noisy` at timesteps `t` in [0, 1]."""
     if conditioning.packed:
@@ -405,10 +418,9 @@ def _predict_packed(transformer, noisy: torch.Tensor, t: torch.Tensor, condition
     image_ids = _image_ids(height // 2, width // 2, noisy.device, noisy.dtype)
     text_ids = torch.zeros(conditioning.context.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
     guidance = None if conditioning.guidance is None else torch.full((batch,), conditioning.guidance, device=noisy.device)
-    with sdpa_kernel(FLUX_TRAINING_ATTENTION):
-        output = transformer(hidden_states=tokens, encoder_hidden_states=conditioning.context,
-                             pooled_projections=conditioning.pooled, timestep=t, img_ids=image_ids, txt_ids=text_ids,
-                             guidance=guidance).sample
+    output = transformer(hidden_states=tokens, encoder_hidden_states=conditioning.context,
+                         pooled_projections=conditioning.pooled, timestep=t, img_ids=image_ids, txt_ids=text_ids,
+                         guidance=guidance).sample
     return (output.view(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
             .reshape(batch, channels, height, width))
 

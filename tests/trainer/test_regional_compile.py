@@ -1,0 +1,89 @@
+"""trainer/speed/regional_compile.py: a transformer family's repeated blocks compiled in place, and how a training
+job chooses between that, compiling the whole UNet, and eager (--compile)."""
+
+import json
+
+import pytest
+import torch
+
+from trainer.jobs import train
+from trainer.models.families import predict
+from trainer.models.loading import load_models
+from trainer.speed import fast_defaults
+from trainer.speed.regional_compile import REPEATED_BLOCKS, compile_mode, compile_regions
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("requested, measured_faster, family, sharded, mode", [
+    ("auto", False, None, False, None),  # the table never measured compiling faster: eager
+    ("auto", True, None, False, "whole"),  # the UNet family: torch.compile of the whole model
+    ("auto", True, "sd3", False, "regional"),  # a transformer family: its blocks
+    ("auto", True, "flux", True, None),  # sharded by FSDP over several processes: unmeasured, eager under auto
+    (True, False, "flux", True, "regional"),  # ... unless asked
+    (True, False, None, False, "whole"),
+    (False, True, "pixart", False, None),  # the escape hatch
+])
+def test_the_compile_mode_follows_the_request_the_table_and_the_family(requested, measured_faster, family, sharded, mode):
+    assert compile_mode(requested, measured_faster, family, sharded) == mode
+
+
+def test_compile_auto_compiles_the_full_size_transformer_presets_at_every_measured_stage():
+    """configs/defaults/fast.json: regional compilation measured faster at 256, 512 and 1024 (bench/RESULTS.md)."""
+    for preset in ("sd3-medium", "pixart-sigma"):
+        assert fast_defaults.compile_by_default(preset, [256, 512, 1024], on_gpu=True)
+    assert fast_defaults.compile_by_default("flux1", [512, 1024], on_gpu=True)
+    assert not fast_defaults.compile_by_default("flux1", [256, 512], on_gpu=True)  # 256 never measured
+    assert not fast_defaults.compile_by_default("sd3-medium", [512], on_gpu=False)
+
+
+@pytest.mark.parametrize("preset", ["tiny-sd3", "tiny-pixart", "tiny-flux"])
+def test_the_family_s_blocks_compile_in_place_and_predict_what_they_did_eagerly(preset):
+    # GIVEN a tiny transformer and one noisy batch with its conditioning
+    models = load_models(preset, None, seed=0, captions=lambda: ["a red dog", "a blue cat"])
+    transformer = models.denoiser
+    names = list(transformer.state_dict())
+    side = models.default_resolution // models.vae_scale_factor
+    noisy = torch.randn(2, models.vae.config.latent_channels, side, side, generator=torch.Generator().manual_seed(0))
+    from trainer.models.families import condition
+    conditioning = condition(models.family, models.text_pipeline(), ["a red dog", "a blue cat"], CPU)
+    t = torch.tensor([0.25, 0.75])
+    with torch.no_grad():
+        eager = predict(transformer, noisy, t, conditioning)
+    # WHEN its repeated blocks compile (Dynamo's tracing with the eager backend: Inductor on a CPU takes minutes)
+    torch._dynamo.reset()
+    try:
+        compile_regions(transformer, models.family.name, backend="eager")
+        compiled = [type(module).__name__ for module in transformer.modules()
+                    if getattr(module, "_compiled_call_impl", None) is not None]
+        with torch.no_grad():
+            regional = predict(transformer, noisy, t, conditioning)
+    finally:
+        torch._dynamo.reset()
+    # THEN every block of the family's named kinds, and nothing else, was compiled in place: the module tree and
+    # what a checkpoint saves are unchanged, and the blocks give the eager output
+    blocks = [type(module).__name__ for module in transformer.modules()
+              if type(module).__name__ in REPEATED_BLOCKS[models.family.name]]
+    assert compiled == blocks and len(blocks) >= 2
+    assert list(transformer.state_dict()) == names
+    torch.testing.assert_close(regional, eager)
+
+
+def test_a_family_without_named_blocks_is_refused():
+    with pytest.raises(ValueError, match="no repeated blocks are named for family 'sana'"):
+        compile_regions(torch.nn.Linear(2, 2), "sana")
+
+
+def test_a_compiled_transformer_job_compiles_its_blocks_not_the_whole_model(tmp_path, shards_dir, train_args,
+                                                                             monkeypatch, capsys):
+    """--compile true on tiny-sd3 (auto on a GPU, where the table measured it): the job compiles the family's
+    blocks before any wrapper, and logs the mode."""
+    regions = []
+    monkeypatch.setattr(train, "compile_regions", lambda model, family: regions.append((type(model).__name__, family)))
+    monkeypatch.setattr(train, "compile_vae_encoder", lambda models: None)
+    monkeypatch.setattr(torch, "compile", lambda *args, **options: pytest.fail("the whole model was compiled"))
+    train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--model-config",
+                          "tiny-sd3", "--compile", "true", "--compile-cache", "none"))
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert regions == [("SD3Transformer2DModel", "sd3")]
+    assert [line["compile"] for line in lines if line.get("event") == "start"] == ["regional"]

@@ -1,0 +1,43 @@
+"""Regional compilation of a transformer family: each repeated block compiled in place, not the whole model.
+
+diffusers' `ModelMixin.compile_repeated_blocks` compiles every module whose class its model names in
+`_repeated_blocks`. Inductor then compiles one block of a type and reuses its code for every other block of
+that type, so a model of dozens of identical blocks compiles in about the time of one of each: FLUX.1's 57
+blocks did not finish compiling whole in a 5-minute lease (bench/RESULTS.md, 2026-12-06). The blocks are
+compiled in place (`nn.Module.compile`): the module tree, its parameter names and what a checkpoint saves
+do not change. diffusers 0.42's SD3 and PixArt classes name no repeated blocks, so the family names them here.
+"""
+
+import torch
+
+REPEATED_BLOCKS = {
+    "sd3": ("JointTransformerBlock",),
+    "pixart": ("BasicTransformerBlock",),
+    "flux": ("FluxTransformerBlock", "FluxSingleTransformerBlock"),
+}
+
+
+def compile_mode(requested: bool | str, measured_faster: bool, family_name: str | None, sharded: bool) -> str | None:
+    """How a training job compiles: None (eager), "whole" (torch.compile of the model the step calls: the UNet
+    family) or "regional" (a transformer family's blocks, as fast as the whole model's compile where both were
+    measured and 8x quicker to compile: bench/RESULTS.md, 2026-12-06).
+
+    `requested` is --compile (True, False or "auto"); `measured_faster` what --compile auto reads from the table
+    (trainer/speed/fast_defaults.py). A transformer family sharded by FSDP over several processes stays eager
+    under "auto": compiled blocks under fully_shard have not been measured (one GPU is all this project has
+    been lent); --compile true compiles them, in torchtitan's order (each block compiled, then sharded)."""
+    compiling = measured_faster if requested == "auto" else bool(requested)
+    if not compiling:
+        return None
+    if family_name is None:
+        return "whole"
+    return None if sharded and requested == "auto" else "regional"
+
+
+def compile_regions(model: torch.nn.Module, family_name: str, backend: str = "inductor") -> None:
+    """Compile `model`'s repeated blocks in place, one graph per input shape (as the whole-model compile)."""
+    if family_name not in REPEATED_BLOCKS:
+        raise ValueError(f"no repeated blocks are named for family {family_name!r}; "
+                         f"regional compilation knows {sorted(REPEATED_BLOCKS)}")
+    model._repeated_blocks = list(REPEATED_BLOCKS[family_name])  # what compile_repeated_blocks reads
+    model.compile_repeated_blocks(dynamic=False, backend=backend)
