@@ -8,7 +8,7 @@ what --compile does for them) against eager.
 Each comparison starts both runs from the same weights and feeds them the same micro-batches and the same
 noise and timesteps (the step's seeded generators), so the loss curves are comparable step by step.
 `make gpu-test` runs this file on the GPU machine (tests/gpu/README.md); it imports torch, diffusers,
-transformers, peft and the trainer's step only. 15 tests in 163 s on an H100 (2026-12-06), most of it Inductor
+transformers, peft and the trainer's step only. 20 tests in 221 s on an H100 (2026-12-06), most of it Inductor
 compiling three presets cold (the JUnit report has each test's time).
 """
 

@@ -201,6 +201,22 @@ def test_a_lora_checkpoint_does_not_resume_an_adapter_of_another_alpha(lora_run,
                               "--resume", str(lora_run["checkpoints"] / "step-00000003")))
 
 
+def test_a_lora_checkpoint_does_not_resume_on_a_changed_base(lora_run, shards_dir, train_args, tmp_path):
+    """The base comes from --pretrained again on resume; its adapter continued on other base weights would be
+    trained, and served, on a model it never saw."""
+    # GIVEN the base copied and one of its files changed (any file: the digest is of every file a pipeline reads)
+    changed = tmp_path / "base"
+    shutil.copytree(lora_run["dir"], changed)
+    config = changed / "scheduler" / "scheduler_config.json"
+    config.write_text(config.read_text() + " ")
+    extra = [str(changed) if value == str(lora_run["dir"]) else value for value in lora_run["extra"]]
+    # WHEN the run's checkpoint resumes on it THEN it is refused, naming both digests
+    with pytest.raises(lora.LoraError, match=f"digest {lora.base_digest(lora_run['dir'])}, but --pretrained {changed} "
+                                             f"has digest {lora.base_digest(changed)}"):
+        train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "checkpoints", *extra,
+                              "--resume", str(lora_run["checkpoints"] / "step-00000003")))
+
+
 # ---------------------------------------------------------------- the saved model: base + adapter
 
 

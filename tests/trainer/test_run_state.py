@@ -7,7 +7,8 @@ from trainer.runtime.run_state import RunState
 
 def a_state() -> RunState:
     state = RunState(args={"steps": 4}, step=2, stage=0, loss_history=[(1, 0.5), (2, 0.25)],
-                     history=[{"step": 2, "loss": 0.25, "img_per_s": 9.0, "data_wait_share": 0.0}], skipped_steps=1)
+                     history=[{"step": 2, "loss": 0.25, "img_per_s": 9.0, "data_wait_share": 0.0}], skipped_steps=1,
+                     base_digest="ab" * 32)
     state.count({"corrupt": ["k9"], "shard": ["shard-b.tar"], "source": [("p", "cc-by-4.0"), ("p", "cc0")]})
     state.count({"corrupt": [], "shard": ["shard-a.tar"], "source": [("p", "cc-by-4.0")]})
     return state
@@ -18,8 +19,14 @@ def test_a_saved_state_comes_back_as_it_was_on_rank_0():
     assert saved == {"step": 2, "stage": 0, "args": {"steps": 4}, "loss_history": [(1, 0.5), (2, 0.25)],
                      "history": [{"step": 2, "loss": 0.25, "img_per_s": 9.0, "data_wait_share": 0.0}],
                      "corrupt": ["k9"], "shards_seen": ["shard-a.tar", "shard-b.tar"], "skipped_steps": 1,
-                     "draws": {"p": {"cc-by-4.0": 2, "cc0": 1}}}
+                     "draws": {"p": {"cc-by-4.0": 2, "cc0": 1}}, "base_digest": "ab" * 32}
     assert RunState.from_dict(saved, rank=0) == a_state()
+
+
+def test_a_checkpoint_saved_before_the_base_digest_was_recorded_resumes_with_none():
+    saved = a_state().gathered().to_dict()
+    del saved["base_digest"]
+    assert RunState.from_dict(saved, rank=0).base_digest is None
 
 
 def test_the_earlier_draws_come_back_on_rank_0_alone_so_the_sum_over_ranks_counts_them_once():

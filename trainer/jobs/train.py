@@ -40,7 +40,8 @@ Families: a preset's `family` (trainer/models/families.py) trains a UNet, or an 
 on latent shards a family trains on the text embeddings they hold and loads no text encoder (trainer/data/latents.py).
 Fine-tuning: `--pretrained <pipeline> --train lora` trains a LoRA adapter on the base's attention alone (UNet, SD3:
 trainer/models/lora.py); `<model-dir>` then holds the base's pipeline files, `pytorch_lora_weights.safetensors` and
-`atelier-lora.json` (the base's digest), and each checkpoint the adapter alone.
+`atelier-lora.json` (the base's digest), and each checkpoint the adapter alone and the base's digest, which a resume
+checks.
 Arguments and their SageMaker defaults: trainer/jobs/train_args.py.
 Output: `<model-dir>` holds the pipeline (`DiffusionPipeline.from_pretrained(model_dir)`; the EMA
 weights unless `--final-weights trained`) and `atelier-training.json`; `<output-data-dir>` holds
@@ -200,11 +201,18 @@ def main(args: argparse.Namespace) -> dict:
     graphs = cuda_graphs.GraphedBackward(step_model, [p for _, p in trained]) if graphing else None
     trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema, graphs)
     settings = StepSettings.from_args(args)
-    state = RunState(args=vars(args))  # what each checkpoint saves and the record ends with (trainer/runtime/run_state.py)
+    base_digest = None  # a LoRA run's base by its files' digest: checkpoints carry it, a resume must find it again
+    if args.train == "lora":
+        started = time.perf_counter()
+        base_digest = lora.base_digest(models.base)
+        log(rank, event="lora_base", digest=base_digest, seconds=round(time.perf_counter() - started, 1))
+    state = RunState(args=vars(args), base_digest=base_digest)  # what each checkpoint saves and the record ends with
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
     if resume_from is not None:
         state = RunState.from_dict(load_checkpoint(resume_from, processes, unet, optimizer, lr_schedule, ema), rank)
-        state.args = vars(args)  # this job's arguments go into its checkpoints and its record
+        if base_digest is not None:
+            lora.check_same_base(resume_from, state.base_digest, base_digest, args.pretrained)
+        state.args, state.base_digest = vars(args), base_digest  # this job's go into its checkpoints and its record
         log(rank, event="resumed", checkpoint=str(resume_from), step=state.step, stage=state.stage)
     step = plan.check_resumed(state.step)  # a plan starting at a later step goes on from the step before it
 

@@ -170,6 +170,14 @@ def base_digest(folder: Path) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
+def check_same_base(checkpoint: Path, saved: str | None, current: str, pretrained: str) -> None:
+    """A resumed LoRA run continues its adapter on the base it trained on: the base comes from --pretrained again,
+    and the adapter's weights mean nothing on other base weights. A checkpoint that recorded no digest passes."""
+    if saved is not None and saved != current:
+        raise LoraError(f"{checkpoint} trained its adapter on a base with digest {saved}, but --pretrained {pretrained} "
+                        f"has digest {current}: resume on the base it trained on, or start a new run")
+
+
 def save_adapter(models: Models, weights: dict[str, torch.Tensor], model_dir: Path, pretrained: str) -> dict:
     """The base's pipeline files copied into `model_dir`, the adapter (`weights` by parameter name) beside them as
     diffusers saves it, and atelier-lora.json, which is returned (the run's record carries it too)."""

@@ -27,6 +27,8 @@ class RunState:
     # (partner, license) -> samples drawn, over every job that resumed the same checkpoints; the earlier
     # jobs' counts are carried by rank 0 alone so the sum over ranks counts them once
     draws: Counter = field(default_factory=Counter)
+    # a LoRA run's base, by trainer/models/lora.py's digest of its files: a resumed adapter must find the same one
+    base_digest: str | None = None
 
     def count(self, batch: dict) -> None:
         """A micro-batch's corrupt samples, shard and the partner and license of each sample drawn."""
@@ -58,7 +60,7 @@ class RunState:
         """Plain data for training_state.pt (of a gathered state)."""
         return {"step": self.step, "stage": self.stage, "args": self.args, "loss_history": self.loss_history,
                 "history": self.history, "corrupt": sorted(self.corrupt), "shards_seen": sorted(self.shards_seen),
-                "skipped_steps": self.skipped_steps, "draws": self.draws_by_partner()}
+                "skipped_steps": self.skipped_steps, "draws": self.draws_by_partner(), "base_digest": self.base_digest}
 
     @classmethod
     def from_dict(cls, saved: dict, rank: int) -> "RunState":
@@ -66,7 +68,8 @@ class RunState:
         draws = Counter({(partner, license): n for partner, licenses in saved["draws"].items()
                          for license, n in licenses.items()} if rank == 0 else {})
         return cls(saved["args"], saved["step"], saved["stage"], list(saved["loss_history"]), list(saved["history"]),
-                   saved["skipped_steps"], set(saved["corrupt"]), set(saved["shards_seen"]), draws)
+                   saved["skipped_steps"], set(saved["corrupt"]), set(saved["shards_seen"]), draws,
+                   saved.get("base_digest"))  # checkpoints written before it was recorded have none
 
     def record(self, components: dict[str, str], stages: list[dict], weights: str) -> dict:
         """atelier-training.json (of a gathered state): what the run did, from which components, to which weights."""
