@@ -72,7 +72,8 @@ def test_the_job_records_the_base_and_its_digest_when_claimed(configure: Callabl
 
     assert json.loads(job(settings, name)["pretrained"]) == {
         "uri": uri, "kind": "prefix", "digest": listing_sha256(settings, "bases/sd2/"),
-        "size": sum(len(b) for b in PIPELINE.values()), "objects": len(PIPELINE), "has_vae": True, "has_tokenizer": True}
+        "size": sum(len(b) for b in PIPELINE.values()), "objects": len(PIPELINE), "has_vae": True,
+        "has_tokenizer": True, "pipeline": "StableDiffusionPipeline"}
 
 
 def test_a_changed_base_halts_the_lineage_before_any_job_until_it_is_set_back(
@@ -142,7 +143,7 @@ def test_a_model_tar_gz_base_is_taken_to_hold_a_vae(configure: Callable[..., Tra
     assert channels(sagemaker.request(name))["pretrained"] == f"s3://{settings.models_bucket}/{key}"
     assert json.loads(job(settings, name)["pretrained"]) == {
         "uri": f"s3://{settings.models_bucket}/{key}", "kind": "archive", "digest": etag.strip('"'), "size": 10,
-        "objects": 1, "has_vae": True, "has_tokenizer": True}
+        "objects": 1, "has_vae": True, "has_tokenizer": True, "pipeline": None}
 
 
 def test_a_base_that_is_not_there_claims_nothing(configure: Callable[..., TrainingSettings],
@@ -171,7 +172,8 @@ def test_lineage_json_names_the_base_its_digest_and_the_lineage_s_vae(configure:
     assert stored["schema_version"] == 2
     assert stored["pretrained"] == {"uri": uri, "kind": "prefix", "digest": listing_sha256(settings, "bases/text-only/"),
                                     "size": sum(len(b) for b in NO_VAE.values()), "objects": len(NO_VAE),
-                                    "has_vae": False, "has_tokenizer": True}
+                                    "has_vae": False, "has_tokenizer": True,
+                                    "pipeline": "StableDiffusionPipeline"}
     assert stored["vae"] == {"source": "autoencoder", "uri": vae_of(settings, name), "autoencoder_job": f"{name}-ae"}
     assert model_parts(stored_lineage(name, settings)) == [
         f"base: {uri} (prefix, {len(NO_VAE)} objects, {sum(len(b) for b in NO_VAE.values())} bytes, "

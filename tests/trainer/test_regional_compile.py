@@ -24,7 +24,8 @@ CPU = torch.device("cpu")
     (True, False, None, False, "whole"),
     (False, True, "pixart", False, None),  # the escape hatch
 ])
-def test_the_compile_mode_follows_the_request_the_table_and_the_family(requested, measured_faster, family, sharded, mode):
+def test_the_compile_mode_follows_the_request_the_table_and_the_family(requested, measured_faster, family, sharded,
+                                                                       mode):
     assert compile_mode(requested, measured_faster, family, sharded) == mode
 
 

@@ -5,15 +5,19 @@ A base is an s3:// prefix holding a diffusers pipeline or some of its subfolders
 uploads it, or the key of a `model.tar.gz` holding one. Jobs read it as the channel `pretrained`
 (core.start_training.job_requests); when it holds no VAE, the lineage's first job is preceded by an autoencoder job
 (core.start_training.autoencoder_job). Each job records the base it was claimed with (`describe_base`): its URI and
-a digest of what was there, which lineage.json carries beside the model.
+a digest of what was there, which lineage.json carries beside the model, and the pipeline class its
+model_index.json names, so that a LoRA the base cannot take is refused before any job (`lora_refusal`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Sequence
 from typing import Literal
 
+from contracts import lora_pipelines
 from contracts.messages import Frozen
 from contracts.s3_layout import MODEL_ARCHIVE
 from core import aws
@@ -24,6 +28,8 @@ TOKENIZER_SUFFIX = "-tok"  # `<training job>-tok`: the lineage's tokenizer job
 TOKENIZER_CONFIG = "tokenizer/tokenizer_config.json"  # a prefix base holds a tokenizer when this is under it
 BASE_RECORD = "atelier-base.json"  # written by `atelier base add` beside the base's files
 VAE_CONFIG = "vae/config.json"  # a prefix base holds a VAE when this is under it
+MODEL_INDEX = "model_index.json"  # a whole pipeline's index: its `_class_name` is the pipeline class
+MAX_MODEL_INDEX_BYTES = 2**20  # a model_index.json is about 1 KB; read no more than this of one
 # A pipeline's part folders, each recognised by its config file (diffusers' save_pretrained layout).
 COMPONENT_CONFIGS = {"vae": "config.json", "text_encoder": "config.json", "tokenizer": "tokenizer_config.json",
                      "text_encoder_2": "config.json", "tokenizer_2": "tokenizer_config.json",
@@ -51,6 +57,9 @@ class PretrainedBase(Frozen):
     objects: int
     has_vae: bool  # a prefix with vae/config.json; an archive is taken to hold one (the trainer checks)
     has_tokenizer: bool = True  # a prefix with tokenizer/tokenizer_config.json; an archive, as for the VAE
+    # the `_class_name` of a prefix's model_index.json (e.g. StableDiffusionPipeline); None: no model_index.json,
+    # one that names none, or an archive (not opened here: the trainer checks it). Records before it lack it.
+    pipeline: str | None = None
 
 
 def check_uri(uri: str, name: str = "PretrainedModelUri") -> str:
@@ -93,4 +102,34 @@ def describe_base(uri: str) -> PretrainedBase:
         raise BaseMissing(f"PretrainedModelUri {uri}: no objects under it (upload one with `atelier base add DIR`)")
     return PretrainedBase(uri=uri, kind="prefix", digest=listing_digest(objects), size=sum(o[1] for o in objects),
                           objects=len(objects), has_vae=any(o[0] == VAE_CONFIG for o in objects),
-                          has_tokenizer=any(o[0] == TOKENIZER_CONFIG for o in objects))
+                          has_tokenizer=any(o[0] == TOKENIZER_CONFIG for o in objects),
+                          pipeline=pipeline_class(bucket, key) if any(o[0] == MODEL_INDEX for o in objects) else None)
+
+
+def pipeline_class(bucket: str, prefix: str) -> str | None:
+    """The `_class_name` model_index.json under `prefix` names (one GET); None when it is gone or names none.
+    An unreadable index is not refused here: the trainer, which loads the base, says what is wrong with it."""
+    raw = aws.read_prefix_if_exists(bucket, prefix + MODEL_INDEX, MAX_MODEL_INDEX_BYTES)
+    try:
+        name = json.loads(raw)["_class_name"] if raw is not None else None
+    except (ValueError, TypeError, KeyError):  # not JSON (or cut at the cap), not an object, no `_class_name`
+        return None
+    return name if isinstance(name, str) else None
+
+
+def lora_refusal(base: PretrainedBase | None, lora_jobs: Sequence[str]) -> str | None:
+    """Why the run-plan jobs `lora_jobs` (`train: lora`) cannot train on `base`: a prefix that holds no whole
+    pipeline (no model_index.json naming its class: the adapter is served with the base's pipeline, as the
+    trainer's lora.check_run also requires), or a pipeline class that cannot load their adapter. None when it
+    can, or for an archive, whose class is not known before a job opens it."""
+    if not lora_jobs or base is None or base.kind == "archive":
+        return None
+    if base.pipeline is not None and lora_pipelines.takes_lora(base.pipeline):
+        return None
+    can, release = lora_pipelines.LORA_PIPELINES, lora_pipelines.DIFFUSERS
+    what = (f"holds no whole diffusers pipeline ({MODEL_INDEX} naming its class), which a LoRA adapts and is "
+            "served with" if base.pipeline is None else f"is a {base.pipeline}, which cannot load its LoRA weights")
+    return (f"LoraUnsupported: run-plan job {lora_jobs[0]!r} trains a LoRA (train: lora), and PretrainedModelUri "
+            f"{base.uri} {what} (diffusers {release}: {', '.join(can[:-1])} and {can[-1]} can). Train it with "
+            "train: full (`atelier recipe set`), or set PretrainedModelUri to a base whose pipeline can; then "
+            "`atelier lineage resume`")

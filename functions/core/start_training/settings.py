@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from contracts import model_presets, recipe
+from contracts import lora_pipelines, model_presets, recipe
 from contracts.recipe_jobs import AutoencoderOptions
 from core import recipes
 from core.errors import ConfigError
@@ -142,6 +142,11 @@ class TrainingSettings(StageSettings):
         backoff = self.failure_backoff_s
         return BrakeSettings(max_failures=self.max_consecutive_failures, backoff_s=backoff,
                              max_backoff_s=max(backoff, BrakeSettings.max_backoff_s))
+
+    @property
+    def lora_jobs(self) -> tuple[str, ...]:
+        """The run-plan jobs that train a LoRA (`train: lora`): the base's pipeline must be able to load it."""
+        return tuple(job.name for job in self.run_plan if lora_pipelines.trains_lora(job.hyperparameters))
 
     def check(self) -> None:
         """Every run-plan job, checked as the trainer would check it, before any job is paid for."""

@@ -62,7 +62,7 @@ from core.start_training import (compile_caches, encode_job, failure_brake, job_
                                  manifests, shard_claims)
 from core.start_training.job_records import Inputs
 from core.start_training.job_requests import encode_job_name, training_job_request
-from core.start_training.pretrained import describe_base
+from core.start_training.pretrained import describe_base, lora_refusal
 
 logger = Logger(child=True)
 ENDED = frozenset({"Completed", "Failed", "Stopped"})
@@ -231,8 +231,8 @@ def _claim_next(settings: TrainingSettings, lock: dict[str, Any], queue: bool) -
         return StartDecision("waiting", pending=len(pending))
     base = describe_base(settings.pretrained_uri) if settings.pretrained_uri else None  # as it is when claimed
     name = manifests.job_name_for(manifest)
-    if changed := lineage.base_change(lock, base):
-        return _halt_for(changed, name, settings)
+    if refused := lineage.base_change(lock, base) or lora_refusal(base, settings.lora_jobs):
+        return _halt_for(refused, name, settings)
     manifests.write_files(manifest, name, settings.data_bucket)
     if not shard_claims.claim(manifest, name, lock, queue, base, settings):
         return StartDecision("already-claimed", pending=len(pending))
