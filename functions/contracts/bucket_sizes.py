@@ -31,3 +31,8 @@ def widest_side(resolutions: list[int], multiple: int, aspect_buckets: bool) -> 
     """The longest side a bucket of these phases can have (about sqrt(MAX_ASPECT) x the largest resolution)."""
     return max(max(max(size) for size in bucket_sizes(resolution, multiple)) if aspect_buckets else resolution
                for resolution in resolutions)
+
+
+def bucket_shapes(resolutions: list[int], multiple: int, aspect_buckets: bool) -> int:
+    """How many (width, height) shapes these phases' batches take: one graph each for a compiled step."""
+    return sum(len(bucket_sizes(resolution, multiple)) if aspect_buckets else 1 for resolution in resolutions)

@@ -181,7 +181,8 @@ class TrainOptions(Options):
     strategy: Literal["ddp", "fsdp"] = option("ddp", "how several processes share the UNet", SYSTEM)
     gradient_checkpointing: Flag = option(False, "recompute activations: less memory, ~30% more time", SYSTEM)
     num_workers: int = option(2, "DataLoader processes per training process", SYSTEM)
-    compile: AutoFlag = option("auto", "torch.compile the UNet step, and on image shards the VAE encoder: true, "
+    compile: AutoFlag = option("auto", "torch.compile the UNet step (and on image shards the VAE encoder), or a "
+                               "transformer family's blocks in place: true, "
                                "false, or auto (on a GPU where configs/defaults/fast.json measured it faster for the "
                                "preset and resolution). Minutes of compiling per shape unless --compile-cache holds it",
                                SYSTEM)

@@ -1,5 +1,5 @@
 """bf16 on a GPU, where every job runs it (issue 44, defect 10): trainer.jobs.step.train_step in bf16 autocast
-against fp32, compiled (--compile) and from CUDA graphs (--cuda-graphs) against eager, and bf16 weights with
+against fp32, compiled whole (--compile for the UNet) and from CUDA graphs (--cuda-graphs) against eager, and bf16 weights with
 fp32 masters (trainer/speed/master_weights.py) against fp32 weights, a LoRA adapter on a base frozen in bf16
 (trainer/models/lora.py, frozen_dtype) against one on an fp32 base, gradient checkpointing against none, on the
 tiny UNet, SD3 and Flux presets; a transformer family's blocks compiled in place (trainer/speed/regional_compile.py,
@@ -87,7 +87,8 @@ def test_bf16_autocast_trains_as_fp32_does(preset, record_property):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_compiled_steps_give_the_eager_losses(preset, record_property, fresh_dynamo):
-    # WHEN 20 steps run eagerly in bf16 autocast, and again with the step model compiled as --compile compiles it
+    # WHEN 20 steps run eagerly in bf16 autocast, and again with the step model compiled whole, as --compile compiles
+    # the UNet
     compare = compared(preset, record_property, lambda unet: trainee_of(unet, torch.compile(unet, dynamic=False)))
     # THEN Inductor's kernels ran (its fused kernels round elsewhere: the losses differ), and the bounds are bf16
     # against fp32's: both runs round to bf16, at different places (Inductor keeps a fused chain's intermediates

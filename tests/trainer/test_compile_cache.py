@@ -83,6 +83,21 @@ def test_each_shape_has_its_own_file_name():
     assert CacheKey(**{**vars(KEY), "device": "NVIDIA H200"}).file_name.startswith("torch2.13.0-nvidia-h200-")
 
 
+def test_the_compile_mode_and_an_adapter_name_their_own_files():
+    """Regional graphs and peft's layers are other graphs than the whole model's: no file of one loads as another."""
+    from trainer.models import lora
+    from trainer.models.loading import load_models
+    denoiser, cpu = load_models("tiny-sd3", None, seed=0).denoiser, torch.device("cpu")
+    whole = compile_cache.cache_key(denoiser, cpu, "latent", 32, 2, False, 1)
+    regional = compile_cache.cache_key(denoiser, cpu, "latent", 32, 2, False, 1, "regional")
+    lora.add_adapter(denoiser, lora.config_for("sd3", rank=4, alpha=8), seed=0, frozen=torch.float32)
+    adapted = compile_cache.cache_key(denoiser, cpu, "latent", 32, 2, False, 1, "regional")
+    assert whole.file_name.endswith(f"-latent-r32-b2-w1{compile_cache.SUFFIX}")  # the name such files had before
+    assert regional.file_name == whole.file_name.replace(compile_cache.SUFFIX, f"-regional{compile_cache.SUFFIX}")
+    assert adapted.file_name == whole.file_name.replace(compile_cache.SUFFIX,
+                                                        f"-regional-lora-r4a8{compile_cache.SUFFIX}")
+
+
 def test_the_architecture_digest_ignores_bookkeeping_keys_only():
     config = {"block_out_channels": [32, 64], "_name_or_path": "/opt/ml/input/data/pretrained/unet", "_diffusers_version": "0.1"}
     assert compile_cache.architecture_digest(config) == compile_cache.architecture_digest({"block_out_channels": [32, 64]})

@@ -6,8 +6,10 @@ import json
 import pytest
 import torch
 
+from trainer.data.buckets import bucket_shapes
 from trainer.jobs import train
-from trainer.models.families import predict
+from trainer.models import lora
+from trainer.models.families import condition, predict
 from trainer.models.loading import load_models
 from trainer.speed import fast_defaults
 from trainer.speed.regional_compile import REPEATED_BLOCKS, compile_mode, compile_regions
@@ -46,7 +48,6 @@ def test_the_family_s_blocks_compile_in_place_and_predict_what_they_did_eagerly(
     names = list(transformer.state_dict())
     side = models.default_resolution // models.vae_scale_factor
     noisy = torch.randn(2, models.vae.config.latent_channels, side, side, generator=torch.Generator().manual_seed(0))
-    from trainer.models.families import condition
     conditioning = condition(models.family, models.text_pipeline(), ["a red dog", "a blue cat"], CPU)
     t = torch.tensor([0.25, 0.75])
     with torch.no_grad():
@@ -78,13 +79,44 @@ def test_a_family_without_named_blocks_is_refused():
 def test_a_compiled_transformer_job_compiles_its_blocks_not_the_whole_model(tmp_path, shards_dir, train_args,
                                                                              monkeypatch, capsys):
     """--compile true on tiny-sd3 (auto on a GPU, where the table measured it): the job compiles the family's
-    blocks before any wrapper, and logs the mode."""
+    blocks, not the whole model, and lets Dynamo keep a graph for every bucket shape of the run."""
     regions = []
     monkeypatch.setattr(train, "compile_regions", lambda model, family: regions.append((type(model).__name__, family)))
-    monkeypatch.setattr(train, "compile_vae_encoder", lambda models: None)
+    monkeypatch.setattr(train, "compile_vae_encoder", lambda models: pytest.fail("the families' VAEs: not measured"))
     monkeypatch.setattr(torch, "compile", lambda *args, **options: pytest.fail("the whole model was compiled"))
-    train.main(train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--model-config",
-                          "tiny-sd3", "--compile", "true", "--compile-cache", "none"))
+    args = train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--model-config",
+                      "tiny-sd3", "--compile", "true", "--compile-cache", "none", "--resolution", "128")
+    limit = torch._dynamo.config.recompile_limit  # Dynamo's default, 8; restored after the test
+    try:
+        train.main(args)
+        raised = torch._dynamo.config.recompile_limit
+    finally:
+        torch._dynamo.config.recompile_limit = limit
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert regions == [("SD3Transformer2DModel", "sd3")]
     assert [line["compile"] for line in lines if line.get("event") == "start"] == ["regional"]
+    # 128 px at tiny-sd3's size multiple of 8: more aspect buckets than Dynamo's 8 graphs a function
+    [event] = [line for line in lines if line.get("event") == "compile"]
+    assert event == {**event, "mode": "regional", "shapes": bucket_shapes([128], 8, True)} and event["shapes"] > limit
+    assert raised == event["shapes"]
+
+
+def test_an_adapter_trains_through_compiled_blocks(shards_dir):
+    """A LoRA job compiles the adapted model's blocks (peft's layers inside them): the adapter's gradients arrive,
+    the frozen base gets none, and what a checkpoint saves keeps its names."""
+    models = load_models("tiny-flux", None, seed=0, captions=lambda: ["a red dog"])
+    lora.add_adapter(models.denoiser, lora.config_for("flux", rank=4), seed=0, frozen=torch.float32)
+    names = list(models.denoiser.state_dict())
+    torch._dynamo.reset()
+    try:
+        compile_regions(models.denoiser, "flux", backend="eager")
+        side = models.default_resolution // models.vae_scale_factor
+        noisy = torch.randn(1, models.vae.config.latent_channels, side, side)
+        conditioning = condition(models.family, models.text_pipeline(), ["a red dog"], CPU)
+        predict(models.denoiser, noisy, torch.tensor([0.5]), conditioning).square().mean().backward()
+    finally:
+        torch._dynamo.reset()
+    grads = {name: p.grad for name, p in models.denoiser.named_parameters()}
+    assert all(grads[name] is not None and grads[name].abs().sum() > 0 for name in grads if "lora_B" in name)
+    assert all(grad is None for name, grad in grads.items() if "lora_" not in name)
+    assert list(models.denoiser.state_dict()) == names

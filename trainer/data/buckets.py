@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from contracts.bucket_sizes import MAX_ASPECT, bucket_sizes, check_resolution, widest_side  # noqa: F401 (the trainer's names)
+from contracts.bucket_sizes import MAX_ASPECT, bucket_shapes, bucket_sizes, check_resolution, widest_side  # noqa: F401 (the trainer's names)
 
 
 def assign_buckets(aspects: np.ndarray, sizes: list[tuple[int, int]]) -> np.ndarray:

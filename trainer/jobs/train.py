@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.data.buckets import widest_side
+from trainer.data.buckets import bucket_shapes, widest_side
 from trainer.data.captions import read_captions
 from trainer.data.latents import check_latent_shards
 from trainer.data.loader import StepBatches, make_loader
@@ -186,6 +186,10 @@ def main(args: argparse.Namespace) -> dict:
         args.model_config, [phase.resolution for phase in plan.phases], device.type == "cuda"),
         models.family.name if models.family else None, args.strategy == "fsdp" and processes.world_size > 1)
     compiling = compiled is not None
+    if compiling:  # one graph per bucket shape: past Dynamo's 8 a function, the other shapes would run eager
+        shapes = bucket_shapes([phase.resolution for phase in plan.phases], models.size_multiple, args.aspect_buckets)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+        log(rank, event="compile", mode=compiled, shapes=shapes)
     if compiled == "regional":  # before the wrap: FSDP shards these same blocks
         compile_regions(unet, models.family.name)
     model = distributed.wrap(unet, processes, args.strategy)
@@ -202,9 +206,9 @@ def main(args: argparse.Namespace) -> dict:
     trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema, graphs)
     settings = StepSettings.from_args(args)
     base_digest = None  # a LoRA run's base by its files' digest: checkpoints carry it, a resume must find it again
-    if args.train == "lora":
+    if args.train == "lora" and checkpoint_dir is not None:
         started = time.perf_counter()
-        base_digest = lora.base_digest(models.base)
+        base_digest = distributed.from_rank_zero(lambda: lora.base_digest(models.base))  # one read of its files
         log(rank, event="lora_base", digest=base_digest, seconds=round(time.perf_counter() - started, 1))
     state = RunState(args=vars(args), base_digest=base_digest)  # what each checkpoint saves and the record ends with
     resume_from = checkpoint_to_resume(args.resume, checkpoint_dir)
@@ -221,8 +225,8 @@ def main(args: argparse.Namespace) -> dict:
         check_latent_shards(index, models, {phase.resolution for phase in plan.phases})
         if models.family is None:
             empty_ids = caption_ids(models, [""])[0].numpy()  # what a dropped caption becomes
-    if compiling and not index.latent:  # image shards: the VAE encoder runs on every step (bench/RESULTS.md: 1.37x)
-        compile_vae_encoder(models)
+    if compiled == "whole" and not index.latent:  # image shards: the VAE encoder runs on every step (1.37x for the
+        compile_vae_encoder(models)             # UNet's at 512, bench/RESULTS.md; not measured for the families' VAEs)
     batch_plan = BatchPlan(index.aspect, plan, args.seed, rank, args.gradient_accumulation, models.size_multiple,
                            args.aspect_buckets, keys=index.key)
     dataset = StepBatches(index, batch_plan, step + 1, plan.total_steps, args.caption_dropout, args.random_crop,
@@ -237,7 +241,7 @@ def main(args: argparse.Namespace) -> dict:
         cache_dir = (Path(args.compile_cache) if args.compile_cache
                      else checkpoint_dir / LINEAGE_FOLDER if checkpoint_dir else None)
         keys = [cache_key(unet, device, "latent" if index.latent else "image", phase.resolution, phase.batch_size,
-                          args.channels_last, processes.world_size) for phase in plan.phases]
+                          args.channels_last, processes.world_size, compiled) for phase in plan.phases]
         compile_cache = JobCache(cache_dir, keys, rank)
         log(rank, event="compile_cache", **compile_cache.load())
 

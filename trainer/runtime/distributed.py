@@ -13,6 +13,7 @@ strategy or another number of processes.
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -106,6 +107,16 @@ def _resume_sync(model):
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def from_rank_zero(compute: Callable[[], object]) -> object:
+    """`compute()` run on rank 0 alone, its (picklable) result given to every rank: work all ranks need the answer
+    of, but one can do (reading a base's files once, not once a rank)."""
+    if not dist.is_initialized():
+        return compute()
+    result = [compute() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(result, src=0)
+    return result[0]
 
 
 def mean(values: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,12 @@
   fastest configuration measured per (preset, resolution). `--compile auto` and `--cuda-graphs auto`
   (trainer/jobs/train.py's defaults) read it; a CPU never compiles.
 - torch.compile of the UNet's step (`--compile`, in trainer/jobs/train.py): on by default on a GPU
-  wherever the table measured it faster at every phase's resolution (today every entry: sd2 at 256
-  and 512, small at 256, sdxl at 1024); off on a CPU and for presets the table lacks (tiny).
-- vae_compile.py: the frozen VAE encoder compiled: on wherever the step compiles and the job reads
+  wherever the table measured it faster at every phase's resolution (sd2 at 256 and 512, small at 256,
+  sdxl at 1024); off on a CPU and for presets the table lacks (tiny).
+- regional_compile.py: a transformer family's repeated blocks compiled in place (`--compile` for SD3,
+  PixArt and Flux): on by default on a GPU where the table measured it (sd3-medium and pixart-sigma at
+  256, 512 and 1024, flux1 at 512 and 1024), except under FSDP over several processes.
+- vae_compile.py: the frozen VAE encoder compiled: on wherever the UNet's step compiles and the job reads
   image shards; the encode job compiles it on a GPU by default (its `--compile auto`).
 - compile_cache.py: Inductor's output kept per shape and loaded at start: on whenever the step
   compiles (`--compile-cache`, default `<checkpoint-dir>/compile-cache`; `none` turns it off).

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from contracts import s3_layout
+from trainer.runtime.checkpoints import adapter_shape
 
 SUFFIX = s3_layout.COMPILE_CACHE_SUFFIX
 LINEAGE_FOLDER = s3_layout.COMPILE_CACHE.rstrip("/")  # below the checkpoint dir: CheckpointConfig syncs it
@@ -44,13 +45,16 @@ class CacheKey:
     batch: int  # images per micro-batch per process
     channels_last: bool
     world_size: int
+    # what else changes the compiled graphs: "" for the whole model compiled without an adapter (the names files
+    # had before), else "-regional" (a transformer family's blocks) and "-lora-r<rank>a<alpha>" (peft's layers)
+    variant: str = ""
 
     @property
     def file_name(self) -> str:
         device = re.sub(r"[^a-z0-9]+", "-", self.device.lower()).strip("-")
         layout = "-cl" if self.channels_last else ""
         return (f"torch{self.torch_version.split('+')[0]}-{device}-unet{self.unet}-{self.source}"
-                f"-r{self.resolution}-b{self.batch}{layout}-w{self.world_size}{SUFFIX}")
+                f"-r{self.resolution}-b{self.batch}{layout}-w{self.world_size}{self.variant}{SUFFIX}")
 
 
 def architecture_digest(config: Mapping) -> str:
@@ -60,10 +64,14 @@ def architecture_digest(config: Mapping) -> str:
 
 
 def cache_key(unet: torch.nn.Module, device: torch.device, source: str, resolution: int, batch: int,
-              channels_last: bool, world_size: int) -> CacheKey:
+              channels_last: bool, world_size: int, compiled: str = "whole") -> CacheKey:
+    """The file of one shape's graphs; `compiled` is the job's compile mode (trainer/speed/regional_compile.py)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    adapter = adapter_shape(unet)
+    variant = ("" if compiled == "whole" else f"-{compiled}") + (
+        f"-lora-r{adapter['rank']}a{adapter['alpha']}" if adapter else "")
     return CacheKey(torch.__version__, name, architecture_digest(unet.config), source, resolution, batch,
-                    channels_last, world_size)
+                    channels_last, world_size, variant)
 
 
 def cache_dirs(writable: Path | None, environ: Mapping[str, str] = os.environ) -> list[Path]:

@@ -3,7 +3,8 @@
 diffusers' `ModelMixin.compile_repeated_blocks` compiles every module whose class its model names in
 `_repeated_blocks`. Inductor then compiles one block of a type and reuses its code for every other block of
 that type, so a model of dozens of identical blocks compiles in about the time of one of each: FLUX.1's 57
-blocks did not finish compiling whole in a 5-minute lease (bench/RESULTS.md, 2026-12-06). The blocks are
+blocks did not finish compiling whole in the ~150 s left of a call, and compile regionally in 32-44 s
+(bench/RESULTS.md, 2026-12-06). The blocks are
 compiled in place (`nn.Module.compile`): the module tree, its parameter names and what a checkpoint saves
 do not change. diffusers 0.42's SD3 and PixArt classes name no repeated blocks, so the family names them here.
 """
@@ -20,12 +21,14 @@ REPEATED_BLOCKS = {
 def compile_mode(requested: bool | str, measured_faster: bool, family_name: str | None, sharded: bool) -> str | None:
     """How a training job compiles: None (eager), "whole" (torch.compile of the model the step calls: the UNet
     family) or "regional" (a transformer family's blocks, as fast as the whole model's compile where both were
-    measured and 8x quicker to compile: bench/RESULTS.md, 2026-12-06).
+    measured and 4-8x quicker to compile: bench/RESULTS.md, 2026-12-06).
 
     `requested` is --compile (True, False or "auto"); `measured_faster` what --compile auto reads from the table
     (trainer/speed/fast_defaults.py). A transformer family sharded by FSDP over several processes stays eager
-    under "auto": compiled blocks under fully_shard have not been measured (one GPU is all this project has
-    been lent); --compile true compiles them, in torchtitan's order (each block compiled, then sharded)."""
+    under "auto": compiled blocks under fully_shard have not run on GPUs (one GPU is all this project has been
+    lent). --compile true compiles them before fully_shard, which then puts its hooks inside each block's
+    compiled call (torchtitan instead wraps the block, leaving them outside); a CPU run of two gloo ranks did
+    train so, but no test holds it."""
     compiling = measured_faster if requested == "auto" else bool(requested)
     if not compiling:
         return None
