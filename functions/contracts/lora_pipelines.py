@@ -23,4 +23,4 @@ def takes_lora(pipeline: str) -> bool:
 
 def trains_lora(hyperparameters: Mapping[str, str]) -> bool:
     """Whether a job with these (SageMaker, string) hyperparameters trains a LoRA (TrainOptions.train)."""
-    return hyperparameters.get("train", "full") == "lora"
+    return hyperparameters.get("train") == "lora"

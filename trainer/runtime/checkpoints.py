@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trainer.runtime.distributed import (Processes, barrier, full_model_state, full_optimizer_state, load_full_state,
-                                         trainable_names)
+from trainer.runtime.distributed import (Processes, barrier, from_rank_zero, full_model_state, full_optimizer_state,
+                                         load_full_state, trainable_names)
 from trainer.runtime.ema import EMA
 from trainer.runtime.health import log
 
@@ -349,11 +349,7 @@ def checkpoint_to_resume(resume: str, checkpoint_dir: Path | None) -> Path | Non
     raises CheckpointError before anything is loaded. Rank 0 alone hashes and decides; every rank
     gets its answer, so all load the same checkpoint.
     """
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    answer = [choose_checkpoint(resume, checkpoint_dir) if rank == 0 else None]
-    if dist.is_initialized():
-        dist.broadcast_object_list(answer, src=0)
-    chosen, error = answer[0]
+    chosen, error = from_rank_zero(lambda: choose_checkpoint(resume, checkpoint_dir))
     if error:
         raise CheckpointError(error)
     return Path(chosen) if chosen else None
