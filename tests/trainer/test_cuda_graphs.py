@@ -34,9 +34,9 @@ def test_asking_for_graphs_where_they_cannot_run_fails_at_start_and_auto_leaves_
     asked = train.parse_args([*argv, "--cuda-graphs", "true"])
     with pytest.raises(ValueError, match="^--cuda-graphs true: CUDA graphs need a CUDA device; run with "
                                          "--cuda-graphs false or auto$"):
-        train.cuda_graphs_for(asked, [32], CPU)
-    assert train.cuda_graphs_for(train.parse_args(argv), [32], CPU) is False  # auto
-    assert train.cuda_graphs_for(train.parse_args([*argv, "--cuda-graphs", "false"]), [32], CPU) is False
+        train.cuda_graphs_for(asked, "tiny", [32], CPU)
+    assert train.cuda_graphs_for(train.parse_args(argv), "tiny", [32], CPU) is False  # auto
+    assert train.cuda_graphs_for(train.parse_args([*argv, "--cuda-graphs", "false"]), "tiny", [32], CPU) is False
 
 
 def test_a_graph_is_specialised_to_every_input_s_shape_and_dtype():
@@ -147,13 +147,14 @@ def test_a_capture_survives_a_thread_pinning_memory_as_the_data_loader_does():
 def test_auto_turns_graphs_on_where_the_fast_table_measured_them_faster(tmp_path):
     # configs/defaults/fast.json: the small preset at 256 px measured 1.37x with graphs; sd2 at 512 not faster
     on_gpu = Processes(0, 1, 0, 1, torch.device("cuda", 0), None)
-    argv = ["--train-dir", str(tmp_path), "--model-dir", str(tmp_path / "model")]
-    assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "small"]), [256], on_gpu) is True
-    assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "small"]), [256, 512], on_gpu) is False
-    assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "sd2"]), [512], on_gpu) is False
-    assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "small"]), [256], CPU) is False
+    auto = train.parse_args(["--train-dir", str(tmp_path), "--model-dir", str(tmp_path / "model")])
+    assert train.cuda_graphs_for(auto, "small", [256], on_gpu) is True
+    assert train.cuda_graphs_for(auto, "small", [256, 512], on_gpu) is False
+    assert train.cuda_graphs_for(auto, "sd2", [512], on_gpu) is False
+    assert train.cuda_graphs_for(auto, "small", [256], CPU) is False
     two_processes = Processes(0, 2, 0, 1, torch.device("cuda", 0), "nccl")
-    assert train.cuda_graphs_for(train.parse_args([*argv, "--model-config", "small"]), [256], two_processes) is False
+    assert train.cuda_graphs_for(auto, "small", [256], two_processes) is False
+    assert train.cuda_graphs_for(auto, None, [256], on_gpu) is False  # a base of no measured preset's architecture
 
 
 @needs_cuda

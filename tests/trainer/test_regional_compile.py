@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from trainer.data.buckets import bucket_shapes
 from trainer.jobs import train
@@ -12,7 +13,7 @@ from trainer.models import lora
 from trainer.models.families import condition, predict
 from trainer.models.loading import load_models
 from trainer.speed import fast_defaults
-from trainer.speed.regional_compile import REPEATED_BLOCKS, compile_mode, compile_regions
+from trainer.speed.regional_compile import GRAPHS_A_SHAPE, REPEATED_BLOCKS, allow_graphs, compile_mode, compile_regions
 
 CPU = torch.device("cpu")
 
@@ -86,19 +87,20 @@ def test_a_compiled_transformer_job_compiles_its_blocks_not_the_whole_model(tmp_
     monkeypatch.setattr(torch, "compile", lambda *args, **options: pytest.fail("the whole model was compiled"))
     args = train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--steps", "1", "--model-config",
                       "tiny-sd3", "--compile", "true", "--compile-cache", "none", "--resolution", "128")
-    limit = torch._dynamo.config.recompile_limit  # Dynamo's default, 8; restored after the test
+    limits = torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit  # restored after
     try:
         train.main(args)
         raised = torch._dynamo.config.recompile_limit
     finally:
-        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit = limits
+    limit = limits[0]
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert regions == [("SD3Transformer2DModel", "sd3")]
     assert [line["compile"] for line in lines if line.get("event") == "start"] == ["regional"]
     # 128 px at tiny-sd3's size multiple of 8: more aspect buckets than Dynamo's 8 graphs a function
     [event] = [line for line in lines if line.get("event") == "compile"]
     assert event == {**event, "mode": "regional", "shapes": bucket_shapes([128], 8, True)} and event["shapes"] > limit
-    assert raised == event["shapes"]
+    assert raised == event["recompile_limit"] == GRAPHS_A_SHAPE["regional"] * event["shapes"]
 
 
 def test_an_adapter_trains_through_compiled_blocks(shards_dir):
@@ -120,3 +122,27 @@ def test_an_adapter_trains_through_compiled_blocks(shards_dir):
     assert all(grads[name] is not None and grads[name].abs().sum() > 0 for name in grads if "lora_B" in name)
     assert all(grad is None for name, grad in grads.items() if "lora_" not in name)
     assert list(models.denoiser.state_dict()) == names
+
+
+def test_a_regionally_compiled_family_keeps_a_graph_for_every_bucket_shape_of_its_run():
+    """Blocks meet two kinds of input a shape under autocast (the first block fp32 hidden states, the others bf16):
+    a limit of one graph a shape ran SD3-medium's fifth bucket eager (bench/RESULTS.md). With the job's limits every
+    shape of a five-bucket run compiles, none falls back."""
+    models = load_models("tiny-pixart", None, seed=0, captions=lambda: ["a red dog"])
+    conditioning = condition(models.family, models.text_pipeline(), ["a red dog"], CPU)
+    shapes = [(128, 128), (136, 120), (144, 112), (160, 96), (176, 88)]  # 128 px buckets of five different areas
+    block_forward = type(models.denoiser.transformer_blocks[0]).forward.__code__
+    limits = torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit
+    torch._dynamo.reset()
+    try:
+        allow_graphs("regional", len(shapes))
+        compile_regions(models.denoiser, "pixart", backend="eager")
+        for width, height in shapes:
+            noisy = torch.randn(1, 4, height // models.vae_scale_factor, width // models.vae_scale_factor)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                predict(models.denoiser, noisy, torch.tensor([0.5]), conditioning).float().square().mean().backward()
+        graphs = len(_debug_get_cache_entry_list(block_forward))
+    finally:
+        torch._dynamo.reset()
+        torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit = limits
+    assert graphs == 2 * len(shapes) > limits[0]  # over Dynamo's default: the old limit (one a shape) ran shapes eager

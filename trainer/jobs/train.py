@@ -92,8 +92,8 @@ from trainer.runtime.tensorboard_log import Board, default_dir
 from trainer.runtime.watchdog import stops_watchdogs, training_watchdog
 from trainer.speed import cuda_graphs
 from trainer.speed.compile_cache import LINEAGE_FOLDER, JobCache, cache_key
-from trainer.speed.fast_defaults import compile_by_default, graphs_by_default
-from trainer.speed.regional_compile import compile_mode, compile_regions
+from trainer.speed.fast_defaults import compile_by_default, graphs_by_default, measured_preset
+from trainer.speed.regional_compile import allow_graphs, compile_mode, compile_regions
 from trainer.speed.vae_compile import compile_vae_encoder
 
 
@@ -113,12 +113,13 @@ def log_checkpoints(rank: int, writer: CheckpointWriter) -> None:
         log(rank, event="checkpoint", step=step, dir=str(path))
 
 
-def cuda_graphs_for(args, resolutions: list[int], processes: distributed.Processes) -> bool:
+def cuda_graphs_for(args, preset: str | None, resolutions: list[int], processes: distributed.Processes) -> bool:
     """`--cuda-graphs`: true where they can run (else the job stops at start, saying why), false, or auto
-    (where configs/defaults/fast.json measured them faster for the preset and every phase's resolution)."""
+    (where configs/defaults/fast.json measured them faster for the `preset` (fast_defaults.measured_preset) and
+    every phase's resolution)."""
     reason = cuda_graphs.usable(processes.device, processes.world_size)
     if args.cuda_graphs == "auto":
-        return reason is None and graphs_by_default(args.model_config, resolutions)
+        return reason is None and preset is not None and graphs_by_default(preset, resolutions)
     if args.cuda_graphs and reason:
         raise ValueError(f"--cuda-graphs true: {reason}; run with --cuda-graphs false or auto")
     return args.cuda_graphs
@@ -182,14 +183,15 @@ def main(args: argparse.Namespace) -> dict:
         unet.to(memory_format=torch.channels_last)
     if args.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
-    compiled = compile_mode(args.compile, compile_by_default(
-        args.model_config, [phase.resolution for phase in plan.phases], device.type == "cuda"),
+    measured = measured_preset(args.model_config, type(unet).__name__, unet.config, bool(args.pretrained))
+    log(rank, event="speed_table", preset=measured)  # whose measured levers --compile/--cuda-graphs auto follow
+    compiled = compile_mode(args.compile, measured is not None and compile_by_default(
+        measured, [phase.resolution for phase in plan.phases], device.type == "cuda"),
         models.family.name if models.family else None, args.strategy == "fsdp" and processes.world_size > 1)
     compiling = compiled is not None
-    if compiling:  # one graph per bucket shape: past Dynamo's 8 a function, the other shapes would run eager
+    if compiling:  # graphs for every bucket shape: past Dynamo's limits, the other shapes would run eager
         shapes = bucket_shapes([phase.resolution for phase in plan.phases], models.size_multiple, args.aspect_buckets)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
-        log(rank, event="compile", mode=compiled, shapes=shapes)
+        log(rank, event="compile", mode=compiled, shapes=shapes, recompile_limit=allow_graphs(compiled, shapes))
     if compiled == "regional":  # before the wrap: FSDP shards these same blocks
         compile_regions(unet, models.family.name)
     model = distributed.wrap(unet, processes, args.strategy)
@@ -201,7 +203,7 @@ def main(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW([p for _, p in trained], lr=1.0, fused=fused or None)  # the schedule sets each rate
     lr_schedule = LambdaLR(optimizer, lambda steps_done: plan.learning_rate(steps_done + 1))
     ema = EMA(trained, args.ema_decay) if args.ema_decay > 0 else None
-    graphing = cuda_graphs_for(args, [phase.resolution for phase in plan.phases], processes)
+    graphing = cuda_graphs_for(args, measured, [phase.resolution for phase in plan.phases], processes)
     graphs = cuda_graphs.GraphedBackward(step_model, [p for _, p in trained]) if graphing else None
     trainee = Trainee(unet, model, step_model, optimizer, lr_schedule, ema, graphs)
     settings = StepSettings.from_args(args)

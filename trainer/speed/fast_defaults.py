@@ -10,11 +10,16 @@ together), so the job a user gets by default is the one the table's figure measu
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parents[1] / "configs" / "defaults" / "fast.json"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+TABLE = CONFIGS / "defaults" / "fast.json"
+# config keys that size or place positions, or add the guidance embedder, and leave the blocks' work as it was:
+# FLUX.1-dev's guidance_embeds and SD3.5's larger position table keep the measured speed of their preset's blocks
+NOT_ARCHITECTURE = frozenset({"sample_size", "pos_embed_max_size", "interpolation_scale", "guidance_embeds"})
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,33 @@ def table() -> dict[tuple[str, int], FastConfig]:
 
 def lookup(preset: str, resolution: int) -> FastConfig | None:
     return table().get((preset, resolution))
+
+
+def measured_preset(model_config: str, denoiser_class: str, denoiser_config: Mapping, from_base: bool) -> str | None:
+    """The preset whose rows of the table speak for a run's denoiser: --model-config when the job built the denoiser
+    from it; for a --pretrained base, the table's preset of the same architecture (the denoiser's class, and its
+    config equal on every key the preset sets but NOT_ARCHITECTURE), else None (eager, as an unmeasured preset).
+    A base's model is what runs, whatever --model-config says: an SD3-medium or FLUX.1 base trained eager under
+    `--compile auto` while --model-config kept its default, tiny."""
+    if not from_base:
+        return model_config
+    return next((preset for preset in sorted({entry.preset for entry in table().values()})
+                 if _same_architecture(json.loads((CONFIGS / f"{preset}.json").read_text()), denoiser_class,
+                                       denoiser_config)), None)
+
+
+def _same_architecture(preset: dict, denoiser_class: str, config: Mapping) -> bool:
+    from trainer.models.families import family_named  # the transformer classes: torch and diffusers, loaded late
+    wanted = family_named(preset["family"]).transformer_class.__name__ if "transformer" in preset \
+        else "UNet2DConditionModel"
+    denoiser = preset.get("transformer") or preset["unet"]
+    return denoiser_class == wanted and all(
+        _same(config.get(key), value) for key, value in denoiser.items() if key not in NOT_ARCHITECTURE)
+
+
+def _same(given, preset_value) -> bool:
+    """Equal as JSON gives them: a saved config's tuples are the preset's lists."""
+    return json.loads(json.dumps(given)) == preset_value
 
 
 def compile_by_default(preset: str, resolutions: list[int], on_gpu: bool) -> bool:

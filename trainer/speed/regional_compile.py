@@ -11,6 +11,12 @@ do not change. diffusers 0.42's SD3 and PixArt classes name no repeated blocks, 
 
 import torch
 
+# Graphs Dynamo keeps a compiled function per input shape. The whole UNet: one. A block: one per kind of input it
+# meets, and two were met per shape on SD3-medium and PixArt-Sigma (bench/compile_shapes.py, 2026-12-06): the first
+# block reads fp32 hidden states, the others autocast's bf16 ones. Twice that leaves room for a block variant
+# (SD3's context-only last block).
+GRAPHS_A_SHAPE = {"whole": 1, "regional": 4}
+
 REPEATED_BLOCKS = {
     "sd3": ("JointTransformerBlock",),
     "pixart": ("BasicTransformerBlock",),
@@ -37,10 +43,25 @@ def compile_mode(requested: bool | str, measured_faster: bool, family_name: str 
     return None if sharded and requested == "auto" else "regional"
 
 
-def compile_regions(model: torch.nn.Module, family_name: str, backend: str = "inductor") -> None:
-    """Compile `model`'s repeated blocks in place, one graph per input shape (as the whole-model compile)."""
+def allow_graphs(mode: str, shapes: int) -> int:
+    """Raise Dynamo's recompile limits (8 a function, 256 in all by default) so that a job compiled in `mode` keeps a
+    graph for each of its `shapes` bucket shapes; returns the per-function limit. Past a limit Dynamo runs the other
+    shapes eager with only a warning: 4 shapes of regional graphs used SD3-medium's 8 and the fifth ran eager, 0.76x
+    (bench/RESULTS.md)."""
+    config = torch._dynamo.config
+    wanted = GRAPHS_A_SHAPE[mode] * shapes
+    config.recompile_limit = max(config.recompile_limit, wanted)
+    # every compiled function's graphs together: Flux's two kinds of block
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 2 * wanted)
+    return config.recompile_limit
+
+
+def compile_regions(model: torch.nn.Module, family_name: str, backend: str = "inductor",
+                    dynamic: bool | None = False) -> None:
+    """Compile `model`'s repeated blocks in place: one graph per input shape (`dynamic` False, as the whole-model
+    compile), or as torch.compile's `dynamic` otherwise."""
     if family_name not in REPEATED_BLOCKS:
         raise ValueError(f"no repeated blocks are named for family {family_name!r}; "
                          f"regional compilation knows {sorted(REPEATED_BLOCKS)}")
     model._repeated_blocks = list(REPEATED_BLOCKS[family_name])  # what compile_repeated_blocks reads
-    model.compile_repeated_blocks(dynamic=False, backend=backend)
+    model.compile_repeated_blocks(dynamic=dynamic, backend=backend)
