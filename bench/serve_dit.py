@@ -68,6 +68,10 @@ def build(preset_name: str, folder: Path, resolution: int, t5_layers: int | None
     shift = FlowSettings.from_preset(preset.get("flow")).shift(resolution)
     pipeline = families.build_pipeline(family, transformer, vae, encoders, tokenizers, shift)
     pipeline.to(torch.bfloat16).save_pretrained(folder)
+    # built from the preset, it stands for a model trained here from scratch with caption dropout, and says so where
+    # such a run's record does: the server guides it as that run's (a Flux by true CFG, families.learned_unconditional)
+    (folder / families.TRAINING_RECORD).write_text(json.dumps(
+        {"args": {"caption_dropout": 0.1}, "components": {"transformer": families.preset_source(preset_name)}}))
 
 
 def timed(call, requests: int) -> list[float]:
@@ -112,8 +116,10 @@ def main() -> None:
                              height=resolution, width=resolution)
         plain = DiffusionPipeline.from_pretrained(folder, dtype=torch.bfloat16, **families.absent_parts(folder)).to("cuda")
         plain.set_progress_bar_config(disable=True)
-        # the guidance the server gives the same request: a Flux transformer without guidance embeddings guides by
-        # true CFG, only with a negative prompt and `true_cfg_scale` (its transformer run twice a step, as ours)
+        # the guidance the server gives the same request: a Flux transformer without guidance embeddings that learned
+        # the unconditional (its record) guides by true CFG, only with a negative prompt and `true_cfg_scale` given
+        # (its transformer run twice a step, as ours)
+        families.note_training(plain.transformer, families.saved_record(folder))
         options = families.sampling_options(plain, GUIDANCE)
         negative = families.negative_prompt(plain, None)
         plain_times = timed(lambda: plain(request.prompt, negative_prompt=negative, num_inference_steps=STEPS,

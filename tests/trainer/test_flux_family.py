@@ -1,21 +1,28 @@
 """Flux.1's layout (trainer/models/families.py FLUX): its transformer's inputs as FluxPipeline gives them, its
-guidance (true CFG, or embedded for a distilled base), and its sampler's shift. The run, the saved pipeline and
+guidance (true CFG where its run's record says it learned an unconditional prediction, none for a base such as
+FLUX.1-schnell, embedded for a guidance-distilled base), and its sampler's shift. The run, the saved pipeline and
 serving are tests/trainer/test_transformer_families.py's, with the other families."""
 
 import copy
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from diffusers import FluxPipeline
+from PIL import Image
 
 from tests.trainer.precision_helpers import micro_batches, trained
+from trainer.jobs import sampling
+from trainer.jobs.sampling import check_health, save_model
 from trainer.models import families
 from trainer.models.families import Conditioning, layout, negative_prompt, predict, sampling_options
 from trainer.models.loading import CONFIGS_DIR, from_pretrained, load_models
 from trainer.models.pipelines import build_pipeline
-from trainer.serve.generation import check_request
+from trainer.runtime import health
+from trainer.runtime.run_state import RunState
+from trainer.serve.generation import check_request, generate, load_pipeline
 from trainer.serve.levers import denoiser_mode
 from trainer.serve.protocol import BadRequest, Generation
 
@@ -35,6 +42,48 @@ def distilled(tmp_path, monkeypatch):
     (tmp_path / "flux-distilled.json").write_text(json.dumps(preset))
     monkeypatch.setattr("trainer.models.loading.CONFIGS_DIR", tmp_path)
     return load_models("flux-distilled", None, seed=0, captions=lambda: ["a red dog"])
+
+
+def record(train_args, shards_dir, models, *options: str) -> dict:
+    """atelier-training.json as trainer/jobs/train.py writes it for a run of these options on these models."""
+    args = train_args(shards_dir, shards_dir / "model", shards_dir / "ckpt", "--model-config", "tiny-flux", *options)
+    return RunState(vars(args)).record(models.sources, [], "trained")
+
+
+def saved(models, folder, run_record: dict | None = None):
+    """The run's saved pipeline folder, with its record beside it (none: a base trained elsewhere)."""
+    save_model(models, models.denoiser.state_dict(), 32, folder, str(models.base) if models.base else None)
+    if run_record is not None:
+        (folder / "atelier-training.json").write_text(json.dumps(run_record))  # as trainer/jobs/train.py names it
+    return folder
+
+
+@pytest.fixture(scope="module")
+def schnell(flux, tmp_path_factory):
+    """FLUX.1-schnell's case in small: a Flux pipeline folder without guidance embeddings and no Atelier record."""
+    return saved(flux, tmp_path_factory.mktemp("flux") / "schnell")
+
+
+@pytest.fixture(scope="module")
+def on_schnell(schnell):
+    """A run's models on that base (--pretrained): its transformer is the base's."""
+    return load_models("tiny-flux", str(schnell), seed=0)
+
+
+@pytest.fixture(scope="module")
+def scratch_record(flux, train_args, shards_dir):
+    """The record of a tiny Flux trained here from the preset, with the default caption dropout (0.1)."""
+    return record(train_args, shards_dir, flux)
+
+
+def transformer_calls_a_step(pipeline, steps: int = 2, **request) -> float:
+    calls = []
+    hook = pipeline.transformer.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        generate(pipeline, Generation("a red dog", num_inference_steps=steps, height=32, width=32, **request))
+    finally:
+        hook.remove()
+    return len(calls) / steps
 
 
 @pytest.mark.parametrize("guidance_embeds", [False, True])
@@ -85,8 +134,9 @@ def test_stored_embeddings_are_marked_with_the_transformer_s_layout(flux, distil
     assert layout(families.SD3, flux.denoiser, Conditioning.from_tensors(stored)).packed is False
 
 
-def test_an_undistilled_flux_is_sampled_with_true_cfg_and_one_empty_negative_a_prompt(flux):
+def test_a_flux_trained_here_is_sampled_with_true_cfg_and_one_empty_negative_a_prompt(flux, scratch_record):
     pipeline = build_pipeline(flux, flux.denoiser, 32)
+    families.note_training(pipeline.transformer, scratch_record)
     assert sampling_options(pipeline, 4.0)["true_cfg_scale"] == 4.0
     assert sampling_options(pipeline)["true_cfg_scale"] == families.FLUX_SAMPLING_GUIDANCE
     assert negative_prompt(pipeline, None) == "" and negative_prompt(pipeline, None, 3) == ["", "", ""]
@@ -96,8 +146,15 @@ def test_an_undistilled_flux_is_sampled_with_true_cfg_and_one_empty_negative_a_p
     assert denoiser_mode(pipeline, "max-autotune") == "max-autotune-no-cudagraphs"
 
 
-def test_a_distilled_flux_takes_its_guidance_embedded_and_refuses_a_negative_prompt(distilled):
-    pipeline = build_pipeline(distilled, distilled.denoiser, 32)
+def test_a_distilled_flux_takes_its_guidance_embedded_and_refuses_a_negative_prompt(distilled, train_args,
+                                                                                   shards_dir, tmp_path):
+    # trained here from its preset with caption dropout, but its guidance is the transformer's input
+    run_record = record(train_args, shards_dir, distilled)
+    pipeline = load_pipeline(saved(distilled, tmp_path / "model", run_record))
+    guidance = []
+    pipeline.transformer.register_forward_pre_hook(lambda _, __, kwargs: guidance.append(kwargs["guidance"]), with_kwargs=True)
+    assert transformer_calls_a_step(pipeline, guidance_scale=4.0) == 1
+    assert all(torch.equal(given, torch.tensor([4.0])) for given in guidance)
     assert "true_cfg_scale" not in sampling_options(pipeline, 4.0) and negative_prompt(pipeline, None) is None
     assert denoiser_mode(pipeline, "reduce-overhead") == "reduce-overhead"  # one call a step
     check_request(pipeline, Generation("a red dog", height=32, width=32))
@@ -120,3 +177,64 @@ def test_a_sampler_that_shifts_by_image_tokens_is_read_at_the_model_s_own_size(f
         math.exp(0.5 + 0.65 * (tokens - 256) / 3840))
     assert families.dynamic_shift(config, 4096) == pytest.approx(math.exp(1.15))  # FLUX.1 at 1024 px: 3.16
     assert from_pretrained(tmp_path / "model").flow.shift(64) == pytest.approx(families.FLUX.saved_shift(tmp_path / "model"))
+
+
+@pytest.mark.parametrize("run, calls", [("scratch", 2), ("scratch, no caption dropout", 1), ("base", 1),
+                                        ("fine-tune on the base", 1)])
+def test_a_flux_without_guidance_embeddings_is_guided_unasked_only_where_its_record_says_it_learned_the_unconditional(
+        flux, schnell, on_schnell, train_args, shards_dir, tmp_path, run, calls):
+    """True CFG (two transformer calls a step) where its run built the transformer from the preset and dropped
+    captions; FLUX.1-schnell (timestep-distilled, sampled unguided in a few steps), a run on it or a run that never
+    saw an empty caption is sampled as FluxPipeline samples it by default, by the server and by evaluation."""
+    folder = {"scratch": lambda: saved(flux, tmp_path / "model", record(train_args, shards_dir, flux)),
+              "scratch, no caption dropout": lambda: saved(
+                  flux, tmp_path / "model", record(train_args, shards_dir, flux, "--caption-dropout", "0")),
+              "base": lambda: schnell,
+              "fine-tune on the base": lambda: saved(on_schnell, tmp_path / "model", record(
+                  train_args, shards_dir, on_schnell, "--pretrained", str(schnell)))}[run]()
+    served = load_pipeline(folder)
+    assert transformer_calls_a_step(served) == calls
+    evaluated = from_pretrained(folder)
+    assert ("true_cfg_scale" in sampling_options(build_pipeline(evaluated, evaluated.denoiser, 32))) == (calls == 2)
+
+
+def test_a_request_s_negative_prompt_asks_a_flux_base_without_guidance_embeddings_for_true_cfg(schnell):
+    pipeline = load_pipeline(schnell)
+    assert transformer_calls_a_step(pipeline, negative_prompt="blurry", guidance_scale=4.0) == 2
+    assert sampling_options(pipeline, 4.0, "blurry")["true_cfg_scale"] == 4.0
+    assert transformer_calls_a_step(pipeline, negative_prompt="blurry", guidance_scale=1.0) == 1  # FluxPipeline's rule
+    # any request may bring one: compiled without CUDA graphs, which would overwrite one call's output with the other's
+    assert denoiser_mode(pipeline, "reduce-overhead") == "default"
+
+
+@pytest.mark.parametrize("on_base, calls", [(False, 2), (True, 1)])
+def test_validation_samples_a_run_as_its_saved_model_will_be_served(flux, on_schnell, schnell, train_args, shards_dir,
+                                                                    tmp_path, monkeypatch, on_base, calls):
+    """The validation grid of a run on FLUX.1-schnell (here a full fine-tune) without true CFG, of a run from the
+    preset with it: the same record the saved model is served by, from the run's arguments and sources."""
+    models = on_schnell if on_base else flux
+    args = train_args(shards_dir, tmp_path / "model", tmp_path / "ckpt", "--model-config", "tiny-flux",
+                      "--validation-prompts", "a red dog", "--validation-seeds", "0",
+                      *(("--pretrained", str(schnell)) if on_base else ()))
+    seen = []
+
+    def grid(pipeline, *rest, **options):
+        hook = pipeline.transformer.register_forward_hook(lambda *_: seen.append(1))
+        health.validation_grid(pipeline, *rest, **options)
+        hook.remove()
+        return Image.new("RGB", (8, 8))
+    monkeypatch.setattr(sampling, "validation_grid", grid)
+    plan = SimpleNamespace(phase=lambda step: SimpleNamespace(resolution=32))
+    check_health(args, SimpleNamespace(rank=0, device=CPU), models, models.denoiser, None, plan, 1, [], tmp_path,
+                 SimpleNamespace(validation=lambda step, image: None))
+    assert len(seen) / args.validation_inference_steps == calls
+
+
+@pytest.mark.parametrize("run_record, learned", [
+    (None, False),
+    ({"args": {"caption_dropout": 0.1}, "components": {"transformer": "tiny-flux (random)"}}, True),
+    ({"args": {"caption_dropout": 0.0}, "components": {"transformer": "tiny-flux (random)"}}, False),
+    ({"args": {"caption_dropout": 0.1}, "components": {"transformer": "--pretrained s3://b/flux-schnell"}}, False),
+])
+def test_the_rule_reads_the_transformer_s_source_and_the_caption_dropout(run_record, learned):
+    assert families.learned_unconditional(run_record) is learned

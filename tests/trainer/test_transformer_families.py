@@ -239,6 +239,13 @@ def test_the_model_server_serves_the_family_and_keeps_its_flow_sampler(trained_f
     assert images[0].size == (32, 48)
 
 
+def test_a_flux_trained_here_is_served_with_true_cfg_as_the_run_s_record_says(trained_family):
+    """The run built its transformer from the preset and dropped captions (atelier-training.json): it learned the
+    unconditional prediction true CFG guides away from (trainer/models/families.py learned_unconditional)."""
+    pipeline = load_pipeline(trained_family["model_dir"])
+    assert ("true_cfg_scale" in sampling_options(pipeline, 4.0)) == (trained_family["pipeline_class"] is FluxPipeline)
+
+
 def test_fused_qkv_serves_a_family_model_the_same_images(trained_family):
     plain = load_pipeline(trained_family["model_dir"])
     fused = load_pipeline(trained_family["model_dir"], ServeSettings(fuse_qkv=True))  # the pipeline has no fuse_qkv_projections

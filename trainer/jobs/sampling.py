@@ -10,6 +10,7 @@ import torch
 from trainer.data.phases import RunPlan
 from trainer.models import lora
 from trainer.models.bundle import Models
+from trainer.models.families import note_training
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives.numerics import autocast
 from trainer.runtime import distributed
@@ -70,13 +71,17 @@ def default_size(config, sample_size: int) -> dict:
 def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: RunPlan, step: int,
                  loss_history: list, health_dir: Path, board: Board) -> None:
     """At a checkpoint: redraw the loss curve and sample the validation grid (rank 0 writes). A family trained on
-    stored embeddings samples from the prompts' embeddings, which its text encoders compute once on the CPU."""
+    stored embeddings samples from the prompts' embeddings, which its text encoders compute once on the CPU. It is
+    guided as the saved model will be: by what the run's record will say (families.learned_unconditional)."""
     prompts = [prompt for prompt in args.validation_prompts.split("|") if prompt.strip()]
     weights = weights_to_sample(unet, ema, use_ema=True) if prompts else None
     if processes.rank == 0:
         draw_loss_curve(loss_history, health_dir / "loss.png")
         if prompts:
-            pipeline = build_pipeline(models, sampling_unet(models, weights, processes.device), plan.phase(step).resolution)
+            denoiser = sampling_unet(models, weights, processes.device)
+            # the fields of atelier-training.json the rule reads, as train.py writes them at the end
+            note_training(denoiser, {"args": vars(args), "components": models.sources})
+            pipeline = build_pipeline(models, denoiser, plan.phase(step).resolution)
             seeds = [int(seed) for seed in args.validation_seeds.split(",")]
             steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)
             stored = models.family is not None and not models.text_encoders

@@ -24,8 +24,12 @@ encoder; `text_configs`/`load_text_configs` give their configs without weights, 
 
 The saved sampler: SD3 and Flux save `FlowMatchEulerDiscreteScheduler` with the last phase's shift (Flux's
 without its dynamic shifting, so sampling shifts as training did). A Flux transformer without guidance
-embeddings (trained here from scratch) is sampled with true classifier-free guidance (`true_cfg_scale`, the
-empty negative prompt); a guidance-distilled base (`guidance_embeds`) trains and samples with the embedded
+embeddings guides only by true classifier-free guidance (`true_cfg_scale` and a negative prompt, two transformer
+calls a step). It is sampled so unasked (the empty negative) only where its run's record, atelier-training.json,
+says it learned an unconditional prediction: built here from the preset and trained with caption dropout
+(`learned_unconditional`). Any other (FLUX.1-schnell, timestep-distilled to sample unguided; a LoRA or fine-tune
+on it; a folder trained elsewhere) samples as FluxPipeline does by default, with true CFG only for a call that
+gives a negative prompt. A guidance-distilled base (`guidance_embeds`) trains and samples with the embedded
 guidance, as diffusers' Flux scripts do.
 PixArtSigmaPipeline reads `init_noise_sigma` and calls `scale_model_input`, which the flow-matching
 Euler scheduler lacks, so PixArt saves `DPMSolverMultistepScheduler` in its flow mode
@@ -468,11 +472,56 @@ def absent_parts(path: Path) -> dict:
             for name in (part.encoder, part.tokenizer) if (index.get(name) or [None])[0] is None}
 
 
-def true_cfg(pipeline) -> bool:
-    """Whether the pipeline guides by true classifier-free guidance, only when given a negative prompt and
-    `true_cfg_scale`, calling its transformer twice a step: a Flux transformer without guidance embeddings
+TRAINING_RECORD = "atelier-training.json"  # a training job's record beside its saved pipeline (trainer/jobs/train.py)
+# learned_unconditional's answer, kept on the transformer's config for true_cfg: a private ("_") key, which diffusers
+# keeps through save and load but passes to no constructor
+LEARNED_UNCONDITIONAL = "_atelier_learned_unconditional"
+
+
+BUILT_FROM_PRESET = "(random)"  # the end of a part's source in a run's record (Models.sources) when built here
+
+
+def preset_source(model_config: str) -> str:
+    """How a run's record names a part built here with fresh weights from the preset."""
+    return f"{model_config} {BUILT_FROM_PRESET}"
+
+
+def learned_unconditional(record: dict | None) -> bool:
+    """Whether a run's record (atelier-training.json's `args` and `components`) says its transformer learned an
+    unconditional prediction to guide by: built here from the preset (its source is preset_source's), not taken from a base, and trained with captions dropped to "". A base trained elsewhere learned none
+    we know of (FLUX.1-schnell is distilled to sample unguided), nor did a LoRA or fine-tune on it: its record names
+    the base. No record, no such knowledge."""
+    if not record:
+        return False
+    built_here = str((record.get("components") or {}).get("transformer", "")).endswith(BUILT_FROM_PRESET)
+    return built_here and float((record.get("args") or {}).get("caption_dropout") or 0) > 0
+
+
+def saved_record(path: Path) -> dict | None:
+    """The training record beside a saved pipeline; None for a folder trained elsewhere."""
+    record = Path(path) / TRAINING_RECORD
+    return json.loads(record.read_text()) if record.is_file() else None
+
+
+def note_training(denoiser, record: dict | None) -> None:
+    """Note on a Flux transformer's config what its run's record says (learned_unconditional), where true_cfg reads
+    it: validation notes the run's own arguments and sources, serving and evaluation the saved record. Read from the
+    record rather than saved in the config: models trained before it was read keep their guidance."""
+    if isinstance(denoiser, FluxTransformer2DModel):
+        denoiser.register_to_config(**{LEARNED_UNCONDITIONAL: learned_unconditional(record)})
+
+
+def guides_by_negative(pipeline) -> bool:
+    """Whether the pipeline's only guidance is true classifier-free guidance, which takes a negative prompt and
+    `true_cfg_scale` and calls its transformer twice a step: a Flux transformer without guidance embeddings
     (FluxPipeline ignores guidance_scale then)."""
     return isinstance(pipeline, FluxPipeline) and not pipeline.transformer.config.guidance_embeds
+
+
+def true_cfg(pipeline) -> bool:
+    """Whether the pipeline is sampled with true CFG when a call gives no negative prompt (then the empty one): it
+    guides by a negative and its transformer learned an unconditional prediction (note_training)."""
+    return guides_by_negative(pipeline) and bool(pipeline.transformer.config.get(LEARNED_UNCONDITIONAL))
 
 
 def embedded_guidance(pipeline) -> bool:
@@ -483,21 +532,24 @@ def embedded_guidance(pipeline) -> bool:
 
 def negative_prompt(pipeline, value, prompts: int | None = None):
     """The request's negative prompt as the pipeline takes it: PixArt's pipelines need a string where none is
-    given, and Flux's guides only with one; for a call of several `prompts`, one empty negative each (Flux
+    given, and a Flux that learned an unconditional prediction (true_cfg) guides only with one; for a call of
+    several `prompts`, one empty negative each (Flux
     encodes a lone "" once, a batch of one beside the prompts' batch)."""
     if value is not None or not (isinstance(pipeline, PixArtSigmaPipeline) or true_cfg(pipeline)):
         return value
     return "" if prompts is None else [""] * prompts
 
 
-def sampling_options(pipeline, guidance_scale: float | None = None) -> dict:
+def sampling_options(pipeline, guidance_scale: float | None = None, negative=None) -> dict:
     """Keyword arguments the pipeline needs to draw exactly the asked height and width, from the prompt as it was
     trained, guided by `guidance_scale` (None: the pipeline's default): PixArt's pipelines otherwise snap the size
     to the aspect-ratio bins of their 256-2048 px checkpoints, and clean the prompt (lower case, no URLs, ...)
     where bs4 and ftfy are installed, which training's encode_prompt never does (or log that they are missing,
-    at every request); a Flux transformer without guidance embeddings takes the scale as `true_cfg_scale`."""
+    at every request); a Flux transformer without guidance embeddings takes the scale as `true_cfg_scale` where
+    it guides by true CFG: unasked where it learned an unconditional prediction (true_cfg), else only for the
+    call's `negative` prompt (without one, FluxPipeline's default: unguided)."""
     parameters = inspect.signature(pipeline.__call__).parameters
     options = {name: False for name in ("use_resolution_binning", "clean_caption") if name in parameters}
-    if true_cfg(pipeline):
+    if true_cfg(pipeline) or (negative is not None and guides_by_negative(pipeline)):
         options["true_cfg_scale"] = FLUX_SAMPLING_GUIDANCE if guidance_scale is None else guidance_scale
     return options

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextM
 from contracts.s3_layout import MODEL_ARCHIVE
 from trainer.models.bundle import CPU, Models
 from trainer.models import families, lora, text_tokenizers
-from trainer.models.families import Family
+from trainer.models.families import Family, preset_source
 from trainer.objectives.flow_matching import FlowSettings
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -93,9 +93,9 @@ def unet_models(model_config: str, base: Path | None, pretrained: str | None, se
         models.vae = load_vae(vae)
     check_compatible(models, pretrained or model_config)
     models.sources = {
-        "vae": f"--vae {vae}" if vae else f"--pretrained {pretrained}" if "vae" in found else f"{model_config} (random)",
-        "text_encoder": f"--pretrained {pretrained}" if "text_encoder" in found else f"{model_config} (random)",
-        "unet": f"--pretrained {pretrained}" if "unet" in from_base else f"{model_config} (random)",
+        "vae": f"--vae {vae}" if vae else f"--pretrained {pretrained}" if "vae" in found else preset_source(model_config),
+        "text_encoder": f"--pretrained {pretrained}" if "text_encoder" in found else preset_source(model_config),
+        "unet": f"--pretrained {pretrained}" if "unet" in from_base else preset_source(model_config),
         "scheduler": f"--pretrained {pretrained}" if "scheduler" in found else model_config,
     }
     for frozen in (models.vae, *models.text_encoders):
@@ -261,6 +261,7 @@ def from_pretrained(path: Path) -> Models:
         models = transformer_models(family, None, path, str(path), 0, None, "pretrained", CPU)
         # sample as the run saved it: its sampler's shift at the size it ended at, scaled for other sizes
         models.flow = FlowSettings(shift_at_reference=family.saved_shift(path), reference_resolution=models.default_resolution)
+        families.note_training(models.denoiser, families.saved_record(path))  # guided as its record says
     else:
         text_encoders, tokenizers = _text_parts(path, set(base_components(path)))
         models = Models(
@@ -330,9 +331,9 @@ def transformer_models(family: Family, model_config: str | None, base: Path | No
                     family=family, flow=FlowSettings.from_preset(preset.get("flow")), text_folders=folders,
                     text_origin=origin, text_loader=load_text)
     models.tokenization = tokenization
-    origin = (lambda name: f"--pretrained {pretrained}" if has(name) else f"{model_config} (random)")
+    origin = (lambda name: f"--pretrained {pretrained}" if has(name) else preset_source(model_config))
     models.sources = {"vae": f"--vae {vae}" if vae else origin("vae"), "text_encoder": origin(family.text_parts[0].encoder),
-                      "transformer": origin("transformer") if init != "random" else f"{model_config} (random)",
+                      "transformer": origin("transformer") if init != "random" else preset_source(model_config),
                       "scheduler": "flow matching"}
     for frozen in (models.vae, *models.text_encoders):
         frozen.requires_grad_(False)

@@ -11,8 +11,8 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 
 from trainer.models import lora
-from trainer.models.families import (absent_parts, embedded_guidance, negative_prompt, position_cover, prepared,
-                                     sampling_options, size_multiple)
+from trainer.models.families import (absent_parts, embedded_guidance, negative_prompt, note_training, position_cover,
+                                     prepared, sampling_options, saved_record, size_multiple)
 from trainer.serve.levers import apply_levers, compiled, denoiser_of, lever_plan
 from trainer.serve.protocol import BadRequest, Generation
 from trainer.serve.settings import ServeSettings
@@ -24,11 +24,13 @@ def load_pipeline(model_dir: str | Path, settings: ServeSettings = ServeSettings
     """The saved pipeline on the GPU in bf16 when there is one, else on the CPU in fp32, with the
     settings' speed levers applied and, when it compiles, the warm-up shapes compiled. A LoRA run's model
     (trainer/models/lora.py) is its base's pipeline with the adapter: the base's files are checked against
-    the digest the adapter recorded (a mismatch refuses to serve), then the adapter is merged in fp32."""
+    the digest the adapter recorded (a mismatch refuses to serve), then the adapter is merged in fp32. A Flux
+    without guidance embeddings guides unasked only where its training record says so (families.true_cfg)."""
     if not (Path(model_dir) / "model_index.json").is_file():  # never a hub id: diffusers would try to download it
         raise FileNotFoundError(f"no diffusers pipeline (model_index.json) in {model_dir}")
     adapter = lora.verified_adapter(Path(model_dir))
     pipeline = prepared(DiffusionPipeline.from_pretrained(str(model_dir), **absent_parts(Path(model_dir))))
+    note_training(denoiser_of(pipeline), saved_record(Path(model_dir)))
     if adapter is not None:
         lora.merge_adapter(getattr(pipeline, adapter["denoiser"]), Path(model_dir), adapter)
     pipeline.set_progress_bar_config(disable=True)
@@ -66,7 +68,7 @@ def _run(pipeline: DiffusionPipeline, generation: Generation) -> list[Image.Imag
         num_images_per_prompt=generation.num_images,
         # CPU generators draw the same starting noise whatever device runs the model.
         generator=[torch.Generator("cpu").manual_seed(seed) for seed in generation.seeds],
-        **sampling_options(pipeline, generation.guidance_scale),
+        **sampling_options(pipeline, generation.guidance_scale, generation.negative_prompt),
     ).images
 
 
@@ -113,7 +115,7 @@ def generate_batch(pipeline: DiffusionPipeline, generations: list[Generation]) -
             num_inference_steps=first.num_inference_steps,
             guidance_scale=first.guidance_scale, height=first.height, width=first.width,
             generator=[torch.Generator("cpu").manual_seed(seed) for g in generations for seed in g.seeds],
-            **sampling_options(pipeline, first.guidance_scale),
+            **sampling_options(pipeline, first.guidance_scale, negatives),
         ).images
     split, start = [], 0
     for generation in generations:

@@ -38,7 +38,7 @@ import torch
 from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
 from contracts.serve_environment import COMPILE_MODES, SCHEDULERS  # the settings' choices, a contract
-from trainer.models.families import true_cfg
+from trainer.models.families import guides_by_negative
 
 NO_CUDA = "skipped: no CUDA device (compile and CUDA graphs are for the GPU endpoint)"
 
@@ -102,10 +102,11 @@ def apply_levers(pipeline: DiffusionPipeline, plan: dict) -> None:
 
 
 def denoiser_mode(pipeline: DiffusionPipeline, mode: str) -> str:
-    """The denoiser's compile mode: the plan's, without CUDA graphs where the pipeline calls it twice a step (true
-    CFG, an undistilled Flux's). Each call into a graphed function starts a new generation of Inductor's graph
-    trees, whose outputs overwrite the previous call's before the pipeline combines the two."""
-    if not true_cfg(pipeline):
+    """The denoiser's compile mode: the plan's, without CUDA graphs where the pipeline may call it twice a step
+    (true CFG: a Flux without guidance embeddings, unasked where it learned an unconditional prediction, else for
+    a request with a negative prompt). Each call into a graphed function starts a new generation of Inductor's
+    graph trees, whose outputs overwrite the previous call's before the pipeline combines the two."""
+    if not guides_by_negative(pipeline):
         return mode
     return {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
 

@@ -1,7 +1,8 @@
 """One /invocations request and its response: the fields, their bounds, the headers, the bodies.
 
 Request fields: "prompt" (required, non-empty), "negative_prompt", "num_inference_steps" (20),
-"guidance_scale" (5.0; an undistilled Flux's true-CFG scale), "seed" (0; image i uses seed + i), "height"/"width"
+"guidance_scale" (5.0; a Flux without guidance embeddings takes it as its true-CFG scale: always where its training
+record says it learned an unconditional prediction, else with a negative prompt), "seed" (0; image i uses seed + i), "height"/"width"
 (multiples of 8, default the model's size; for a transformer also of its VAE's downsampling times its patch, Flux's
 2x2 packing included, and for SD3 within its position table: trainer/serve/generation.py `check_request`, which
 also refuses a negative prompt for a guidance-distilled Flux), "num_images" (1). Anything else, a wrong type or a value out of bounds
