@@ -18,7 +18,7 @@ grammar whose every content word never occurs in the training captions:
 - `novel_roots`: the hardest case, content words on roots from a disjoint set training never drew from.
 - `seen_heldout`: held-out captions of the training distribution (what most captions of a job are).
 
-    .venv/bin/python bench/tokenizer_unseen.py [--captions 50000] [--test 2000] [--seed 0]
+    .venv/bin/python bench/tokenizer_unseen.py [--captions 50000] [--test 2000] [--seed 0] [--learner unigram]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "functions")]  # a script, not a test: the repo and the Lambda code
 
 from bench.stamp import commit  # noqa: E402
-from trainer.models.tokenizer import CLIP_VOCAB_SIZE, learn_clip  # noqa: E402
+from trainer.models.tokenizer import CLIP_VOCAB_SIZE, MIN_FREQUENCY, learn_clip  # noqa: E402
 
 ONSETS = "b c d f g h k l m n p r s t v w z br tr st pl kr gl sh ch th sp".split()
 VOWELS = "a e i o u ai ou ea ee oo".split()
@@ -96,20 +96,41 @@ class Language:
 
 
 def tokens_per_word(tokenizer, captions: list[str], only=None) -> float:
-    """Tokens (BOS and EOS left out) per word of the captions, or of their words `only` picks."""
+    """Tokens (BOS and EOS left out) per word of the captions, or of their words `only` picks; `tokenizer` a
+    transformers tokenizer or a `tokenizers.Tokenizer`."""
     words = [word for caption in captions for word in caption.split() if only is None or only(word)]
-    encoded = tokenizer.backend_tokenizer.encode_batch(words, add_special_tokens=False)
+    encoded = getattr(tokenizer, "backend_tokenizer", tokenizer).encode_batch(words, add_special_tokens=False)
     return sum(len(encoding.ids) for encoding in encoded) / len(words)
 
 
-def measure(captions: int, test: int, seed: int, vocab_size: int = CLIP_VOCAB_SIZE) -> dict:
-    """The figures for a tokenizer learned from `captions` training captions, over `test` captions of each kind."""
+def learn_unigram(captions: list[str], vocab_size: int):
+    """A Unigram model (SentencePiece's, T5's kind) learned by `tokenizers` after T5's Metaspace split: the other
+    learner a caption tokenizer could use, measured against the trainer's BPE. Its word-start piece "\u2581" counts
+    where it comes alone, as T5 emits it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.train_from_iterator(captions, trainers.UnigramTrainer(
+        vocab_size=vocab_size, unk_token="<unk>", special_tokens=["<unk>"], show_progress=False))
+    return tokenizer
+
+
+def learned(training: list[str], vocab_size: int, learner: str, min_frequency: int):
+    if learner == "unigram":
+        return learn_unigram(training, vocab_size)
+    return learn_clip(training, vocab_size, min_frequency)
+
+
+def measure(captions: int, test: int, seed: int, vocab_size: int = CLIP_VOCAB_SIZE, learner: str = "bpe",
+            min_frequency: int = MIN_FREQUENCY) -> dict:
+    """The figures for a tokenizer learned from `captions` training captions, over `test` captions of each kind:
+    the trainer's (CLIP's BPE, `learner` "bpe") or a Unigram model ("unigram")."""
     language = Language(seed)
     rng = random.Random(seed + 1)
     training = [language.caption(rng) for _ in range(captions)]
     seen = {word for caption in training for word in caption.split()}
     started = time.perf_counter()
-    tokenizer = learn_clip(training, vocab_size)
+    tokenizer = learned(training, vocab_size, learner, min_frequency)
     learn_s = time.perf_counter() - started
 
     morphemes: dict[str, int] = {}  # each unseen content word's prefix, root and suffix present
@@ -136,7 +157,7 @@ def measure(captions: int, test: int, seed: int, vocab_size: int = CLIP_VOCAB_SI
             "novel_roots": round(tokens_per_word(tokenizer, over_novel), 3),
             "novel_roots_content_word": round(tokens_per_word(tokenizer, over_novel, content), 3),
             "seen_heldout": round(tokens_per_word(tokenizer, heldout), 3),
-            "vocab_size": len(tokenizer), "training_words": sum(len(c.split()) for c in training),
+            "vocab_size": tokenizer.get_vocab_size() if learner == "unigram" else len(tokenizer), "training_words": sum(len(c.split()) for c in training),
             "distinct_training_words": len(seen), "learn_s": round(learn_s, 2)}
 
 
@@ -146,12 +167,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--test", type=int, default=2000, help="test captions of each kind")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=CLIP_VOCAB_SIZE, help="the tokenizer's ceiling")
+    parser.add_argument("--learner", choices=("bpe", "unigram"), default="bpe",
+                        help="bpe: the trainer's (CLIP's format); unigram: tokenizers' UnigramTrainer, for comparison")
+    parser.add_argument("--min-frequency", type=int, default=MIN_FREQUENCY, help="bpe: a merge's least count")
     args = parser.parse_args(argv)
-    figures = measure(args.captions, args.test, args.seed, args.vocab_size)
+    figures = measure(args.captions, args.test, args.seed, args.vocab_size, args.learner, args.min_frequency)
     import tokenizers
-    line = {"metric": "train.tokens_per_word_unseen", "unit": "tokens/word", **figures,
+    shipped = args.learner == "bpe" and args.min_frequency == MIN_FREQUENCY  # the trainer's tokenizer, as it learns
+    line = {"metric": "train.tokens_per_word_unseen" + ("" if shipped else "_variant"), "unit": "tokens/word", **figures,
             "config": {"captions": args.captions, "test": args.test, "seed": args.seed, "vocab_ceiling": args.vocab_size,
-                       "format": "clip-bpe"},
+                       "format": "clip-bpe" if args.learner == "bpe" else "unigram",
+                       "min_frequency": args.min_frequency if args.learner == "bpe" else None},
             "commit": commit(), "machine": f"{platform.machine()}, nproc {os.cpu_count()}, no GPU",
             "versions": {"python": platform.python_version(), "tokenizers": tokenizers.__version__}}
     print(json.dumps(line), flush=True)

@@ -49,3 +49,14 @@ def test_the_bench_prints_one_line_with_the_metric(capsys):
     line = json.loads(capsys.readouterr().out)
     assert line["metric"] == "train.tokens_per_word_unseen" and line["unit"] == "tokens/word"
     assert {"value", "commit", "machine", "config"} <= set(line)
+
+
+def test_another_learner_s_line_is_a_variant_of_the_metric(capsys):
+    """The fixed name is the trainer's tokenizer as it learns; a Unigram model or another merge threshold is measured
+    beside it under the variant name (bench/RESULTS.md)."""
+    tokenizer_unseen.main(["--captions", "500", "--test", "50", "--learner", "unigram", "--vocab-size", "2000"])
+    tokenizer_unseen.main(["--captions", "500", "--test", "50", "--min-frequency", "1"])
+    unigram, bpe = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert unigram["metric"] == bpe["metric"] == "train.tokens_per_word_unseen_variant"
+    assert unigram["config"]["format"] == "unigram" and 1 < unigram["value"] < 4
+    assert bpe["config"] == {**bpe["config"], "format": "clip-bpe", "min_frequency": 1}

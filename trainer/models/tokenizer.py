@@ -35,9 +35,10 @@ T5_SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids 0, 1, 2: padding, end of se
 MIN_FREQUENCY = 2  # a pair seen once is a word's accident, not a piece worth an id
 
 
-def learn_clip(captions: Iterable[str], vocab_size: int = CLIP_VOCAB_SIZE) -> CLIPTokenizer:
+def learn_clip(captions: Iterable[str], vocab_size: int = CLIP_VOCAB_SIZE,
+               min_frequency: int = MIN_FREQUENCY) -> CLIPTokenizer:
     """A CLIP tokenizer (77 tokens, BOS ... EOS, padded with EOS) whose merges are learned from `captions`."""
-    merges = _learn_merges(captions, vocab_size)
+    merges = _learn_merges(captions, vocab_size, min_frequency)
     return CLIPTokenizer(vocab=_vocabulary(merges), merges=merges, bos_token=BOS, eos_token=EOS, pad_token=EOS,
                          unk_token=EOS,  # never used: every byte has a symbol
                          model_max_length=MODEL_MAX_LENGTH)
@@ -49,7 +50,7 @@ def _symbols() -> list[str]:
     return alphabet + [symbol + END_OF_WORD for symbol in alphabet]
 
 
-def _learn_merges(captions: Iterable[str], vocab_size: int) -> list[tuple[str, str]]:
+def _learn_merges(captions: Iterable[str], vocab_size: int, min_frequency: int) -> list[tuple[str, str]]:
     """BPE merges learned from the captions, split as CLIPTokenizer splits text, up to `vocab_size` ids."""
     clip = CLIPTokenizer().backend_tokenizer  # an empty CLIP tokenizer, for its normalizer and pre-tokenizer
     learner = Tokenizer(models.BPE(end_of_word_suffix=END_OF_WORD))
@@ -59,7 +60,7 @@ def _learn_merges(captions: Iterable[str], vocab_size: int) -> list[tuple[str, s
         raise ValueError(f"a CLIP vocabulary needs at least {len(symbols) + 2} ids (its byte symbols, BOS, EOS)")
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - 2,  # BOS and EOS come after the merges
-        min_frequency=MIN_FREQUENCY,
+        min_frequency=min_frequency,
         # The symbols go in first so that they get fixed ids: the trainer numbers those it meets itself in
         # hash-map order, and ties between equally frequent pairs go to the lower ids, so the merges would
         # differ from one process to the next.
