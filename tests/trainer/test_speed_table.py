@@ -56,4 +56,4 @@ def test_a_pretrained_job_reads_the_table_for_its_base_s_architecture(tmp_path, 
     train.main(args)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert asked == ["tiny-sd3"]
-    assert [line["preset"] for line in lines if line.get("event") == "speed_table"] == ["tiny-sd3"]
+    assert [line["speed_table"] for line in lines if line.get("event") == "models"] == ["tiny-sd3"]

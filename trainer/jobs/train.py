@@ -177,14 +177,16 @@ def main(args: argparse.Namespace) -> dict:
         check_positions(models.denoiser, models.vae_scale_factor, widest_side(
             [phase.resolution for phase in plan.phases], models.size_multiple, args.aspect_buckets), args.model_config)
     models.frozen_to(device)
-    log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet, train=args.train)
+    # whose measured levers --compile auto and --cuda-graphs auto follow: a base's architecture's, not --model-config's
+    measured = measured_preset(args.model_config, type(models.denoiser).__name__, models.denoiser.config,
+                               bool(args.pretrained))
+    log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet, train=args.train,
+        speed_table=measured)
     unet = models.denoiser
     if args.channels_last:
         unet.to(memory_format=torch.channels_last)
     if args.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
-    measured = measured_preset(args.model_config, type(unet).__name__, unet.config, bool(args.pretrained))
-    log(rank, event="speed_table", preset=measured)  # whose measured levers --compile/--cuda-graphs auto follow
     compiled = compile_mode(args.compile, measured is not None and compile_by_default(
         measured, [phase.resolution for phase in plan.phases], device.type == "cuda"),
         models.family.name if models.family else None, args.strategy == "fsdp" and processes.world_size > 1)
