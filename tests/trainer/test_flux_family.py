@@ -235,6 +235,21 @@ def test_validation_samples_a_run_as_its_saved_model_will_be_served(flux, on_sch
     ({"args": {"caption_dropout": 0.1}, "components": {"transformer": "tiny-flux (random)"}}, True),
     ({"args": {"caption_dropout": 0.0}, "components": {"transformer": "tiny-flux (random)"}}, False),
     ({"args": {"caption_dropout": 0.1}, "components": {"transformer": "--pretrained s3://b/flux-schnell"}}, False),
+    ({"args": {"caption_dropout": 0.1}, "components": {"transformer": "tiny-flux (random)"},
+      "learned_unconditional": False}, False),  # what the run recorded rules
 ])
 def test_the_rule_reads_the_transformer_s_source_and_the_caption_dropout(run_record, learned):
     assert families.learned_unconditional(run_record) is learned
+
+
+@pytest.mark.parametrize("base_learned, dropout, learned", [(True, 0.1, True), (False, 0.1, False), (True, 0.0, False)])
+def test_a_run_continued_on_a_model_trained_here_keeps_its_guidance(base_learned, dropout, learned):
+    """A fine-tune or LoRA on a Flux trained here from its preset: the base's record says it learned the unconditional,
+    and captions still dropped keep it."""
+    run_record = {"args": {"caption_dropout": dropout}, "components": {"transformer": "--pretrained /opt/ml/input/base"}}
+    assert families.learned_unconditional(run_record, {"learned_unconditional": base_learned}) is learned
+
+
+def test_a_record_that_does_not_read_is_no_record(tmp_path):
+    (tmp_path / families.TRAINING_RECORD).write_text("{not json")
+    assert families.saved_record(tmp_path) is None and families.saved_record(None) is None

@@ -27,6 +27,8 @@ def test_a_base_follows_the_measured_preset_of_its_architecture_not_model_config
     assert measured_preset("tiny", "SD3Transformer2DModel", sd3, from_base=True) == "sd3-medium"
     flux_dev = {**denoiser_config("flux1"), "guidance_embeds": True, "axes_dims_rope": (16, 56, 56)}
     assert measured_preset("tiny", "FluxTransformer2DModel", flux_dev, from_base=True) == "flux1"
+    pixart = {**denoiser_config("pixart-sigma"), "out_channels": 8}  # PixArt-Sigma's learned variance: one layer
+    assert measured_preset("tiny", "PixArtTransformer2DModel", pixart, from_base=True) == "pixart-sigma"
     sd2 = {**denoiser_config("sd2"), "block_out_channels": (320, 640, 1280, 1280), "sample_size": 96}
     assert measured_preset("tiny", "UNet2DConditionModel", sd2, from_base=True) == "sd2"
 
@@ -37,6 +39,9 @@ def test_a_base_of_no_measured_architecture_follows_none():
     # the same config under another class: PixArt-Sigma's numbers do not speak for a UNet
     assert measured_preset("tiny", "UNet2DConditionModel", denoiser_config("pixart-sigma"), from_base=True) is None
     assert measured_preset("tiny", "SD3Transformer2DModel", denoiser_config("tiny-sd3"), from_base=True) is None
+    # SD3.5-medium: SD3-medium's widths, other blocks (query-key norms, dual attention), which no row measured
+    sd35 = {**denoiser_config("sd3-medium"), "qk_norm": "rms_norm", "dual_attention_layers": tuple(range(13))}
+    assert measured_preset("tiny", "SD3Transformer2DModel", sd35, from_base=True) is None
 
 
 def test_a_pretrained_job_reads_the_table_for_its_base_s_architecture(tmp_path, shards_dir, train_args, monkeypatch,

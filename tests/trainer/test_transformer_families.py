@@ -244,6 +244,8 @@ def test_a_flux_trained_here_is_served_with_true_cfg_as_the_run_s_record_says(tr
     unconditional prediction true CFG guides away from (trainer/models/families.py learned_unconditional)."""
     pipeline = load_pipeline(trained_family["model_dir"])
     assert ("true_cfg_scale" in sampling_options(pipeline, 4.0)) == (trained_family["pipeline_class"] is FluxPipeline)
+    record = json.loads((trained_family["model_dir"] / "atelier-training.json").read_text())
+    assert record["learned_unconditional"] is True  # kept for a run that continues from this model
 
 
 def test_fused_qkv_serves_a_family_model_the_same_images(trained_family):

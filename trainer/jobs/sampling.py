@@ -10,7 +10,7 @@ import torch
 from trainer.data.phases import RunPlan
 from trainer.models import lora
 from trainer.models.bundle import Models
-from trainer.models.families import note_training
+from trainer.models.families import note_training, saved_record
 from trainer.models.pipelines import build_pipeline
 from trainer.objectives.numerics import autocast
 from trainer.runtime import distributed
@@ -80,7 +80,7 @@ def check_health(args, processes, models: Models, unet, ema: EMA | None, plan: R
         if prompts:
             denoiser = sampling_unet(models, weights, processes.device)
             # the fields of atelier-training.json the rule reads, as train.py writes them at the end
-            note_training(denoiser, {"args": vars(args), "components": models.sources})
+            note_training(denoiser, {"args": vars(args), "components": models.sources}, saved_record(models.base))
             pipeline = build_pipeline(models, denoiser, plan.phase(step).resolution)
             seeds = [int(seed) for seed in args.validation_seeds.split(",")]
             steps = args.validation_inference_steps or (20 if processes.device.type == "cuda" else 4)

@@ -77,7 +77,7 @@ from trainer.jobs.sampling import check_health, save_model, weights_to_sample
 from trainer.jobs.step import StepSettings, Trainee, train_step
 from trainer.jobs.train_args import parse_args
 from trainer.models import lora
-from trainer.models.families import check_flow_run, check_positions
+from trainer.models.families import check_flow_run, check_positions, learned_unconditional, saved_record
 from trainer.models.loading import load_models, preset_geometry
 from trainer.models.text import caption_ids
 from trainer.objectives.diffusion import zero_terminal_snr
@@ -178,8 +178,9 @@ def main(args: argparse.Namespace) -> dict:
             [phase.resolution for phase in plan.phases], models.size_multiple, args.aspect_buckets), args.model_config)
     models.frozen_to(device)
     # whose measured levers --compile auto and --cuda-graphs auto follow: a base's architecture's, not --model-config's
+    source = models.sources.get("transformer") or models.sources.get("unet") or ""
     measured = measured_preset(args.model_config, type(models.denoiser).__name__, models.denoiser.config,
-                               bool(args.pretrained))
+                               from_base=source.startswith("--pretrained"))
     log(rank, event="models", pretrained=args.pretrained, init_unet=args.init_unet, train=args.train,
         speed_table=measured)
     unet = models.denoiser
@@ -321,6 +322,9 @@ def main(args: argparse.Namespace) -> dict:
         if adapter is not None:  # a LoRA run's model is its base and the adapter: the record names the base
             record["base"] = adapter["base"]
         record["tokenizer"] = models.tokenization  # where the tokenizers came from, and the captions cut at the context
+        # whether the model can be guided by true CFG unasked (a Flux without guidance embeddings), kept for the runs
+        # that continue from it, whose own sources name it as a base
+        record["learned_unconditional"] = learned_unconditional(record, saved_record(models.base))
         (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
         draw_loss_curve(state.loss_history, health_dir / "loss.png")
         write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it

@@ -486,29 +486,44 @@ def preset_source(model_config: str) -> str:
     return f"{model_config} {BUILT_FROM_PRESET}"
 
 
-def learned_unconditional(record: dict | None) -> bool:
-    """Whether a run's record (atelier-training.json's `args` and `components`) says its transformer learned an
-    unconditional prediction to guide by: built here from the preset (its source is preset_source's), not taken from a base, and trained with captions dropped to "". A base trained elsewhere learned none
-    we know of (FLUX.1-schnell is distilled to sample unguided), nor did a LoRA or fine-tune on it: its record names
-    the base. No record, no such knowledge."""
+def learned_unconditional(record: dict | None, base_record: dict | None = None) -> bool:
+    """Whether a run's record (atelier-training.json: its `learned_unconditional`, else its `args` and `components`)
+    says its transformer learned an unconditional prediction to guide by: trained with captions dropped to "", on a
+    transformer built here from the preset (its source is preset_source's) or on a base whose own record says it
+    learned one (`base_record`: a run continued on a model trained here). A base trained elsewhere learned none we
+    know of (FLUX.1-schnell is distilled to sample unguided), nor did a LoRA or fine-tune on it. No record, no such
+    knowledge."""
     if not record:
         return False
-    built_here = str((record.get("components") or {}).get("transformer", "")).endswith(BUILT_FROM_PRESET)
-    return built_here and float((record.get("args") or {}).get("caption_dropout") or 0) > 0
+    if "learned_unconditional" in record:  # written at the end of each run (trainer/jobs/train.py)
+        return bool(record["learned_unconditional"])
+    if float((record.get("args") or {}).get("caption_dropout") or 0) <= 0:
+        return False
+    components = record.get("components") or {}
+    built_here = str(components.get("transformer") or components.get("unet") or "").endswith(BUILT_FROM_PRESET)
+    return built_here or learned_unconditional(base_record)
 
 
-def saved_record(path: Path) -> dict | None:
-    """The training record beside a saved pipeline; None for a folder trained elsewhere."""
-    record = Path(path) / TRAINING_RECORD
-    return json.loads(record.read_text()) if record.is_file() else None
+def saved_record(path: Path | None) -> dict | None:
+    """The training record beside a saved pipeline; None for a folder trained elsewhere, or a record that does not
+    read as one (then nothing is known of its training)."""
+    record = Path(path) / TRAINING_RECORD if path is not None else None
+    if record is None or not record.is_file():
+        return None
+    try:
+        read = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return read if isinstance(read, dict) else None
 
 
-def note_training(denoiser, record: dict | None) -> None:
+def note_training(denoiser, record: dict | None, base_record: dict | None = None) -> None:
     """Note on a Flux transformer's config what its run's record says (learned_unconditional), where true_cfg reads
-    it: validation notes the run's own arguments and sources, serving and evaluation the saved record. Read from the
-    record rather than saved in the config: models trained before it was read keep their guidance."""
+    it: validation notes the run's own arguments and sources (and its base's record), serving and evaluation the
+    saved record. Read from the record rather than saved in the config: models trained before it was read keep
+    their guidance."""
     if isinstance(denoiser, FluxTransformer2DModel):
-        denoiser.register_to_config(**{LEARNED_UNCONDITIONAL: learned_unconditional(record)})
+        denoiser.register_to_config(**{LEARNED_UNCONDITIONAL: learned_unconditional(record, base_record)})
 
 
 def guides_by_negative(pipeline) -> bool:

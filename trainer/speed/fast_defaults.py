@@ -9,6 +9,7 @@ together), so the job a user gets by default is the one the table's figure measu
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TABLE = CONFIGS / "defaults" / "fast.json"
-# config keys that size or place positions, or add the guidance embedder, and leave the blocks' work as it was:
-# FLUX.1-dev's guidance_embeds and SD3.5's larger position table keep the measured speed of their preset's blocks
-NOT_ARCHITECTURE = frozenset({"sample_size", "pos_embed_max_size", "interpolation_scale", "guidance_embeds"})
+# config keys that size or place positions, add the guidance embedder or a learned variance's output channels, and
+# leave the blocks' work as it was: FLUX.1-dev's guidance_embeds, PixArt-Sigma's 8 output channels
+NOT_ARCHITECTURE = frozenset({"sample_size", "pos_embed_max_size", "interpolation_scale", "guidance_embeds",
+                              "out_channels"})
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,11 @@ def lookup(preset: str, resolution: int) -> FastConfig | None:
 
 def measured_preset(model_config: str, denoiser_class: str, denoiser_config: Mapping, from_base: bool) -> str | None:
     """The preset whose rows of the table speak for a run's denoiser: --model-config when the job built the denoiser
-    from it; for a --pretrained base, the table's preset of the same architecture (the denoiser's class, and its
-    config equal on every key the preset sets but NOT_ARCHITECTURE), else None (eager, as an unmeasured preset).
-    A base's model is what runs, whatever --model-config says: an SD3-medium or FLUX.1 base trained eager under
-    `--compile auto` while --model-config kept its default, tiny."""
+    from it; for a denoiser from a --pretrained base, the table's preset of the same architecture (the same class,
+    and the same config on every constructor argument but NOT_ARCHITECTURE, an argument the preset leaves out taken
+    at the class's default), else None (eager, as an unmeasured preset). A base's model is what runs, whatever
+    --model-config says: an SD3-medium or FLUX.1 base trained eager under `--compile auto` while --model-config kept
+    its default, tiny. SD3.5-medium's blocks (query-key norms, dual attention) are not SD3-medium's: no row."""
     if not from_base:
         return model_config
     return next((preset for preset in sorted({entry.preset for entry in table().values()})
@@ -58,17 +61,21 @@ def measured_preset(model_config: str, denoiser_class: str, denoiser_config: Map
 
 
 def _same_architecture(preset: dict, denoiser_class: str, config: Mapping) -> bool:
-    from trainer.models.families import family_named  # the transformer classes: torch and diffusers, loaded late
-    wanted = family_named(preset["family"]).transformer_class.__name__ if "transformer" in preset \
-        else "UNet2DConditionModel"
-    denoiser = preset.get("transformer") or preset["unet"]
-    return denoiser_class == wanted and all(
-        _same(config.get(key), value) for key, value in denoiser.items() if key not in NOT_ARCHITECTURE)
+    from diffusers import UNet2DConditionModel  # torch and diffusers, loaded late: the table is read without them
+    from trainer.models.families import family_named
+    model_class = family_named(preset["family"]).transformer_class if "transformer" in preset else UNet2DConditionModel
+    if denoiser_class != model_class.__name__:
+        return False
+    defaults = {name: parameter.default for name, parameter in inspect.signature(model_class.__init__).parameters.items()
+                if parameter.default is not inspect.Parameter.empty}
+    wanted = {**defaults, **(preset.get("transformer") or preset["unet"])}
+    return all(_same(config.get(key, defaults.get(key)), value) for key, value in wanted.items()
+               if key not in NOT_ARCHITECTURE)
 
 
 def _same(given, preset_value) -> bool:
     """Equal as JSON gives them: a saved config's tuples are the preset's lists."""
-    return json.loads(json.dumps(given)) == preset_value
+    return json.loads(json.dumps(given)) == json.loads(json.dumps(preset_value))
 
 
 def compile_by_default(preset: str, resolutions: list[int], on_gpu: bool) -> bool:

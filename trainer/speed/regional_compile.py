@@ -13,8 +13,7 @@ import torch
 
 # Graphs Dynamo keeps a compiled function per input shape. The whole UNet: one. A block: one per kind of input it
 # meets, and two were met per shape on SD3-medium and PixArt-Sigma (bench/compile_shapes.py, 2026-12-06): the first
-# block reads fp32 hidden states, the others autocast's bf16 ones. Twice that leaves room for a block variant
-# (SD3's context-only last block).
+# block reads fp32 hidden states, the others autocast's bf16 ones. Twice that is a margin for kinds not measured.
 GRAPHS_A_SHAPE = {"whole": 1, "regional": 4}
 
 REPEATED_BLOCKS = {
@@ -44,15 +43,14 @@ def compile_mode(requested: bool | str, measured_faster: bool, family_name: str 
 
 
 def allow_graphs(mode: str, shapes: int) -> int:
-    """Raise Dynamo's recompile limits (8 a function, 256 in all by default) so that a job compiled in `mode` keeps a
-    graph for each of its `shapes` bucket shapes; returns the per-function limit. Past a limit Dynamo runs the other
+    """Raise Dynamo's limits on a compiled function's graphs (8 for the same guarded objects, 256 in all, by default)
+    so that a job compiled in `mode` keeps a graph for each of its `shapes` bucket shapes; returns the first. Past a limit Dynamo runs the other
     shapes eager with only a warning: 4 shapes of regional graphs used SD3-medium's 8 and the fifth ran eager, 0.76x
     (bench/RESULTS.md)."""
     config = torch._dynamo.config
     wanted = GRAPHS_A_SHAPE[mode] * shapes
     config.recompile_limit = max(config.recompile_limit, wanted)
-    # every compiled function's graphs together: Flux's two kinds of block
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 2 * wanted)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, wanted)
     return config.recompile_limit
 
 
