@@ -135,7 +135,7 @@ def job_report(outputs: dict[str, str], job: str) -> bytes:
     run, grids = report_data(bucket, folder)
     if run is None and aws.head_object(bucket, f"{folder}/{s3_layout.MODEL_ARCHIVE}") is not None:
         with suppress(FileNotFoundError):  # an older trainer's page carries no figures: its record, streamed up to it
-            record = aws.read_tar_member(f"s3://{bucket}/{folder}/{s3_layout.MODEL_ARCHIVE}", report_html.RECORD)
+            record = aws.read_tar_member(f"s3://{bucket}/{folder}/{s3_layout.MODEL_ARCHIVE}", s3_layout.TRAINING_RECORD)
             run = report_html.run_data(json.loads(record))
     evaluation, lineage = (aws.read_json_if_exists(bucket, f"{folder}/{name}") for name in AFTER_TRAINING)
     if run is not None or evaluation is not None:  # a candidate's page says what the gate decided, figures or not

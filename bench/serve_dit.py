@@ -33,6 +33,7 @@ from diffusers import AutoencoderKL, DiffusionPipeline  # noqa: E402
 
 from bench import stamp  # noqa: E402
 from bench.building import drawn_in  # noqa: E402
+from contracts.s3_layout import TRAINING_RECORD  # noqa: E402
 from trainer.models import families, text_tokenizers  # noqa: E402
 from trainer.models.loading import read_preset  # noqa: E402
 from trainer.objectives.flow_matching import FlowSettings  # noqa: E402
@@ -70,7 +71,7 @@ def build(preset_name: str, folder: Path, resolution: int, t5_layers: int | None
     pipeline.to(torch.bfloat16).save_pretrained(folder)
     # built from the preset, it stands for a model trained here from scratch with caption dropout, and says so where
     # such a run's record does: the server guides it as that run's (a Flux by true CFG, families.learned_unconditional)
-    (folder / families.TRAINING_RECORD).write_text(json.dumps(
+    (folder / TRAINING_RECORD).write_text(json.dumps(
         {"args": {"caption_dropout": 0.1}, "components": {"transformer": families.preset_source(preset_name)}}))
 
 

@@ -45,6 +45,7 @@ ATTRIBUTION_FILE = "attribution.json"  # beside it too: its draws per partner (c
 ATTRIBUTION_CHART = "attribution.png"  # and those draws as a bar chart
 EVALUATION_FILE = "evaluation.json"  # the gate's scores: in an evaluation job's model, and beside the candidate
 REPORT_FILE = "report.html"  # a training job's report, in its model and its output data (trainer/report/write.py)
+TRAINING_RECORD = "atelier-training.json"  # a training job's record, at its model's root (trainer/jobs/train.py)
 
 
 def uri(bucket: str, key: str) -> str:

@@ -13,6 +13,7 @@ import torch
 from diffusers import FluxPipeline
 from PIL import Image
 
+from contracts.s3_layout import TRAINING_RECORD
 from tests.trainer.precision_helpers import micro_batches, trained
 from trainer.jobs import sampling
 from trainer.jobs.sampling import check_health, save_model
@@ -251,5 +252,5 @@ def test_a_run_continued_on_a_model_trained_here_keeps_its_guidance(base_learned
 
 
 def test_a_record_that_does_not_read_is_no_record(tmp_path):
-    (tmp_path / families.TRAINING_RECORD).write_text("{not json")
+    (tmp_path / TRAINING_RECORD).write_text("{not json")
     assert families.saved_record(tmp_path) is None and families.saved_record(None) is None

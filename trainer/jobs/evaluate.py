@@ -87,7 +87,7 @@ def channel_dir(channel: str | None, scratch: Path, name: str, marker: str = "mo
 
 def trained_resolution(path: Path) -> int:
     """The resolution of the model's last training phase, else the size its denoiser was built for."""
-    record_path = path / "atelier-training.json"
+    record_path = path / s3_layout.TRAINING_RECORD
     if record_path.is_file():
         stages = json.loads(record_path.read_text()).get("stages") or []
         if stages and isinstance(stages[-1].get("resolution"), int):

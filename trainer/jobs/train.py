@@ -66,6 +66,7 @@ from pathlib import Path
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from contracts.s3_layout import TRAINING_RECORD
 from trainer.data.buckets import bucket_shapes, widest_side
 from trainer.data.captions import read_captions
 from trainer.data.latents import check_latent_shards
@@ -325,7 +326,7 @@ def main(args: argparse.Namespace) -> dict:
         # whether the model can be guided by true CFG unasked (a Flux without guidance embeddings), kept for the runs
         # that continue from it, whose own sources name it as a base
         record["learned_unconditional"] = learned_unconditional(record, saved_record(models.base))
-        (model_dir / "atelier-training.json").write_text(json.dumps(record, indent=2) + "\n")
+        (model_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         draw_loss_curve(state.loss_history, health_dir / "loss.png")
         write_report(model_dir, health_dir, job=os.environ.get("TRAINING_JOB_NAME"))  # SageMaker sets it
         log(rank, event="saved", model_dir=str(model_dir), steps=state.step, final_loss=record["final_loss"])

@@ -54,6 +54,7 @@ from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPText
                           T5EncoderModel)
 
 from contracts.model_presets import flow_refusal
+from contracts.s3_layout import TRAINING_RECORD
 from trainer.objectives.flow_matching import TIMESTEP_SCALE
 
 
@@ -472,7 +473,6 @@ def absent_parts(path: Path) -> dict:
             for name in (part.encoder, part.tokenizer) if (index.get(name) or [None])[0] is None}
 
 
-TRAINING_RECORD = "atelier-training.json"  # a training job's record beside its saved pipeline (trainer/jobs/train.py)
 # learned_unconditional's answer, kept on the transformer's config for true_cfg: a private ("_") key, which diffusers
 # keeps through save and load but passes to no constructor
 LEARNED_UNCONDITIONAL = "_atelier_learned_unconditional"
@@ -507,12 +507,9 @@ def learned_unconditional(record: dict | None, base_record: dict | None = None) 
 def saved_record(path: Path | None) -> dict | None:
     """The training record beside a saved pipeline; None for a folder trained elsewhere, or a record that does not
     read as one (then nothing is known of its training)."""
-    record = Path(path) / TRAINING_RECORD if path is not None else None
-    if record is None or not record.is_file():
-        return None
     try:
-        read = json.loads(record.read_text())
-    except (OSError, ValueError):
+        read = json.loads((Path(path) / TRAINING_RECORD).read_text()) if path is not None else None
+    except (OSError, ValueError):  # no record (a folder trained elsewhere), or not one
         return None
     return read if isinstance(read, dict) else None
 

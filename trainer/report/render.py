@@ -28,7 +28,6 @@ from typing import IO, Any
 
 from contracts.s3_layout import REPORT_FILE
 
-RECORD = "atelier-training.json"  # the run's record at the model dir's root (trainer/jobs/train.py)
 AUTOENCODER = "autoencoder.json"  # an autoencoder job's record at the model dir's root (trainer/jobs/autoencoder.py)
 RECONSTRUCTIONS = "reconstructions.png"  # its originals (top row) over their reconstructions, in the output data
 RUN_DATA = '<script type="application/json" id="atelier-run">'  # the run's figures, in the page itself

@@ -16,8 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from contracts.s3_layout import EVALUATION_FILE, LINEAGE_FILE, REPORT_FILE
-from trainer.report.render import AUTOENCODER, RECONSTRUCTIONS, RECORD, png_data_uri, render, run_data
+from contracts.s3_layout import EVALUATION_FILE, LINEAGE_FILE, REPORT_FILE, TRAINING_RECORD
+from trainer.report.render import AUTOENCODER, RECONSTRUCTIONS, png_data_uri, render, run_data
 
 TOKENIZATION = "tokenization.json"  # a tokenizer job's figures (trainer/models/text_tokenizers.REPORT)
 
@@ -32,7 +32,7 @@ def _read_json(path: Path) -> dict | None:
 def build(model_dir: Path, health_dir: Path, history: list[dict] | None = None, job: str | None = None) -> str:
     """The report from what a run left: atelier-training.json or autoencoder.json, the validation grids
     or the reconstructions, the JSON files."""
-    run = run_data(_read_json(model_dir / RECORD) or {}, history, _read_json(model_dir / AUTOENCODER),
+    run = run_data(_read_json(model_dir / TRAINING_RECORD) or {}, history, _read_json(model_dir / AUTOENCODER),
                    _read_json(model_dir / TOKENIZATION))
     grids = [(path.stem, png_data_uri(path.read_bytes()))
              for path in sorted((health_dir / "validation").glob("step-*.png"))]

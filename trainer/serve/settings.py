@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The settings are a contract (the deploy stage checks a serve.environment's values with the same parser)
+from contracts.s3_layout import TRAINING_RECORD
 from contracts.serve_environment import ServeSettings
 
 __all__ = ["Provenance", "ServeSettings"]
@@ -57,7 +58,7 @@ class Provenance:
 
 def _recorded_manifest(model_dir: Path) -> str | None:
     try:
-        record = json.loads((model_dir / "atelier-training.json").read_text())
+        record = json.loads((model_dir / TRAINING_RECORD).read_text())
     except (OSError, ValueError):
         return None
     digest = record.get("manifest_digest") if isinstance(record, dict) else None

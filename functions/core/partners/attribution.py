@@ -18,12 +18,12 @@ from collections import Counter
 from PIL import Image, ImageDraw
 
 from contracts.messages import Frozen
-from contracts.s3_layout import ATTRIBUTION_CHART, ATTRIBUTION_FILE, LINEAGE_FILE, MODEL_ARCHIVE, output_key, output_uri
+from contracts.s3_layout import (ATTRIBUTION_CHART, ATTRIBUTION_FILE, LINEAGE_FILE, MODEL_ARCHIVE, TRAINING_RECORD, output_key,
+                                 output_uri)
 from core import aws
 from core.provenance import Lineage, Places, lineage_of
 
 ATTRIBUTION_SCHEMA = 1
-TRAINING_RECORD = "atelier-training.json"  # written by trainer/jobs/train.py at the model dir's root
 UNKNOWN = "unknown"  # a sample whose record names no partner or license
 
 
